@@ -1,0 +1,267 @@
+"""The embedded rollout engine: a Hugging Face causal LM that generates batches with per-token
+log-probs, and takes weight updates and memory release/resume the way an SGLang server does.
+
+The HTTP face is :mod:`slime_hydra.rollout.embedded.server`; this module has no HTTP in it.
+All model work happens on one thread (the server's worker), so generation, weight updates and
+memory release never interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+from slime_hydra.data.tokenizer import load_tokenizer
+from slime_hydra.sync import transport
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
+
+
+@dataclass
+class SamplingParams:
+    """SGLang's sampling parameters (the subset the embedded engine implements)."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: List[str] = field(default_factory=list)
+    stop_token_ids: List[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    spaces_between_special_tokens: bool = True
+    sampling_seed: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, d: Optional[Dict[str, Any]]) -> "SamplingParams":
+        d = dict(d or {})
+        known = {k: d.pop(k) for k in list(d) if k in cls.__dataclass_fields__}
+        if isinstance(known.get("stop"), str):
+            known["stop"] = [known["stop"]]
+        if d:
+            log.debug("ignoring unsupported sampling params %s", sorted(d))
+        sp = cls(**known)
+        if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.max_new_tokens < 0:
+            raise ValueError(f"bad sampling params: temperature={sp.temperature} top_p={sp.top_p} max_new_tokens={sp.max_new_tokens}")
+        return sp
+
+
+@dataclass
+class Request:
+    input_ids: List[int]
+    params: SamplingParams
+    rid: str
+    return_logprob: bool = False
+    epoch: int = 0  # the server's abort epoch when the request arrived (abort_all bumps it)
+    aborted: bool = False
+
+
+class MemoryReleased(RuntimeError):
+    pass
+
+
+class EmbeddedEngine:
+    def __init__(self, model_path: str, tokenizer_path: Optional[str] = None, dtype: str = "auto",
+                 device: str = "cpu", seed: int = 0, trust_remote_code: bool = False):
+        self.model_path = model_path
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        self.trust_remote_code = trust_remote_code
+        self.tokenizer = load_tokenizer(tokenizer_path or model_path, trust_remote_code)
+        self.model = self._load(model_path)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.weight_version = "default"
+        self.released: set = set()
+        self.groups: Dict[str, Any] = {}
+        self.vocab_size = self.model.get_input_embeddings().weight.shape[0]
+        gen_cfg = getattr(self.model, "generation_config", None) or GenerationConfig()
+        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    # ------------------------------------------------------------------------------ model state
+    def _load(self, path: str) -> torch.nn.Module:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype or "auto", trust_remote_code=self.trust_remote_code)
+        return model.to(self.device).eval()
+
+    def named_parameters(self) -> Dict[str, torch.Tensor]:
+        return dict(self.model.state_dict())
+
+    def load_weights(self, named: Sequence[tuple], version: Optional[str] = None) -> None:
+        """Copy (name, tensor) pairs into the model; names are Hugging Face names."""
+        params = self.model.state_dict()
+        unknown = [n for n, _ in named if n not in params]
+        if unknown:
+            raise KeyError(f"unknown parameter names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+        with torch.no_grad():
+            for name, tensor in named:
+                dst = params[name]
+                if dst.shape != tensor.shape:
+                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(dst.shape)}")
+                dst.copy_(tensor.to(dst.device, dst.dtype))
+        if version is not None:
+            self.weight_version = str(version)
+
+    def update_from_disk(self, model_path: str, version: Optional[str] = None) -> None:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=self.trust_remote_code)
+        if config.model_type != self.model.config.model_type:
+            raise ValueError(f"{model_path} is a {config.model_type} model, the engine serves {self.model.config.model_type}")
+        fresh = self._load(model_path)
+        self.load_weights(list(fresh.state_dict().items()), version)
+        self.model_path = model_path
+
+    def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                   group_name: str, backend: str) -> None:
+        if group_name in self.groups:
+            raise ValueError(f"weights-update group {group_name!r} already exists")
+        self.groups[group_name] = transport.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
+
+    def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
+                                group_name: str, version: Optional[str] = None) -> None:
+        group = self.groups.get(group_name)
+        if group is None:
+            raise ValueError(f"no weights-update group {group_name!r}; call /init_weights_update_group first")
+        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device)
+        self.load_weights(list(zip(names, bufs)), version)
+
+    def destroy_group(self, group_name: str) -> None:
+        group = self.groups.pop(group_name, None)
+        if group is None:
+            raise ValueError(f"no weights-update group {group_name!r}")
+        transport.destroy_group(group)
+
+    def release(self, tags: Optional[List[str]]) -> None:
+        """Free the weights (and the cache, which the embedded engine keeps per batch only)."""
+        tags = set(tags or ["weights", "kv_cache", "cuda_graph"])
+        if "weights" in tags and "weights" not in self.released:
+            self.model.to_empty(device="meta")
+        self.released |= tags
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume(self, tags: Optional[List[str]]) -> None:
+        """Re-allocate. Resumed weights are uninitialised until the next weight update."""
+        tags = set(tags or ["weights", "kv_cache", "cuda_graph"])
+        if "weights" in tags and "weights" in self.released:
+            self.model.to_empty(device=self.device)
+            if hasattr(self.model, "tie_weights"):
+                self.model.tie_weights()
+            self.weight_version = "uninitialized"
+        self.released -= tags
+
+    # -------------------------------------------------------------------------------- generation
+    def _sample(self, logits: torch.Tensor, reqs: List[Request]) -> tuple:
+        """Sample one token per row; returns (tokens, their log-probs under softmax(logits / T)).
+
+        As in SGLang, the returned log-prob is that of the temperature-scaled distribution before
+        top-k / top-p / min-p filtering, which is what the trainer recomputes."""
+        logits = logits.float()
+        temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
+        greedy = temps == 0
+        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        filtered = scaled
+        if any(r.params.top_k > 0 or r.params.top_p < 1 or r.params.min_p > 0 for r in reqs):
+            vocab = scaled.shape[-1]
+            top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=logits.device)
+            top_p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
+            min_p = torch.tensor([r.params.min_p for r in reqs], device=logits.device)
+            sorted_logits, idx = scaled.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(-1)
+            drop = torch.arange(vocab, device=logits.device)[None, :] >= top_k[:, None]
+            drop |= probs.cumsum(-1) - probs >= top_p[:, None]
+            drop |= probs < min_p[:, None] * probs[:, :1]
+            filtered = torch.empty_like(scaled).scatter_(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
+        sampled = torch.multinomial(filtered.softmax(-1), 1, generator=self.generator)[:, 0]
+        tokens = torch.where(greedy, scaled.argmax(-1), sampled)
+        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+    @torch.no_grad()
+    def generate(self, reqs: List[Request], is_aborted: Callable[[Request], bool] = lambda r: r.aborted) -> List[Dict[str, Any]]:
+        """Generate for a batch of requests; returns SGLang-shaped outputs in the same order.
+        ``is_aborted`` is polled after every decode step."""
+        if "weights" in self.released:
+            raise MemoryReleased("the engine's memory is released; resume it (and update weights) before generating")
+        n = len(reqs)
+        out_ids: List[List[int]] = [[] for _ in range(n)]
+        out_lps: List[List[float]] = [[] for _ in range(n)]
+        finish: List[Optional[Dict[str, Any]]] = [None] * n
+        if n == 0:
+            return []
+        for i, r in enumerate(reqs):
+            if r.params.max_new_tokens == 0:
+                finish[i] = {"type": "length", "length": 0}
+        plen = max(len(r.input_ids) for r in reqs)
+        ids = torch.tensor([[self.pad_id] * (plen - len(r.input_ids)) + list(r.input_ids) for r in reqs], device=self.device)
+        mask = torch.tensor([[0] * (plen - len(r.input_ids)) + [1] * len(r.input_ids) for r in reqs], device=self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache, step_ids, step_pos = None, ids, pos
+        max_new = max(r.params.max_new_tokens for r in reqs)
+        for step in range(max_new):
+            if all(f is not None for f in finish):
+                break
+            o = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True)
+            cache = o.past_key_values
+            tokens, lps = self._sample(o.logits[:, -1, :], reqs)
+            for i, r in enumerate(reqs):
+                if finish[i] is not None:
+                    continue
+                if r.aborted or is_aborted(r):
+                    finish[i] = {"type": "abort", "message": "aborted by request"}
+                    continue
+                t = int(tokens[i])
+                out_ids[i].append(t)
+                out_lps[i].append(float(lps[i]))
+                finish[i] = self._finished(r, out_ids[i])
+            live = torch.tensor([f is None for f in finish], device=self.device)
+            mask = torch.cat([mask, live.long()[:, None]], dim=1)
+            step_ids = torch.where(live, tokens, torch.full_like(tokens, self.pad_id))[:, None]
+            step_pos = step_pos[:, -1:] + 1
+        for i in range(n):
+            if finish[i] is None:
+                finish[i] = {"type": "length", "length": len(out_ids[i])}
+        return [self._output(r, out_ids[i], out_lps[i], finish[i]) for i, r in enumerate(reqs)]
+
+    def _finished(self, r: Request, ids: List[int]) -> Optional[Dict[str, Any]]:
+        p, t = r.params, ids[-1]
+        if len(ids) >= p.min_new_tokens:
+            if (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
+                return {"type": "stop", "matched": t}
+            if p.stop:
+                tail = self.tokenizer.decode(ids[-8:], skip_special_tokens=False)
+                for s in p.stop:
+                    if tail.endswith(s):
+                        return {"type": "stop", "matched": s}
+        if len(ids) >= p.max_new_tokens:
+            return {"type": "length", "length": len(ids)}
+        return None
+
+    def _output(self, r: Request, ids: List[int], lps: List[float], finish: Dict[str, Any]) -> Dict[str, Any]:
+        p = r.params
+        shown = ids
+        if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), int):
+            shown = ids[:-1]
+        text = self.tokenizer.decode(shown, skip_special_tokens=p.skip_special_tokens)
+        if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
+            text = text[: len(text) - len(finish["matched"])] if text.endswith(finish["matched"]) else text
+        meta: Dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(r.input_ids),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+        }
+        if r.return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids)]
+        return {"text": text, "output_ids": ids, "meta_info": meta}

@@ -1,0 +1,375 @@
+"""SGLang's native HTTP protocol in front of the embedded engine.
+
+    python -m slime_hydra.rollout.embedded.server --model-path DIR --host 127.0.0.1 --port 30000
+
+The command line uses SGLang's flag names, so the engine actor launches either server the same way.
+Every model operation (generation, weight updates, memory release) runs on one worker thread;
+concurrent ``/generate`` requests are gathered into batches there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from slime_hydra.rollout.embedded.engine import EmbeddedEngine, MemoryReleased, Request, SamplingParams
+from slime_hydra.sync import transport
+
+log = logging.getLogger("slime_hydra.embedded")
+VERSION = "slime_hydra-embedded-0.1"
+
+
+class Worker:
+    """Owns the engine; runs generate batches and control calls one at a time, in arrival order."""
+
+    def __init__(self, engine: EmbeddedEngine, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.05):
+        self.engine = engine
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self.max_wait_s = max_wait_s
+        self.jobs: "queue.Queue[tuple]" = queue.Queue()
+        self.running: Dict[str, Request] = {}
+        self.resumed = threading.Event()
+        self.resumed.set()
+        self.abort_epoch = 0
+        threading.Thread(target=self._loop, name="engine-worker", daemon=True).start()
+
+    # called from the event loop
+    async def submit(self, kind: str, payload: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.jobs.put((kind, payload, loop, fut))
+        return await fut
+
+    def pending(self) -> int:
+        return self.jobs.qsize()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job[0] == "generate":
+                self.resumed.wait()
+                batch, job = self._gather(job)
+                self._run_batch(batch)
+                if job is None:
+                    continue
+            self._run_call(job)
+
+    def _gather(self, first: tuple):
+        """Collect generate jobs until max_batch, a quiet gap, or max_wait; returns (batch, a
+        control job that arrived meanwhile or None)."""
+        batch, deadline = [first], time.monotonic() + self.max_wait_s
+        while len(batch) < self.max_batch and time.monotonic() < deadline:
+            try:
+                job = self.jobs.get(timeout=self.batch_wait_s)
+            except queue.Empty:
+                break
+            if job[0] != "generate":
+                return batch, job
+            batch.append(job)
+        return batch, None
+
+    def _run_batch(self, batch: List[tuple]) -> None:
+        reqs = [job[1] for job in batch]
+        for r in reqs:
+            self.running[r.rid] = r
+        try:
+            results: List[Any] = self.engine.generate(reqs, lambda r: r.epoch < self.abort_epoch)
+        except Exception as e:  # noqa: BLE001 - every waiter must get an answer
+            log.exception("generation failed") if not isinstance(e, MemoryReleased) else None
+            results = [e] * len(batch)
+        finally:
+            for r in reqs:
+                self.running.pop(r.rid, None)
+        for (_, _, loop, fut), res in zip(batch, results):
+            loop.call_soon_threadsafe(_resolve, fut, res)
+
+    def _run_call(self, job: tuple) -> None:
+        _, fn, loop, fut = job
+        try:
+            res: Any = fn()
+        except Exception as e:  # noqa: BLE001
+            res = e
+        loop.call_soon_threadsafe(_resolve, fut, res)
+
+
+def _resolve(fut: asyncio.Future, res: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(res, BaseException):
+        fut.set_exception(res)
+    else:
+        fut.set_result(res)
+
+
+def _ok(message: str, **extra) -> JSONResponse:
+    return JSONResponse({"success": True, "message": message, **extra})
+
+
+def _fail(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=status)
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: int = 256) -> FastAPI:
+    app = FastAPI(title="slime_hydra embedded engine")
+    worker = Worker(engine, max_batch)
+    app.state.worker = worker
+
+    async def body(req: HTTPRequest) -> Dict[str, Any]:
+        raw = await req.body()
+        if not raw:
+            return {}
+        data = await req.json()
+        return data if isinstance(data, dict) else {}
+
+    async def call(fn: Callable[[], Any]) -> Any:
+        return await worker.submit("call", fn)
+
+    # ------------------------------------------------------------------------------ generation
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(req: HTTPRequest):
+        data = await body(req)
+        try:
+            batch, reqs = _parse_generate(data, engine, worker.abort_epoch)
+        except (ValueError, TypeError, KeyError) as e:
+            return _error(str(e))
+        try:
+            outs = await asyncio.gather(*(worker.submit("generate", r) for r in reqs))
+        except MemoryReleased as e:
+            return _error(str(e), 503)
+        except ValueError as e:
+            return _error(str(e))
+        return JSONResponse(outs if batch else outs[0])
+
+    @app.post("/abort_request")
+    async def abort_request(req: HTTPRequest):
+        data = await body(req)
+        if data.get("abort_all"):
+            worker.abort_epoch += 1
+        elif data.get("rid") in worker.running:
+            worker.running[data["rid"]].aborted = True
+        return JSONResponse(None)
+
+    @app.post("/pause_generation")
+    async def pause_generation(req: HTTPRequest):
+        data = await body(req)
+        worker.resumed.clear()
+        if data.get("mode", "abort") == "abort":
+            worker.abort_epoch += 1
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation(req: HTTPRequest):
+        worker.resumed.set()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        if worker.running:
+            return PlainTextResponse("Cache not flushed: requests are running.\n", status_code=400)
+        return PlainTextResponse("Cache flushed.\n")
+
+    # ---------------------------------------------------------------------------------- health
+    @app.get("/health")
+    async def health():
+        return PlainTextResponse("")
+
+    @app.get("/health_generate")
+    async def health_generate():
+        probe = Request(input_ids=[engine.pad_id], params=SamplingParams(max_new_tokens=1, temperature=0.0),
+                        rid=f"HEALTH_CHECK_{time.time()}", epoch=worker.abort_epoch)
+        try:
+            await asyncio.wait_for(worker.submit("generate", probe), timeout=20)
+        except Exception as e:  # noqa: BLE001
+            return PlainTextResponse(f"unhealthy: {e}", status_code=503)
+        return PlainTextResponse("")
+
+    def info() -> Dict[str, Any]:
+        return {**server_args, "weight_version": engine.weight_version, "version": VERSION,
+                "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "disaggregation_mode": "null",
+                "released_tags": sorted(engine.released), "internal_states": [{"max_batch": max_batch}]}
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info():
+        return JSONResponse(info())
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info():
+        return JSONResponse({"model_path": engine.model_path, "tokenizer_path": server_args.get("tokenizer_path"),
+                             "is_generation": True, "preferred_sampling_params": None,
+                             "weight_version": engine.weight_version,
+                             "model_type": engine.model.config.model_type,
+                             "architectures": getattr(engine.model.config, "architectures", None)})
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return JSONResponse({"weight_version": engine.weight_version})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: HTTPRequest):
+        data = await body(req)
+        engine.weight_version = str(data["new_version"])
+        return _ok(f"Weight version updated to {engine.weight_version}", new_version=engine.weight_version)
+
+    @app.get("/v1/loads")
+    @app.get("/get_load")
+    async def loads():
+        load = {"dp_rank": 0, "num_running_reqs": len(worker.running), "num_waiting_reqs": worker.pending(),
+                "num_reqs": len(worker.running) + worker.pending()}
+        return JSONResponse({"timestamp": time.time(), "version": VERSION, "loads": [load]})
+
+    # ---------------------------------------------------------------------------- weights, memory
+    async def weight_call(fn: Callable[[], Any], what: str, version: Optional[str]):
+        try:
+            await call(fn)
+        except Exception as e:  # noqa: BLE001 - reported to the trainer, which fails the run
+            log.exception("%s failed", what)
+            return _fail(f"Failed to {what}: {e}")
+        msg = f"Succeeded to {what}."
+        return _ok(msg + (f" Weight version updated to {version}." if version is not None else ""))
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(req: HTTPRequest):
+        d = await body(req)
+        fn = lambda: engine.init_group(d["master_address"], int(d["master_port"]), int(d["rank_offset"]),  # noqa: E731
+                                       int(d["world_size"]), d.get("group_name", "weight_update_group"),
+                                       d.get("backend", "nccl"))
+        # Joining blocks until the trainer joins too; run it beside the worker, not on it.
+        try:
+            await asyncio.to_thread(fn)
+        except Exception as e:  # noqa: BLE001
+            return _fail(f"Failed to initialize custom process group: {e}")
+        return _ok("Succeeded to initialize custom process group.")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(req: HTTPRequest):
+        d = await body(req)
+        try:
+            await call(lambda: engine.destroy_group(d.get("group_name", "weight_update_group")))
+        except ValueError:
+            return _fail("The group to be destroyed does not exist.")
+        return _ok("Succeeded to destroy custom process group.")
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(req: HTTPRequest):
+        d = await body(req)
+        version = d.get("weight_version")
+        return await weight_call(
+            lambda: engine.update_from_distributed(d["names"], d["dtypes"], d["shapes"],
+                                                   d.get("group_name", "weight_update_group"), version),
+            "update parameter online", version)
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(req: HTTPRequest):
+        d = await body(req)
+        version = d.get("weight_version")
+
+        def load():
+            named = transport.deserialize(d["serialized_named_tensors"][0])
+            engine.load_weights(list(named), version)
+
+        return await weight_call(load, "update weights from tensor", version)
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(req: HTTPRequest):
+        d = await body(req)
+        version = d.get("weight_version")
+        resp = await weight_call(lambda: engine.update_from_disk(d["model_path"], version),
+                                 "update weights from disk", version)
+        return resp
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation(req: HTTPRequest):
+        d = await body(req)
+        await call(lambda: engine.release(d.get("tags")))
+        return JSONResponse(None)
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation(req: HTTPRequest):
+        d = await body(req)
+        await call(lambda: engine.resume(d.get("tags")))
+        return JSONResponse(None)
+
+    return app
+
+
+def _parse_generate(data: Dict[str, Any], engine: EmbeddedEngine, epoch: int):
+    """GenerateReqInput -> (is_batch, [Request]); a batch is a list of prompts or n > 1."""
+    if ("text" in data) == ("input_ids" in data):
+        raise ValueError("exactly one of 'text' and 'input_ids' must be given")
+    prompts = data.get("input_ids")
+    if prompts is None:
+        text = data["text"]
+        texts = text if isinstance(text, list) else [text]
+        prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        batch = isinstance(text, list)
+    else:
+        if not prompts:
+            raise ValueError("input_ids cannot be empty")
+        batch = isinstance(prompts[0], list)
+        prompts = prompts if batch else [prompts]
+    sp = data.get("sampling_params") or {}
+    sps = sp if isinstance(sp, list) else [sp] * len(prompts)
+    if len(sps) != len(prompts):
+        raise ValueError(f"{len(sps)} sampling_params for {len(prompts)} prompts")
+    n = int(sps[0].get("n", 1) if sps else 1)
+    rid = data.get("rid")
+    rids = rid if isinstance(rid, list) else [f"{rid}_{i}" if rid and (batch or n > 1) else rid for i in range(len(prompts))]
+    logprob = bool(data.get("return_logprob", False))
+    reqs = []
+    for ids, p, r in zip(prompts, sps, rids):
+        if not ids or not all(isinstance(t, int) and 0 <= t < engine.vocab_size for t in ids):
+            raise ValueError(f"input_ids must be non-empty token ids in [0, {engine.vocab_size})")
+        params = SamplingParams.from_dict(p)
+        for _ in range(n):
+            reqs.append(Request(list(ids), params, rid=(r if n == 1 and r else uuid.uuid4().hex),
+                                return_logprob=logprob, epoch=epoch))
+    return batch or n > 1, reqs
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--tokenizer-path", default=None)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--base-gpu-id", type=int, default=0)
+    ap.add_argument("--random-seed", type=int, default=0)
+    ap.add_argument("--trust-remote-code", action="store_true")
+    ap.add_argument("--max-running-requests", type=int, default=256, help="most sequences decoded together")
+    ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--log-level", default="warning")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s [engine:%(process)d] %(message)s")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    device = args.device if args.device == "cpu" else f"cuda:{args.base_gpu_id}"
+    engine = EmbeddedEngine(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed, args.trust_remote_code)
+    app = build_app(engine, {k: v for k, v in vars(args).items()}, args.max_running_requests)
+    log.info("embedded engine serving %s on %s:%d (pid %d)", args.model_path, args.host, args.port, os.getpid())
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+
+
+if __name__ == "__main__":
+    main()
