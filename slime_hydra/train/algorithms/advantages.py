@@ -1,0 +1,202 @@
+"""Advantage estimators, and the reward post-processing that goes with them.
+
+Shapes: ``B`` samples, right-padded to ``T`` response tokens; ``mask`` is the loss mask ``[B, T]``
+(1 on trained response tokens). Sample ``i``'s *response* is positions ``t < L_i`` where ``L_i - 1``
+is its last masked position, so mask-0 tokens *inside* a response (tool output in multi-turn
+rollouts) still take part in discounting, as in slime; padding after ``L_i`` does not.
+
+An estimator is ``f(algo, *, rewards, mask, kl, values) -> (advantages, returns)``, all ``[B, T]``
+float32 except ``rewards [B]``; ``kl`` is the per-token shaping KL already multiplied by the mask
+(zeros when ``algo.kl_coef == 0``), ``values`` the critic's values or None. To add an estimator:
+write the function and put ``@register("name")`` on it (``group_rewards=`` says how the rollout
+manager normalises its rewards within each prompt's group first).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from slime_hydra.train.algorithms.kl import KL_ESTIMATORS
+from slime_hydra.train.algorithms.reduce import masked_whiten
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig
+
+Estimator = Callable[..., Tuple[Tensor, Tensor]]
+ADVANTAGE_ESTIMATORS: Dict[str, Estimator] = {}
+GROUP_REWARD_MODES = (None, "mean", "mean_std")
+
+
+def register(*names: str, group_rewards: Optional[str] = None) -> Callable[[Estimator], Estimator]:
+    """Register an estimator under ``names``. ``group_rewards``: None (raw rewards), ``"mean"``
+    (subtract the group mean) or ``"mean_std"`` (also divide by the group std when
+    ``algo.normalize_std``); applied by :func:`rewards_for_estimator` when ``algo.normalize_rewards``."""
+    assert group_rewards in GROUP_REWARD_MODES, group_rewards
+
+    def deco(fn: Estimator) -> Estimator:
+        fn.group_rewards = group_rewards  # type: ignore[attr-defined]
+        for name in names:
+            ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+# ------------------------------------------------------------------------------ reward post-processing
+def normalize_group_rewards(
+    rewards: Tensor, group_size: int, subtract_mean: bool, divide_std: bool, eps: float = 1e-6
+) -> Tensor:
+    """GRPO's group normalisation (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2).
+
+    ``rewards`` is flat ``[N]``, consecutive runs of ``group_size`` samples share a prompt:
+    ``r~_i = (r_i - mean_g) / (std_g + eps)`` with the unbiased std (``torch.std``, as slime).
+    A group of one sample has no std: the division is skipped (the mean subtraction gives 0)."""
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    groups = rewards.float().reshape(-1, group_size)
+    out = groups
+    if subtract_mean:
+        out = out - groups.mean(dim=1, keepdim=True)
+    if divide_std and group_size > 1:
+        out = out / (groups.std(dim=1, keepdim=True) + eps)
+    return out.reshape(-1)
+
+
+def rewards_for_estimator(algo: "AlgoConfig", rewards: Tensor, group_size: int) -> Tensor:
+    """The rollout manager's reward post-processing (slime ``_post_process_rewards``): group mean
+    (and std) normalisation for estimators registered with ``group_rewards``, when
+    ``algo.normalize_rewards``; the raw rewards (as float32) otherwise."""
+    mode = ADVANTAGE_ESTIMATORS[algo.advantage_estimator].group_rewards  # type: ignore[attr-defined]
+    if not algo.normalize_rewards or mode is None:
+        return rewards.float().clone()
+    divide_std = mode == "mean_std" and algo.normalize_std
+    return normalize_group_rewards(rewards, group_size, subtract_mean=True, divide_std=divide_std)
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def response_lengths(mask: Tensor) -> Tensor:
+    """``L_i`` = 1 + the last position with a non-zero mask (0 for an empty mask), ``[B]`` long."""
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+    return ((mask != 0).long() * positions).amax(dim=-1)
+
+
+def add_at_last_token(token_rewards: Tensor, rewards: Tensor, lengths: Tensor) -> Tensor:
+    """``token_rewards[i, L_i - 1] += rewards[i]`` for samples with ``L_i > 0``."""
+    out = token_rewards.clone()
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    out[rows, lengths[rows] - 1] += rewards[rows].to(out.dtype)
+    return out
+
+
+def discounted_returns(token_rewards: Tensor, gamma: float) -> Tensor:
+    """``G_t = r_t + gamma * G_{t+1}`` along the last dim (``G_T = 0``)."""
+    if gamma == 1.0:
+        return token_rewards.flip(-1).cumsum(-1).flip(-1)
+    out = torch.empty_like(token_rewards)
+    running = torch.zeros_like(token_rewards[..., 0])
+    for t in range(token_rewards.shape[-1] - 1, -1, -1):
+        running = token_rewards[..., t] + gamma * running
+        out[..., t] = running
+    return out
+
+
+def generalized_advantages(token_rewards: Tensor, values: Tensor, gamma: float, lambd: float) -> Tensor:
+    """GAE (Schulman et al., arXiv 1506.02438): ``delta_t = r_t + gamma V_{t+1} - V_t``,
+    ``A_t = delta_t + gamma lambda A_{t+1}``, with ``V_T = 0`` and ``A_T = 0``."""
+    next_values = torch.cat([values[..., 1:], torch.zeros_like(values[..., :1])], dim=-1)
+    deltas = token_rewards + gamma * next_values - values
+    out = torch.empty_like(deltas)
+    running = torch.zeros_like(deltas[..., 0])
+    for t in range(deltas.shape[-1] - 1, -1, -1):
+        running = deltas[..., t] + gamma * lambd * running
+        out[..., t] = running
+    return out
+
+
+# -------------------------------------------------------------------------------------- estimators
+@register("grpo", "gspo", "cispo", group_rewards="mean_std")
+def group_relative(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
+    """Outcome supervision with a group baseline, ``A_it = r~_i`` on every response token.
+
+    GRPO (arXiv 2402.03300), GSPO (arXiv 2507.18071) and CISPO (MiniMax-M1, arXiv 2506.13585) share
+    this advantage and differ in the policy loss. As in slime, ``kl_coef`` plays no part here (use
+    ``kl_loss_coef``). ``returns = advantages``."""
+    adv = rewards[:, None] * mask
+    return adv, adv.clone()
+
+
+@register("ppo")
+def ppo_gae(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
+    """PPO for RLHF (Ouyang et al., arXiv 2203.02155; PPO arXiv 1707.06347) with GAE.
+
+    Token rewards ``r_t = -kl_coef * kl_t``, plus the scalar reward on the last response token;
+    GAE with ``algo.gamma`` and ``algo.lambd`` over ``t < L_i`` using the critic's ``values``
+    (values at padding count as 0); ``returns = A + V``."""
+    if values is None:
+        raise ValueError("advantage_estimator 'ppo' needs the critic's values")
+    lengths = response_lengths(mask)
+    in_response = (torch.arange(mask.shape[-1], device=mask.device)[None, :] < lengths[:, None]).float()
+    v = values.float() * in_response
+    token_rewards = add_at_last_token(-algo.kl_coef * kl, rewards, lengths) * in_response
+    adv = generalized_advantages(token_rewards, v, algo.gamma, algo.lambd)
+    return adv * mask, (adv + v) * mask
+
+
+@register("reinforce_plus_plus")
+def reinforce_plus_plus(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
+    """REINFORCE++ (Hu, arXiv 2501.03262): token rewards ``r_t = -kl_coef * kl_t * m_t`` plus the
+    scalar reward at the last masked token; ``A_t = G_t = sum_k gamma^k r_{t+k}``. Meant to be
+    used with ``normalize_advantages`` (global batch whitening replaces the critic)."""
+    token_rewards = add_at_last_token(-algo.kl_coef * kl * mask, rewards, response_lengths(mask))
+    returns = discounted_returns(token_rewards, algo.gamma) * mask
+    return returns, returns.clone()
+
+
+@register("reinforce_plus_plus_baseline", group_rewards="mean")
+def reinforce_plus_plus_baseline(
+    algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]
+):
+    """REINFORCE++-baseline (arXiv 2501.03262): ``A_t = (r_i - mean_group) - kl_coef * kl_t``; the
+    group mean was subtracted by :func:`rewards_for_estimator`. Whitened by ``normalize_advantages``."""
+    adv = (rewards[:, None] - algo.kl_coef * kl) * mask
+    return adv, adv.clone()
+
+
+# ------------------------------------------------------------------------------------------ driver
+def compute_advantages(
+    algo: "AlgoConfig",
+    *,
+    rewards: Tensor,
+    loss_mask: Tensor,
+    old_log_probs: Tensor,
+    ref_log_probs: Optional[Tensor] = None,
+    values: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient).
+
+    1. Shaping KL (slime: ``compute_advantages_and_returns``): when ``algo.kl_coef != 0``,
+       ``kl_t = KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * m_t`` (slime uses the
+       *same* estimator, ``--kl-loss-type``, for shaping and for the loss); zeros otherwise.
+    2. ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``.
+    3. When ``algo.normalize_advantages``: masked whitening of the advantages over the whole
+       ``[B, T]`` given (slime whitens over all data-parallel ranks: pass the whole step's samples
+       to reproduce that). Returns are not whitened.
+    """
+    estimator = ADVANTAGE_ESTIMATORS[algo.advantage_estimator]
+    with torch.no_grad():
+        mask = loss_mask.float()
+        if algo.kl_coef:
+            if ref_log_probs is None:
+                raise ValueError("algo.kl_coef != 0 needs ref_log_probs")
+            kl = KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * mask
+        else:
+            kl = torch.zeros_like(mask)
+        rewards = rewards.detach().float().to(mask.device)
+        values = None if values is None else values.detach().float()
+        adv, ret = estimator(algo, rewards=rewards, mask=mask, kl=kl, values=values)
+        if algo.normalize_advantages:
+            adv = masked_whiten(adv, mask)
+        return adv * mask, ret * mask

@@ -1,0 +1,99 @@
+"""Loss reduction over an optimiser step that is split into micro-batches.
+
+Every reduction is a *sum over micro-batches*: a ``Reducer`` is built once per optimiser step from
+step-wide totals, each micro-batch's loss is ``reducer(x, mask)``, and the gradients accumulated over
+the step's micro-batches are those of the step loss (no further division by the number of
+micro-batches). With ``x_it`` a per-token quantity and ``m_it`` the loss mask:
+
+- ``sample_mean`` (slime's default "sum of sample means", seq-mean-token-mean):
+  ``sum_i (sum_t x_it m_it / max(sum_t m_it, 1)) / num_samples``;
+- ``token_mean`` (DAPO, arXiv 2503.14476; slime ``--calculate-per-token-loss``):
+  ``sum_it x_it m_it / num_tokens``;
+- ``token_sum`` (Dr. GRPO, arXiv 2503.20783: a constant normaliser, no length bias):
+  ``sum_it x_it m_it / (num_samples * max_len)``.
+
+Data parallelism: DDP *averages* gradients over W ranks, so give each rank's Reducer the step
+totals divided by W (or, equivalently, multiply its loss by W).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+import torch
+from torch import Tensor
+
+REDUCTIONS: Tuple[str, ...] = ("sample_mean", "token_mean", "token_sum")
+
+
+def _masked(x: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """(x * m in float32 with padded positions forced to 0 even if x is inf/nan there, m as float32)."""
+    m = mask.float()
+    x = x.float()
+    return torch.where(m != 0, x * m, torch.zeros_like(x)), m
+
+
+class Reducer:
+    """Reduces a per-token ``[b, T]`` tensor of one micro-batch to its share of the step's scalar.
+
+    ``num_samples``: samples in the step; ``num_tokens``: loss-mask tokens in the step;
+    ``max_len``: the constant ``token_sum`` normaliser per sample (the generation budget,
+    ``rollout.max_response_len``, as in Dr. GRPO).
+    """
+
+    def __init__(self, kind: str, num_samples: int, num_tokens: int, max_len: int):
+        if kind not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {kind!r}; expected one of {REDUCTIONS}")
+        self.kind = kind
+        self.num_samples = num_samples
+        self.num_tokens = num_tokens
+        self.max_len = max_len
+
+    @classmethod
+    def for_step(cls, kind: str, masks: Iterable[Tensor], max_len: int) -> "Reducer":
+        """Build from the loss masks (``[b, T]`` each) of all micro-batches of one step."""
+        masks = list(masks)
+        num_samples = sum(int(m.shape[0]) for m in masks)
+        num_tokens = int(sum(float(m.float().sum()) for m in masks))
+        return cls(kind, num_samples, num_tokens, max_len)
+
+    @property
+    def metric(self) -> "Reducer":
+        """The reducer for diagnostics (clip fractions, ratios, entropy): ``token_sum`` would scale
+        a fraction by mean_len / max_len, so it reports the token mean instead; others are unchanged."""
+        if self.kind != "token_sum":
+            return self
+        return Reducer("token_mean", self.num_samples, self.num_tokens, self.max_len)
+
+    def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
+        xm, m = _masked(x, mask)
+        if self.kind == "sample_mean":
+            per_sample = xm.sum(-1) / m.sum(-1).clamp_min(1.0)
+            return per_sample.sum() / max(self.num_samples, 1)
+        if self.kind == "token_mean":
+            return xm.sum() / max(self.num_tokens, 1)
+        return xm.sum() / max(self.num_samples * self.max_len, 1)
+
+    def __repr__(self) -> str:
+        return f"Reducer({self.kind!r}, num_samples={self.num_samples}, num_tokens={self.num_tokens}, max_len={self.max_len})"
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """``sum x m / max(sum m, 1)`` over all elements."""
+    xm, m = _masked(x, mask)
+    return xm.sum() / m.sum().clamp_min(1.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / sqrt(var + eps)`` with mean and unbiased (Bessel) variance over the masked
+    elements only; masked-out positions come back as 0. As slime's ``distributed_masked_whiten``."""
+    xm, m = _masked(x, mask)
+    n = m.sum()
+    if n == 0:
+        return torch.zeros_like(xm)
+    mean = xm.sum() / n
+    var = _masked((x.float() - mean) ** 2, m)[0].sum() / n
+    if n >= 2:
+        var = var * n / (n - 1)
+    out = (x.float() - mean) * torch.rsqrt(var + eps)
+    return torch.where(m != 0, out, torch.zeros_like(out))

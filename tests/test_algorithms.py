@@ -1,0 +1,246 @@
+"""Formulas of slime_hydra.train.algorithms on small hand-computed tensors, and loss gradients
+against loop-based reference implementations."""
+
+import math
+
+import pytest
+import torch
+
+from slime_hydra.config.schema import AlgoConfig
+from slime_hydra.train.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    REDUCTIONS,
+    Reducer,
+    compute_advantages,
+    explained_variance,
+    normalize_group_rewards,
+    policy_loss,
+    rewards_for_estimator,
+    value_loss,
+)
+
+torch.manual_seed(0)
+
+
+def algo(**kw) -> AlgoConfig:
+    kw.setdefault("eps_clip_high", kw.get("eps_clip", 0.2))
+    return AlgoConfig(name="test", **kw)
+
+
+# Two samples, T=4: lengths 3 and 2 (right-padded).
+MASK = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
+
+
+def close(a, b, tol=1e-5):
+    return torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol)
+
+
+# ----------------------------------------------------------------------------------- registries
+def test_registries_have_every_name():
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "gspo", "cispo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
+    assert set(POLICY_LOSSES) == {"ppo_clip", "gspo", "cispo"}
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "low_var_kl"}
+    assert REDUCTIONS == ("sample_mean", "token_mean", "token_sum")
+
+
+# ------------------------------------------------------------------------------ group rewards
+def test_normalize_group_rewards_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # groups of 2, 2, 2
+    out = normalize_group_rewards(r, 2, subtract_mean=True, divide_std=True)
+    s = math.sqrt(0.5)  # unbiased std of {1, 0}
+    assert close(out, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6), 0, 0])
+    # mean only
+    assert close(normalize_group_rewards(r, 3, True, False), [2 / 3, -1 / 3, -1 / 3, 0, 0, 0])
+    # std only (no mean subtraction)
+    r2 = torch.tensor([2.0, 4.0])
+    assert close(normalize_group_rewards(r2, 2, False, True), r2 / (math.sqrt(2) + 1e-6))
+
+
+def test_normalize_group_rewards_equal_rewards_and_singletons():
+    equal = normalize_group_rewards(torch.tensor([0.7, 0.7, 0.7]), 3, True, True)
+    assert torch.equal(equal, torch.zeros(3))
+    single = normalize_group_rewards(torch.tensor([3.0, -1.0]), 1, True, True)
+    assert torch.equal(single, torch.zeros(2)) and not single.isnan().any()
+    assert torch.equal(normalize_group_rewards(torch.tensor([3.0]), 1, False, True), torch.tensor([3.0]))
+    with pytest.raises(ValueError):
+        normalize_group_rewards(torch.ones(5), 2, True, True)
+
+
+def test_rewards_for_estimator():
+    r = torch.tensor([1.0, 0.0, 3.0, 3.0])
+    grpo = rewards_for_estimator(algo(advantage_estimator="grpo"), r, 2)
+    assert close(grpo, normalize_group_rewards(r, 2, True, True))
+    drgrpo = rewards_for_estimator(algo(advantage_estimator="grpo", normalize_std=False), r, 2)
+    assert close(drgrpo, [0.5, -0.5, 0, 0])
+    for est in ("gspo", "cispo"):
+        assert close(rewards_for_estimator(algo(advantage_estimator=est), r, 2), grpo)
+    base = rewards_for_estimator(algo(advantage_estimator="reinforce_plus_plus_baseline"), r, 2)
+    assert close(base, [0.5, -0.5, 0, 0])  # mean only, even with normalize_std
+    for est in ("ppo", "reinforce_plus_plus"):
+        assert close(rewards_for_estimator(algo(advantage_estimator=est), r, 2), r)
+    assert close(rewards_for_estimator(algo(normalize_rewards=False), r, 2), r)
+
+
+# --------------------------------------------------------------------------------- advantages
+def test_grpo_advantages_broadcast_over_unequal_lengths():
+    a = algo(advantage_estimator="grpo")
+    adv, ret = compute_advantages(a, rewards=torch.tensor([0.5, -2.0]), loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
+    assert close(adv, [[0.5, 0.5, 0.5, 0], [-2, -2, 0, 0]])
+    assert close(ret, adv)
+    assert not adv.requires_grad
+
+
+def test_grpo_group_of_equal_rewards_gives_zero_advantage():
+    a = algo(advantage_estimator="grpo")
+    r = rewards_for_estimator(a, torch.tensor([1.0, 1.0]), 2)
+    adv, _ = compute_advantages(a, rewards=r, loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
+    assert torch.equal(adv, torch.zeros(2, 4))
+
+
+def test_grpo_ignores_kl_coef_but_needs_ref():
+    a = algo(advantage_estimator="grpo", kl_coef=0.1)
+    with pytest.raises(ValueError):
+        compute_advantages(a, rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
+    adv, _ = compute_advantages(a, rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4),
+                                ref_log_probs=torch.ones(2, 4))
+    assert close(adv, MASK)
+
+
+# ---------------------------------------------------------------------------------------- KL
+def test_kl_estimators_hand_computed():
+    lp, ref = torch.tensor([0.0, -1.0]), torch.tensor([-0.5, -1.0])
+    lr = torch.tensor([0.5, 0.0])
+    assert close(KL_ESTIMATORS["k1"](lp, ref), lr)
+    assert close(KL_ESTIMATORS["k2"](lp, ref), lr**2 / 2)
+    assert close(KL_ESTIMATORS["k3"](lp, ref), torch.exp(-lr) - 1 + lr)
+    assert close(KL_ESTIMATORS["low_var_kl"](lp, ref), torch.exp(-lr) - 1 + lr)
+    big = KL_ESTIMATORS["low_var_kl"](torch.tensor([-30.0]), torch.tensor([0.0]))
+    assert big.item() == 10.0
+
+
+# ----------------------------------------------------------------------------------- reducer
+def _reference_reduce(kind, x, m, max_len):
+    n, tokens = x.shape[0], m.sum()
+    if kind == "sample_mean":
+        return sum((x[i] * m[i]).sum() / m[i].sum() for i in range(n)) / n
+    if kind == "token_mean":
+        return (x * m).sum() / tokens
+    return (x * m).sum() / (n * max_len)
+
+
+@pytest.mark.parametrize("kind", REDUCTIONS)
+def test_reducer_micro_batch_sums_equal_full_batch(kind):
+    x = torch.randn(5, 6)
+    m = torch.tensor([[1.0, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0]])
+    x_pad = x.masked_fill(m == 0, float("nan"))  # padding garbage must not leak
+    full = Reducer.for_step(kind, [m], max_len=8)
+    assert full.num_samples == 5 and full.num_tokens == int(m.sum())
+    value = full(x_pad, m)
+    assert close(value, _reference_reduce(kind, x, m, 8))
+    for splits in ([2, 3], [1, 1, 1, 1, 1], [4, 1]):
+        red = Reducer.for_step(kind, list(m.split(splits)), max_len=8)
+        parts = sum(red(xs, ms) for xs, ms in zip(x_pad.split(splits), m.split(splits)))
+        assert close(parts, value)
+
+
+def test_reducer_metric_is_token_mean_for_token_sum():
+    red = Reducer("token_sum", num_samples=2, num_tokens=5, max_len=10)
+    assert red.metric.kind == "token_mean"
+    assert close(red.metric(torch.ones(2, 4), MASK), 1.0)
+    same = Reducer("sample_mean", 2, 5, 10)
+    assert same.metric is same
+    with pytest.raises(ValueError):
+        Reducer("mean", 1, 1, 1)
+
+
+# ------------------------------------------------------------------------ policy loss (ppo_clip)
+def _ref_ppo_clip_loss(lp, old, adv, m, eps_lo, eps_hi, c=None):
+    """Loop-based PPO clip loss, per-sample token mean averaged over samples."""
+    total = 0.0
+    for i in range(lp.shape[0]):
+        s, n = 0.0, 0
+        for t in range(lp.shape[1]):
+            if m[i, t] == 0:
+                continue
+            ratio = torch.exp(lp[i, t] - old[i, t])
+            a = adv[i, t]
+            loss = torch.maximum(-ratio * a, -torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * a)
+            if c is not None and a < 0:
+                loss = torch.minimum(loss, -c * a)
+            s, n = s + loss, n + 1
+        total = total + s / n
+    return total / lp.shape[0]
+
+
+@pytest.mark.parametrize("dual", [None, 3.0])
+def test_ppo_clip_loss_and_gradient_match_reference(dual):
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]))
+    # ratios: 2.0 (clipped when A>0), 0.5 (clipped when A<0), 1.1 (inside), pad; 5.0 (A<0: dual clip), 1.0
+    ratios = torch.tensor([[2.0, 0.5, 1.1, 1.0], [5.0, 1.0, 1.0, 1.0]])
+    adv = torch.tensor([[1.0, -1.0, 1.0, 0.0], [-1.0, 2.0, 0.0, 0.0]])
+    lp = (old + ratios.log()).requires_grad_(True)
+    a = algo(eps_clip=0.2, eps_clip_high=0.3, eps_clip_c=dual)
+    red = Reducer.for_step("sample_mean", [MASK], max_len=4)
+    loss, metrics = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK)
+    lp_ref = lp.detach().clone().requires_grad_(True)
+    ref = _ref_ppo_clip_loss(lp_ref, old, adv, MASK, 0.2, 0.3, dual)
+    assert close(loss, ref)
+    (g,) = torch.autograd.grad(loss, lp)
+    (g_ref,) = torch.autograd.grad(ref, lp_ref)
+    assert close(g, g_ref)
+    # clipped tokens have zero gradient; the dual-clipped one too
+    assert g[0, 0] == 0 and g[0, 1] == 0 and g[0, 2] != 0
+    assert (g[1, 0] == 0) == (dual is not None)
+    # clipfrac: sample 0 has 2 of 3 tokens clipped; sample 1 none (ratio 5 with A<0: the unclipped
+    # term 5 beats the clamped 1.3, so only the dual clip acts on it)
+    cf = (2 / 3 + 0 / 2) / 2
+    assert close(metrics["pg_clipfrac"], cf)
+    assert close(metrics["pg_loss"], ref) and close(metrics["loss"], ref)
+    ppo_kl = ((-ratios.log()) * MASK).sum(-1) / MASK.sum(-1)
+    assert close(metrics["ppo_kl"], ppo_kl.mean())
+
+
+def test_asymmetric_clip_bounds():
+    old = torch.zeros(1, 2)
+    lp = torch.tensor([[math.log(1.25), math.log(0.75)]])
+    adv = torch.tensor([[1.0, -1.0]])
+    m = torch.ones(1, 2)
+    red = Reducer("token_mean", 1, 2, 2)
+    # eps_high 0.28 leaves 1.25 unclipped; eps_low 0.2 clips 0.75 -> 0.8 for A<0 (pessimistic term)
+    _, met = policy_loss(algo(eps_clip=0.2, eps_clip_high=0.28), red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=m)
+    assert close(met["pg_loss"], (-1.25 + 0.8) / 2) and close(met["pg_clipfrac"], 0.5)
+    _, met = policy_loss(algo(eps_clip=0.2, eps_clip_high=0.2), red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=m)
+    assert close(met["pg_loss"], (-1.2 + 0.8) / 2) and close(met["pg_clipfrac"], 1.0)
+
+
+def test_entropy_and_kl_loss_terms_and_gradient():
+    old = torch.randn(2, 4)
+    lp = (old + 0.1 * torch.randn(2, 4)).requires_grad_(True)
+    ref = old + 0.2 * torch.randn(2, 4)
+    ent = torch.rand(2, 4, requires_grad=True)
+    adv = torch.randn(2, 4) * MASK
+    a = algo(entropy_coef=0.01, kl_loss_coef=0.04, kl_loss_type="low_var_kl")
+    red = Reducer.for_step("sample_mean", [MASK], 4)
+    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, ref_log_probs=ref, entropy=ent)
+    lp2 = lp.detach().clone().requires_grad_(True)
+    ent2 = ent.detach().clone().requires_grad_(True)
+    pg = _ref_ppo_clip_loss(lp2, old, adv, MASK, 0.2, 0.2)
+    lr = lp2 - ref
+    k3 = torch.exp(-lr) - 1 + lr
+
+    def smean(x):
+        return sum((x[i] * MASK[i]).sum() / MASK[i].sum() for i in range(2)) / 2
+
+    expected = pg - 0.01 * smean(ent2) + 0.04 * smean(k3)
+    assert close(loss, expected)
+    assert close(met["kl_loss"], smean(k3)) and close(met["entropy"], smean(ent2))
+    g = torch.autograd.grad(loss, [lp, ent])
+    g_ref = torch.autograd.grad(expected, [lp2, ent2])
+    assert close(g[0], g_ref[0]) and close(g[1], g_ref[1])
+    # missing inputs
+    with pytest.raises(ValueError):
+        policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, entropy=ent)
+    with pytest.raises(ValueError):
+        policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, ref_log_probs=ref)
