@@ -244,3 +244,236 @@ def test_entropy_and_kl_loss_terms_and_gradient():
         policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, entropy=ent)
     with pytest.raises(ValueError):
         policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, ref_log_probs=ref)
+
+
+# ------------------------------------------------------------------------- ppo / GAE advantages
+def _ref_gae(rewards, values, mask, kl, kl_coef, gamma, lambd):
+    """Hand loop: per sample, over its response t < L (L = 1 + last masked position)."""
+    B, T = mask.shape
+    adv, ret = torch.zeros(B, T), torch.zeros(B, T)
+    for i in range(B):
+        L = max(t + 1 for t in range(T) if mask[i, t] != 0)
+        r = [-kl_coef * float(kl[i, t] * mask[i, t]) for t in range(L)]
+        r[L - 1] += float(rewards[i])
+        last = 0.0
+        for t in reversed(range(L)):
+            v_next = float(values[i, t + 1]) if t + 1 < L else 0.0
+            delta = r[t] + gamma * v_next - float(values[i, t])
+            last = delta + gamma * lambd * last
+            adv[i, t] = last
+            ret[i, t] = last + float(values[i, t])
+    return adv * mask, ret * mask
+
+
+def test_gae_matches_hand_loop():
+    mask = torch.tensor([[1.0, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])  # interior 0, full, length 1
+    values = torch.randn(3, 6)
+    values[0, 4:] = 99.0  # values on padding must be ignored
+    old, ref = torch.randn(3, 6), torch.randn(3, 6)
+    rewards = torch.tensor([1.0, -0.5, 2.0])
+    a = algo(advantage_estimator="ppo", gamma=0.9, lambd=0.8, kl_coef=0.1, kl_loss_type="k1")
+    adv, ret = compute_advantages(a, rewards=rewards, loss_mask=mask, old_log_probs=old, ref_log_probs=ref, values=values)
+    exp_adv, exp_ret = _ref_gae(rewards, values, mask, old - ref, 0.1, 0.9, 0.8)
+    assert close(adv, exp_adv) and close(ret, exp_ret)
+    # gamma = lambda = 1 and V = 0: the advantage is the reward-to-go
+    a1 = algo(advantage_estimator="ppo")
+    adv, ret = compute_advantages(a1, rewards=rewards, loss_mask=mask, old_log_probs=old, values=torch.zeros(3, 6))
+    assert close(adv, rewards[:, None] * mask) and close(ret, adv)
+
+
+def test_ppo_needs_values():
+    with pytest.raises(ValueError):
+        compute_advantages(algo(advantage_estimator="ppo"), rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
+
+
+# --------------------------------------------------------------------------------- REINFORCE++
+def test_reinforce_plus_plus_discounted_returns():
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 1, 0]])
+    old = torch.tensor([[0.1, 0.2, 0.3, 5.0], [0.4, 5.0, 0.6, 5.0]])
+    ref = torch.zeros(2, 4)
+    a = algo(advantage_estimator="reinforce_plus_plus", kl_coef=0.5, kl_loss_type="k1", gamma=0.5)
+    adv, ret = compute_advantages(a, rewards=torch.tensor([1.0, 2.0]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
+    # sample 0: r = [-0.05, -0.1, -0.15 + 1]; G2 = 0.85, G1 = -0.1 + 0.425, G0 = -0.05 + 0.5 * 0.325
+    # sample 1: r = [-0.2, 0 (masked), -0.3 + 2]; G2 = 1.7, G1 = 0.85 (masked out), G0 = -0.2 + 0.425
+    assert close(adv, [[-0.05 + 0.1625, 0.325, 0.85, 0], [0.225, 0, 1.7, 0]])
+    assert close(ret, adv)
+
+
+def test_reinforce_plus_plus_baseline_and_whitening():
+    mask = MASK
+    old, ref = torch.zeros(2, 4), torch.zeros(2, 4)
+    old[0, 0] = 0.2
+    a = algo(advantage_estimator="reinforce_plus_plus_baseline", kl_coef=0.5, kl_loss_type="k1")
+    adv, ret = compute_advantages(a, rewards=torch.tensor([0.5, -0.5]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
+    assert close(adv, [[0.4, 0.5, 0.5, 0], [-0.5, -0.5, 0, 0]]) and close(ret, adv)
+    # whitening: masked mean 0, unbiased masked variance 1, padding stays 0
+    a.normalize_advantages = True
+    w, ret_w = compute_advantages(a, rewards=torch.tensor([0.5, -0.5]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
+    vals = w[mask.bool()]
+    raw = adv[mask.bool()]
+    assert close(vals, (raw - raw.mean()) / torch.sqrt(raw.var() + 1e-8))
+    assert close(vals.mean(), 0) and close(vals.std(), 1, 1e-4)
+    assert torch.all(w[~mask.bool()] == 0)
+    assert close(ret_w, adv)  # returns are not whitened
+
+
+# ------------------------------------------------------------------------------------- GSPO
+def test_gspo_geometric_mean_ratio_broadcast_and_gradient():
+    old = torch.log(torch.tensor([[0.5, 0.4, 0.3, 0.9], [0.2, 0.6, 0.9, 0.9]]))
+    lp = (old + torch.tensor([[0.1, -0.3, 0.05, 7.0], [0.02, -0.01, 3.0, 3.0]])).requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0, 1.0, 0.0], [-1.0, -1.0, 0.0, 0.0]])
+    a = algo(policy_loss="gspo", advantage_estimator="gspo", eps_clip=0.03, eps_clip_high=0.04)
+    red = Reducer.for_step("sample_mean", [MASK], 4)
+    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK)
+
+    lp2 = lp.detach().clone().requires_grad_(True)
+    total = 0.0
+    clipped = []
+    for i in range(2):
+        L = int(MASK[i].sum())
+        s = torch.exp(sum(lp2[i, t] - old[i, t] for t in range(L)) / L)  # geometric mean of token ratios
+        per_token = [torch.maximum(-s * adv[i, t], -s.clamp(0.97, 1.04) * adv[i, t]) for t in range(L)]
+        clipped.append(float((-s.clamp(0.97, 1.04) * adv[i, 0]) > (-s * adv[i, 0])))
+        total = total + sum(per_token) / L
+    expected = total / 2
+    assert close(loss, expected)
+    (g,) = torch.autograd.grad(loss, lp)
+    (g_ref,) = torch.autograd.grad(expected, lp2)
+    assert close(g, g_ref)
+    assert torch.all(g[~MASK.bool()] == 0)
+    # sample 0: s = exp(-0.05) ~ 0.951 < 0.97 with A>0 -> not clipped (pessimistic); sample 1: s = exp(0.005) inside
+    assert close(met["pg_clipfrac"], sum(clipped) / 2)
+    seq_kl = torch.tensor([0.05, -0.005])
+    assert close(met["ppo_kl"], seq_kl.mean())
+
+
+def test_gspo_sequence_ratio_clips_whole_sequence():
+    old = torch.zeros(1, 3)
+    lp = torch.tensor([[0.3, 0.3, 0.3]], requires_grad=True)  # s = exp(0.3) > 1.04
+    a = algo(policy_loss="gspo", eps_clip=0.03, eps_clip_high=0.04)
+    loss, met = policy_loss(a, Reducer("token_mean", 1, 3, 3), log_probs=lp, old_log_probs=old,
+                            advantages=torch.ones(1, 3), loss_mask=torch.ones(1, 3))
+    assert close(met["pg_clipfrac"], 1.0) and close(loss, -1.04)
+    (g,) = torch.autograd.grad(loss, lp)
+    assert torch.all(g == 0)
+
+
+# ------------------------------------------------------------------------------------- CISPO
+def test_cispo_stop_gradient_semantics():
+    old = torch.zeros(2, 4)
+    ratios = torch.tensor([[6.0, 0.5, 1.2, 1.0], [0.1, 2.0, 1.0, 1.0]])
+    lp = ratios.log().requires_grad_(True)
+    adv = torch.tensor([[1.0, -2.0, 0.5, 0.0], [1.0, -1.0, 0.0, 0.0]])
+    a = algo(policy_loss="cispo", advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0)
+    red = Reducer.for_step("token_mean", [MASK], 4)
+    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK)
+    w = ratios.clamp(0.0, 5.0)  # only 6.0 is truncated
+    expected = -(w * adv * lp.detach() * MASK).sum() / 5
+    assert close(loss, expected)
+    (g,) = torch.autograd.grad(loss, lp)
+    # d/d logp of -sg(w) A logp is -w A: clipped tokens keep a gradient (unlike PPO)
+    assert close(g, -(w * adv * MASK) / 5)
+    assert g[0, 0] != 0
+    assert close(met["pg_clipfrac"], 1 / 5)
+    # a lower bound is active when eps_clip < 1
+    a.eps_clip = 0.5
+    _, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK)
+    assert close(met["pg_clipfrac"], 2 / 5)  # 6.0 and 0.1
+
+
+# --------------------------------------------------------------------------------------- TIS
+def test_tis_clamps_weights_and_scales_loss():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]))
+    rollout = old - torch.log(torch.tensor([[3.0, 0.5, 1.0, 9.0], [0.05, 1.5, 1.0, 9.0]]))  # tis = [3, .5, 1 | .05, 1.5]
+    lp = old.clone().requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    a = algo(use_tis=True, tis_clip=2.0, tis_clip_low=0.1)
+    red = Reducer.for_step("sample_mean", [MASK], 4)
+    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, rollout_log_probs=rollout)
+    w = torch.tensor([[2.0, 0.5, 1.0, 0.0], [0.1, 1.5, 0.0, 0.0]])
+    # ratio 1: pg_t = -A_t, times w_t
+    expected = ((-(w * adv)[0, :3]).mean() + (-(w * adv)[1, :2]).mean()) / 2
+    assert close(loss, expected)
+    assert close(met["tis"], ((3 + 0.5 + 1) / 3 + (0.05 + 1.5) / 2) / 2)
+    assert close(met["tis_clipfrac"], (1 / 3 + 1 / 2) / 2)
+    (g,) = torch.autograd.grad(loss, lp)
+    assert close(g[0, :3], -w[0, :3] / 3 / 2)
+    with pytest.raises(ValueError):
+        policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK)
+
+
+def test_unbiased_kl_weights_kl_by_ratio():
+    old = torch.zeros(1, 2)
+    lp = torch.tensor([[0.2, -0.1]], requires_grad=True)
+    ref = torch.tensor([[0.0, 0.3]])
+    a = algo(kl_loss_coef=1.0, kl_loss_type="k2", use_unbiased_kl=True)
+    red = Reducer("token_mean", 1, 2, 2)
+    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=torch.zeros(1, 2),
+                            loss_mask=torch.ones(1, 2), ref_log_probs=ref)
+    lp2 = lp.detach().clone().requires_grad_(True)
+    expected = ((torch.exp(lp2 - old) * (lp2 - ref) ** 2 / 2)).mean()
+    assert close(met["kl_loss"], expected) and close(loss, expected)
+    assert close(torch.autograd.grad(loss, lp)[0], torch.autograd.grad(expected, lp2)[0])
+
+
+@pytest.mark.parametrize("kind", REDUCTIONS)
+def test_policy_loss_micro_batches_sum_to_full_step(kind):
+    B, T = 6, 5
+    mask = (torch.rand(B, T) > 0.3).float()
+    mask[:, 0] = 1
+    old, ref, rollout = torch.randn(B, T), torch.randn(B, T), torch.randn(B, T)
+    lp = (old + 0.2 * torch.randn(B, T)).requires_grad_(True)
+    adv, ent = torch.randn(B, T), torch.rand(B, T)
+    a = algo(loss_reduction=kind, kl_loss_coef=0.1, entropy_coef=0.01, use_tis=True, eps_clip_c=3.0)
+    kw = dict(old_log_probs=old, advantages=adv, loss_mask=mask, ref_log_probs=ref, rollout_log_probs=rollout, entropy=ent)
+    full_red = Reducer.for_step(kind, [mask], max_len=T + 3)
+    full, full_met = policy_loss(a, full_red, log_probs=lp, **kw)
+    (g_full,) = torch.autograd.grad(full, lp)
+    split = [2, 1, 3]
+    red = Reducer.for_step(kind, list(mask.split(split)), max_len=T + 3)
+    total, sums, grads = 0.0, {}, []
+    for idx in torch.arange(B).split(split):
+        part, met = policy_loss(a, red, log_probs=lp[idx], **{k: v[idx] for k, v in kw.items()})
+        total = total + part
+        for k, v in met.items():
+            sums[k] = sums.get(k, 0.0) + v
+    (g_split,) = torch.autograd.grad(total, lp)
+    assert close(total, full) and close(g_split, g_full)
+    assert set(sums) == set(full_met) == {"pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss", "tis", "tis_clipfrac", "loss"}
+    for k in sums:
+        assert close(sums[k], full_met[k]), k
+    assert close(full_met["loss"], full_met["pg_loss"] - 0.01 * full_red(ent, mask) + 0.1 * full_met["kl_loss"])
+
+
+# ------------------------------------------------------------------------------------- critic
+def test_value_loss_clipping_and_gradient():
+    old = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    values = torch.tensor([[0.5, 0.1, -0.3, 7.0], [1.05, 0.5, 0.0, 0.0]], requires_grad=True)
+    returns = torch.tensor([[1.0, 0.0, -1.0, 0.0], [0.0, 2.0, 0.0, 0.0]])
+    a = algo(value_clip=0.2)
+    red = Reducer.for_step("sample_mean", [MASK], 4)
+    loss, met = value_loss(a, red, values=values, old_values=old, returns=returns, loss_mask=MASK)
+    v2 = values.detach().clone().requires_grad_(True)
+    per = []
+    for i in range(2):
+        s = 0.0
+        for t in range(int(MASK[i].sum())):
+            vc = old[i, t] + torch.clamp(v2[i, t] - old[i, t], -0.2, 0.2)
+            s = s + torch.maximum((vc - returns[i, t]) ** 2, (v2[i, t] - returns[i, t]) ** 2)
+        per.append(s / MASK[i].sum())
+    expected = sum(per) / 2
+    assert close(loss, expected) and close(met["value_loss"], expected)
+    assert close(torch.autograd.grad(loss, values)[0], torch.autograd.grad(expected, v2)[0])
+    # |V - V_old| > 0.2 at [0,0] (0.5), [0,2] (0.3) and [1,1] (0.5 - 1 = -0.5)
+    assert close(met["value_clipfrac"], (2 / 3 + 1 / 2) / 2)
+
+
+def test_explained_variance():
+    ret = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, -100.0, 0.0]])
+    assert close(explained_variance(ret, ret, MASK), 1.0)
+    const = torch.full_like(ret, 3.0)
+    assert close(explained_variance(const, ret, MASK), 0.0)
+    v = ret + torch.tensor([[1.0, -1.0, 1.0, 0.0], [-1.0, 1.0, 0.0, 0.0]])
+    # Var[R] over {1..5} = 2, residuals {1,-1,1,-1,1}: mean 0.2, var 0.96
+    assert close(explained_variance(v, ret, MASK), 1 - 0.96 / 2)
+    assert explained_variance(ret, torch.ones(2, 4), MASK).isnan()
