@@ -81,22 +81,22 @@ class AlgoConfig:
     # Loss terms
     entropy_coef: float = 0.0
     kl_loss_coef: float = 0.0  # KL(policy || reference) as a loss term
-    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
+    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl; also the estimator of the kl_coef reward (as slime)
     use_unbiased_kl: bool = False
     kl_coef: float = 0.0  # KL as reward shaping (ppo, reinforce_plus_plus*)
     loss_reduction: str = "sample_mean"  # sample_mean (per-sample token mean) | token_mean | token_sum
-    normalize_advantages: bool = False  # masked whitening over the step
+    normalize_advantages: bool = False  # masked whitening over the rollout batch (required by reinforce_plus_plus*)
     # Off-policy corrections
     use_rollout_logprobs: bool = False  # rollout log-probs are the old policy (no recompute)
     use_tis: bool = False  # truncated importance sampling rollout -> trainer
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
-    # PPO
+    # PPO (advantage_estimator=ppo trains a critic); gamma is also REINFORCE++'s discount
     gamma: float = 1.0
     lambd: float = 1.0
     value_clip: float = 0.2
     critic_lr: Optional[float] = None  # None: lr
-    num_critic_only_steps: int = 0
+    num_critic_only_steps: int = 0  # rollouts that train only the critic before the actor starts
     # Optimiser
     lr: float = 1e-6
     min_lr: float = 0.0

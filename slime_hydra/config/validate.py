@@ -280,6 +280,36 @@ def _validate_algo(cfg: RunConfig, errs: List[str]) -> None:
         errs.append(f"algo.kl_coef: KL reward shaping is used only by ppo and reinforce_plus_plus*, not {a.advantage_estimator} (use kl_loss_coef)")
     if not 0 <= a.gamma <= 1 or not 0 <= a.lambd <= 1:
         errs.append("algo.gamma: gamma and lambd must be in [0, 1]")
+    if a.kl_coef < 0 or a.kl_loss_coef < 0:
+        errs.append(f"algo.kl_coef: KL coefficients must be >= 0 (kl_coef={a.kl_coef}, kl_loss_coef={a.kl_loss_coef})")
+    if a.advantage_estimator in ("gspo", "cispo") and a.policy_loss != a.advantage_estimator:
+        errs.append(
+            f"algo.policy_loss: advantage_estimator={a.advantage_estimator} is named after its policy loss, but "
+            f"policy_loss={a.policy_loss}; set algo.policy_loss={a.advantage_estimator} (or advantage_estimator=grpo, "
+            "whose advantages are the same)"
+        )
+    if a.eps_clip_c is not None and a.policy_loss == "cispo":
+        errs.append("algo.eps_clip_c: dual clip bounds the clipped surrogate (ppo_clip, gspo); cispo has none, so unset it")
+    if a.use_unbiased_kl and not a.kl_loss_coef:
+        errs.append("algo.use_unbiased_kl: it reweights the KL loss, so it needs algo.kl_loss_coef > 0")
+    if a.use_tis and (a.tis_clip <= 0 or a.tis_clip_low < 0):
+        errs.append(f"algo.tis_clip: TIS clamps weights to [tis_clip_low >= 0, tis_clip > 0], got [{a.tis_clip_low}, {a.tis_clip}]")
+    if a.advantage_estimator == "ppo":
+        if a.value_clip <= 0:
+            errs.append(f"algo.value_clip: must be > 0 for the critic loss, got {a.value_clip}")
+        if a.critic_lr is not None and a.critic_lr <= 0:
+            errs.append(f"algo.critic_lr: must be > 0, got {a.critic_lr}")
+    if a.num_critic_only_steps < 0:
+        errs.append(f"algo.num_critic_only_steps: must be >= 0, got {a.num_critic_only_steps}")
+    elif a.num_critic_only_steps and a.advantage_estimator != "ppo":
+        errs.append(f"algo.num_critic_only_steps: only advantage_estimator=ppo has a critic, not {a.advantage_estimator}")
+    group_rewards = getattr(ADVANTAGE_ESTIMATORS.get(a.advantage_estimator), "group_rewards", None)
+    if group_rewards and a.normalize_rewards and cfg.rollout.n_samples_per_prompt == 1:
+        errs.append(
+            f"rollout.n_samples_per_prompt: 1 sample per prompt with algo.advantage_estimator={a.advantage_estimator} and "
+            "algo.normalize_rewards=true subtracts each reward from itself, so every advantage is 0 "
+            "(sample several per prompt, or use reinforce_plus_plus or ppo)"
+        )
 
 
 def _validate_rollout(cfg: RunConfig, errs: List[str]) -> None:
