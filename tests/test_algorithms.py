@@ -477,3 +477,17 @@ def test_explained_variance():
     # Var[R] over {1..5} = 2, residuals {1,-1,1,-1,1}: mean 0.2, var 0.96
     assert close(explained_variance(v, ret, MASK), 1 - 0.96 / 2)
     assert explained_variance(ret, torch.ones(2, 4), MASK).isnan()
+
+
+def test_bool_mask_bf16_inputs_and_helpers():
+    from slime_hydra.train.algorithms import needs_critic, needs_ref
+
+    lp = torch.zeros(2, 4, dtype=torch.bfloat16, requires_grad=True)
+    red = Reducer.for_step("sample_mean", [MASK.bool()], 4)
+    loss, _ = policy_loss(algo(), red, log_probs=lp, old_log_probs=torch.zeros(2, 4), advantages=MASK,
+                          loss_mask=MASK.bool())
+    assert loss.dtype == torch.float32 and close(loss, -1.0)
+    loss.backward()
+    assert lp.grad.dtype == torch.bfloat16
+    assert needs_ref(algo(kl_loss_coef=0.1)) and needs_ref(algo(kl_coef=0.1)) and not needs_ref(algo())
+    assert needs_critic(algo(advantage_estimator="ppo")) and not needs_critic(algo())
