@@ -34,7 +34,7 @@ VERSION = "slime_hydra-embedded-0.1"
 class Worker:
     """Owns the engine; runs generate batches and control calls one at a time, in arrival order."""
 
-    def __init__(self, engine: EmbeddedEngine, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.05):
+    def __init__(self, engine: EmbeddedEngine, max_batch: int, batch_wait_s: float = 0.01, max_wait_s: float = 0.2):
         self.engine = engine
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -368,7 +368,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     engine = EmbeddedEngine(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed, args.trust_remote_code)
     app = build_app(engine, {k: v for k, v in vars(args).items()}, args.max_running_requests)
     log.info("embedded engine serving %s on %s:%d (pid %d)", args.model_path, args.host, args.port, os.getpid())
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    # A long keep-alive: the router pools connections across rollouts, and idle gaps (training)
+    # must not leave it holding connections the server has closed.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                timeout_keep_alive=3600)
 
 
 if __name__ == "__main__":

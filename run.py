@@ -1,0 +1,27 @@
+"""slime_hydra: declarative RL post-training of LLMs.
+
+    python run.py                                   # the embedded default: tiny model, CPU, minutes
+    python run.py model=qwen3_4b algo=gspo dry_run=true
+    python run.py -m algo.lr=1e-3,3e-3              # a sweep: one run directory each
+    python run.py experiment=qwen3_4b_grpo_math data.path=/data/math.jsonl
+"""
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from slime_hydra.config.store import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig):
+    from slime_hydra.launch.main import run
+
+    summary = run(cfg, HydraConfig.get().runtime.output_dir)
+    return summary["eval_reward_final"] if summary else None
+
+
+if __name__ == "__main__":
+    main()

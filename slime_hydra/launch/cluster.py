@@ -1,0 +1,101 @@
+"""Ray: start or join a cluster, make the one placement group, and create the trainer actors."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Any, Dict, Iterator, List
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch.plan import TRAINER_SHARE, ResourcePlan
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
+    """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down."""
+    env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **cfg.cluster.env_vars}
+    if plan.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(cfg.parallelism.cpu_threads))
+    if cfg.cluster.address:
+        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": env}, log_to_driver=False,
+                 logging_level=logging.WARNING)
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token file
+        need = len(plan.bundles) + 2
+        num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, need)
+        kwargs: Dict[str, Any] = {"num_gpus": sum(b.get("GPU", 0) for b in plan.bundles)} if plan.device == "cuda" else {"num_gpus": 0}
+        ray.init(num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard, log_to_driver=False,
+                 logging_level=logging.WARNING, runtime_env={"env_vars": env}, **kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def create_placement_group(plan: ResourcePlan, timeout_s: float = 600.0):
+    pg = placement_group(plan.bundles, strategy="PACK")
+    t0 = time.monotonic()
+    while True:
+        ready, _ = ray.wait([pg.ready()], timeout=30)
+        if ready:
+            return pg
+        avail = ray.available_resources()
+        log.warning("waiting for %d bundles of %s (available: %s)", len(plan.bundles), plan.bundles[0], avail)
+        if time.monotonic() - t0 > timeout_s:
+            remove_placement_group(pg)
+            raise TimeoutError(f"the cluster cannot place {len(plan.bundles)} bundles of {plan.bundles[0]} "
+                               f"(available: {avail}); check parallelism.* against the cluster")
+
+
+class TrainerGroup:
+    """Driver-side handle on all trainer ranks; each call fans out and waits."""
+
+    def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
+        from slime_hydra.train.actor import TrainerActor
+
+        share = {"num_gpus": TRAINER_SHARE, "num_cpus": 0} if plan.device == "cuda" else {"num_cpus": TRAINER_SHARE}
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "NCCL_CUMEM_ENABLE": "0"} if plan.device == "cuda" else {}
+        world = len(plan.trainers)
+        actor = ray.remote(TrainerActor)
+        self.actors = [
+            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=t.bundle),
+                          runtime_env={"env_vars": env}, **share).remote(cfg, t.rank, world, model_path)
+            for t in plan.trainers
+        ]
+        master = ray.get(self.actors[0].master_address.remote())
+        ray.get([a.init.remote(master) for a in self.actors])
+
+    def _all(self, method: str, *args) -> List[Any]:
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def connect(self, endpoints) -> None:
+        self._all("connect", endpoints)
+
+    def train(self, data_refs: List[Any]) -> Dict[str, float]:
+        return ray.get([a.train.remote(ref) for a, ref in zip(self.actors, data_refs)])[0]
+
+    def update_weights(self, version: int) -> Dict[str, float]:
+        return self._all("update_weights", version)[0]
+
+    def offload(self) -> None:
+        self._all("offload")
+
+    def onload(self) -> None:
+        self._all("onload")
+
+    def save(self, out_dir: str, tokenizer_dir: str) -> None:
+        self._all("save", out_dir, tokenizer_dir)
+
+    def load(self, ckpt_dir: str) -> None:
+        self._all("load", ckpt_dir)
+
+    def shutdown(self) -> None:
+        self._all("shutdown")

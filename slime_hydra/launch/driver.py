@@ -1,0 +1,154 @@
+"""The driver loop: generate -> reward -> train -> sync weights, with eval, save and logging on
+their intervals. Sync mode trains on the rollout it just generated; async mode generates the next
+rollout while training on the current one (one step off-policy), updating the engines' weights
+only between rollouts (slime's train.py and train_async.py).
+
+Weight version v = the number of training steps behind the weights; a rollout generated for step
+s must carry version s (sync) or the last pushed version (async), else the run stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Dict
+
+import ray
+
+from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, save_checkpoint
+from slime_hydra.checkpoint.hf import initial_checkpoint
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, ray_cluster
+from slime_hydra.launch.plan import ResourcePlan
+from slime_hydra.logging.metrics import RunLogger
+
+log = logging.getLogger("slime_hydra")
+
+
+def periodic(step: int, interval: int, last: int) -> bool:
+    return step == last or (interval > 0 and step % interval == 0)
+
+
+def train(cfg: RunConfig, plan: ResourcePlan) -> Dict[str, Any]:
+    t_start = time.perf_counter()
+    model_path = initial_checkpoint(cfg.model, cfg.output_dir)
+    with ray_cluster(cfg, plan):
+        pg = create_placement_group(plan)
+        from slime_hydra.rollout.manager import RolloutManager
+
+        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(cfg, plan, pg, model_path)
+        trainers = TrainerGroup(cfg, plan, pg, model_path)
+        try:
+            return _loop(cfg, manager, trainers, model_path, t_start)
+        finally:
+            for shutdown in (lambda: trainers.shutdown(), lambda: ray.get(manager.shutdown.remote(), timeout=60)):
+                try:
+                    shutdown()
+                except Exception as e:  # noqa: BLE001 - best effort while tearing down
+                    log.warning("shutdown: %s", e)
+
+
+def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_start: float) -> Dict[str, Any]:
+    colocate, run_dir = cfg.parallelism.colocate, cfg.output_dir
+    num_rollout = cfg.trainer.num_rollout
+    if num_rollout is None:  # from data.num_epoch
+        prompts = ray.get(manager.num_train_prompts.remote())
+        num_rollout = prompts // cfg.rollout.batch_size * cfg.data.num_epoch
+    start = 0
+    ckpt = find_checkpoint(cfg.trainer.resume, run_dir) if cfg.trainer.resume else None
+    if ckpt:
+        meta = read_checkpoint(ckpt)
+        trainers.load(ckpt)
+        ray.get(manager.load_state_dict.remote(meta["data_state"]))
+        start = meta["step"]
+        log.info("resumed from %s at step %d", ckpt, start)
+    logger = RunLogger(cfg, num_rollout, start)
+    trainers.connect(ray.get(manager.endpoints.remote()))
+    if colocate:  # engines hold no memory until the trainer's weights have arrived
+        ray.get(manager.offload.remote())
+        ray.get(manager.onload_weights.remote())
+    sync = trainers.update_weights(start)
+    if colocate:
+        ray.get(manager.onload_kv.remote())
+    log.info("weights v%d pushed to the engines (%.2fs over %s)", start, sync["seconds"], cfg.sync.transport)
+
+    evals: Dict[str, float] = {}
+    if cfg.eval.datasets and cfg.eval.before_train and start == 0:
+        evals = _eval(manager, logger, 0)
+        logger.log(0, evals)
+    version = start
+    next_rollout = manager.generate.remote(start, version)
+    for step in range(start + 1, num_rollout + 1):
+        t0 = time.perf_counter()
+        data_refs, metrics = ray.get(next_rollout)
+        t_rollout = time.perf_counter() - t0
+        if cfg.trainer.mode == "async" and step < num_rollout:
+            next_rollout = manager.generate.remote(step, version)  # overlaps with training below
+        if colocate:
+            ray.get(manager.offload.remote())
+            trainers.onload()
+        t1 = time.perf_counter()
+        metrics.update({f"train/{k}": v for k, v in trainers.train(data_refs).items()})
+        t_train = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
+            if cfg.trainer.mode == "async" and step < num_rollout:
+                ray.wait([next_rollout])  # never change weights under a running rollout
+            if colocate:
+                trainers.offload()
+                ray.get(manager.onload_weights.remote())
+            sync = trainers.update_weights(step)
+            version = step
+            if colocate:
+                ray.get(manager.onload_kv.remote())
+            metrics["perf/weight_sync_bytes"] = sync["bytes"]
+        t_sync = time.perf_counter() - t2
+        if cfg.trainer.mode == "sync" and step < num_rollout:
+            next_rollout = manager.generate.remote(step, version)
+        if periodic(step, cfg.trainer.save_interval, num_rollout):
+            state = ray.get(manager.state_dict.remote())
+            save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
+        if cfg.eval.datasets and periodic(step, cfg.eval.interval, num_rollout):
+            evals = _eval(manager, logger, step)
+            metrics.update(evals)
+        step_time = time.perf_counter() - t0
+        metrics.update({"perf/step_time": step_time, "perf/rollout_wait_time": t_rollout, "perf/train_time": t_train,
+                        "perf/weight_sync_time": t_sync,
+                        "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
+        logger.log(step, metrics)
+        logger.progress(metrics)
+
+    history = logger.history
+    first = next((r for r in history if any(k.endswith("/reward") and k.startswith("eval/") for k in r)), {})
+    summary = {
+        "steps": num_rollout,
+        "wall_s": round(time.perf_counter() - t_start, 2),
+        "eval_reward_initial": _eval_reward(first),
+        "eval_reward_final": _eval_reward(evals),
+        "train_reward_first": next((r["rollout/reward_mean"] for r in history if "rollout/reward_mean" in r), None),
+        "train_reward_last": next((r["rollout/reward_mean"] for r in reversed(history) if "rollout/reward_mean" in r), None),
+        "max_logprob_abs_diff": max((r["train/train_rollout_logprob_abs_diff"] for r in history
+                                     if "train/train_rollout_logprob_abs_diff" in r), default=None),
+        "run_dir": run_dir,
+    }
+    logger.finish(summary)
+    return summary
+
+
+def _eval_reward(metrics: Dict[str, Any]) -> float:
+    vals = [v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _eval(manager, logger: RunLogger, step: int) -> Dict[str, float]:
+    out = ray.get(manager.eval.remote(step))
+    parts = []
+    for key, v in out.items():
+        if key.endswith("/examples"):
+            for ex in v:
+                logger.write(f"  [{key.split('/')[1]}] {ex['prompt']!r} -> {ex['response']!r} (label {ex['label']!r}, reward {ex['reward']})")
+        elif key.endswith("/reward"):
+            parts.append(f"{key.removeprefix('eval/')} {v:.3f}")
+    logger.write(f"step {step}: eval " + ", ".join(parts))
+    return {k: v for k, v in out.items() if not k.endswith("/examples")}

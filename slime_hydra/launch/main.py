@@ -1,0 +1,41 @@
+"""Entry point behind ``run.py``: validate everything, plan, then (unless ``dry_run``) train."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slime_hydra.config.validate import ConfigError, check
+from slime_hydra.launch.plan import make_plan
+
+log = logging.getLogger("slime_hydra")
+
+
+def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
+    try:
+        cfg = check(dcfg)
+    except ConfigError as e:
+        log.error("%s", e)
+        sys.exit(2)
+    cfg.output_dir = output_dir
+    plan = make_plan(cfg)
+    if cfg.dry_run:
+        print(plan.describe())
+        print("config is valid (dry_run=true: nothing started)")
+        return None
+    os.makedirs(output_dir, exist_ok=True)
+    resolved = OmegaConf.structured(cfg)
+    OmegaConf.save(resolved, os.path.join(output_dir, "config.yaml.tmp"))
+    os.replace(os.path.join(output_dir, "config.yaml.tmp"), os.path.join(output_dir, "config.yaml"))
+    log.info("run directory: %s", output_dir)
+    log.info("%s", plan.describe())
+    from slime_hydra.launch.driver import train
+
+    summary = train(cfg, plan)
+    log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png",
+             summary["wall_s"], summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
+    return summary

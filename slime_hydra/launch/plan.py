@@ -1,0 +1,101 @@
+"""The resource plan: which actor sits on which bundle of the one placement group.
+
+Pure data, computed from the config without Ray, so ``dry_run=true`` can print it and tests can
+check it. The layout is slime's: bundles of one accelerator each (``{"GPU": 1, "CPU": 1}``, or a
+CPU "slot" ``{"CPU": 1}`` on CPU); colocated runs put trainers and engines on the same bundles
+(trainers 0.4 of a bundle, engines 0.2), split runs put the engines after the trainers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from slime_hydra.config.schema import RunConfig
+
+TRAINER_SHARE = 0.4
+ENGINE_SHARE = 0.2
+
+
+@dataclass
+class TrainerSlot:
+    rank: int
+    bundle: int
+
+
+@dataclass
+class EngineSlot:
+    rank: int
+    bundles: List[int]  # the engine's GPUs; its actor(s) sit on the first bundle of each node
+
+    @property
+    def lead(self) -> int:
+        return self.bundles[0]
+
+
+@dataclass
+class ResourcePlan:
+    device: str
+    colocate: bool
+    gpus_per_node: int
+    bundles: List[Dict[str, float]]
+    trainers: List[TrainerSlot]
+    engines: List[EngineSlot]
+    engine_kind: str
+    data_parallel: int
+    model_parallel: Dict[str, int] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def accelerator(self) -> str:
+        return "GPU" if self.device == "cuda" else "CPU"
+
+    def node_of(self, bundle: int) -> int:
+        return bundle // self.gpus_per_node
+
+    def describe(self) -> str:
+        unit = "GPU" if self.device == "cuda" else "slot"
+        mode = "colocated: trainers and engines take turns on the same bundles" if self.colocate else "split: engines on their own bundles"
+        res = ", ".join(f"{k}: {v:g}" for k, v in self.bundles[0].items()) if self.bundles else "-"
+        lines = [f"Resource plan ({self.device}, {mode})",
+                 f"  one placement group (PACK) of {len(self.bundles)} bundles of {{{res}}}",
+                 f"  {'bundle':>6}  {'node':>4}  {unit:>4}  actors"]
+        for b in range(len(self.bundles)):
+            who = [f"trainer {t.rank} ({TRAINER_SHARE:g})" for t in self.trainers if t.bundle == b]
+            for e in self.engines:
+                if b == e.lead:
+                    who.append(f"{self.engine_kind} engine {e.rank} ({ENGINE_SHARE:g}, {len(e.bundles)} {unit}{'s' * (len(e.bundles) > 1)})")
+                elif b in e.bundles:
+                    who.append(f"(engine {e.rank})")
+            lines.append(f"  {b:>6}  {self.node_of(b):>4}  {b % self.gpus_per_node:>4}  {', '.join(who) or '-'}")
+        mp = " x ".join(f"{k} {v}" for k, v in self.model_parallel.items())
+        lines.append(f"  trainers: {len(self.trainers)} (data parallel {self.data_parallel}; {mp})")
+        lines.append(f"  engines: {len(self.engines)} x {len(self.engines[0].bundles) if self.engines else 0} {unit}")
+        lines.append("  rollout manager: 1 actor outside the group (engines' router, data, rewards)")
+        lines += [f"  {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def make_plan(cfg: RunConfig) -> ResourcePlan:
+    """``cfg`` must be resolved and valid."""
+    p = cfg.parallelism
+    colocate = p.colocate
+    n_bundles = max(p.trainer_gpus, p.rollout_gpus) if colocate else p.trainer_gpus + p.rollout_gpus
+    offset = 0 if colocate else p.trainer_gpus
+    bundle = {"GPU": 1.0, "CPU": 1.0} if p.device == "cuda" else {"CPU": 1.0}
+    trainers = [TrainerSlot(rank=r, bundle=r) for r in range(p.trainer_gpus)]
+    engines = [EngineSlot(rank=i, bundles=list(range(offset + i * p.gpus_per_engine, offset + (i + 1) * p.gpus_per_engine)))
+               for i in range(p.rollout_gpus // p.gpus_per_engine)]
+    mp = {"tp": p.tensor_parallel, "pp": p.pipeline_parallel, "cp": p.context_parallel}
+    dp = p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
+    r, t = cfg.rollout, cfg.trainer
+    notes = [
+        f"batch: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = {r.batch_size * r.n_samples_per_prompt} "
+        f"per rollout = {t.num_steps_per_rollout} optimiser step(s) of {t.global_batch_size}",
+        f"weight sync: {cfg.sync.transport} ({'nccl' if p.device == 'cuda' else 'gloo'} for distributed), "
+        f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
+        f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}",
+    ]
+    return ResourcePlan(device=p.device, colocate=colocate, gpus_per_node=p.gpus_per_node,
+                        bundles=[dict(bundle) for _ in range(n_bundles)], trainers=trainers, engines=engines,
+                        engine_kind=r.engine, data_parallel=dp, model_parallel=mp, notes=notes)

@@ -1,0 +1,112 @@
+"""Where metrics go: ``metrics.jsonl`` (one JSON object per step), wandb (offline unless an API key
+is set), a tqdm progress bar with the live reward, and at the end ``summary.json`` and
+``reward_curve.png``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def wandb_mode(setting: str) -> Optional[str]:
+    if setting == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return None if setting == "disabled" else setting
+
+
+class RunLogger:
+    def __init__(self, cfg, total_steps: int, start_step: int = 0):
+        self.cfg, self.dir = cfg, cfg.output_dir
+        self.path = os.path.join(self.dir, "metrics.jsonl")
+        self.history: List[Dict[str, Any]] = []
+        if os.path.exists(self.path):  # resuming in the same run directory
+            with open(self.path) as f:
+                self.history = [r for r in map(json.loads, f) if r.get("step", -1) < start_step]
+            with open(self.path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.history)
+            os.replace(self.path + ".tmp", self.path)
+        self.file = open(self.path, "a")
+        self.wandb = None
+        mode = wandb_mode(cfg.logging.wandb_mode) if cfg.logging.wandb else None
+        if mode:
+            import wandb
+            from omegaconf import OmegaConf
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.wandb = wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
+                                    name=cfg.run_name, dir=self.dir, mode=mode, tags=list(cfg.logging.wandb_tags),
+                                    config=OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                        disable=not cfg.logging.progress)
+
+    def log(self, step: int, metrics: Dict[str, Any]) -> None:
+        row = {"step": step, **{k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+        self.history.append(row)
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def progress(self, metrics: Dict[str, Any]) -> None:
+        post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time")}
+        evals = [v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")]
+        if evals:
+            post["eval"] = evals[0]
+        self.bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=False)
+        self.bar.update(1)
+
+    def write(self, msg: str) -> None:
+        """A log line that does not break the progress bar."""
+        if self.bar.disable:
+            log.info(msg)
+        else:
+            self.bar.write(msg)
+            logging.getLogger("slime_hydra.run").debug(msg)
+
+    def finish(self, summary: Dict[str, Any]) -> None:
+        self.bar.close()
+        write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
+        if self.cfg.logging.plot and self.history:
+            plot_rewards(self.history, os.path.join(self.dir, "reward_curve.png"), self.cfg.run_name)
+        if self.wandb is not None:
+            self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+            self.wandb.finish()
+        self.file.close()
+
+
+def plot_rewards(history: List[Dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [(r["step"], r["rollout/reward_mean"]) for r in history if "rollout/reward_mean" in r]
+    if train:
+        ax.plot(*zip(*train), label="train reward (sampled)", color="tab:blue", alpha=0.8)
+    for key in sorted({k for r in history for k in r if k.startswith("eval/") and k.endswith("/reward")}):
+        pts = [(r["step"], r[key]) for r in history if key in r and not math.isnan(r[key])]
+        ax.plot(*zip(*pts), "o-", label=key.removeprefix("eval/").removesuffix("/reward") + " (eval)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=120)
+    plt.close(fig)
+    os.replace(path + ".tmp.png", path)

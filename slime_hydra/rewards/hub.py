@@ -1,0 +1,134 @@
+"""Reward dispatch: ``sample.metadata["rm_type"]`` first (one dataset may mix tasks), then
+``reward.type``. Rewards are returned, not stored: the caller sets ``sample.reward``.
+
+Types: ``exact``, ``math``, ``f1`` (built in, pure), ``remote`` (HTTP reward server) and ``custom``
+(``reward.custom``: a hook ``rm(cfg, sample)``, or ``rm(cfg, samples) -> list`` when ``reward.group``;
+sync or async; ``cfg`` is the RewardConfig).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+from typing import Any, Callable, Dict, List, Union
+
+from slime_hydra.rewards.math_answer import math_reward
+from slime_hydra.rewards.remote import RewardError, remote_reward
+from slime_hydra.rewards.text import exact_reward, f1_reward
+from slime_hydra.rollout.sample import Sample
+from slime_hydra.utils.hooks import call_maybe_async, load_hook
+
+log = logging.getLogger(__name__)
+
+Reward = Union[float, Dict[str, Any]]
+PURE_REWARDS: Dict[str, Callable[[str, Any], float]] = {"exact": exact_reward, "f1": f1_reward, "math": math_reward}
+REWARD_TYPES = ("exact", "math", "f1", "remote", "custom")
+
+MATH_TIMEOUT_S = 10.0  # per answer, counted from when its check starts
+MATH_WORKERS = 4
+_math_pool = concurrent.futures.ThreadPoolExecutor(MATH_WORKERS, thread_name_prefix="math-reward")
+_hooks: Dict[Any, Any] = {}
+
+
+def reward_type(cfg: Any, sample: Sample) -> str:
+    return sample.metadata.get("rm_type") or cfg.type
+
+
+async def compute_reward(cfg: Any, sample: Sample) -> Reward:
+    """The reward of one sample (``cfg``: a RewardConfig)."""
+    kind = reward_type(cfg, sample)
+    if kind == "math":
+        return await _math_in_thread(sample.response, sample.label)
+    if kind in PURE_REWARDS:
+        return PURE_REWARDS[kind](sample.response, sample.label)
+    if kind == "remote":
+        if not cfg.url:
+            raise RewardError("reward type 'remote' needs reward.url")
+        payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
+                   "metadata": sample.metadata}
+        return await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    if kind == "custom":
+        if cfg.group:
+            raise RewardError("reward.group=true: the custom reward scores whole groups; use compute_group_reward")
+        return _check(await call_maybe_async(_custom_hook(cfg), cfg, sample), cfg)
+    raise RewardError(f"unknown reward type {kind!r} (from sample.metadata['rm_type'] or reward.type); "
+                      f"expected one of {', '.join(REWARD_TYPES)}")
+
+
+async def compute_group_reward(cfg: Any, samples: List[Sample]) -> List[Reward]:
+    """The rewards of a group: one call of the group hook when ``reward.group`` and every sample is
+    ``custom``, else ``compute_reward`` on each sample concurrently."""
+    if cfg.group and samples and all(reward_type(cfg, s) == "custom" for s in samples):
+        out = await call_maybe_async(_custom_hook(cfg), cfg, samples)
+        if not isinstance(out, (list, tuple)) or len(out) != len(samples):
+            got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise RewardError(f"group reward {_spec_name(cfg.custom)}: expected a list of {len(samples)} rewards, "
+                              f"got {got}")
+        return [_check(x, cfg) for x in out]
+    return list(await asyncio.gather(*(compute_reward(cfg, s) for s in samples)))
+
+
+async def _math_in_thread(response: str, label: Any) -> float:
+    """``math_reward`` off the event loop, bounded by MATH_TIMEOUT_S once it runs (queueing behind
+    other answers does not count). A thread cannot be killed: on a timeout the stuck worker is left
+    behind and a fresh pool takes the next answers."""
+    global _math_pool
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def job() -> float:
+        loop.call_soon_threadsafe(started.set)
+        return math_reward(response, label)
+
+    pool = _math_pool
+    fut = loop.run_in_executor(pool, job)
+    await started.wait()
+    try:
+        return await asyncio.wait_for(fut, MATH_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        log.warning("math reward: checking %r took over %ss; scored 0", response[-200:], MATH_TIMEOUT_S)
+        if pool is _math_pool:
+            _math_pool = concurrent.futures.ThreadPoolExecutor(MATH_WORKERS, thread_name_prefix="math-reward")
+            pool.shutdown(wait=False)
+        return 0.0
+
+
+def _custom_hook(cfg: Any) -> Callable:
+    """``reward.custom`` loaded once per distinct spec."""
+    spec = cfg.custom
+    if spec is None:
+        raise RewardError("reward type 'custom' needs reward.custom (a dotted path or a _target_ node)")
+    if callable(spec):
+        return spec
+    key = _spec_key(spec)
+    if key not in _hooks:
+        _hooks[key] = load_hook(spec)
+    return _hooks[key]
+
+
+def _spec_key(spec: Any) -> Any:
+    if isinstance(spec, str):
+        return spec
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(spec):
+            spec = OmegaConf.to_container(spec, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return json.dumps(spec, sort_keys=True, default=repr)
+
+
+def _spec_name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else repr(getattr(spec, "get", lambda k: spec)("_target_"))
+
+
+def _check(value: Any, cfg: Any) -> Reward:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    raise RewardError(f"custom reward {_spec_name(cfg.custom)}: returned {type(value).__name__}, "
+                      f"expected a number or a dict")

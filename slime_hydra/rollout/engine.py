@@ -1,0 +1,49 @@
+"""A rollout engine as a Ray actor: it holds the engine's GPUs in the placement group and owns the
+server process (SGLang or embedded), which dies with it. Everything else talks to the server over
+HTTP (``slime_hydra.rollout.client``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+from slime_hydra.rollout.sglang import SGLANG_ENV, ServerSpec, server_command
+from slime_hydra.utils.proc import free_port, kill_tree, node_ip, spawn, wait_http
+
+log = logging.getLogger(__name__)
+
+
+class EngineActor:
+    def __init__(self, spec: ServerSpec, rank: int, log_dir: str, startup_timeout: float):
+        self.spec, self.rank = spec, rank
+        self.log_path = os.path.join(log_dir, f"engine_{rank}.log")
+        self.startup_timeout = startup_timeout
+        self.proc = None
+        self.url: Optional[str] = None
+
+    def start(self) -> str:
+        import ray
+
+        host = node_ip()
+        port = free_port(host)
+        gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
+        base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
+        cmd = server_command(self.spec, host, port, base_gpu, nccl_port=free_port(host))
+        env = {}
+        if self.spec.engine == "sglang":
+            env = {k: os.environ.get(k, v) for k, v in SGLANG_ENV.items()}
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # expandable segments break the memory saver
+        with open(self.log_path, "a") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+        self.proc = spawn(cmd, self.log_path, env)
+        self.url = f"http://{host}:{port}"
+        wait_http(self.url + "/health_generate", self.proc, self.startup_timeout, self.log_path)
+        return self.url
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        kill_tree(self.proc)
+        self.proc = None

@@ -1,0 +1,172 @@
+"""Trainer -> engines weight push over SGLang's weight-update endpoints.
+
+One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, send
+the Hugging Face-named tensors in buckets, check every engine reports the new weight version,
+continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
+than train against a stale policy.
+
+Transports (``sync.transport``):
+- ``distributed``: engines join a process group with the trainer (NCCL on GPUs, gloo on CPU); each
+  bucket is announced with ``/update_weights_from_distributed`` and broadcast from rank 0. For
+  engines on their own GPUs.
+- ``tensor``: colocated engines map the trainer's memory: ``/update_weights_from_tensor`` with
+  serialized handles (CUDA IPC; shared memory on CPU). Each bucket is one fresh flat buffer that
+  is dropped after the engine has copied it (never reused: the engine may still be reading it).
+- ``disk``: a Hugging Face safetensors directory and ``/update_weights_from_disk``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Tuple
+
+import torch
+
+from slime_hydra.rollout.client import EngineError, control, weight_version
+from slime_hydra.sync import transport
+
+log = logging.getLogger(__name__)
+GROUP_NAME = "slime_hydra_weights"
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+@dataclass
+class Endpoint:
+    url: str
+    gpus: int = 1
+
+
+class WeightSender:
+    def __init__(self, kind: str, endpoints: List[Endpoint], device: torch.device, bucket_mb: int, disk_dir: str,
+                 model_path: str, master_address: str = "127.0.0.1"):
+        if kind not in ("distributed", "tensor", "disk"):
+            raise ValueError(f"unknown weight transport {kind!r}")
+        self.kind, self.endpoints, self.device = kind, endpoints, device
+        self.bucket_bytes = bucket_mb << 20
+        self.disk_dir = disk_dir
+        self.model_path = model_path  # config and tokenizer files for disk pushes
+        self.master_address = master_address
+        self.group = None
+        self.pool = ThreadPoolExecutor(max_workers=max(4, len(endpoints)))
+
+    def _all(self, path: str, payload_for) -> list:
+        """POST to every engine at once; ``payload_for(i)`` builds engine i's body."""
+        futs = [self.pool.submit(control, e.url, path, payload_for(i)) for i, e in enumerate(self.endpoints)]
+        return [f.result() for f in futs]
+
+    # ---------------------------------------------------------------------------------- connect
+    def connect(self) -> None:
+        if self.kind == "disk":
+            cfg_dir = os.path.join(self.disk_dir, "config")
+            os.makedirs(cfg_dir, exist_ok=True)
+            for f in os.listdir(self.model_path):
+                if not f.endswith((".safetensors", ".bin", ".pt")) and os.path.isfile(os.path.join(self.model_path, f)):
+                    shutil.copy(os.path.join(self.model_path, f), cfg_dir)
+        if self.kind != "distributed" or self.group is not None:
+            return
+        from slime_hydra.utils.proc import free_port
+
+        port = free_port(self.master_address)
+        world = 1 + sum(e.gpus for e in self.endpoints)
+        offsets = [1 + sum(e.gpus for e in self.endpoints[:i]) for i in range(len(self.endpoints))]
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        futs = [self.pool.submit(control, e.url, "/init_weights_update_group", {
+            "master_address": self.master_address, "master_port": port, "rank_offset": offsets[i],
+            "world_size": world, "group_name": GROUP_NAME, "backend": backend}) for i, e in enumerate(self.endpoints)]
+        try:
+            self.group = transport.init_group(self.master_address, port, 0, world, GROUP_NAME, backend)
+        finally:
+            errors = [f.exception() for f in futs]
+        if any(errors):
+            raise WeightSyncError(f"engines could not join the weight-update group: {[str(e) for e in errors if e]}")
+        log.info("weight-update group %s: trainer + %d engine ranks over %s", GROUP_NAME, world - 1, backend)
+
+    def close(self) -> None:
+        if self.group is not None:
+            for e in self.endpoints:
+                try:
+                    control(e.url, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
+                except EngineError:
+                    pass
+            transport.destroy_group(self.group)
+            self.group = None
+        self.pool.shutdown(wait=False)
+
+    # ------------------------------------------------------------------------------------- push
+    def push(self, named: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, float]:
+        """Send all weights; returns {"bytes", "seconds"}. Raises WeightSyncError if it fails."""
+        t0, nbytes, v = time.perf_counter(), 0, str(version)
+        try:
+            self._all("/pause_generation", lambda i: {"mode": "in_place"})
+            if self.kind == "disk":
+                nbytes = self._push_disk(list(named), v)
+            else:
+                for bucket in transport.buckets(named, self.bucket_bytes):
+                    nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                    (self._push_distributed if self.kind == "distributed" else self._push_tensor)(bucket, v)
+            got = [weight_version(e.url) for e in self.endpoints]
+        except (EngineError, RuntimeError) as e:
+            raise WeightSyncError(f"weight push v{v} over {self.kind} failed: {e}") from e
+        finally:
+            try:
+                self._all("/continue_generation", lambda i: {})
+            except EngineError as e:
+                log.error("continue_generation failed: %s", e)
+        stale = [(ep.url, g) for ep, g in zip(self.endpoints, got) if g != v]
+        if stale:
+            raise WeightSyncError(f"weights did not arrive: engines report versions {stale}, expected {v}")
+        return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0}
+
+    def _push_distributed(self, bucket: List[Tuple[str, torch.Tensor]], v: str) -> None:
+        tensors = [t.detach().to(self.device) for _, t in bucket]
+        body = {"names": [n for n, _ in bucket], "dtypes": [transport.dtype_to_str(t.dtype) for t in tensors],
+                "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": False,
+                "weight_version": v}
+        futs = [self.pool.submit(control, e.url, "/update_weights_from_distributed", body) for e in self.endpoints]
+        transport.broadcast_send(self.group, tensors)
+        for f in futs:
+            f.result()
+
+    def _push_tensor(self, bucket: List[Tuple[str, torch.Tensor]], v: str) -> None:
+        flat = torch.cat([t.detach().reshape(-1) for _, t in bucket])  # a fresh buffer, never reused
+        named, offset = [], 0
+        for name, t in bucket:
+            named.append((name, flat[offset:offset + t.numel()].view(t.shape)))
+            offset += t.numel()
+        blob = transport.serialize(named)
+        self._all("/update_weights_from_tensor",
+                  lambda i: {"serialized_named_tensors": [blob] * self.endpoints[i].gpus, "flush_cache": False,
+                             "weight_version": v})
+        del named, flat
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
+
+    def _push_disk(self, named: List[Tuple[str, torch.Tensor]], v: str) -> int:
+        from safetensors.torch import save_file
+
+        out = os.path.join(self.disk_dir, f"weights_v{int(v):06d}")
+        tmp = out + ".tmp"
+        os.makedirs(tmp, exist_ok=True)
+        seen, tensors = set(), {}
+        for name, t in named:  # tied weights share storage; safetensors wants each storage once
+            key = (t.data_ptr(), t.numel())
+            if key not in seen:
+                seen.add(key)
+                tensors[name] = t.detach().cpu().contiguous()
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        for f in os.listdir(os.path.join(self.disk_dir, "config")):  # config and tokenizer, copied in connect()
+            shutil.copy(os.path.join(self.disk_dir, "config", f), tmp)
+        os.replace(tmp, out)
+        self._all("/update_weights_from_disk", lambda i: {"model_path": out, "weight_version": v, "flush_cache": False})
+        for old in os.listdir(self.disk_dir):
+            if old.startswith("weights_v") and old != os.path.basename(out):
+                shutil.rmtree(os.path.join(self.disk_dir, old), ignore_errors=True)
+        return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -1,0 +1,84 @@
+"""Training data: the rollout manager's per-sample lists -> padded tensors for one micro-batch, and
+the log-probs of the response tokens from a causal LM's logits.
+
+Layout: prompt + response, right-padded, so that real tokens keep positions 0..n-1 (the engine
+left-pads instead; position ids make the two agree). Response-aligned tensors are ``[B, T]`` with
+``T`` the longest response in the whole rollout, so that step-level tensors line up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+# Keys of the per-sample training data the rollout manager sends (one list entry per sample).
+TRAIN_KEYS = ("tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "rollout_log_probs",
+              "group_indices", "truncated")
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    response_start: torch.Tensor  # [B] index of the first response token in input_ids
+    response_ids: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T] float, 0 on padding and on masked (tool) tokens
+    indices: List[int]  # rows of the local rollout data
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.response_start.to(device),
+                          self.response_ids.to(device), self.loss_mask.to(device), self.indices)
+
+
+def make_micro_batch(data: Dict[str, list], indices: Sequence[int], resp_len: int, pad_id: int = 0) -> MicroBatch:
+    seqs = [data["tokens"][i] for i in indices]
+    rlens = [data["response_lengths"][i] for i in indices]
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), L), dtype=torch.long)
+    resp = torch.full((len(seqs), resp_len), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), resp_len), dtype=torch.float32)
+    start = torch.zeros(len(seqs), dtype=torch.long)
+    for b, (s, r, i) in enumerate(zip(seqs, rlens, indices)):
+        ids[b, : len(s)] = torch.tensor(s)
+        attn[b, : len(s)] = 1
+        start[b] = len(s) - r
+        if r:
+            resp[b, :r] = torch.tensor(s[len(s) - r:])
+            m = data["loss_masks"][i]
+            mask[b, :r] = torch.tensor(m if m is not None else [1] * r, dtype=torch.float32)
+    return MicroBatch(ids, attn, start, resp, mask, list(indices))
+
+
+def response_tensor(data: Dict[str, list], key: str, indices: Sequence[int], resp_len: int) -> torch.Tensor:
+    """A per-response-token list field (e.g. rollout_log_probs) -> [B, T] float, zero-padded."""
+    out = torch.zeros((len(indices), resp_len), dtype=torch.float32)
+    for b, i in enumerate(indices):
+        v = data[key][i]
+        if v:
+            out[b, : len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
+
+
+def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,
+                       with_entropy: bool = False, chunk: int = 4096) -> tuple:
+    """Log-probs (and entropies) of the response tokens under ``softmax(logits / temperature)``.
+
+    logits [B, L, V] of a causal LM: position p predicts token p + 1, so response token t of row b
+    is scored by logits[b, start_b - 1 + t]. Rows are gathered first so only ``B x T`` positions
+    reach the (float32) log-softmax, processed ``chunk`` positions at a time."""
+    B, T = mb.response_ids.shape
+    pos = (mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]).clamp(0, logits.shape[1] - 1)
+    rows = logits.gather(1, pos[..., None].expand(B, T, logits.shape[-1])).reshape(B * T, -1)
+    targets = mb.response_ids.reshape(-1)
+    lps, ents = [], []
+    for s in range(0, rows.shape[0], chunk):
+        lp = torch.log_softmax(rows[s:s + chunk].float() / temperature, dim=-1)
+        lps.append(lp.gather(-1, targets[s:s + chunk, None])[:, 0])
+        if with_entropy:
+            ents.append(-(lp.exp() * lp).sum(-1))
+    log_probs = torch.cat(lps).view(B, T)
+    entropy: Optional[torch.Tensor] = torch.cat(ents).view(B, T) if with_entropy else None
+    return log_probs, entropy

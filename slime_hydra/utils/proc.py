@@ -1,0 +1,96 @@
+"""Child processes (engine servers, the router) that never outlive their owner, and small
+networking helpers."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Dict, List, Optional
+
+import httpx
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()  # own process group: kill_tree() reaches its children too
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: the owner's finally-blocks still kill it
+        pass
+
+
+def spawn(cmd: List[str], log_path: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """Start ``cmd`` with output to ``log_path``; the child is killed if this process dies."""
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    log = open(log_path, "ab")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            preexec_fn=_die_with_parent)
+
+
+def kill_tree(proc: Optional[subprocess.Popen], timeout: float = 5.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL what is left after ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    """This node's address as other nodes see it (Ray's view when Ray is up)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def tail(path: str, n: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def wait_http(url: str, proc: Optional[subprocess.Popen], timeout: float, log_path: str = "",
+              interval: float = 0.5) -> None:
+    """Poll ``url`` until it answers 200; fail early (with the log's tail) if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with code {proc.returncode} before {url} was ready; "
+                               f"last lines of {log_path}:\n{tail(log_path)}")
+        try:
+            r = httpx.get(url, timeout=5)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(interval)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f}s ({last}); last lines of {log_path}:\n{tail(log_path)}")
