@@ -141,7 +141,7 @@ def parse_row(obj: Any, loc: str, *, input_key: str = "prompt", label_key: Optio
 
     if input_key not in obj:
         raise missing(input_key)
-    prompt = _check_prompt(obj[input_key], loc, input_key)
+    prompt = check_prompt(obj[input_key], loc, input_key)
 
     label = None
     if label_key is not None:
@@ -177,7 +177,7 @@ def _maybe_json(value: Any, loc: str, key: str) -> Any:
         raise DataError(f"{loc}: {key} is a string but not valid JSON ({e.msg})") from None
 
 
-def _check_prompt(prompt: Any, loc: str, key: str) -> Union[str, List[Dict[str, Any]]]:
+def check_prompt(prompt: Any, loc: str, key: str) -> Union[str, List[Dict[str, Any]]]:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DataError(f"{loc}: {key} is empty")
