@@ -1,0 +1,286 @@
+"""Convert a dataset into our JSONL: ``{"prompt": str | [messages], "label": str, "metadata": {...}}``.
+
+    slime-hydra-convert IN OUT [--input-col question] [--label-col answer] [--metadata-cols a,b]
+                        [--chat] [--system-prompt "..."] [--split train] [--limit N] [--overwrite]
+
+IN is CSV, TSV, JSON (a list of objects, or JSON lines), JSONL, parquet, or a directory saved with
+``datasets``' ``save_to_disk`` (a DatasetDict needs ``--split``). Bad rows (empty prompt, missing
+label, ...) are skipped and listed with their line (text formats) or row (parquet, datasets; 0-based);
+a bad file or a missing column stops the conversion. OUT appears only when complete (written to a
+temporary file next to it, then renamed) and an existing OUT is kept unless ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from slime_hydra.data.dataset import DataError, check_prompt
+
+FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "hf")
+MAX_LISTED = 20  # rejected rows printed in the summary
+
+
+class ConvertError(ValueError):
+    """The input cannot be converted at all (unreadable file, missing column, bad options)."""
+
+
+class Reject(ValueError):
+    """One row is skipped; the message is the reason."""
+
+
+@dataclass
+class Summary:
+    written: int = 0
+    rejected: List[Tuple[str, str]] = field(default_factory=list)  # (location, reason)
+
+    def report(self, out: str) -> str:
+        lines = [f"wrote {self.written} rows to {out}; rejected {len(self.rejected)}"]
+        lines += [f"  {loc}: {why}" for loc, why in self.rejected[:MAX_LISTED]]
+        if len(self.rejected) > MAX_LISTED:
+            lines.append(f"  ... and {len(self.rejected) - MAX_LISTED} more")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ readers
+Records = Tuple[List[str], Iterator[Tuple[str, Any]]]  # (columns, (location, record or Reject))
+
+
+def detect_format(path: str) -> str:
+    if os.path.isdir(path):
+        return "hf"
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in FORMATS:
+        raise ConvertError(f"{path}: cannot tell the format from {('.' + ext) if ext else 'a missing extension'}; "
+                           f"pass --format ({', '.join(FORMATS)})")
+    return ext
+
+
+def _read_delimited(path: str, delimiter: str) -> Records:
+    f = open(path, newline="", encoding="utf-8-sig")
+    reader = csv.DictReader(f, delimiter=delimiter)
+    columns = list(reader.fieldnames or [])
+
+    def rows() -> Iterator[Tuple[str, Any]]:
+        with f:
+            start = reader.line_num + 1
+            for rec in reader:
+                if None in rec:
+                    yield f"line {start}", Reject(f"{len(columns) + len(rec[None])} fields, the header has {len(columns)}")
+                else:
+                    yield f"line {start}", rec
+                start = reader.line_num + 1
+
+    return columns, rows()
+
+
+def _read_json_lines(lines: List[str]) -> List[Tuple[str, Any]]:
+    out = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                out.append((f"line {i}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                out.append((f"line {i}", Reject(f"invalid JSON ({e.msg} at column {e.colno})")))
+    return out
+
+
+def _read_json(path: str) -> Records:
+    with open(path, encoding="utf-8-sig") as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConvertError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        recs = [(f"item {i}", x) for i, x in enumerate(data)]
+    else:
+        recs = _read_json_lines(text.splitlines())
+    columns = list(dict.fromkeys(k for _, r in recs if isinstance(r, dict) for k in r))
+    return columns, iter(recs)
+
+
+def _read_parquet(path: str) -> Records:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:
+        raise ConvertError(f"{path}: cannot read parquet ({e})") from None
+    return table.column_names, ((f"row {i}", r) for i, r in enumerate(table.to_pylist()))
+
+
+def _read_hf(path: str, split: Optional[str]) -> Records:
+    try:
+        import datasets
+    except ImportError:
+        raise ConvertError("reading a saved dataset directory needs the `datasets` package "
+                           "(pip install 'slime_hydra[datasets]')") from None
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as e:
+        raise ConvertError(f"{path}: not a dataset saved with save_to_disk ({e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split is None:
+            raise ConvertError(f"{path}: a DatasetDict; pick one with --split ({', '.join(ds)})")
+        if split not in ds:
+            raise ConvertError(f"{path}: no split {split!r} (splits: {', '.join(ds)})")
+        ds = ds[split]
+    elif split is not None:
+        raise ConvertError(f"{path}: a single Dataset, not a DatasetDict; drop --split")
+    return list(ds.column_names), ((f"row {i}", r) for i, r in enumerate(ds))
+
+
+def read_records(path: str, fmt: Optional[str] = None, split: Optional[str] = None) -> Records:
+    if not os.path.exists(path):
+        raise ConvertError(f"{path}: no such file or directory")
+    fmt = fmt or detect_format(path)
+    if split is not None and fmt != "hf":
+        raise ConvertError("--split is only for a saved datasets directory")
+    if fmt in ("csv", "tsv"):
+        return _read_delimited(path, "," if fmt == "csv" else "\t")
+    if fmt in ("json", "jsonl"):
+        return _read_json(path)
+    if fmt == "parquet":
+        return _read_parquet(path)
+    return _read_hf(path, split)
+
+
+# ---------------------------------------------------------------------------------- one record
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
+
+
+def label_text(v: Any) -> str:
+    """A scalar label as text: ``5.0`` (ints read back as floats) -> ``"5"``."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise Reject(f"label must be a string or number, got {type(v).__name__}")
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v).strip() if isinstance(v, str) else str(v)
+
+
+def convert_record(rec: Any, *, input_col: str, label_col: Optional[str], metadata_cols: Sequence[str],
+                   chat: bool, system_prompt: Optional[str]) -> Dict[str, Any]:
+    """One input record -> one output row; raises ``Reject`` with the reason."""
+    if isinstance(rec, Reject):
+        raise rec
+    if not isinstance(rec, dict):
+        raise Reject(f"expected an object, got {type(rec).__name__}")
+    prompt = rec.get(input_col)
+    if _missing(prompt):
+        raise Reject("empty prompt" if input_col in rec else f"missing prompt column {input_col!r}")
+    if isinstance(prompt, list):  # parquet / datasets give every message every struct field
+        prompt = [{k: v for k, v in m.items() if v is not None or k in ("role", "content")}
+                  if isinstance(m, dict) else m for m in prompt]
+    try:
+        prompt = check_prompt(prompt, "", input_col)
+    except DataError as e:
+        raise Reject(str(e).lstrip(": ")) from None
+    if isinstance(prompt, str) and chat:
+        prompt = [{"role": "user", "content": prompt}]
+    if system_prompt is not None and prompt[0].get("role") != "system":
+        prompt = [{"role": "system", "content": system_prompt}, *prompt]
+    out: Dict[str, Any] = {"prompt": prompt}
+    if label_col is not None:
+        if _missing(rec.get(label_col)):
+            raise Reject("missing label")
+        out["label"] = label_text(rec[label_col])
+    out["metadata"] = {c: (None if _missing(rec.get(c)) and not isinstance(rec.get(c), str) else rec.get(c))
+                       for c in metadata_cols}
+    return out
+
+
+# -------------------------------------------------------------------------------------- driver
+def convert(src: str, dst: str, *, input_col: str = "prompt", label_col: Optional[str] = "label",
+            metadata_cols: Sequence[str] = (), chat: bool = False, system_prompt: Optional[str] = None,
+            overwrite: bool = False, limit: Optional[int] = None, split: Optional[str] = None,
+            fmt: Optional[str] = None) -> Summary:
+    """Convert ``src`` to JSONL at ``dst``; raises ConvertError when nothing sensible can be written."""
+    if os.path.exists(dst) and not overwrite:
+        raise ConvertError(f"{dst}: exists; pass --overwrite to replace it")
+    if system_prompt is not None and not chat:
+        raise ConvertError("--system-prompt needs --chat (a plain-text prompt has no system message; "
+                           "or set data.system_prompt with data.apply_chat_template=true at train time)")
+    if limit is not None and limit < 1:
+        raise ConvertError(f"--limit must be >= 1, got {limit}")
+    columns, records = read_records(src, fmt, split)
+    needed = [c for c in (input_col, label_col, *metadata_cols) if c is not None]
+    absent = [c for c in needed if c not in columns]
+    if absent:
+        raise ConvertError(f"{src}: no column {', '.join(map(repr, absent))} "
+                           f"(columns: {', '.join(columns) or 'none'})")
+    summary, rows = Summary(), []
+    for loc, rec in records:
+        try:
+            rows.append(convert_record(rec, input_col=input_col, label_col=label_col, metadata_cols=metadata_cols,
+                                       chat=chat, system_prompt=system_prompt))
+        except Reject as e:
+            summary.rejected.append((loc, str(e)))
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        listed = "; ".join(f"{loc}: {why}" for loc, why in summary.rejected[:3])
+        raise ConvertError(f"{src}: no rows to write" + (f" (all rejected, e.g. {listed})" if listed else ""))
+    write_jsonl_atomic(dst, rows)
+    summary.written = len(rows)
+    return summary
+
+
+def write_jsonl_atomic(path: str, rows: List[Dict[str, Any]]) -> None:
+    """Write to a temporary file in the same directory, then rename: OUT is complete or absent."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def build_parser(prog: str = "slime-hydra-convert") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Convert a dataset into slime_hydra's prompt JSONL.")
+    p.add_argument("input", help="CSV, TSV, JSON, JSONL, parquet, or a datasets save_to_disk directory")
+    p.add_argument("output", help="the JSONL to write")
+    p.add_argument("--input-col", default="prompt", help="column with the prompt (text or chat messages)")
+    p.add_argument("--label-col", default="label", help="column with the label")
+    p.add_argument("--no-label", action="store_true", help="write rows without a label")
+    p.add_argument("--metadata-cols", default="", help="comma-separated columns to keep under metadata")
+    p.add_argument("--chat", action="store_true", help="write prompts as chat messages (one user turn)")
+    p.add_argument("--system-prompt", default=None, help="a system message before the prompt (needs --chat)")
+    p.add_argument("--split", default=None, help="the split of a saved DatasetDict")
+    p.add_argument("--format", default=None, choices=FORMATS, help="input format (default: from the extension)")
+    p.add_argument("--limit", type=int, default=None, help="stop after writing N rows")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "slime-hydra-convert") -> int:
+    args = build_parser(prog).parse_args(argv)
+    try:
+        summary = convert(args.input, args.output, input_col=args.input_col,
+                          label_col=None if args.no_label else args.label_col,
+                          metadata_cols=[c.strip() for c in args.metadata_cols.split(",") if c.strip()],
+                          chat=args.chat, system_prompt=args.system_prompt, overwrite=args.overwrite,
+                          limit=args.limit, split=args.split, fmt=args.format)
+    except (ConvertError, OSError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summary.report(args.output))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The converter: every input format, rejected rows, atomic writes, CLI exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from slime_hydra.data import convert as C
+from slime_hydra.data.dataset import read_rows
+
+RECS = [
+    {"question": "What is 2+2?", "answer": 4, "level": "easy", "src": "x"},
+    {"question": "", "answer": "1", "level": "easy", "src": "x"},          # empty prompt
+    {"question": "Name a colour.", "answer": None, "level": "hard", "src": "y"},  # missing label
+    {"question": "Half of 1?", "answer": 0.5, "level": "hard", "src": "y"},
+]
+OPTS = ["--input-col", "question", "--label-col", "answer", "--metadata-cols", "level"]
+
+
+def read_out(path):
+    return [json.loads(x) for x in open(path)]
+
+
+def run(argv, capsys):
+    rc = C.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def check_standard_output(out_path, summary_text, locs):
+    rows = read_out(out_path)
+    assert rows == [
+        {"prompt": "What is 2+2?", "label": "4", "metadata": {"level": "easy"}},
+        {"prompt": "Half of 1?", "label": "0.5", "metadata": {"level": "hard"}},
+    ]
+    assert f"wrote 2 rows to {out_path}; rejected 2" in summary_text
+    assert f"{locs[0]}: empty prompt" in summary_text and f"{locs[1]}: missing label" in summary_text
+    assert len(read_rows(out_path)) == 2  # what we write, training reads
+
+
+def write_delimited(path, sep):
+    lines = [sep.join(["question", "answer", "level", "src"])]
+    for r in RECS:
+        lines.append(sep.join("" if r[k] is None else str(r[k]) for k in ["question", "answer", "level", "src"]))
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_delimited(tmp_path, capsys, fmt):
+    src, dst = tmp_path / f"in.{fmt}", str(tmp_path / "out.jsonl")
+    write_delimited(src, "," if fmt == "csv" else "\t")
+    rc, out, _ = run([str(src), dst, *OPTS], capsys)
+    assert rc == 0
+    check_standard_output(dst, out, ["line 3", "line 4"])
+
+
+def test_csv_quoted_multiline_field_keeps_line_numbers(tmp_path, capsys):
+    src, dst = tmp_path / "in.csv", str(tmp_path / "o.jsonl")
+    src.write_text('prompt,label\n"two\nlines",1\n,2\nok,3\n')
+    rc, out, _ = run([str(src), dst], capsys)
+    assert rc == 0 and "line 4: empty prompt" in out
+    assert [r["prompt"] for r in read_out(dst)] == ["two\nlines", "ok"]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json_list", "json_lines"])
+def test_json_inputs(tmp_path, capsys, kind):
+    src, dst = tmp_path / ("in.jsonl" if kind == "jsonl" else "in.json"), str(tmp_path / "out.jsonl")
+    if kind == "json_list":
+        src.write_text(json.dumps(RECS, indent=1))
+        locs = ["item 1", "item 2"]
+    else:
+        src.write_text("".join(json.dumps(r) + "\n" for r in RECS))
+        locs = ["line 2", "line 3"]
+    rc, out, _ = run([str(src), dst, *OPTS], capsys)
+    assert rc == 0
+    check_standard_output(dst, out, locs)
+
+
+def test_parquet(tmp_path, capsys):
+    src, dst = tmp_path / "in.parquet", str(tmp_path / "out.jsonl")
+    pq.write_table(pa.table({k: [str(r[k]) if r[k] is not None and k == "answer" else r[k] for r in RECS]
+                             for k in RECS[0]}), src)
+    rc, out, _ = run([str(src), dst, *OPTS], capsys)
+    assert rc == 0
+    check_standard_output(dst, out, ["row 1", "row 2"])
+
+
+def test_hf_dataset_dir_and_splits(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    cols = {k: [r[k] if k != "answer" else (None if r[k] is None else str(r[k])) for r in RECS] for k in RECS[0]}
+    ds = datasets.Dataset.from_dict(cols)
+    ds.save_to_disk(str(tmp_path / "one"))
+    dst = str(tmp_path / "out.jsonl")
+    rc, out, _ = run([str(tmp_path / "one"), dst, *OPTS], capsys)
+    assert rc == 0
+    check_standard_output(dst, out, ["row 1", "row 2"])
+
+    datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "dd"))
+    rc, _, err = run([str(tmp_path / "dd"), str(tmp_path / "o2.jsonl"), *OPTS], capsys)
+    assert rc == 1 and "pick one with --split (train, test)" in err
+    rc, out, _ = run([str(tmp_path / "dd"), str(tmp_path / "o2.jsonl"), *OPTS, "--split", "test"], capsys)
+    assert rc == 0 and "wrote 1 rows" in out
+    rc, _, err = run([str(tmp_path / "dd"), str(tmp_path / "o3.jsonl"), *OPTS, "--split", "dev"], capsys)
+    assert rc == 1 and "no split 'dev'" in err
+
+
+def test_chat_system_prompt_and_limit(tmp_path, capsys):
+    src, dst = tmp_path / "in.jsonl", str(tmp_path / "out.jsonl")
+    src.write_text("".join(json.dumps({"prompt": f"q{i}", "label": i}) + "\n" for i in range(5)))
+    rc, out, _ = run([str(src), dst, "--chat", "--system-prompt", "Think.", "--limit", "2"], capsys)
+    assert rc == 0 and "wrote 2 rows" in out
+    assert read_out(dst)[1] == {"prompt": [{"role": "system", "content": "Think."}, {"role": "user", "content": "q1"}],
+                                "label": "1", "metadata": {}}
+    rc, _, err = run([str(src), str(tmp_path / "x.jsonl"), "--system-prompt", "s"], capsys)
+    assert rc == 1 and "--system-prompt needs --chat" in err
+
+
+def test_chat_prompts_are_validated(tmp_path, capsys):
+    src, dst = tmp_path / "in.jsonl", str(tmp_path / "out.jsonl")
+    src.write_text(json.dumps({"prompt": [{"role": "bot", "content": "x"}], "label": "1"}) + "\n"
+                   + json.dumps({"prompt": [{"role": "user", "content": "x"}], "label": "1"}) + "\n"
+                   + '{"prompt": "broken"\n')
+    rc, out, _ = run([str(src), dst], capsys)
+    assert rc == 0 and "line 1: prompt[0]: unknown chat role 'bot'" in out
+    assert "line 3: invalid JSON" in out and len(read_out(dst)) == 1
+
+
+def test_missing_column_names_existing_columns(tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    write_delimited(src, ",")
+    rc, _, err = run([str(src), str(tmp_path / "o.jsonl"), "--input-col", "prompt"], capsys)
+    assert rc == 1 and "no column 'prompt', 'label' (columns: question, answer, level, src)" in err
+    assert not os.path.exists(tmp_path / "o.jsonl")
+
+
+def test_refuses_to_overwrite_and_never_leaves_partial_output(tmp_path, capsys, monkeypatch):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"prompt": "p", "label": "l"}) + "\n")
+    dst.write_text("precious\n")
+    rc, _, err = run([str(src), str(dst)], capsys)
+    assert rc == 1 and "exists; pass --overwrite" in err and dst.read_text() == "precious\n"
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(C.os, "fsync", boom)
+    rc, _, err = run([str(src), str(dst), "--overwrite"], capsys)
+    assert rc == 1 and "disk full" in err
+    assert dst.read_text() == "precious\n" and sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl"]
+    monkeypatch.undo()
+    assert run([str(src), str(dst), "--overwrite"], capsys)[0] == 0 and read_out(dst)[0]["label"] == "l"
+
+
+def test_all_rows_rejected_or_empty_is_an_error(tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_text("prompt,label\n,1\n")
+    rc, _, err = run([str(src), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 1 and "no rows to write (all rejected, e.g. line 2: empty prompt)" in err
+    assert not os.path.exists(tmp_path / "o.jsonl")
+    (tmp_path / "e.jsonl").write_text("")
+    rc, _, err = run([str(tmp_path / "e.jsonl"), str(tmp_path / "o.jsonl"), "--no-label"], capsys)
+    assert rc == 1 and "no column 'prompt'" in err
+
+
+def test_bad_inputs(tmp_path, capsys):
+    rc, _, err = run([str(tmp_path / "nope.csv"), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 1 and "no such file" in err
+    (tmp_path / "x.txt").write_text("hi")
+    rc, _, err = run([str(tmp_path / "x.txt"), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 1 and "pass --format" in err
+    (tmp_path / "l.json").write_text('[{"prompt": "a",}]')
+    rc, _, err = run([str(tmp_path / "l.json"), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 1 and "l.json:1: invalid JSON" in err
+
+
+def test_module_entry_point(tmp_path):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    cmd = [sys.executable, "-m", "slime_hydra.data", "convert", str(src), str(dst), "--input-col", "question",
+           "--label-col", "answer"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 0 and "wrote 1 rows" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "slime_hydra.data", "check", str(dst)], capture_output=True, text=True)
+    assert p.returncode == 0 and "1 rows ok" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "slime_hydra.data", "check", str(src)], capture_output=True, text=True)
+    assert p.returncode == 1 and "missing key 'prompt'" in p.stderr
