@@ -9,12 +9,12 @@ sync or async; ``cfg`` is the RewardConfig).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 from typing import Any, Callable, Dict, List, Union
 
 from slime_hydra.rewards.math_answer import math_reward
+from slime_hydra.rewards.math_pool import math_reward_async
 from slime_hydra.rewards.remote import RewardError, remote_reward
 from slime_hydra.rewards.text import exact_reward, f1_reward
 from slime_hydra.rollout.sample import Sample
@@ -26,9 +26,6 @@ Reward = Union[float, Dict[str, Any]]
 PURE_REWARDS: Dict[str, Callable[[str, Any], float]] = {"exact": exact_reward, "f1": f1_reward, "math": math_reward}
 REWARD_TYPES = ("exact", "math", "f1", "remote", "custom")
 
-MATH_TIMEOUT_S = 10.0  # per answer, counted from when its check starts
-MATH_WORKERS = 4
-_math_pool = concurrent.futures.ThreadPoolExecutor(MATH_WORKERS, thread_name_prefix="math-reward")
 _hooks: Dict[Any, Any] = {}
 
 
@@ -40,7 +37,7 @@ async def compute_reward(cfg: Any, sample: Sample) -> Reward:
     """The reward of one sample (``cfg``: a RewardConfig)."""
     kind = reward_type(cfg, sample)
     if kind == "math":
-        return await _math_in_thread(sample.response, sample.label)
+        return await math_reward_async(sample.response, sample.label)
     if kind in PURE_REWARDS:
         return PURE_REWARDS[kind](sample.response, sample.label)
     if kind == "remote":
@@ -68,31 +65,6 @@ async def compute_group_reward(cfg: Any, samples: List[Sample]) -> List[Reward]:
                               f"got {got}")
         return [_check(x, cfg) for x in out]
     return list(await asyncio.gather(*(compute_reward(cfg, s) for s in samples)))
-
-
-async def _math_in_thread(response: str, label: Any) -> float:
-    """``math_reward`` off the event loop, bounded by MATH_TIMEOUT_S once it runs (queueing behind
-    other answers does not count). A thread cannot be killed: on a timeout the stuck worker is left
-    behind and a fresh pool takes the next answers."""
-    global _math_pool
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-
-    def job() -> float:
-        loop.call_soon_threadsafe(started.set)
-        return math_reward(response, label)
-
-    pool = _math_pool
-    fut = loop.run_in_executor(pool, job)
-    await started.wait()
-    try:
-        return await asyncio.wait_for(fut, MATH_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        log.warning("math reward: checking %r took over %ss; scored 0", response[-200:], MATH_TIMEOUT_S)
-        if pool is _math_pool:
-            _math_pool = concurrent.futures.ThreadPoolExecutor(MATH_WORKERS, thread_name_prefix="math-reward")
-            pool.shutdown(wait=False)
-        return 0.0
 
 
 def _custom_hook(cfg: Any) -> Callable:

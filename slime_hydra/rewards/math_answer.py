@@ -5,15 +5,16 @@ Extraction: the text after the last ``</think>`` (a response that opens ``<think
 it has no answer), then the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (braces balanced),
 else the last number, or the ``$...$`` span around it when the last number sits inside one.
 
-math_verify guards parsing with ``signal.alarm``, which only works in the main thread; we switch that
-off (``parsing_timeout=None``, ``timeout_seconds=None``) so the reward works in threads and under
-asyncio, and the async caller bounds the time instead (``hub.MATH_TIMEOUT_S``).
+math_verify bounds parsing and comparison with ``signal.alarm``, which only works in the main thread
+(elsewhere it raises). So the timeouts are passed only there and are None (no limit) in other threads;
+the async reward runs this in worker processes, whose main thread keeps the limit (``math_pool``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 from typing import Any, List, Optional
 
 log = logging.getLogger(__name__)
@@ -66,35 +67,42 @@ def _clean(ans: str) -> str:
     return ans.rstrip(".").strip()
 
 
-def _parse(ans: str) -> List[Any]:
+def _parse(ans: str, timeout: Optional[int]) -> List[Any]:
     from math_verify import parse
 
     cleaned = _clean(ans)
     if not cleaned:
         return []
     # The $...$ anchor makes math_verify read the whole string as LaTeX (\frac12, 5\text{ cm}).
-    return parse(f"${cleaned}$", parsing_timeout=None) or parse(cleaned, parsing_timeout=None)
+    return parse(f"${cleaned}$", parsing_timeout=timeout) or parse(cleaned, parsing_timeout=timeout)
 
 
-def math_equal(answer: str, label: Any) -> bool:
-    """Is ``answer`` mathematically equal to ``label``? Never raises."""
+def _signal_timeout(timeout_s: Optional[int]) -> Optional[int]:
+    """math_verify's timeout argument: ``timeout_s`` in the main thread, None elsewhere."""
+    return timeout_s if threading.current_thread() is threading.main_thread() else None
+
+
+def math_equal(answer: str, label: Any, timeout_s: Optional[int] = 5) -> bool:
+    """Is ``answer`` mathematically equal to ``label``? Never raises; a timeout counts as unequal."""
     from math_verify import verify
 
+    timeout = _signal_timeout(timeout_s)
     try:
         gold_text = str(label)
         gold_text = last_boxed(gold_text) or gold_text
         if len(answer) > MAX_ANSWER_CHARS or len(gold_text) > MAX_ANSWER_CHARS:
             return False
-        gold, pred = _parse(gold_text), _parse(answer)
+        gold, pred = _parse(gold_text, timeout), _parse(answer, timeout)
         if not gold or not pred:
             return _clean(answer) == _clean(gold_text) != ""
-        return bool(verify(gold, pred, timeout_seconds=None))
+        return bool(verify(gold, pred, timeout_seconds=timeout))
     except Exception as e:  # sympy can raise nearly anything on odd input
         log.debug("math_equal(%r, %r) failed: %s", answer, label, e)
         return False
 
 
-def math_reward(response: str, label: Any) -> float:
-    """1.0 when the extracted answer equals the label mathematically, else 0.0."""
+def math_reward(response: str, label: Any, timeout_s: Optional[int] = 5) -> float:
+    """1.0 when the extracted answer equals the label mathematically, else 0.0. ``timeout_s`` (whole
+    seconds) bounds each parse and comparison when called in the main thread."""
     answer = extract_answer(response)
-    return 1.0 if answer is not None and math_equal(answer, label) else 0.0
+    return 1.0 if answer is not None and math_equal(answer, label, timeout_s) else 0.0

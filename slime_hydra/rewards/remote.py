@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 import httpx
 
@@ -43,10 +43,11 @@ def _retryable(status: int) -> bool:
 
 
 async def remote_reward(url: str, payload: Dict[str, Any], *, timeout_s: float, max_retries: int,
-                        backoff_s: float = BACKOFF_S) -> Union[float, Dict[str, Any]]:
+                        backoff_s: Optional[float] = None) -> Union[float, Dict[str, Any]]:
     """POST ``payload`` to ``url``; the JSON answer is a number (returned as float) or an object.
     Connection errors, timeouts, 5xx, 408 and 429 are retried ``max_retries`` times; other 4xx are not."""
     client, last = shared_client(), "none"
+    backoff_s = BACKOFF_S if backoff_s is None else backoff_s
     for attempt in range(max_retries + 1):
         if attempt:
             await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))

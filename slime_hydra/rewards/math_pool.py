@@ -1,0 +1,79 @@
+"""Run math rewards off the event loop, in worker processes.
+
+sympy can spin for minutes on a hostile answer (``9^{9^{9^9}}``). A thread cannot be interrupted, and
+a spinning thread would also hold the GIL against the rollout loop. In a worker process the check runs
+in that process's main thread, where math_verify's ``signal.alarm`` limits work; a worker that still
+overruns the backstop is killed and the pool replaced. Where processes cannot be started (e.g. inside a
+daemonic process) the check falls back to a thread, without a limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import multiprocessing
+import os
+import weakref
+from typing import Any, Optional
+
+from slime_hydra.rewards.math_answer import math_reward
+
+log = logging.getLogger(__name__)
+
+MATH_TIMEOUT_S = 5  # math_verify's limit per parse / comparison (whole seconds)
+BACKSTOP_S = 30.0  # a running check that takes longer is killed with its worker
+WORKERS = max(1, min(4, os.cpu_count() or 1))  # 0: check in threads (no time limit)
+
+_pool: Optional[concurrent.futures.ProcessPoolExecutor] = None
+_use_threads = False
+_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+
+
+def _get_pool() -> Optional[concurrent.futures.ProcessPoolExecutor]:
+    global _pool, _use_threads
+    if _pool is None and not _use_threads and WORKERS > 0:
+        try:
+            # spawn, not fork: the parent has threads (event loop helpers, Ray) that fork would break
+            _pool = concurrent.futures.ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
+        except (OSError, AssertionError, ValueError) as e:
+            log.warning("math reward: cannot start worker processes (%s); checking in threads, without a time limit", e)
+            _use_threads = True
+    return _pool
+
+
+def _kill_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    global _pool
+    if _pool is pool:
+        _pool = None
+    for p in list(getattr(pool, "_processes", {}).values()):  # no public API to kill a busy worker
+        p.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def shutdown() -> None:
+    """Stop the worker processes (they are also stopped at exit)."""
+    if _pool is not None:
+        _kill_pool(_pool)
+
+
+async def math_reward_async(response: str, label: Any) -> float:
+    """``math_reward`` in a worker process. At most WORKERS checks are submitted at once, so the
+    backstop counts running time, not time queued behind other answers."""
+    loop = asyncio.get_running_loop()
+    slots = _slots.get(loop) or _slots.setdefault(loop, asyncio.Semaphore(max(WORKERS, 1)))
+    async with slots:
+        pool = _get_pool()
+        if pool is None:
+            return await asyncio.to_thread(math_reward, response, label)
+        job = functools.partial(math_reward, response, label, MATH_TIMEOUT_S)
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(pool, job), BACKSTOP_S)
+        except asyncio.TimeoutError:
+            log.warning("math reward: checking %r ran over %ss; killed, scored 0", response[-200:], BACKSTOP_S)
+            _kill_pool(pool)
+            return 0.0
+        except concurrent.futures.process.BrokenProcessPool:
+            _kill_pool(pool)  # a worker died (killed for another answer, or out of memory): retry once
+            return await loop.run_in_executor(_get_pool(), job)
