@@ -130,7 +130,7 @@ class RolloutConfig:
     max_prompt_len: Optional[int] = None  # longer prompts are filtered out at load time
     stop: List[str] = field(default_factory=list)
     stop_token_ids: List[int] = field(default_factory=list)
-    skip_special_tokens: bool = False
+    skip_special_tokens: bool = True  # drop EOS and other special tokens from the response text
     seed: int = 42
     concurrency: int = 512  # in-flight /generate requests per engine
     # Hooks (Hydra ``_target_`` nodes or dotted paths); None: the built-in default.

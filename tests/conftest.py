@@ -1,0 +1,63 @@
+"""Shared fixtures: composed configs, a tiny random checkpoint, a running embedded engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+def compose(overrides: List[str] = ()):
+    """The run config as ``python run.py <overrides>`` would compose it (a DictConfig)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slime_hydra.config.store import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def resolved(overrides: List[str] = ()):
+    from slime_hydra.config.validate import load, resolve
+
+    return resolve(load(compose(overrides)))
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory) -> str:
+    """The embedded default's tiny model with random weights, saved as a Hugging Face checkpoint."""
+    from slime_hydra.checkpoint.hf import build_random_checkpoint
+
+    cfg = resolved()
+    return build_random_checkpoint(cfg.model, str(tmp_path_factory.mktemp("ckpt") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_ckpt, tmp_path_factory):
+    """A running embedded engine server (the same command line the engine actor uses)."""
+    from slime_hydra.rollout.sglang import ServerSpec, server_command
+    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
+
+    spec = ServerSpec(engine="embedded", model_path=tiny_ckpt, tokenizer_path=tiny_ckpt, dtype="float32",
+                      device="cpu", gpus=1, seed=0, num_threads=1)
+    port = free_port()
+    log = str(tmp_path_factory.mktemp("engine") / "engine.log")
+    proc = spawn(server_command(spec, "127.0.0.1", port), log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health_generate", proc, 120, log)
+        yield url
+    finally:
+        kill_tree(proc)

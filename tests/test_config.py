@@ -1,0 +1,185 @@
+"""Every preset composes and validates; every validation rule fires on a config that breaks it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from conftest import CONF, ROOT, compose, resolved
+from slime_hydra.config.validate import ConfigError, check, validate
+
+
+def presets(group):
+    return sorted(p.stem for p in Path(CONF, group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", presets("model"))
+def test_model_presets_compose(model):
+    """Presets for real models compose and validate (their hub ids are not downloaded here)."""
+    extra = [] if model == "tiny" else ["data=jsonl", f"data.path={ROOT / 'tests/fixtures/tiny.jsonl'}",
+                                        "eval.datasets=[]", "parallelism=colocate_8gpu", "rollout=sglang"]
+    cfg = resolved([f"model={model}", *extra])
+    assert validate(cfg) == [], validate(cfg)
+
+
+@pytest.mark.parametrize("algo", presets("algo"))
+def test_algo_presets_compose(algo):
+    cfg = compose([f"algo={algo}"])
+    assert cfg.algo.name == algo
+
+
+@pytest.mark.parametrize("group", ["rollout", "parallelism", "data", "trainer", "reward", "eval", "logging"])
+def test_group_presets_compose(group):
+    for name in presets(group):
+        assert compose([f"{group}={name}"])[group] is not None
+
+
+@pytest.mark.parametrize("experiment", presets("experiment"))
+def test_experiments_validate_with_their_data(experiment, tmp_path):
+    data = tmp_path / "math.jsonl"
+    data.write_text('{"prompt": "1+1?", "label": "2"}\n')
+    cfg = resolved([f"experiment={experiment}", f"data.path={data}"])
+    assert validate(cfg) == []
+
+
+def test_readme_command_composes():
+    cfg = compose(["model=qwen3_4b", "algo=grpo"])
+    assert cfg.model.arch.hidden_size == 2560 and cfg.algo.name == "grpo"
+
+
+def test_default_is_the_embedded_run():
+    cfg = check(compose())
+    assert (cfg.model.name, cfg.rollout.engine, cfg.parallelism.device, cfg.data.source) == ("tiny", "embedded", "cpu", "builtin")
+    assert cfg.trainer.global_batch_size == 256 and cfg.trainer.num_steps_per_rollout == 1
+    assert cfg.algo.lr == 3e-3  # from conf/recipe/tiny_digits.yaml
+    assert compose(["model=qwen3_4b"]).algo.lr == 1e-6  # the recipe applies to tiny+digits only
+
+
+@pytest.mark.parametrize("override, where", [
+    ("model.arch.hiden_size=3", "model.arch.hiden_size"),
+    ("algo.learning_rate=1", "algo.learning_rate"),
+    ("rollout.batchsize=3", "rollout.batchsize"),
+    ("trainer.num_rollout=many", "trainer.num_rollout"),
+])
+def test_typos_fail_at_compose_with_the_dotted_path(override, where):
+    with pytest.raises((ConfigCompositionException, ConfigKeyError, ValidationError)) as e:
+        compose([override])
+    assert where.split(".")[-1] in str(e.value) + str(e.value.__cause__)
+
+
+def test_typo_in_a_yaml_file_names_the_key(tmp_path):
+    bad = tmp_path / "conf"
+    import shutil
+
+    shutil.copytree(CONF, bad)
+    (bad / "model" / "broken.yaml").write_text("defaults:\n  - _schema\n  - _self_\nname: broken\narch:\n  hidden_sise: 4\n")
+    from hydra import compose as hc, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(bad), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException) as e:
+            hc("config", overrides=["model=broken"])
+    msg = str(e.value) + str(e.value.__cause__)
+    assert "hidden_sise" in msg and "model" in msg
+
+
+RULES = [
+    (["rollout.batch_size=32", "rollout.n_samples_per_prompt=8", "trainer.global_batch_size=100", "trainer.num_steps_per_rollout=2"],
+     "trainer.global_batch_size: rollout.batch_size x rollout.n_samples_per_prompt = 32 x 8 = 256"),
+    (["parallelism=split_4_4", "model=qwen3_4b", "rollout=sglang", "parallelism.gpus_per_node=6"], "the plan needs 8 GPUs"),
+    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.tensor_parallel=3"], "parallelism.trainer_gpus: 8 is not divisible"),
+    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.offload_rollout=false"], "parallelism.colocate: colocated GPUs need offload"),
+    (["parallelism=split_4_4", "parallelism.gpus_per_engine=3"], "parallelism.rollout_gpus: 4 is not divisible by gpus_per_engine=3"),
+    (["parallelism=colocate_8gpu", "parallelism.rollout_gpus=9", "parallelism.gpus_per_node=16"], "colocated engines must sit on trainer GPUs"),
+    (["parallelism.tensor_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"], "must divide num_heads=4"),
+    (["parallelism.pipeline_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"], "does not divide num_layers=2"),
+    (["parallelism.expert_parallel=2"], "parallelism.expert_parallel: 2 must divide num_experts=0"),
+    (["parallelism.sequence_parallel=true"], "sequence_parallel: needs tensor_parallel > 1"),
+    (["parallelism.tensor_parallel=2", "parallelism.trainer_gpus=2"], "torch trainer backend is data-parallel only"),
+    (["parallelism.device=tpu"], "parallelism.device: 'tpu' is not one of"),
+    (["parallelism.trainer_gpus=0"], "parallelism.trainer_gpus: must be >= 1"),
+    (["parallelism.trainer_gpus=3", "rollout.batch_size=5", "rollout.n_samples_per_prompt=2", "parallelism.gpus_per_node=4"],
+     "trainer.global_batch_size: 10 is not divisible by the data-parallel size 3"),
+    (["model.path=/does/not/exist"], "model.path: '/does/not/exist' is not a directory"),
+    (["model.tokenizer=null"], "model.tokenizer: required when model.path is null"),
+    (["model.arch.vocab_size=30"], "model.arch.vocab_size: 30 != 24"),
+    (["model.arch.num_kv_heads=3"], "num_heads=4 must be a multiple of num_kv_heads=3"),
+    (["model.dtype=float8"], "model.dtype: 'float8' is not one of"),
+    (["rollout.engine=sglang"], "rollout.engine: sglang needs parallelism.device=cuda"),
+    (["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"], "rollout.server_args.tp_size: set by slime_hydra"),
+    (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
+    (["rollout.top_p=0"], "rollout.top_p: must be in (0, 1]"),
+    (["rollout.max_response_len=64"], "rollout.max_response_len: 64 >= model.arch.max_position_embeddings=64"),
+    (["rollout.router.policy=fastest"], "rollout.router.policy: 'fastest' is not one of"),
+    (["rollout.over_sampling_batch_size=4"], "rollout.over_sampling_batch_size: 4 < rollout.batch_size=32"),
+    (["rollout.partial_rollout=true"], "rollout.partial_rollout: recycles groups"),
+    (["data.source=jsonl", "data.path=null"], "data.path: required for data.source=jsonl"),
+    (["data=jsonl", "data.path=/nope.jsonl"], "data.path: '/nope.jsonl' does not exist"),
+    (["data.task=sorting"], "data.task: 'sorting' is not one of"),
+    (["data=jsonl", "data.path=tests/fixtures/tiny.jsonl"], "eval.datasets[0].path: required"),
+    (["data.num_epoch=2"], "data.num_epoch: set only one of trainer.num_rollout and data.num_epoch"),
+    (["trainer.num_rollout=null"], "trainer.num_rollout: set trainer.num_rollout or data.num_epoch"),
+    (["eval.datasets=[{name: a},{name: a}]"], "eval.datasets: names must be unique"),
+    (["eval.datasets=[{name: a, temperature: -1}]"], "eval.datasets[0].temperature: must be >= 0"),
+    (["eval.datasets=[{name: a, path: /nope.jsonl}]"], "eval.datasets[0].path: '/nope.jsonl' does not exist"),
+    (["trainer.mode=async", "parallelism=cpu_colocate"], "trainer.mode: async (one-step off-policy)"),
+    (["sync.transport=tensor"], "sync.transport: 'tensor' shares memory"),
+    (["trainer.update_weights_interval=2"], "trainer.update_weights_interval: > 1 only makes sense"),
+    (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints: must be >= 1"),
+    (["trainer.resume=/nope"], "trainer.resume: '/nope' is not a directory"),
+    (["trainer.backend=jax"], "trainer.backend: 'jax' is not one of"),
+    (["reward.type=remote"], "reward.url: required for reward.type=remote"),
+    (["reward.type=custom"], "reward.custom: required for reward.type=custom"),
+    (["logging.wandb_mode=cloud"], "logging.wandb_mode: 'cloud' is not one of"),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", RULES, ids=[r[1][:40] for r in RULES])
+def test_each_rule_fires(overrides, expected):
+    os.chdir(ROOT)
+    errs = validate(resolved(overrides))
+    assert any(expected in e for e in errs), errs
+
+
+def test_all_violations_are_reported_together():
+    with pytest.raises(ConfigError) as e:
+        check(compose(["rollout.temperature=0", "trainer.keep_checkpoints=0", "model.dtype=int4"]))
+    assert len(e.value.violations) == 3
+    assert "3 problems" in str(e.value)
+
+
+def test_missing_required_value_is_reported():
+    with pytest.raises(ConfigError, match=r"data.path: required for data.source=jsonl"):
+        check(compose(["data=jsonl"]))
+    with pytest.raises(ConfigError, match=r"parallelism.name: required value is missing"):
+        check(compose(["parallelism.name=???"]))
+
+
+def test_hf_config_mismatch_is_reported(tiny_ckpt):
+    errs = validate(resolved([f"model.path={tiny_ckpt}", "model.arch.hidden_size=128", "model.arch.head_dim=32"]))
+    assert any("model.arch.hidden_size: 128 but" in e and "config.json says hidden_size=64" in e for e in errs), errs
+
+
+def test_dry_run_is_fast_and_starts_nothing():
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "run.py", "dry_run=true", "hydra.run.dir=/tmp/slime_hydra_dry"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    wall = time.perf_counter() - t0
+    assert out.returncode == 0, out.stderr
+    assert "Resource plan" in out.stdout and "trainer 0" in out.stdout and "engine 0" in out.stdout
+    assert wall < 3.0, f"dry run took {wall:.2f}s"
+
+
+def test_invalid_config_exits_2_with_all_problems():
+    out = subprocess.run([sys.executable, "run.py", "rollout.temperature=0", "trainer.keep_checkpoints=0",
+                          "hydra.run.dir=/tmp/slime_hydra_bad"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "rollout.temperature" in out.stderr and "trainer.keep_checkpoints" in out.stderr

@@ -1,0 +1,178 @@
+"""The embedded engine speaks SGLang's HTTP protocol: generation, control, weight updates, memory."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from slime_hydra.rollout.client import EngineError, control, weight_version
+from slime_hydra.sync.sender import Endpoint, WeightSender, WeightSyncError
+from slime_hydra.train.batch import make_micro_batch, response_log_probs
+
+PROMPT = [5, 12, 3, 9, 4, 12]  # token ids of the builtin:digits vocabulary
+
+
+def gen(url, payload):
+    r = httpx.post(url + "/generate", json=payload, timeout=60)
+    return r.status_code, r.json()
+
+
+def recompute(model, prompt, out_ids, temperature=1.0):
+    data = {"tokens": [prompt + out_ids], "response_lengths": [len(out_ids)], "loss_masks": [None]}
+    mb = make_micro_batch(data, [0], len(out_ids))
+    with torch.no_grad():
+        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
+    return response_log_probs(logits, mb, temperature)[0][0].tolist()
+
+
+def test_generate_single_and_batch(engine_url):
+    code, out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5, "temperature": 1.0},
+                                 "return_logprob": True})
+    assert code == 200 and isinstance(out, dict)
+    meta = out["meta_info"]
+    assert len(meta["output_token_logprobs"]) == len(out["output_ids"]) == meta["completion_tokens"] <= 5
+    assert [p[1] for p in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(p[0] <= 0 for p in meta["output_token_logprobs"])
+    assert meta["finish_reason"]["type"] in ("stop", "length") and meta["prompt_tokens"] == len(PROMPT)
+    code, outs = gen(engine_url, {"input_ids": [PROMPT, PROMPT[:3]], "sampling_params": {"max_new_tokens": 3}})
+    assert code == 200 and isinstance(outs, list) and len(outs) == 2
+    code, outs = gen(engine_url, {"text": "123=", "sampling_params": {"max_new_tokens": 2, "n": 3}})
+    assert code == 200 and len(outs) == 3
+
+
+def test_greedy_is_deterministic_and_length_finish(engine_url):
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    a, b = gen(engine_url, body)[1], gen(engine_url, body)[1]
+    assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == 6
+    assert a["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+def test_stop_token_and_zero_tokens(engine_url):
+    greedy = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})[1]
+    first = greedy["output_ids"][0]
+    out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0,
+                                                                    "stop_token_ids": [first], "no_stop_trim": True}})[1]
+    assert out["output_ids"] == [first] and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+    out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})[1]
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_logprobs_match_trainer_recompute(engine_url, tiny_ckpt):
+    """The engine's log-probs of sampled tokens equal a fresh forward pass (fp32, temperature 1 and 0.7)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
+    for temperature in (1.0, 0.7):
+        outs = gen(engine_url, {"input_ids": [PROMPT] * 8, "return_logprob": True,
+                                "sampling_params": {"max_new_tokens": 8, "temperature": temperature, "ignore_eos": True}})[1]
+        for out in outs:
+            engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
+            mine = recompute(model, PROMPT, out["output_ids"], temperature)
+            assert max(abs(a - b) for a, b in zip(engine, mine)) < 1e-4
+
+
+def test_bad_requests_are_400(engine_url):
+    assert gen(engine_url, {"sampling_params": {}})[0] == 400  # neither text nor input_ids
+    assert gen(engine_url, {"input_ids": [10**6]})[0] == 400  # out of vocabulary
+    assert gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"top_p": 2.0}})[0] == 400
+    code, body = gen(engine_url, {"input_ids": []})
+    assert code == 400 and "error" in body
+
+
+def test_info_endpoints(engine_url, tiny_ckpt):
+    info = httpx.get(engine_url + "/server_info").json()
+    assert info["model_path"] == tiny_ckpt and info["tp_size"] == 1 and "weight_version" in info
+    assert httpx.get(engine_url + "/get_server_info").json()["model_path"] == tiny_ckpt
+    assert httpx.get(engine_url + "/model_info").json()["is_generation"] is True
+    loads = httpx.get(engine_url + "/v1/loads").json()["loads"]
+    assert loads[0]["num_running_reqs"] == 0
+    assert httpx.get(engine_url + "/health").status_code == 200
+    assert httpx.get(engine_url + "/health_generate").status_code == 200
+    assert httpx.get(engine_url + "/flush_cache").status_code == 200
+
+
+def test_pause_then_abort_all(engine_url):
+    """Requests queued while paused, then abort_all: every one finishes with reason abort."""
+    control(engine_url, "/pause_generation", {"mode": "in_place"})
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futs = [pool.submit(gen, engine_url, body) for _ in range(4)]
+        import time
+
+        time.sleep(0.5)
+        assert all(not f.done() for f in futs)  # paused: nothing runs
+        control(engine_url, "/abort_request", {"abort_all": True})
+        control(engine_url, "/continue_generation", {})
+        outs = [f.result() for f in futs]
+    assert all(code == 200 and o["meta_info"]["finish_reason"]["type"] == "abort" for code, o in outs)
+    after = gen(engine_url, body)[1]  # later requests are not aborted
+    assert after["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def _scaled_weights(tiny_ckpt, factor):
+    model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor)
+    return model
+
+
+@pytest.mark.parametrize("transport", ["distributed", "tensor", "disk"])
+def test_weight_push_changes_the_policy(engine_url, tiny_ckpt, tmp_path, transport):
+    """A push over each transport lands: new version, and log-probs equal the pushed model's."""
+    if transport == "tensor":
+        torch.multiprocessing.set_sharing_strategy("file_system")
+    model = _scaled_weights(tiny_ckpt, 1.5)
+    sender = WeightSender(transport, [Endpoint(engine_url, 1)], torch.device("cpu"), bucket_mb=1,
+                          disk_dir=str(tmp_path), model_path=tiny_ckpt)
+    sender.connect()
+    try:
+        stats = sender.push(list(model.state_dict().items()), version=7)
+        assert stats["bytes"] > 0 and weight_version(engine_url) == "7"
+        out = gen(engine_url, {"input_ids": PROMPT, "return_logprob": True,
+                               "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}})[1]
+        engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
+        mine = recompute(model, PROMPT, out["output_ids"])
+        assert max(abs(a - b) for a, b in zip(engine, mine)) < 1e-4
+        # restore the original weights for the other tests
+        original = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+        sender.push(list(original.state_dict().items()), version=0)
+    finally:
+        sender.close()
+    if transport == "disk":
+        assert [d for d in os.listdir(tmp_path) if d.startswith("weights_v")] == ["weights_v000000"]
+
+
+def test_failed_push_raises(engine_url, tiny_ckpt, tmp_path):
+    sender = WeightSender("tensor", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
+    with pytest.raises(WeightSyncError, match="no_such.weight|unknown parameter"):
+        sender.push([("no_such.weight", torch.zeros(3))], version=99)
+    assert weight_version(engine_url) != "99"
+    sender.close()
+
+
+def test_release_and_resume_memory(engine_url, tiny_ckpt, tmp_path):
+    """Colocated choreography: release all, resume weights, push weights, resume the cache."""
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+    before = gen(engine_url, body)[1]["output_ids"]
+    control(engine_url, "/release_memory_occupation", {"tags": None})
+    assert set(httpx.get(engine_url + "/server_info").json()["released_tags"]) >= {"weights", "kv_cache"}
+    assert gen(engine_url, body)[0] == 503
+    assert httpx.get(engine_url + "/health_generate").status_code == 503
+    control(engine_url, "/resume_memory_occupation", {"tags": ["weights"]})
+    sender = WeightSender("disk", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
+    sender.connect()
+    model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+    sender.push(list(model.state_dict().items()), version=0)
+    control(engine_url, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+    assert gen(engine_url, body)[1]["output_ids"] == before
+    sender.close()
+
+
+def test_control_errors_name_the_endpoint(engine_url):
+    with pytest.raises(EngineError, match="destroy_weights_update_group"):
+        control(engine_url, "/destroy_weights_update_group", {"group_name": "nope"})
