@@ -43,6 +43,8 @@ def test_target_dict_binds_extra_keys_as_kwargs(user_mod):
     assert isinstance(fn, functools.partial) and fn(2) == 10
     fn = load_hook(OmegaConf.create({"_target_": f"{user_mod}.scale", "factor": 7}))
     assert fn(1) == 7
+    fn = load_hook(OmegaConf.create({"_target_": f"{user_mod}.scale", "factor": [1, 2]}))
+    assert fn(1) == [1, 2] and type(fn.keywords["factor"]) is list  # plain containers, not ListConfig
 
 
 def test_callable_passes_through():

@@ -188,3 +188,10 @@ def test_custom_hook_is_loaded_once(hooks_mod, monkeypatch):
 
     assert asyncio.run(main()) == [2.0, 2.0, 2.0] and sorted(hooks_mod.calls) == [0, 1, 2]
     assert len(loads) == 1
+
+
+def test_math_async_thread_fallback(monkeypatch):
+    monkeypatch.setattr(math_pool, "WORKERS", 0)
+    monkeypatch.setattr(math_pool, "_pool", None)
+    assert asyncio.run(compute_reward(RewardConfig(type="math"), S(r"\boxed{2^{10}}", "1024"))) == 1.0
+    assert math_pool._pool is None

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 MATH_TIMEOUT_S = 5  # math_verify's limit per parse / comparison (whole seconds)
 BACKSTOP_S = 30.0  # a running check that takes longer is killed with its worker
-WORKERS = max(1, min(4, os.cpu_count() or 1))  # 0: check in threads (no time limit)
+# worker processes; 0: check in threads (no time limit). Env SLIME_HYDRA_MATH_WORKERS overrides.
+WORKERS = int(os.environ.get("SLIME_HYDRA_MATH_WORKERS", max(1, min(4, os.cpu_count() or 1))))
 
 _pool: Optional[concurrent.futures.ProcessPoolExecutor] = None
 _use_threads = False

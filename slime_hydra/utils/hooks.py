@@ -51,8 +51,10 @@ def _instantiate(spec: Any) -> Any:
     from omegaconf import OmegaConf
 
     target = spec.get("_target_")
+    # plain dicts / lists for the bound kwargs (not DictConfig), unless the node says otherwise
+    extra = {} if "_convert_" in spec else {"_convert_": "all"}
     try:
-        return instantiate(spec, _partial_=True)
+        return instantiate(spec, _partial_=True, **extra)
     except Exception as e:  # hydra wraps import errors in its own exception types
         detail = OmegaConf.to_container(spec) if OmegaConf.is_config(spec) else dict(spec)
         raise HookError(f"hook {detail!r}: cannot instantiate {target!r}: {e}") from e
