@@ -2,10 +2,27 @@
 (DDP over gloo on CPU, NCCL on GPUs).
 
 ``train(data)`` is one rollout's worth of training: recompute the old (and reference) log-probs,
-compute advantages, then ``num_steps_per_rollout`` optimiser steps over micro-batches. The
-algorithm is entirely in :mod:`slime_hydra.train.algorithms`; this file only moves tensors.
-The reference model costs no second model: its weights are a frozen CPU copy, swapped into the
-policy for its forward pass (like slime's TensorBackuper).
+the critic's values (PPO), the advantages, then ``num_steps_per_rollout`` optimiser steps over
+micro-batches (each step: a critic step, then an actor step). The algorithm is entirely in
+:mod:`slime_hydra.train.algorithms`; this file only moves tensors.
+
+What the extra models cost in memory, with ``P`` the policy's parameter bytes:
+
+- Reference model (``needs_ref``: ``kl_coef`` or ``kl_loss_coef``): no second model. Its weights are
+  a frozen CPU copy (``P`` of host memory, pinned on GPUs) swapped into the policy for its forward
+  pass, through a same-size CPU staging buffer that holds the policy's own weights meanwhile
+  (another ``P``): ``2P`` of host memory, no accelerator memory beyond the policy's (like slime's
+  TensorBackuper). Each reference pass copies ``P`` device -> host and ``2P`` host -> device.
+- Critic (``needs_critic``: ``advantage_estimator=ppo``, :mod:`slime_hydra.train.critic`): a second
+  trainable model on the device: the policy's backbone (``P`` minus an untied LM head) plus a
+  ``hidden -> 1`` head, with its own gradients and AdamW's two moments (same dtype as the weights):
+  about ``4P`` of accelerator memory, the same training state as the actor's, so PPO roughly doubles
+  the trainer's footprint. Activations: the critic's forward/backward runs before the actor's in each
+  step, so only one model's activations are live at a time. With colocated engines it is offloaded
+  to CPU with the actor.
+
+Checkpoints: ``hf/`` (the policy), ``trainer.pt`` (optimiser, scheduler, counters, reference
+weights, RNG) and, with a critic, ``critic.pt`` (value model, its optimiser and scheduler).
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ from transformers import AutoModelForCausalLM
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs, response_tensor
+from slime_hydra.train.critic import Critic, explained_variance
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +76,22 @@ class TorchTrainer:
             self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=(algo.adam_beta1, algo.adam_beta2),
                                      eps=algo.adam_eps, weight_decay=algo.weight_decay)
-        total = (cfg.trainer.num_rollout or 1) * cfg.trainer.num_steps_per_rollout
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(algo, total))
-        self.needs_ref = bool(algo.kl_loss_coef or algo.kl_coef)
+        rollouts, steps = cfg.trainer.num_rollout or 1, cfg.trainer.num_steps_per_rollout
+        actor_steps = max(1, rollouts - algo.num_critic_only_steps) * steps  # the actor waits for the critic
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(algo, actor_steps))
+        self.needs_ref = A.needs_ref(algo)
+        self.critic = None
+        if A.needs_critic(algo):
+            self.critic = Critic(algo, model_path, dtype=dtype, device=device, world_size=world_size,
+                                 schedule=lr_lambda(algo, rollouts * steps),
+                                 gradient_checkpointing=cfg.trainer.gradient_checkpointing,
+                                 trust_remote_code=cfg.model.trust_remote_code)
         pin = device.type == "cuda"
         self.ref_state = self._cpu_copy(pin) if self.needs_ref else None
         self._backup = self._cpu_copy(pin) if self.needs_ref else None
         self.pad_id = self.model.config.pad_token_id or 0
-        self.steps_done = 0
+        self.steps_done = 0  # actor optimiser steps
+        self.rollouts_done = 0  # train() calls, critic-only ones included
 
     # ------------------------------------------------------------------------------ weights
     def _cpu_copy(self, pin: bool) -> Dict[str, torch.Tensor]:
@@ -112,6 +138,8 @@ class TorchTrainer:
             for k, v in state.items():
                 if torch.is_tensor(v) and v.dim() > 0:
                     state[k] = v.to(device, non_blocking=True)
+        if self.critic is not None:
+            self.critic.move(device)
         torch.cuda.synchronize()
         if device == "cpu":
             torch.cuda.empty_cache()
@@ -148,7 +176,8 @@ class TorchTrainer:
         rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
         metrics: Dict[str, float] = {}
 
-        # 1. old-policy log-probs (recomputed, unless the rollout's are used as-is) and the reference
+        # 1. old-policy log-probs (recomputed, unless the rollout's are used as-is), the reference's,
+        #    and the critic's values
         old_lp = self._log_probs_all(mbs)
         diff = ((old_lp - rollout_lp).abs() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
         metrics["train_rollout_logprob_abs_diff"] = float(diff)
@@ -158,17 +187,22 @@ class TorchTrainer:
         if self.needs_ref:
             with self.swapped_in(self.ref_state):
                 ref_lp = self._log_probs_all(mbs)
+        values = self.critic.values(mbs) if self.critic is not None else None
 
-        # 2. advantages on the whole local batch
+        # 2. advantages (and the critic's targets) on the whole local batch
         rewards = torch.tensor(data["rewards"], dtype=torch.float32)
-        adv, _returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
-                                             ref_log_probs=ref_lp)
+        adv, returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
+                                            ref_log_probs=ref_lp, values=values)
         metrics["advantage_abs_mean"] = float((adv.abs() * loss_mask).sum() / loss_mask.sum().clamp(min=1))
+        if values is not None:  # how well the critic predicted these returns, before its update
+            metrics["explained_variance"] = explained_variance(values, returns, loss_mask)
+            metrics["values_mean"] = float(A.masked_mean(values, loss_mask))
 
-        # 3. optimiser steps: the rollout is cut into num_steps_per_rollout steps of equal size
+        # 3. optimiser steps: the rollout is cut into num_steps_per_rollout steps of equal size;
+        #    for the first num_critic_only_steps rollouts only the critic trains
+        train_actor = self.rollouts_done >= algo.num_critic_only_steps
         steps = cfg.trainer.num_steps_per_rollout
         per_step = n // steps
-        self.model.train()
         sums: Dict[str, float] = defaultdict(float)
         for step in range(steps):
             step_rows = rows[step * per_step:(step + 1) * per_step]
@@ -176,43 +210,63 @@ class TorchTrainer:
             reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
                                 max_len=cfg.rollout.max_response_len)
             step_mbs = self._micro_batches(data, step_rows, T)
-            self.opt.zero_grad(set_to_none=True)
-            for k, mb in enumerate(step_mbs):
-                sync = k == len(step_mbs) - 1 or self.world_size == 1
-                ctx = contextlib.nullcontext() if sync else self.net.no_sync()
-                with ctx:
-                    lp, ent = self._forward_log_probs(mb, with_entropy=True)
-                    idx = mb.indices
-                    loss, m = A.policy_loss(
-                        algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),
-                        advantages=adv[idx].to(lp.device), loss_mask=mb.loss_mask,
-                        ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
-                        rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=ent)
-                    # DDP averages gradients over ranks; the reducer already divides by step totals.
-                    (loss * self.world_size).backward()
-                for key, v in m.items():
-                    sums[key] += float(v) / steps
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.clip_grad)
-            sums["grad_norm"] += float(grad_norm) / steps
-            self.opt.step()
-            self.sched.step()
-            self.steps_done += 1
+            step_metrics: Dict[str, float] = {}
+            if self.critic is not None:
+                step_metrics.update(self.critic.train_step(step_mbs, reducer, values, returns))
+            if train_actor:
+                step_metrics.update(self._actor_step(step_mbs, reducer, old_lp, ref_lp, rollout_lp, adv))
+            for key, v in step_metrics.items():
+                sums[key] += v / steps
+        self.rollouts_done += 1
         metrics["lr"] = self.sched.get_last_lr()[0]
+        if self.critic is not None:
+            metrics["critic_lr"] = self.critic.sched.get_last_lr()[0]
         for key, v in sums.items():
-            metrics[key] = float(self._allreduce(torch.tensor([v]))[0]) / (self.world_size if key == "grad_norm" else 1)
+            per_rank = key.endswith("grad_norm")  # the same on every rank after DDP: average, not sum
+            metrics[key] = float(self._allreduce(torch.tensor([v]))[0]) / (self.world_size if per_rank else 1)
         return metrics
+
+    def _actor_step(self, mbs: List[MicroBatch], reducer: A.Reducer, old_lp: torch.Tensor,
+                    ref_lp: Optional[torch.Tensor], rollout_lp: torch.Tensor, adv: torch.Tensor) -> Dict[str, float]:
+        """One optimiser step of the policy loss over the step's micro-batches."""
+        algo = self.cfg.algo
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        out: Dict[str, float] = defaultdict(float)
+        for k, mb in enumerate(mbs):
+            sync = k == len(mbs) - 1 or self.world_size == 1
+            with contextlib.nullcontext() if sync else self.net.no_sync():
+                lp, ent = self._forward_log_probs(mb, with_entropy=True)
+                idx = mb.indices
+                loss, m = A.policy_loss(
+                    algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),
+                    advantages=adv[idx].to(lp.device), loss_mask=mb.loss_mask,
+                    ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
+                    rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=ent)
+                # DDP averages gradients over ranks; the reducer already divides by step totals.
+                (loss * self.world_size).backward()
+            for key, v in m.items():
+                out[key] += float(v)
+        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.clip_grad))
+        self.opt.step()
+        self.sched.step()
+        self.steps_done += 1
+        return out
 
     # ---------------------------------------------------------------------------- checkpoints
     def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
-        """Rank 0: ``out_dir/hf`` (loads with from_pretrained) and ``out_dir/trainer.pt``."""
+        """Rank 0: ``out_dir/hf`` (loads with from_pretrained), ``out_dir/trainer.pt`` and, with a critic,
+        ``out_dir/critic.pt``."""
         self.model.save_pretrained(os.path.join(out_dir, "hf"))
         if tokenizer_dir:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(os.path.join(out_dir, "hf"))
         state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "steps_done": self.steps_done,
-                 "ref": self.ref_state, "rng": torch.get_rng_state()}
+                 "rollouts_done": self.rollouts_done, "ref": self.ref_state, "rng": torch.get_rng_state()}
         torch.save(state, os.path.join(out_dir, "trainer.pt"))
+        if self.critic is not None:
+            torch.save(self.critic.state_dict(), os.path.join(out_dir, "critic.pt"))
 
     def load(self, ckpt_dir: str) -> None:
         from safetensors.torch import load_file
@@ -230,6 +284,13 @@ class TorchTrainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.steps_done = state["steps_done"]
+        self.rollouts_done = state.get("rollouts_done", self.steps_done // self.cfg.trainer.num_steps_per_rollout)
+        if self.critic is not None:
+            path = os.path.join(ckpt_dir, "critic.pt")
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{ckpt_dir} has no critic.pt: it was not saved by a run with a critic "
+                                        "(advantage_estimator=ppo); start a new run from its hf/ with model.path instead")
+            self.critic.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         if self.needs_ref and state.get("ref") is not None:
             for k, v in state["ref"].items():
                 self.ref_state[k].copy_(v)

@@ -1,0 +1,162 @@
+"""The PPO critic of the torch backend: a value model and the trainer state that goes with it.
+
+``ValueModel`` is the policy's backbone architecture (``AutoModel``: the transformer without its LM
+head) loaded from the same initial checkpoint, plus a value head ``hidden -> 1``. The value head is
+float32 (whatever the backbone's dtype) and zero-initialised, so every value starts at 0 and the
+first updates fit the head before they move the backbone.
+
+Value positions: the value of response token ``t`` is read at the position whose logits score that
+token (``response_start - 1 + t``, as :func:`slime_hydra.train.batch.response_log_probs`), i.e.
+``V_t`` is the value of the state *before* token ``t`` is generated; ``V_0`` is the prompt's value.
+GAE then uses ``delta_t = r_t + gamma V_{t+1} - V_t`` with the outcome reward on the last token.
+
+``Critic`` owns the value model, its data-parallel wrapper (DDP, like the actor), its AdamW
+(``algo.critic_lr``, default ``algo.lr``) and LR schedule (the actor's shape, scaled to
+``critic_lr``). The torch trainer calls :meth:`Critic.values` before the advantages and
+:meth:`Critic.train_step` once per optimiser step, with the actor's step ``Reducer``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slime_hydra.train import algorithms as A
+from slime_hydra.train.batch import MicroBatch
+
+
+def response_positions(mb: MicroBatch, length: int) -> torch.Tensor:
+    """``[B, T]`` positions in ``input_ids`` whose outputs score the response tokens."""
+    T = mb.response_ids.shape[1]
+    pos = mb.response_start[:, None] - 1 + torch.arange(T, device=mb.response_start.device)[None, :]
+    return pos.clamp(0, length - 1)
+
+
+class ValueModel(nn.Module):
+    """A causal LM's backbone plus a float32 ``hidden -> 1`` value head."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config
+        self.value_head = nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32,
+                                    device=next(backbone.parameters()).device)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_pretrained(cls, model_path: str, dtype: torch.dtype = torch.float32,
+                        trust_remote_code: bool = False) -> "ValueModel":
+        """The backbone of the causal-LM checkpoint at ``model_path`` (its LM head is not loaded)."""
+        from transformers import AutoModel
+
+        backbone = AutoModel.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+        backbone.config.use_cache = False
+        return cls(backbone)
+
+    def forward(self, mb: MicroBatch) -> torch.Tensor:
+        """Values of the response tokens, ``[B, T]`` float32 (garbage at padding: mask them)."""
+        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                               position_ids=pos).last_hidden_state  # [B, L, H]
+        idx = response_positions(mb, hidden.shape[1])
+        rows = hidden.gather(1, idx[..., None].expand(*idx.shape, hidden.shape[-1]))  # [B, T, H]
+        return self.value_head(rows.float()).squeeze(-1)
+
+
+class Critic:
+    """The value model being trained on one trainer rank (its own optimiser, same data parallelism
+    as the actor)."""
+
+    def __init__(self, algo, model_path: str, *, dtype: torch.dtype, device: torch.device, world_size: int,
+                 schedule: Callable[[int], float], gradient_checkpointing: bool = False,
+                 trust_remote_code: bool = False):
+        self.algo, self.device, self.world_size = algo, device, world_size
+        self.model = ValueModel.from_pretrained(model_path, dtype, trust_remote_code).to(device)
+        if gradient_checkpointing:
+            self.model.backbone.gradient_checkpointing_enable()
+        self.net: nn.Module = self.model
+        if world_size > 1:
+            self.net = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        lr = algo.critic_lr if algo.critic_lr is not None else algo.lr
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(algo.adam_beta1, algo.adam_beta2),
+                                     eps=algo.adam_eps, weight_decay=algo.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+
+    @torch.no_grad()
+    def values(self, mbs: List[MicroBatch]) -> torch.Tensor:
+        """The current critic's values of a whole rollout, ``[N, T]`` float32 on CPU; zero after each
+        response (mask-0 tokens inside a response, e.g. tool output, keep their values: GAE runs
+        through them, see :func:`slime_hydra.train.algorithms.advantages.ppo_gae`)."""
+        self.model.eval()
+        out = []
+        for mb in mbs:
+            T = mb.loss_mask.shape[1]
+            inside = torch.arange(T, device=mb.loss_mask.device)[None, :] < A.response_lengths(mb.loss_mask)[:, None]
+            out.append((self.net(mb) * inside).float().cpu())
+        return torch.cat(out)
+
+    def train_step(self, mbs: List[MicroBatch], reducer: A.Reducer, old_values: torch.Tensor,
+                   returns: torch.Tensor) -> Dict[str, float]:
+        """One optimiser step of the clipped value loss over the step's micro-batches.
+
+        ``old_values`` / ``returns`` are rollout-wide ``[N, T]`` tensors indexed by ``mb.indices``."""
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        out: Dict[str, float] = {}
+        for k, mb in enumerate(mbs):
+            sync = k == len(mbs) - 1 or self.world_size == 1
+            with contextlib.nullcontext() if sync else self.net.no_sync():
+                v = self.net(mb)
+                idx = mb.indices
+                loss, m = A.value_loss(self.algo, reducer, values=v, old_values=old_values[idx].to(v.device),
+                                       returns=returns[idx].to(v.device), loss_mask=mb.loss_mask)
+                (loss * self.world_size).backward()  # DDP averages over ranks; the reducer used step totals
+            for key, val in m.items():
+                out[key] = out.get(key, 0.0) + float(val)
+        out["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.clip_grad))
+        self.opt.step()
+        self.sched.step()
+        return out
+
+    # ------------------------------------------------------------------------ memory, checkpoints
+    def move(self, device) -> None:
+        self.model.to(device)
+        for state in self.opt.state.values():
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    state[k] = v.to(device, non_blocking=True)
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       group: Optional[object] = None) -> float:
+    """:func:`slime_hydra.train.algorithms.explained_variance` over the tokens of every data-parallel
+    rank (the masked moments are all-reduced when a process group is initialised)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return float(A.explained_variance(values, returns, mask))
+    m = mask.double()
+    r = returns.double() * m
+    e = (returns.double() - values.double()) * m
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    moments = torch.stack([m.sum(), r.sum(), (r * r).sum(), e.sum(), (e * e).sum()]).to(device)
+    dist.all_reduce(moments, group=group)
+    n, sr, srr, se, see = moments.cpu().tolist()
+    n = max(n, 1.0)
+    var_r = srr / n - (sr / n) ** 2
+    if var_r <= 0:
+        return float("nan")
+    return 1.0 - (see / n - (se / n) ** 2) / var_r

@@ -1,0 +1,226 @@
+"""The PPO critic (slime_hydra/train/critic.py) and the torch trainer's use of it, in process (no Ray):
+value-head shapes and positions, where the value loss's gradient goes, critic-only rollouts,
+checkpoint round trip, and DDP over two gloo ranks matching one rank on the whole batch."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+
+from conftest import resolved
+
+
+def fake_rollout(n: int = 8, seed: int = 0, vocab: int = 24) -> dict:
+    """Rollout data as the manager sends it: prompts of 5 tokens, responses of 1-3 tokens, 0/1 rewards."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, lens, masks = [], [], []
+    for i in range(n):
+        r = 1 + i % 3
+        tokens.append(torch.randint(3, vocab, (5 + r,), generator=g).tolist())
+        lens.append(r)
+        masks.append([1] * r)
+    rewards = [float(x) for x in torch.randint(0, 2, (n,), generator=g)]
+    return {"tokens": tokens, "response_lengths": lens, "loss_masks": masks, "rewards": rewards,
+            "raw_rewards": list(rewards), "rollout_log_probs": [[0.0] * r for r in lens],
+            "group_indices": [i // 4 for i in range(n)], "truncated": [False] * n}
+
+
+def ppo_cfg(*overrides: str):
+    return resolved(["algo=ppo", "trainer.num_rollout=10", "trainer.micro_batch_size=3", *overrides])
+
+
+def micro_batch(data, rows, T=3):
+    from slime_hydra.train.batch import make_micro_batch
+
+    return make_micro_batch(data, rows, T)
+
+
+# ------------------------------------------------------------------------------------ the model
+def test_value_model_shape_and_positions(tiny_ckpt):
+    from slime_hydra.train.critic import ValueModel
+
+    model = ValueModel.from_pretrained(tiny_ckpt)
+    assert not hasattr(model.backbone, "lm_head")
+    data = fake_rollout(4)
+    mb = micro_batch(data, [0, 1, 2, 3])
+    v = model(mb)
+    assert v.shape == (4, 3) and v.dtype == torch.float32
+    assert torch.count_nonzero(v) == 0  # zero-initialised head: every value starts at 0
+    torch.nn.init.normal_(model.value_head.weight)
+    v = model(mb)
+    # the value of response token t is read where the logits that score token t are
+    pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = model.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).last_hidden_state
+    b, t = 2, 1
+    expected = model.value_head(hidden[b, int(mb.response_start[b]) - 1 + t])
+    torch.testing.assert_close(v[b, t], expected[0])
+
+
+def test_backbone_is_the_policy_backbone(tiny_ckpt):
+    from transformers import AutoModelForCausalLM
+
+    from slime_hydra.train.critic import ValueModel
+
+    critic = ValueModel.from_pretrained(tiny_ckpt)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_ckpt)
+    ps = policy.model.state_dict()
+    for k, v in critic.backbone.state_dict().items():
+        torch.testing.assert_close(v, ps[k], rtol=0, atol=0)
+
+
+def test_masked_value_loss_grad_flows_only_into_the_critic(tiny_ckpt):
+    from slime_hydra.train import algorithms as A
+    from slime_hydra.train.torch_backend import TorchTrainer
+
+    cfg = ppo_cfg()
+    tr = TorchTrainer(cfg, tiny_ckpt, 0, 1, torch.device("cpu"))
+    torch.nn.init.normal_(tr.critic.model.value_head.weight, std=0.1)
+    data = fake_rollout(4)
+    mb = micro_batch(data, [0, 1, 2, 3])
+    mb.loss_mask[1, 0] = 0.0  # a masked token inside a response
+    reducer = A.Reducer("sample_mean", 4, int(mb.loss_mask.sum()), 4)
+    v = tr.critic.net(mb)
+    v.retain_grad()
+    loss, m = A.value_loss(cfg.algo, reducer, values=v, old_values=v.detach(), returns=torch.ones_like(v),
+                           loss_mask=mb.loss_mask)
+    loss.backward()
+    assert set(m) == {"value_loss", "value_clipfrac"}
+    assert torch.all(v.grad[mb.loss_mask == 0] == 0) and torch.all(v.grad[mb.loss_mask != 0] != 0)
+    assert all(p.grad is None for p in tr.model.parameters()), "the value loss reached the policy"
+    grads = [p.grad for p in tr.critic.model.parameters()]
+    assert all(g is not None for g in grads) and all(torch.isfinite(g).all() for g in grads)
+    assert tr.critic.model.value_head.weight.grad.abs().sum() > 0
+    assert tr.critic.model.backbone.embed_tokens.weight.grad.abs().sum() > 0
+
+
+def test_explained_variance_single_process_matches_the_algorithm():
+    from slime_hydra.train import algorithms as A
+    from slime_hydra.train.critic import explained_variance
+
+    g = torch.Generator().manual_seed(0)
+    v, r = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    m = (torch.rand(6, 4, generator=g) > 0.3).float()
+    assert explained_variance(v, r, m) == pytest.approx(float(A.explained_variance(v, r, m)))
+    assert explained_variance(v, r, m) == pytest.approx(_ev_moments(v, r, m), rel=1e-6)
+
+
+def _ev_moments(v, r, m):
+    """The formula the DDP path uses, computed in one process."""
+    m = m.double()
+    rr, e = r.double() * m, (r.double() - v.double()) * m
+    n = m.sum()
+    var_r = (rr * rr).sum() / n - (rr.sum() / n) ** 2
+    return float(1 - ((e * e).sum() / n - (e.sum() / n) ** 2) / var_r)
+
+
+# ------------------------------------------------------------------------------- in the trainer
+def params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def changed(before, model):
+    return any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_ppo_trainer_critic_only_then_actor_and_checkpoint(tiny_ckpt, tmp_path):
+    from slime_hydra.train.torch_backend import TorchTrainer
+
+    cfg = ppo_cfg("algo.num_critic_only_steps=2", "algo.critic_lr=1e-2", "algo.lr=1e-3")
+    tr = TorchTrainer(cfg, tiny_ckpt, 0, 1, torch.device("cpu"))
+    data = fake_rollout(8)
+    actor0 = params(tr.model)
+    losses, evs = [], []
+    for i in range(4):
+        critic_before = params(tr.critic.model)
+        m = tr.train(data)
+        assert changed(critic_before, tr.critic.model)
+        losses.append(m["value_loss"])
+        evs.append(m["explained_variance"])
+        for key in ("value_loss", "value_clipfrac", "explained_variance", "critic_grad_norm", "critic_lr"):
+            assert key in m, key
+        if i < 2:  # critic-only rollouts: the actor is not updated
+            assert not changed(actor0, tr.model) and tr.steps_done == 0
+            assert "pg_loss" not in m
+        else:
+            for key in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm"):
+                assert key in m, key
+    assert changed(actor0, tr.model) and tr.steps_done == 2 and tr.rollouts_done == 4
+    assert evs[0] == pytest.approx(0.0, abs=1e-6)  # V = 0 at first: no better than a constant
+    assert losses[-1] < losses[0] and evs[-1] > evs[0]  # the critic fits the same batch
+
+    tr.save(str(tmp_path), None)
+    assert (tmp_path / "critic.pt").exists()
+    expected_v = tr.critic.values(tr._micro_batches(data, list(range(8)), 3))
+    fresh = TorchTrainer(cfg, tiny_ckpt, 0, 1, torch.device("cpu"))
+    fresh.load(str(tmp_path))
+    assert fresh.rollouts_done == 4 and fresh.steps_done == 2
+    for k, v in tr.critic.model.state_dict().items():
+        torch.testing.assert_close(fresh.critic.model.state_dict()[k], v, rtol=0, atol=0)
+    torch.testing.assert_close(fresh.critic.values(fresh._micro_batches(data, list(range(8)), 3)), expected_v)
+    assert fresh.critic.sched.state_dict()["last_epoch"] == tr.critic.sched.state_dict()["last_epoch"]
+    assert fresh.critic.opt.state_dict()["state"].keys() == tr.critic.opt.state_dict()["state"].keys()
+    # both continue identically
+    m1, m2 = tr.train(data), fresh.train(data)
+    assert m1["value_loss"] == pytest.approx(m2["value_loss"]) and m1["pg_loss"] == pytest.approx(m2["pg_loss"])
+
+
+def test_resume_without_critic_checkpoint_fails(tiny_ckpt, tmp_path):
+    from slime_hydra.train.torch_backend import TorchTrainer
+
+    grpo = TorchTrainer(resolved(["trainer.num_rollout=10"]), tiny_ckpt, 0, 1, torch.device("cpu"))
+    grpo.save(str(tmp_path), None)
+    ppo = TorchTrainer(ppo_cfg(), tiny_ckpt, 0, 1, torch.device("cpu"))
+    with pytest.raises(FileNotFoundError, match="critic.pt"):
+        ppo.load(str(tmp_path))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world, port, ckpt, out_dir):
+    import torch.distributed as dist
+
+    from slime_hydra.train.torch_backend import TorchTrainer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        tr = TorchTrainer(ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2"), ckpt, rank, world,
+                          torch.device("cpu"))
+        full = fake_rollout(8)
+        half = {k: v[rank * 4:(rank + 1) * 4] for k, v in full.items()}
+        m = tr.train(half)
+        torch.save({"critic": tr.critic.model.state_dict(), "actor": tr.model.state_dict(), "metrics": m},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_critic_matches_one_rank(tiny_ckpt, tmp_path):
+    """Two gloo ranks with half the rollout each take the same critic (and actor) step as one rank
+    with all of it (sample_mean: the reducer's step totals are all-reduced)."""
+    import torch.multiprocessing as mp
+
+    from slime_hydra.train.torch_backend import TorchTrainer
+
+    mp.spawn(_ddp_worker, args=(2, _free_port(), tiny_ckpt, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    one = TorchTrainer(ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2"), tiny_ckpt, 0, 1,
+                       torch.device("cpu"))
+    # whitening of the advantages is per rank in both backends (slime whitens over all ranks): compare the
+    # critic, whose targets (returns) do not depend on the whitening, and the value metrics.
+    m = one.train(fake_rollout(8))
+    for k, v in one.critic.model.state_dict().items():
+        torch.testing.assert_close(r0["critic"][k], r1["critic"][k], rtol=0, atol=0)
+        torch.testing.assert_close(r0["critic"][k], v, rtol=1e-5, atol=1e-6)
+    for key in ("value_loss", "value_clipfrac", "explained_variance"):
+        assert r0["metrics"][key] == pytest.approx(m[key], rel=1e-5, abs=1e-6), key
+    for k in r0["actor"]:
+        torch.testing.assert_close(r0["actor"][k], r1["actor"][k], rtol=0, atol=0)
