@@ -100,7 +100,7 @@ RULES = [
     (["parallelism=split_4_4", "parallelism.gpus_per_engine=3"], "parallelism.rollout_gpus: 4 is not divisible by gpus_per_engine=3"),
     (["parallelism=colocate_8gpu", "parallelism.rollout_gpus=9", "parallelism.gpus_per_node=16"], "colocated engines must sit on trainer GPUs"),
     (["parallelism.tensor_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"], "must divide num_heads=4"),
-    (["parallelism.pipeline_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"], "does not divide num_layers=2"),
+    (["parallelism.pipeline_parallel=2", "parallelism.trainer_gpus=2"], "does not divide num_layers=3"),
     (["parallelism.expert_parallel=2"], "parallelism.expert_parallel: 2 must divide num_experts=0"),
     (["parallelism.sequence_parallel=true"], "sequence_parallel: needs tensor_parallel > 1"),
     (["parallelism.tensor_parallel=2", "parallelism.trainer_gpus=2"], "torch trainer backend is data-parallel only"),

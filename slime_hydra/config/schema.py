@@ -178,7 +178,7 @@ class DataConfig:
     source: str = "builtin"  # builtin | jsonl (jsonl also reads .parquet)
     # builtin
     task: str = "max_digit"
-    num_train: int = 20000
+    num_train: int = 9000
     num_eval: int = 256
     # files
     path: Optional[str] = None  # path, optionally with a row slice: data.jsonl@[0:1000]
@@ -192,7 +192,7 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 1234
     num_epoch: Optional[int] = None  # alternative to trainer.num_rollout
-    buffer_filter: Optional[Any] = None  # f(cfg, rollout_id, buffer, n) -> list[list[Sample]]
+    buffer_filter: Optional[Any] = None  # f(buffer, n) -> list[list[Sample]], popping what it returns
 
 
 # -------------------------------------------------------------------------------------- reward

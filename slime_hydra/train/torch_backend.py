@@ -94,9 +94,19 @@ class TorchTrainer:
         self.rollouts_done = 0  # train() calls, critic-only ones included
 
     # ------------------------------------------------------------------------------ weights
+    def _unique_state(self) -> Dict[str, torch.Tensor]:
+        """The state dict with each storage once: tied weights (embeddings = LM head) share one
+        tensor, and copying into it twice under two names would undo a swap."""
+        seen, out = set(), {}
+        for k, v in self.model.state_dict().items():
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                out[k] = v
+        return out
+
     def _cpu_copy(self, pin: bool) -> Dict[str, torch.Tensor]:
         out = {}
-        for k, v in self.model.state_dict().items():
+        for k, v in self._unique_state().items():
             t = torch.empty(v.shape, dtype=v.dtype, pin_memory=pin)
             t.copy_(v.detach())
             out[k] = t
@@ -105,7 +115,7 @@ class TorchTrainer:
     @contextlib.contextmanager
     def swapped_in(self, state: Dict[str, torch.Tensor]) -> Iterator[None]:
         """Run the policy model with ``state``'s weights, then restore its own."""
-        params = self.model.state_dict()
+        params = self._unique_state()
         with torch.no_grad():
             for k, v in params.items():
                 self._backup[k].copy_(v, non_blocking=True)
@@ -292,6 +302,6 @@ class TorchTrainer:
                                         "(advantage_estimator=ppo); start a new run from its hf/ with model.path instead")
             self.critic.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         if self.needs_ref and state.get("ref") is not None:
-            for k, v in state["ref"].items():
-                self.ref_state[k].copy_(v)
+            for k, v in self.ref_state.items():
+                v.copy_(state["ref"][k])
         torch.set_rng_state(state["rng"])

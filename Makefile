@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make run` (the embedded default) and `make test`.
+# Both create the virtual environment first if it is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# A CPU build of torch lies on local disk on our machines; other versions pull a CUDA build (GBs).
+TORCH  ?= torch==2.13.0
+ARGS   ?=
+
+.PHONY: run test test-all test-slow bench dry-run clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+run: $(VENV)/.installed          ## train the embedded default (tiny model, built-in task, CPU)
+	$(PY) run.py $(ARGS)
+
+dry-run: $(VENV)/.installed      ## validate and print the resource plan
+	$(PY) run.py dry_run=true $(ARGS)
+
+test: $(VENV)/.installed         ## the fast suite (includes one real end-to-end training run)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+test-slow: $(VENV)/.installed    ## the long end-to-end runs only
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+test-all: $(VENV)/.installed     ## everything
+	$(PY) -m pytest -q $(ARGS)
+
+bench: $(VENV)/.installed        ## algorithm table on the embedded default
+	$(PY) bench/algorithms.py $(ARGS)
+
+clean:
+	rm -rf outputs multirun .pytest_cache
