@@ -42,12 +42,12 @@ def test_embedded_default_learns(tmp_path):
     """A short run of the default: held-out reward rises from 0, the engine's log-probs match the
     trainer's (< 1e-3), and every output is written."""
     d = tmp_path / "run"
-    summary = run(d, "trainer.num_rollout=30", "trainer.save_interval=15", *FAST)
+    summary = run(d, "trainer.num_rollout=40", "trainer.save_interval=20", *FAST)
     assert summary["eval_reward_initial"] <= 0.2
-    assert summary["eval_reward_final"] >= 0.3, summary  # the most common answer (9) is learned first
+    assert summary["eval_reward_final"] >= 0.4, summary  # measured: ~0.45 at step 30, ~0.77 at 40
     assert summary["max_logprob_abs_diff"] < 1e-3
     rows = metrics(d)
-    assert [r["step"] for r in rows] == list(range(31))
+    assert [r["step"] for r in rows] == list(range(41))
     for key in ("rollout/reward_mean", "rollout/response_len_mean", "perf/rollout_wait_time", "perf/train_time",
                 "perf/weight_sync_time", "perf/tokens_per_s", "train/train_rollout_logprob_abs_diff", "train/kl_loss",
                 "train/pg_loss"):
@@ -60,12 +60,12 @@ def test_embedded_default_learns(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     latest = (d / "checkpoints" / "latest").read_text().strip()
-    assert latest == "step_000030"
+    assert latest == "step_000040"
     hf = d / "checkpoints" / latest / "hf"
     model = AutoModelForCausalLM.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
     assert tok.decode(tok.encode("3815=")) == "3815=" and model.config.vocab_size == len(tok)
-    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["latest", "step_000015", "step_000030"]
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["latest", "step_000020", "step_000040"]
     assert not leftover_processes()
 
 
