@@ -74,6 +74,9 @@ class AlgoConfig:
     # Reward post-processing (in the rollout manager): subtract the group mean, divide by its std.
     normalize_rewards: bool = True
     normalize_std: bool = True
+    # DAPO's dynamic sampling: train only on groups whose rewards differ (the rollout manager uses
+    # slime_hydra.rollout.filters.nonzero_reward_std unless rollout.dynamic_filter names another).
+    dynamic_sampling: bool = False
     # Clipping
     eps_clip: float = 0.2
     eps_clip_high: Optional[float] = None  # None: eps_clip
@@ -134,10 +137,12 @@ class RolloutConfig:
     seed: int = 42
     concurrency: int = 512  # in-flight /generate requests per engine
     # Hooks (Hydra ``_target_`` nodes or dotted paths); None: the built-in default.
-    generate: Optional[Any] = None  # async generate(cfg, sample, sampling_params, evaluation) -> Sample | list
-    dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput
-    over_sampling_batch_size: Optional[int] = None  # None: batch_size
-    partial_rollout: bool = False
+    generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
+    dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
+    over_sampling_batch_size: Optional[int] = None  # prompts pulled per refill while too few groups pass; None: batch_size
+    max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
+    partial_rollout: bool = False  # groups cut off when the batch is full are continued next rollout
+    mask_offpolicy_in_partial_rollout: bool = False  # no loss on tokens made by older weights
     # Engine settings
     server_args: Dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs pass-through
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together

@@ -334,8 +334,22 @@ def _validate_rollout(cfg: RunConfig, errs: List[str]) -> None:
                 errs.append(f"rollout.server_args.{key}: set by slime_hydra from {MANAGED_SERVER_ARGS[key]}; remove it")
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.batch_size:
         errs.append(f"rollout.over_sampling_batch_size: {r.over_sampling_batch_size} < rollout.batch_size={r.batch_size}")
-    if r.partial_rollout and r.dynamic_filter is None:
-        errs.append("rollout.partial_rollout: recycles groups cut off by dynamic sampling, so it needs rollout.dynamic_filter")
+    from slime_hydra.rollout.filters import dynamic_filter_spec
+
+    spec = dynamic_filter_spec(cfg)
+    if r.partial_rollout and spec is None and (r.over_sampling_batch_size or r.batch_size) <= r.batch_size:
+        errs.append("rollout.partial_rollout: recycles groups cut off by dynamic sampling or over-sampling, so it needs "
+                    "rollout.dynamic_filter, algo.dynamic_sampling=true or rollout.over_sampling_batch_size > rollout.batch_size")
+    target = spec.get("_target_") if hasattr(spec, "get") else spec
+    if r.n_samples_per_prompt < 2 and isinstance(target, str) and target.startswith("slime_hydra.rollout.filters.nonzero_reward_std"):
+        where = "rollout.dynamic_filter" if r.dynamic_filter is not None else "algo.dynamic_sampling"
+        errs.append(f"{where}: nonzero_reward_std drops groups whose rewards are all equal, which is every group of "
+                    "rollout.n_samples_per_prompt=1 (sample several per prompt)")
+    if r.max_sampled_groups is not None and r.max_sampled_groups < r.batch_size:
+        errs.append(f"rollout.max_sampled_groups: {r.max_sampled_groups} < rollout.batch_size={r.batch_size}")
+    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
+        errs.append("rollout.mask_offpolicy_in_partial_rollout: masks tokens of continued partial rollouts, so it needs "
+                    "rollout.partial_rollout=true")
 
 
 def _validate_data(cfg: RunConfig, errs: List[str]) -> None:

@@ -6,6 +6,10 @@ sometimes hits it). ``max_digit``: the prompt is five digits and ``=``, the answ
 ("38152=" -> "8"). A random policy scores about 1/576 (one right digit, then end-of-sequence);
 greedy accuracy on held-out prompts reaches about 0.9 within ~100 GRPO steps.
 
+``calc``: a tool-use task for the multi-turn example (``examples/calculator``, tokenizer
+``builtin:calc``). The prompt is an expression whose value is one digit but which the tiny model
+cannot evaluate ("37*48-1772" -> "4"); an agent calls a calculator tool and copies its result.
+
 This module is light (no torch, no tokenizers) so that config validation can import it.
 """
 
@@ -16,7 +20,11 @@ from typing import Callable, Dict, List, Tuple
 
 # The vocabulary of the in-code character tokenizer (slime_hydra.data.tokenizer).
 DIGITS_VOCAB: List[str] = ["<pad>", "<eos>", *"0123456789", *"=+-*#><,:? |"]
-BUILTIN_TOKENIZERS: Dict[str, List[str]] = {"builtin:digits": DIGITS_VOCAB}
+# builtin:calc: characters for arithmetic, plus chat roles and a tool-call marker as single tokens
+# (every entry longer than one character is a special token; its chat template is in tokenizer.py).
+CALC_VOCAB: List[str] = ["<pad>", "<eos>", *"0123456789", *"+-*%=?,",
+                         "<system>", "<user>", "<assistant>", "<tool>", "<call>"]
+BUILTIN_TOKENIZERS: Dict[str, List[str]] = {"builtin:digits": DIGITS_VOCAB, "builtin:calc": CALC_VOCAB}
 
 
 def _max_digit(rng: random.Random, code: int) -> Tuple[str, str]:
@@ -24,10 +32,18 @@ def _max_digit(rng: random.Random, code: int) -> Tuple[str, str]:
     return digits + "=", max(digits)
 
 
+def _calc(rng: random.Random, code: int) -> Tuple[str, str]:
+    a, b, value = 10 + code // 900, 10 + code // 10 % 90, code % 10
+    return f"{a}*{b}-{a * b - value}", str(value)
+
+
 # name -> (size of the prompt space, code -> (prompt, label))
 TASKS: Dict[str, Tuple[int, Callable[[random.Random, int], Tuple[str, str]]]] = {
     "max_digit": (10**5, _max_digit),
+    "calc": (90 * 90 * 10, _calc),
 }
+# the tokenizer whose vocabulary can express each task (prompts, answers and, for calc, tool calls)
+TASK_TOKENIZERS: Dict[str, str] = {"max_digit": "builtin:digits", "calc": "builtin:calc"}
 
 
 def make_splits(task: str, num_train: int, num_eval: int, seed: int) -> Tuple[List[dict], List[dict]]:

@@ -5,9 +5,19 @@ same signature as :func:`generate`::
 
     async def generate(ctx: GenerateContext, sample: Sample, sampling_params: dict, evaluation: bool) -> Sample
 
-It may call the engines several times (multi-turn, tools) through ``ctx.post("/generate", ...)`` and
-must append model tokens with their log-probs and tool tokens masked out, using
-``Sample.append_response``.
+It returns the same or a new ``Sample`` (not a list: a group keeps its ``n_samples_per_prompt``
+samples) with ``tokens`` = prompt + response, ``status`` set from the engine's finish reason, and
+every response token's log-prob. It may call the engines several times (multi-turn, tools) through
+``ctx.post("/generate", ...)``, appending model tokens with their log-probs and tool tokens masked
+out (``Sample.append_response``); :mod:`slime_hydra.rollout.multiturn` does that against the chat
+template. ``ctx.cfg`` is the RunConfig, ``ctx.tokenizer`` the model's tokenizer.
+
+Aborts (dynamic sampling has enough groups): the engines answer in-flight requests with
+``finish_reason.type == "abort"`` and the tokens made so far, and while the manager is aborting,
+``ctx.post("/generate")`` answers at once in the same way without calling an engine. A generate
+function must then stop and return the sample with ``status = ABORTED``; with
+``rollout.partial_rollout`` it is called again with that sample in a later rollout and continues
+from ``sample.tokens`` with the budget left (``max_new_tokens - response_length``).
 """
 
 from __future__ import annotations
@@ -24,12 +34,26 @@ class GenerateContext:
     cfg: Any  # RunConfig
     tokenizer: Any
     client: GenerateClient
+    aborting: bool = False  # set by the manager while it cuts a rollout off
 
     async def post(self, path: str, payload: Dict[str, Any]) -> Any:
+        if self.aborting and path == "/generate":
+            return aborted_output(payload)
         return await self.client.post(path, payload)
 
     def encode(self, text: str) -> List[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def aborted_output(payload: Dict[str, Any]) -> Any:
+    """What an engine answers for a request aborted before its first token (one per prompt)."""
+    one = {"text": "", "output_ids": [],
+           "meta_info": {"finish_reason": {"type": "abort", "message": "rollout aborted"},
+                         "output_token_logprobs": [], "completion_tokens": 0}}
+    ids = payload.get("input_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return [dict(one) for _ in ids]
+    return one
 
 
 def apply_output(sample: Sample, out: Dict[str, Any]) -> Sample:
@@ -41,7 +65,8 @@ def apply_output(sample: Sample, out: Dict[str, Any]) -> Sample:
         raise ValueError("the engine returned no output_token_logprobs; generate with return_logprob=true")
     sample.append_response(ids, [float(p[0]) for p in pairs], trainable=True, text=out.get("text", ""))
     sample.status = FINISH_TO_STATUS.get(meta["finish_reason"]["type"], Status.FAILED) if meta.get("finish_reason") else Status.COMPLETED
-    sample.weight_versions.append(str(meta.get("weight_version")))
+    if "weight_version" in meta:  # not in the manager's own abort answers (no engine ran)
+        sample.weight_versions.append(str(meta["weight_version"]))
     return sample
 
 

@@ -1,0 +1,242 @@
+"""Dynamic sampling (DAPO), over-sampling, abort and partial rollout in the rollout manager's
+collection loop (``RolloutManager._collect``), run without Ray: with scripted generate functions,
+and against a real embedded engine (abort_request cuts requests off; partial groups go back into
+the buffer and are continued from ``sample.tokens`` with the budget left)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, List
+
+import pytest
+
+from conftest import resolved
+from slime_hydra.config.validate import validate
+from slime_hydra.rollout.filters import (DynamicFilterOutput, NONZERO_REWARD_STD, as_filter_output, dynamic_filter_spec,
+                                         nonzero_reward_std, nonzero_reward_std_with_fallback)
+from slime_hydra.rollout.generate import generate as default_generate
+from slime_hydra.rollout.manager import pass_at_k
+from slime_hydra.rollout.sample import Sample, Status
+from rollout_harness import make_manager
+
+
+def group(*rewards: float) -> List[Sample]:
+    return [Sample(reward=r, status=Status.COMPLETED) for r in rewards]
+
+
+# ------------------------------------------------------------------------------------ filters
+def test_nonzero_reward_std():
+    cfg = resolved()
+    assert nonzero_reward_std(cfg, group(0, 1, 0, 0)).keep
+    out = nonzero_reward_std(cfg, group(0, 0, 0, 0))
+    assert not out.keep and out.reason == "zero_std_0.0" and not out.keep_when_insufficient
+    assert nonzero_reward_std(cfg, group(1, 1)).reason == "zero_std_1.0"
+    assert nonzero_reward_std_with_fallback(cfg, group(1, 1)).keep_when_insufficient
+    dict_cfg = resolved(["reward.key=acc"])
+    assert nonzero_reward_std(dict_cfg, [Sample(reward={"acc": 1.0}), Sample(reward={"acc": 0.0})]).keep
+
+
+def test_filter_outputs_and_errors():
+    assert as_filter_output(True) == DynamicFilterOutput(True)
+    assert as_filter_output(False) == DynamicFilterOutput(False, "filtered")
+    torch = pytest.importorskip("torch")
+    assert as_filter_output(torch.tensor(0.5) > 0.1).keep  # slime's filters return a tensor
+
+    class SlimeStyle:  # a foreign DynamicFilterOutput
+        keep, reason, keep_when_insufficient = False, "too_long", True
+
+    assert as_filter_output(SlimeStyle()) == DynamicFilterOutput(False, "too_long", True)
+    for bad in (None, 1, "keep", [True]):
+        with pytest.raises(TypeError, match="rollout.dynamic_filter returned .* expected a bool or"):
+            as_filter_output(bad)
+
+
+def test_dapo_switches_dynamic_sampling_on():
+    assert dynamic_filter_spec(resolved()) is None
+    dapo = resolved(["algo=dapo"])
+    assert dapo.algo.dynamic_sampling and dynamic_filter_spec(dapo) == NONZERO_REWARD_STD
+    own = "slime_hydra.rollout.filters.nonzero_reward_std_with_fallback"
+    assert dynamic_filter_spec(resolved(["algo=dapo", f"rollout.dynamic_filter={own}"])) == own
+    assert dynamic_filter_spec(resolved(["algo=dapo", "algo.dynamic_sampling=false"])) is None
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["rollout.partial_rollout=true"], "rollout.partial_rollout: recycles groups cut off"),
+    (["algo=dapo", "rollout.n_samples_per_prompt=1"], "algo.dynamic_sampling: nonzero_reward_std drops groups"),
+    ([f"rollout.dynamic_filter={NONZERO_REWARD_STD}", "rollout.n_samples_per_prompt=1"],
+     "rollout.dynamic_filter: nonzero_reward_std drops groups"),
+    (["rollout.max_sampled_groups=8"], "rollout.max_sampled_groups: 8 < rollout.batch_size=32"),
+    (["rollout.mask_offpolicy_in_partial_rollout=true"], "rollout.mask_offpolicy_in_partial_rollout: masks tokens"),
+])
+def test_validation_rules(overrides, needle):
+    errs = validate(resolved(overrides))
+    assert any(needle in e for e in errs), errs
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algo=dapo", "rollout.partial_rollout=true"],
+    ["rollout.partial_rollout=true", "rollout.over_sampling_batch_size=48"],
+    ["algo=dapo", "rollout.partial_rollout=true", "rollout.mask_offpolicy_in_partial_rollout=true",
+     "rollout.max_sampled_groups=320"],
+])
+def test_valid_combinations(overrides):
+    assert validate(resolved(overrides)) == []
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(4, 3, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
+
+
+# --------------------------------------------------------------- the collection loop, no engine
+def scripted(correct_groups: set, *, fail_group: int = -1, version: str = "0"):
+    """A generate function: samples of the groups in ``correct_groups`` alternate right / wrong
+    answers (nonzero std), the others are all wrong (zero std)."""
+
+    async def generate(ctx, s: Sample, sp: Dict[str, Any], evaluation: bool = False) -> Sample:
+        await asyncio.sleep(0.001 * (s.index % 7))  # finish out of order
+        if s.group_index == fail_group:
+            raise RuntimeError("generate failed")
+        right = s.group_index in correct_groups and s.index % 2 == 0
+        s.tokens = ctx.encode(s.prompt) + [1]
+        s.append_response([1], [-0.5], text=s.label if right else "x")
+        s.status, s.weight_versions = Status.COMPLETED, [version]
+        return s
+
+    return generate
+
+
+def test_dynamic_filter_over_samples_until_enough_groups_pass():
+    m = make_manager(["algo=dapo", "rollout.batch_size=3", "rollout.n_samples_per_prompt=4",
+                      "rollout.over_sampling_batch_size=4"])
+    m.generate_fn = scripted({1, 4, 6, 9})  # group indices are handed out 0, 1, 2, ...
+    groups, metrics = asyncio.run(m._collect(3))
+    assert [g[0].group_index for g in groups] == [1, 4, 6]  # in data order
+    assert all(len({s.reward for s in g}) == 2 for g in groups)
+    assert metrics["rollout/sampled_groups"] == 8  # two pulls of 4
+    assert metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == metrics["rollout/dynamic_filter/dropped_groups"]
+    assert 4 <= metrics["rollout/dynamic_filter/dropped_groups"] <= 5  # 0 2 3 5 (and 7 if it finished first)
+    assert metrics["rollout/generated_zero_std_ratio"] == pytest.approx(
+        metrics["rollout/dynamic_filter/dropped_groups"] / (3 + metrics["rollout/dynamic_filter/dropped_groups"]))
+    assert m.source.buffer == []  # no partial rollout: left-overs are discarded
+
+
+def test_keep_when_insufficient_and_the_sampling_cap():
+    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+                      "rollout.dynamic_filter=slime_hydra.rollout.filters.nonzero_reward_std_with_fallback"])
+    m.generate_fn = scripted(set())  # every group is zero-std
+    groups, metrics = asyncio.run(m._collect(2))
+    assert len(groups) == 2 and metrics["rollout/dynamic_filter/fallback_groups"] >= 1
+    assert metrics["rollout/sampled_groups"] <= 4
+
+    m = make_manager(["algo=dapo", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+                      "rollout.max_sampled_groups=6"])
+    m.generate_fn = scripted({3})
+    groups, metrics = asyncio.run(m._collect(2))
+    assert [g[0].group_index for g in groups][0] == 3 or 3 in [g[0].group_index for g in groups]
+    assert len(groups) == 2 and metrics["rollout/sampled_groups"] == 6
+    assert metrics["rollout/dynamic_filter/fallback_groups"] == 1
+
+
+def test_custom_filter_hook_async_with_bound_kwargs(tmp_path, monkeypatch):
+    (tmp_path / "my_filters.py").write_text(
+        "async def min_reward(cfg, group, at_least=1.0):\n"
+        "    return max(s.reward for s in group) >= at_least\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+                      "+rollout.dynamic_filter={_target_: my_filters.min_reward, at_least: 1.0}"])
+    m.generate_fn = scripted({0, 2, 5})
+    groups, metrics = asyncio.run(m._collect(2))
+    assert [g[0].group_index for g in groups] == [0, 2]
+    assert metrics["rollout/dynamic_filter/drop_filtered"] >= 1
+
+
+def test_errors_stop_the_rollout_and_cancel_the_rest():
+    m = make_manager(["rollout.batch_size=4", "rollout.n_samples_per_prompt=2"])
+    m.generate_fn = scripted({0, 1, 2, 3}, fail_group=2)
+    with pytest.raises(RuntimeError, match="generate failed"):
+        asyncio.run(m._collect(4))
+    m.generate_fn = scripted({0, 1, 2, 3}, version="7")
+    m._version, m._rollout_id = "8", 8
+    with pytest.raises(RuntimeError, match=r"weight version\(s\) \['7'\], expected 8"):
+        asyncio.run(m._collect(4))
+
+
+def test_generate_must_return_a_sample():
+    async def returns_list(ctx, s, sp, evaluation=False):
+        return [s, s]
+
+    m = make_manager(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2"])
+    m.generate_fn = returns_list
+    with pytest.raises(TypeError, match="returned a list .*fan-out is not supported"):
+        asyncio.run(m._collect(1))
+
+
+# ---------------------------------------------------- over-sampling, abort, partial rollout: real
+@pytest.mark.e2e
+def test_abort_and_partial_rollout_against_the_engine(engine_url):
+    """Over-sampling 6 groups for a batch of 2: the 2 fast groups are kept, the 4 long ones are
+    cut off by abort_request in the middle of generating, go back to the buffer with their partial
+    tokens, and the next rollout continues them from there with the budget left."""
+    from slime_hydra.rollout.client import GenerateClient
+
+    budget = 1000
+    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=6",
+                      "rollout.partial_rollout=true", f"rollout.max_response_len={budget}", "rollout.temperature=1.0"],
+                     urls=[engine_url])
+    payloads: List[Dict[str, Any]] = []
+
+    async def generate(ctx, s: Sample, sp, evaluation=False):
+        if s.group_index in fast:  # answered without the engine, after the long ones started
+            await asyncio.sleep(0.5)
+            s.tokens = ctx.encode(s.prompt) + [1]
+            s.append_response([1], [-0.1], text="")
+            s.status = Status.COMPLETED
+            return s
+        payloads.append({"len": len(s.tokens), "response_length": s.response_length})
+        return await default_generate(ctx, s, {**sp, "ignore_eos": True}, evaluation)
+
+    class SpyClient(GenerateClient):
+        async def post(self, path, payload):
+            sent.append((len(payload["input_ids"]), payload["sampling_params"]["max_new_tokens"]))
+            return await super().post(path, payload)
+
+    sent: List[tuple] = []
+
+    async def rollout(target):
+        m.client = SpyClient(engine_url, 64)
+        m.ctx.client = m.client
+        try:
+            return await m._collect(target)
+        finally:
+            await m.client.aclose()
+
+    m.generate_fn = generate
+    fast = {0, 1}
+    m._rollout_id = 1
+    groups, metrics = asyncio.run(rollout(2))
+    assert [g[0].group_index for g in groups] == [0, 1]
+    assert metrics["rollout/aborted_groups"] == 4 and metrics["rollout/recycled_groups"] == 4
+    buffered = [s for g in m.source.buffer for s in g]
+    assert len(m.source.buffer) == 4 and all(s.status == Status.ABORTED for s in buffered)
+    assert any(0 < s.response_length < budget for s in buffered), [s.response_length for s in buffered]
+    for s in buffered:
+        assert len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
+        assert s.metadata["start_rollout_id"] == 1
+    saved = {s.index: (list(s.tokens), s.response_length) for s in buffered}
+
+    fast, payloads[:], sent[:] = set(), [], []
+    m._rollout_id = 2
+    m.cfg.rollout.over_sampling_batch_size = 4  # exactly the buffered groups, served first
+    groups, metrics = asyncio.run(rollout(4))
+    assert sorted(g[0].group_index for g in groups) == [2, 3, 4, 5] and m.source.buffer == []
+    assert metrics["rollout/resumed_samples"] == 8 and metrics["rollout/aborted_groups"] == 0
+    done = {s.index: s for g in groups for s in g}
+    for idx, s in done.items():
+        tokens, length = saved[idx]
+        assert s.tokens[: len(tokens)] == tokens  # continued, not restarted
+        assert s.response_length == budget and s.status == Status.TRUNCATED
+        assert len(s.rollout_log_probs) == budget and s.loss_mask == [1] * budget
+    # each request continued from the sample's tokens (prompt + partial response), budget reduced
+    assert sorted(sent) == sorted((len(t), budget - n) for t, n in saved.values())
