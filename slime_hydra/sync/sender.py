@@ -56,6 +56,11 @@ class WeightSender:
         self.master_address = master_address
         self.group = None
         self.pool = ThreadPoolExecutor(max_workers=max(4, len(endpoints)))
+        if kind == "tensor" and device.type == "cpu":
+            # CPU tensors then travel as named shared-memory files that any local process can
+            # open; the default strategy passes file descriptors, which only works between a
+            # process and the children it forked.
+            torch.multiprocessing.set_sharing_strategy("file_system")
 
     def _all(self, path: str, payload_for) -> list:
         """POST to every engine at once; ``payload_for(i)`` builds engine i's body."""

@@ -144,6 +144,8 @@ class EmbeddedEngine:
         """Free the weights (and the cache, which the embedded engine keeps per batch only)."""
         tags = set(tags or ["weights", "kv_cache", "cuda_graph"])
         if "weights" in tags and "weights" not in self.released:
+            # Buffers that are not weights (rotary inv_freq) are not pushed by the trainer: keep them.
+            self._kept_buffers = {n: b.detach().to("cpu", copy=True) for n, b in self.model.named_buffers()}
             self.model.to_empty(device="meta")
         self.released |= tags
         if self.device.type == "cuda":
@@ -156,6 +158,9 @@ class EmbeddedEngine:
             self.model.to_empty(device=self.device)
             if hasattr(self.model, "tie_weights"):
                 self.model.tie_weights()
+            with torch.no_grad():
+                for name, buf in self.model.named_buffers():
+                    buf.copy_(self._kept_buffers[name])
             self.weight_version = "uninitialized"
         self.released -= tags
 
