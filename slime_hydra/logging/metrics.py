@@ -35,7 +35,7 @@ class RunLogger:
         self.history: List[Dict[str, Any]] = []
         if os.path.exists(self.path):  # resuming in the same run directory
             with open(self.path) as f:
-                self.history = [r for r in map(json.loads, f) if r.get("step", -1) < start_step]
+                self.history = [r for r in map(json.loads, f) if r.get("step", -1) <= start_step]
             with open(self.path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.history)
             os.replace(self.path + ".tmp", self.path)
