@@ -238,8 +238,9 @@ class RolloutManager:
         While the kept plus in-flight groups are fewer than ``target``, ``over_sampling_batch_size``
         more prompts are pulled from the data source (buffered partial groups first). Each finished
         group is judged by the filter as it completes. Once ``target`` groups are kept, the groups
-        still in flight are aborted; with ``rollout.partial_rollout`` they (and finished groups that
-        were not needed) go back to the buffer and are continued in the next rollout. After
+        still in flight are aborted; with ``rollout.partial_rollout`` they go back to the buffer and
+        are continued in the next rollout (as in slime, groups that finish after the batch is full
+        are not kept: they would be trained a step later, entirely off-policy). After
         ``rollout.max_sampled_groups`` groups, no more prompts are pulled, and if too few groups
         passed, rejected ones fill the batch. Kept groups are returned in data order."""
         r = self.cfg.rollout
@@ -252,8 +253,13 @@ class RolloutManager:
         drops: Counter = Counter()
         n = Counter()
         pending: set = set()
+        next_log = time.monotonic() + PROGRESS_LOG_S
         try:
             while len(accepted) < target:
+                if time.monotonic() > next_log:  # dynamic sampling can take many rounds
+                    next_log = time.monotonic() + PROGRESS_LOG_S
+                    log.info("rollout %s: %d of %d groups kept after %d sampled (dropped: %s)", self._rollout_id,
+                             len(accepted), target, n["sampled"], dict(drops) or "none")
                 if len(accepted) + len(pending) < target and (cap is None or n["sampled"] < cap):
                     for g in self.source.get_samples(over):
                         pending.add(asyncio.ensure_future(self._group(g, sp, False)))
@@ -267,7 +273,8 @@ class RolloutManager:
                     n["fallback"] += len(fill)
                     break
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for group in sorted((f.result() for f in done), key=lambda g: g[0].group_index):
+                finished = sorted((f.result() for f in done), key=lambda g: g[0].group_index)
+                for i, group in enumerate(finished):
                     n["finished"] += 1
                     n["zero_std"] += _zero_std(group, self.cfg.reward.key)
                     if len(accepted) >= target:
@@ -276,7 +283,7 @@ class RolloutManager:
                     verdict = await self._keep(group)
                     if verdict.keep:
                         accepted.append(group)
-                    elif verdict.keep_when_insufficient and len(accepted) + len(pending) < target:
+                    elif verdict.keep_when_insufficient and len(accepted) + len(pending) + len(finished) - i - 1 < target:
                         accepted.append(group)  # dropping it would need another sampling round
                         n["fallback"] += 1
                     else:
@@ -287,8 +294,8 @@ class RolloutManager:
             await self._cancel(pending)
             raise
         aborted = await self._abort_and_drain(pending) if pending else []
-        if r.partial_rollout and (aborted or surplus):
-            self.source.add_samples(surplus + aborted)
+        if r.partial_rollout and aborted:
+            self.source.add_samples(aborted)
         accepted.sort(key=lambda g: g[0].group_index)
         metrics = {
             "rollout/sampled_groups": float(n["sampled"]),
@@ -297,7 +304,7 @@ class RolloutManager:
             "rollout/generated_zero_std_ratio": n["zero_std"] / max(n["finished"], 1),
         }
         if r.partial_rollout:
-            metrics["rollout/recycled_groups"] = float(len(aborted) + len(surplus))
+            metrics["rollout/recycled_groups"] = float(len(aborted))
             metrics["rollout/resumed_samples"] = float(sum(s.metadata.get("start_rollout_id") != self._rollout_id
                                                            for g in accepted for s in g))
         if self.dynamic_filter is not None:
@@ -450,6 +457,7 @@ class RolloutManager:
 
 # ------------------------------------------------------------------------------------ helpers
 ABORT_RETRY_S = 1.0  # abort_all again this often until every aborted group has returned
+PROGRESS_LOG_S = 30.0  # how often a long collection loop reports its progress
 
 
 def _spec_name(spec: Any) -> str:
