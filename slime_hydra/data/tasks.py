@@ -2,9 +2,10 @@
 
 A good task for a tiny random-init model under RL has a rule readable from the prompt, a large
 prompt space (so held-out prompts test the rule, not memory) and a short answer (so random sampling
-sometimes hits it). ``max_digit``: the prompt is five digits and ``=``, the answer the largest digit
-("38152=" -> "8"). A random policy scores about 1/576 (one right digit, then end-of-sequence);
-greedy accuracy on held-out prompts reaches about 0.9 within ~100 GRPO steps.
+sometimes hits it). ``max_digit``: the prompt is four digits and ``=``, the answer the largest digit
+("3815=" -> "8"). A random policy scores about 1/576 (one right digit, then end-of-sequence, out of
+24 tokens each); with the tiny model, greedy accuracy on held-out prompts passes 0.8 after ~60 GRPO
+steps and levels off near 0.89 by step ~90 (a plateau at ~0.35, "always 9", comes first).
 
 ``calc``: a tool-use task for the multi-turn example (``examples/calculator``, tokenizer
 ``builtin:calc``). The prompt is an expression whose value is one digit but which the tiny model
@@ -28,7 +29,7 @@ BUILTIN_TOKENIZERS: Dict[str, List[str]] = {"builtin:digits": DIGITS_VOCAB, "bui
 
 
 def _max_digit(rng: random.Random, code: int) -> Tuple[str, str]:
-    digits = f"{code:05d}"
+    digits = f"{code:04d}"
     return digits + "=", max(digits)
 
 
@@ -39,7 +40,7 @@ def _calc(rng: random.Random, code: int) -> Tuple[str, str]:
 
 # name -> (size of the prompt space, code -> (prompt, label))
 TASKS: Dict[str, Tuple[int, Callable[[random.Random, int], Tuple[str, str]]]] = {
-    "max_digit": (10**5, _max_digit),
+    "max_digit": (10**4, _max_digit),
     "calc": (90 * 90 * 10, _calc),
 }
 # the tokenizer whose vocabulary can express each task (prompts, answers and, for calc, tool calls)
