@@ -168,6 +168,15 @@ def test_hf_config_mismatch_is_reported(tiny_ckpt):
     assert any("model.arch.hidden_size: 128 but" in e and "config.json says hidden_size=64" in e for e in errs), errs
 
 
+def test_validation_names_equal_the_algorithm_registries():
+    from slime_hydra.train import algorithm_names as names, algorithms as A
+
+    assert names.ADVANTAGE_ESTIMATORS == {k: f.group_rewards for k, f in A.ADVANTAGE_ESTIMATORS.items()}
+    assert set(names.POLICY_LOSSES) == set(A.POLICY_LOSSES)
+    assert set(names.KL_ESTIMATORS) == set(A.KL_ESTIMATORS)
+    assert set(names.REDUCTIONS) == set(A.REDUCTIONS)
+
+
 def test_dry_run_is_fast_and_starts_nothing():
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "run.py", "dry_run=true", "hydra.run.dir=/tmp/slime_hydra_dry"], cwd=ROOT,

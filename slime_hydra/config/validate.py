@@ -254,7 +254,7 @@ def _validate_batches(cfg: RunConfig, errs: List[str]) -> None:
 
 
 def _validate_algo(cfg: RunConfig, errs: List[str]) -> None:
-    from slime_hydra.train.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
+    from slime_hydra.train.algorithm_names import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
 
     a = cfg.algo
     _choice(errs, "algo.advantage_estimator", a.advantage_estimator, ADVANTAGE_ESTIMATORS)
@@ -303,7 +303,7 @@ def _validate_algo(cfg: RunConfig, errs: List[str]) -> None:
         errs.append(f"algo.num_critic_only_steps: must be >= 0, got {a.num_critic_only_steps}")
     elif a.num_critic_only_steps and a.advantage_estimator != "ppo":
         errs.append(f"algo.num_critic_only_steps: only advantage_estimator=ppo has a critic, not {a.advantage_estimator}")
-    group_rewards = getattr(ADVANTAGE_ESTIMATORS.get(a.advantage_estimator), "group_rewards", None)
+    group_rewards = ADVANTAGE_ESTIMATORS.get(a.advantage_estimator)
     if group_rewards and a.normalize_rewards and cfg.rollout.n_samples_per_prompt == 1:
         errs.append(
             f"rollout.n_samples_per_prompt: 1 sample per prompt with algo.advantage_estimator={a.advantage_estimator} and "

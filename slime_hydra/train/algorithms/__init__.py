@@ -1,7 +1,8 @@
 """RL algorithms as pure torch functions: reward post-processing, advantage estimators, policy and
 value losses, KL estimators and the loss reduction. No Ray, HTTP or model code here.
 
-Registries (adding a variant is one function plus one registry line):
+Registries (adding a variant is one function plus one registry line, and its name in
+``slime_hydra/train/algorithm_names.py``, which config validation reads without importing torch):
 ``ADVANTAGE_ESTIMATORS`` (``@register`` in advantages.py), ``POLICY_LOSSES`` (losses.py),
 ``KL_ESTIMATORS`` (kl.py), ``REDUCTIONS`` (reduce.py). Dr. GRPO and DAPO are presets of ``grpo``
 (``conf/algo/dr_grpo.yaml``, ``conf/algo/dapo.yaml``), not estimators.
