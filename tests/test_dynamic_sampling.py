@@ -240,3 +240,21 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
         assert len(s.rollout_log_probs) == budget and s.loss_mask == [1] * budget
     # each request continued from the sample's tokens (prompt + partial response), budget reduced
     assert sorted(sent) == sorted((len(t), budget - n) for t, n in saved.values())
+
+
+def test_mask_offpolicy_in_partial_rollout():
+    """A resumed sample's tokens from the earlier rollout get mask 0; the new ones mask 1."""
+    m = make_manager(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.partial_rollout=true",
+                      "rollout.over_sampling_batch_size=2", "rollout.mask_offpolicy_in_partial_rollout=true"])
+    s = Sample(prompt="1234=", label="4", status=Status.ABORTED, tokens=[3, 4, 5, 6, 12])
+    s.append_response([7, 8], [-0.1, -0.2])
+    s.status = Status.ABORTED
+
+    async def resume(ctx, s, sp, evaluation=False):
+        s.append_response([1], [-0.3])
+        s.status = Status.COMPLETED
+        return s
+
+    m.generate_fn = resume
+    out = asyncio.run(m._sample(s, m.sampling_params(), False))
+    assert out.loss_mask == [0, 0, 1] and out.rollout_log_probs == [-0.1, -0.2, -0.3] and out.reward is not None
