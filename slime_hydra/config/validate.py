@@ -357,11 +357,11 @@ def _validate_data(cfg: RunConfig, errs: List[str]) -> None:
     if not _choice(errs, "data.source", d.source, ["builtin", "jsonl"]):
         return
     if d.source == "builtin":
-        from slime_hydra.data.tasks import TASKS
+        from slime_hydra.data.tasks import TASK_TOKENIZERS, TASKS
 
-        _choice(errs, "data.task", d.task, TASKS)
-        if not (cfg.model.tokenizer or "").startswith("builtin:"):
-            errs.append(f"data.source: the built-in tasks use the builtin:digits tokenizer, but model.tokenizer={cfg.model.tokenizer!r}")
+        if _choice(errs, "data.task", d.task, TASKS) and cfg.model.tokenizer != TASK_TOKENIZERS[d.task]:
+            errs.append(f"model.tokenizer: the built-in task {d.task} is written in the {TASK_TOKENIZERS[d.task]} "
+                        f"vocabulary, but model.tokenizer={cfg.model.tokenizer!r}")
     else:
         if not d.path:
             errs.append("data.path: required for data.source=jsonl")

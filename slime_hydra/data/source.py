@@ -74,7 +74,9 @@ class DataSource:
 
     def _from_buffer(self, n: int) -> List[Group]:
         before = len(self.buffer)
-        groups = list(self.buffer_filter(self.buffer, n))
+        groups = self.buffer_filter(self.buffer, n)
+        if not isinstance(groups, list):
+            raise TypeError(f"buffer_filter must return a list of groups (lists of Sample), got {type(groups).__name__}")
         if len(groups) > n:
             raise ValueError(f"buffer_filter returned {len(groups)} groups, more than the {n} asked for")
         if len(self.buffer) + len(groups) != before:
