@@ -1,0 +1,164 @@
+"""GPU component timings on a Qwen3-0.6B-shaped model with random weights (no download):
+embedded-engine decode throughput, one torch-backend training rollout, and a weight push to a
+colocated embedded engine over each transport that one GPU allows (tensor = CUDA IPC, disk).
+
+    python bench/gpu_components.py [--out DIR]
+
+Prints a table and writes ``gpu_components.json``. The tokenizer is a synthetic word-level one with
+Qwen3's vocabulary size, so the embedding and LM head have their real shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_checkpoint(out: str, preset: str = "qwen3_0_6b") -> str:
+    from hydra import compose, initialize_config_dir
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from omegaconf import OmegaConf
+
+    from slime_hydra.checkpoint.hf import hf_config
+    from slime_hydra.config.schema import ArchConfig
+    from slime_hydra.config.store import register_configs
+
+    register_configs()
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        arch_node = compose("config", overrides=[f"model={preset}"]).model.arch
+    arch = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), arch_node))
+    vocab = ["<pad>", "<eos>"] + [f"t{i}" for i in range(arch.vocab_size - 2)]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config(arch, pad_token_id=0, eos_token_id=1), dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
+
+    eng = EmbeddedEngine(path, dtype="bfloat16", device="cuda")
+    g = torch.Generator().manual_seed(0)
+
+    def reqs(n):
+        return [Request(torch.randint(2, eng.vocab_size, (prompt_len,), generator=g).tolist(),
+                        SamplingParams(max_new_tokens=new_tokens, ignore_eos=True), rid=str(i), return_logprob=True)
+                for i in range(n)]
+
+    eng.generate(reqs(8))  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = eng.generate(reqs(batch))
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    toks = sum(len(o["output_ids"]) for o in outs)
+    del eng
+    torch.cuda.empty_cache()
+    return {"batch": batch, "new_tokens": new_tokens, "seconds": dt, "tokens_per_s": toks / dt,
+            "ms_per_decode_step": 1000 * dt / new_tokens}
+
+
+def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slime_hydra.config.validate import load, resolve
+    from slime_hydra.train.torch_backend import TorchTrainer
+
+    GlobalHydra.instance().clear()
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = resolve(load(compose("config", overrides=[
+            "model=qwen3_0_6b", f"model.path={path}", "parallelism=1gpu", "data=jsonl", f"data.path={path}/config.json",
+            "eval.datasets=[]", f"rollout.batch_size={batch // 8}", "rollout.n_samples_per_prompt=8",
+            f"trainer.micro_batch_size={micro}", "algo.kl_loss_coef=0.04"])))
+    cfg.output_dir = "/tmp"
+    tr = TorchTrainer(cfg, path, 0, 1, torch.device("cuda", 0))
+    g = torch.Generator().manual_seed(0)
+    data = {"tokens": [torch.randint(2, 1000, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
+            "response_lengths": [resp_len] * batch, "loss_masks": [None] * batch,
+            "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
+            "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)]}
+    tr.train(data)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    m = tr.train(data)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    out = {"batch": batch, "tokens": batch * (prompt_len + resp_len), "seconds": dt,
+           "tokens_per_s": batch * (prompt_len + resp_len) / dt, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "grad_norm": m.get("grad_norm")}
+    named = tr.named_weights()
+    return out, tr, named
+
+
+def bench_sync(path: str, named, tmpdir: str) -> dict:
+    from slime_hydra.rollout.sglang import ServerSpec, server_command
+    from slime_hydra.sync.sender import Endpoint, WeightSender
+    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
+
+    spec = ServerSpec(engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device="cuda",
+                      gpus=1, seed=0)
+    port = free_port()
+    log = os.path.join(tmpdir, "engine.log")
+    proc = spawn(server_command(spec, "127.0.0.1", port, base_gpu_id=0), log)
+    url = f"http://127.0.0.1:{port}"
+    results = {}
+    try:
+        wait_http(url + "/health_generate", proc, 600, log)
+        nbytes = sum(t.numel() * t.element_size() for _, t in named)
+        for kind in ("tensor", "disk"):
+            sender = WeightSender(kind, [Endpoint(url, 1)], torch.device("cuda", 0), 512, os.path.join(tmpdir, kind), path)
+            sender.connect()
+            sender.push(named, version=1)  # warm-up
+            times = [sender.push(named, version=v)["seconds"] for v in (2, 3, 4)]
+            sender.close()
+            results[kind] = {"seconds": min(times), "GiB": nbytes / 2**30, "GiB_per_s": nbytes / 2**30 / min(times)}
+    finally:
+        kill_tree(proc)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--preset", default="qwen3_0_6b")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    path = build_checkpoint("/tmp/bench_ckpt", args.preset)
+    res = {"gpu": torch.cuda.get_device_name(0), "preset": args.preset}
+    res["engine"] = [bench_engine(path, b, 128, 256) for b in (64, 256)]
+    train, tr, named = bench_train(path, batch=256, prompt_len=128, resp_len=256, micro=16)
+    res["train"] = train
+    named = [(k, v.detach().to(torch.bfloat16)) for k, v in named]
+    del tr
+    torch.cuda.empty_cache()
+    res["sync"] = bench_sync(path, named, "/tmp/bench_sync")
+    with open(os.path.join(args.out, "gpu_components.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"{res['gpu']}, {args.preset} shape, random weights, bf16")
+    for e in res["engine"]:
+        print(f"engine decode  batch {e['batch']:>4}: {e['tokens_per_s']:>9.0f} tok/s  ({e['ms_per_decode_step']:.1f} ms/step)")
+    t = res["train"]
+    print(f"train rollout  {t['batch']} x 384 tok: {t['seconds']:.2f} s  {t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB")
+    for k, s in res["sync"].items():
+        print(f"weight push    {k:<8}: {s['seconds']:.3f} s for {s['GiB']:.2f} GiB ({s['GiB_per_s']:.1f} GiB/s)")
+
+
+if __name__ == "__main__":
+    main()
