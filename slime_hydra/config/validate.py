@@ -332,6 +332,18 @@ def _validate_rollout(cfg: RunConfig, errs: List[str]) -> None:
         for key in r.server_args:
             if key in MANAGED_SERVER_ARGS:
                 errs.append(f"rollout.server_args.{key}: set by slime_hydra from {MANAGED_SERVER_ARGS[key]}; remove it")
+        import importlib.util
+
+        if r.server_args and importlib.util.find_spec("sglang") is not None:  # the installed sglang's own parser
+            from slime_hydra.rollout.sglang import check_server_args
+
+            try:
+                errs.extend(f"rollout.server_args.{key}: {problem}" for key, problem in check_server_args(dict(r.server_args)))
+            except Exception as e:  # noqa: BLE001 - an sglang that does not import: the server will say more
+                import logging
+
+                logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not import (%s: %s)",
+                                                    type(e).__name__, e)
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.batch_size:
         errs.append(f"rollout.over_sampling_batch_size: {r.over_sampling_batch_size} < rollout.batch_size={r.batch_size}")
     from slime_hydra.rollout.filters import dynamic_filter_spec

@@ -1,13 +1,18 @@
 """Command lines for rollout servers: SGLang (``python -m sglang.launch_server``) or the embedded
 engine, which takes the same flag names. ``rollout.server_args`` is passed through to SGLang's
 ServerArgs (``mem_fraction_static: 0.7`` -> ``--mem-fraction-static 0.7``); the fields slime_hydra
-sets itself are refused in validation with the config key to use instead."""
+sets itself are refused in validation with the config key to use instead, and where sglang is installed,
+validation checks the rest with sglang's own parser (``check_server_args``)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import argparse
 
 # ServerArgs fields set from the run config or the resource plan -> where they come from.
 MANAGED_SERVER_ARGS: Dict[str, str] = {
@@ -85,35 +90,134 @@ def server_command(spec: ServerSpec, host: str, port: int, base_gpu_id: int = 0,
         args = {**common, "dtype": spec.dtype, "device": spec.device, "max_running_requests": spec.max_batch,
                 "num_threads": spec.num_threads}
         return [sys.executable, "-m", "slime_hydra.rollout.embedded.server", *to_flags(args)]
-    args = {**common, "tp_size": spec.gpus // spec.nnodes if spec.nnodes > 1 else spec.gpus,
-            "enable_memory_saver": spec.memory_saver, "skip_server_warmup": True, "nccl_port": nccl_port,
-            "nnodes": spec.nnodes if spec.nnodes > 1 else None, "node_rank": spec.node_rank if spec.nnodes > 1 else None,
+    multi = spec.nnodes > 1
+    # tp_size counts the GPUs of all the engine's nodes (SGLang splits them by --nnodes).
+    args = {**common, "tp_size": spec.gpus, "enable_memory_saver": spec.memory_saver, "skip_server_warmup": True,
+            "nccl_port": nccl_port, "nnodes": spec.nnodes if multi else None, "node_rank": spec.node_rank if multi else None,
             "dist_init_addr": spec.dist_init_addr, "dtype": spec.dtype if spec.dtype != "float32" else None,
             **spec.server_args}
-    if spec.nnodes > 1:
-        args["tp_size"] = spec.gpus
     return [sys.executable, "-m", "sglang.launch_server", *to_flags(args)]
 
 
+@functools.lru_cache(maxsize=1)
+def sglang_parser() -> "argparse.ArgumentParser":
+    """The installed sglang's server argument parser (its own ``ServerArgs.add_cli_args``), built once.
+    Raises ImportError when sglang is not installed."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def sglang_version() -> str:
+    import sglang
+
+    return str(getattr(sglang, "__version__", "?"))
+
+
 def check_with_sglang(argv: List[str]) -> Optional[str]:
-    """Parse a server command line with the installed sglang's own ServerArgs parser.
-    Returns None when it parses, an error message when it does not, and raises ImportError when
-    sglang is not installed."""
+    """Parse a server command line (without ``python -m sglang.launch_server``) with the installed
+    sglang's own ServerArgs parser. Returns None when it parses, an error message when it does not,
+    and raises ImportError when sglang is not installed."""
     import argparse
     import contextlib
     import io
 
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
-    ServerArgs.add_cli_args(parser)
+    parser = sglang_parser()
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             ns = parser.parse_args(argv)
-        ServerArgs.from_cli_args(ns)
-    except SystemExit:
-        return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "rejected by sglang"
-    except (argparse.ArgumentError, ValueError, TypeError) as e:
+    except SystemExit:  # unrecognized or missing arguments: argparse prints, then exits
+        lines = err.getvalue().strip().splitlines()
+        return lines[-1].split("error: ", 1)[-1] if lines else "rejected by sglang"
+    except argparse.ArgumentError as e:  # bad type or choice (exit_on_error=False)
         return str(e)
+    try:
+        ServerArgs.from_cli_args(ns)
+    except Exception as e:  # noqa: BLE001 - whatever the constructor refuses
+        return f"{type(e).__name__}: {e}"
     return None
+
+
+def check_server_args(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """``rollout.server_args`` checked one key at a time by the installed sglang's own parser, as
+    ``to_flags`` passes it: [(key, problem)]. Keys of MANAGED_SERVER_ARGS are left to validation's own
+    rule. Raises ImportError when sglang is not installed.
+
+    A process that has not imported sglang yet (the driver, validating) checks in a child process:
+    importing sglang patches transformers and sets cache variables (TRITON_CACHE_DIR,
+    TORCHINDUCTOR_CACHE_DIR, ...) that the Ray workers started from this process would inherit."""
+    if "sglang.srt.server_args" in sys.modules:
+        return _check_server_args_here(server_args)
+    return _check_server_args_in_child(server_args)
+
+
+def _check_server_args_in_child(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
+    import importlib.util
+    import json
+    import os
+    import subprocess
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        raise ImportError("sglang is not installed")
+    # the child sees the sglang this process sees, and this slime_hydra
+    paths = [os.path.dirname(p) for p in (spec.submodule_search_locations or [])]
+    paths.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-m", "slime_hydra.rollout.sglang"], input=json.dumps(server_args, default=str),
+                         capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
+        raise ImportError(f"sglang's parser failed in a child process: {tail[0]}")
+    return [tuple(pair) for pair in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
+    import argparse
+    import difflib
+
+    parser = sglang_parser()
+    actions = {s: a for a in parser._actions for s in a.option_strings}
+    version = sglang_version()
+    problems: List[Tuple[str, str]] = []
+    for key, value in server_args.items():
+        if key in MANAGED_SERVER_ARGS:
+            continue
+        flag = "--" + key.replace("_", "-")
+        action = actions.get(flag)
+        if action is None:
+            names = sorted({a.dest for a in parser._actions if a.dest != "help"})
+            close = difflib.get_close_matches(key, names, n=3, cutoff=0.75)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            problems.append((key, f"not a ServerArgs option of sglang {version} (no {flag}){hint}"))
+            continue
+        if action.dest in MANAGED_SERVER_ARGS:
+            problems.append((key, f"{flag} is sglang's alias of {action.dest}, set by slime_hydra from "
+                                  f"{MANAGED_SERVER_ARGS[action.dest]}; remove it"))
+            continue
+        if value is False and action.nargs != 0:
+            problems.append((key, f"false is left off the command line, and {flag} takes a value; give one or remove the key"))
+            continue
+        if value is False and isinstance(action, argparse.BooleanOptionalAction) and action.default is not False:
+            problems.append((key, f"false is left off the command line, which keeps sglang's default ({action.default}); "
+                                  f"write no_{key}: true for --no-{flag[2:]}"))
+            continue
+        err = check_with_sglang(["--model-path", "model", *to_flags({key: value})])
+        if err is not None:
+            problems.append((key, f"{err} (sglang {version})"))
+    return problems
+
+
+if __name__ == "__main__":  # check_server_args in a child process: JSON server_args on stdin -> [[key, problem]]
+    import json
+
+    _reply, sys.stdout = sys.stdout, sys.stderr  # whatever sglang prints stays off the reply
+    _args = json.load(sys.stdin)
+    _reply.write(json.dumps(_check_server_args_here(_args)) + "\n")

@@ -1,0 +1,210 @@
+"""SGLang server command lines, checked by sglang's own ServerArgs parser.
+
+SGLang cannot run on the CPU machines, but its argument parser can: the ``sglang`` fixture installs it once
+into ``.cache/sglang-parser`` (tests/sglang_parser/install.py: sglang 0.5.23 with --no-deps, a few small
+packages, a triton stand-in; about 3 s and 144 MB) and imports it in a worker process. The tests are skipped
+only when the package index cannot be reached; any other installation failure fails them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import List
+
+import pytest
+import yaml
+
+from conftest import CONF, resolved
+from sglang_parser import SglangParser
+from sglang_parser.install import PINS, index_reachable, install
+
+from slime_hydra.launch.plan import make_plan
+from slime_hydra.rollout.sglang import MANAGED_SERVER_ARGS, ServerSpec, server_command, to_flags
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    try:
+        site = install()
+    except subprocess.CalledProcessError as e:
+        reachable, where = index_reachable()
+        if not reachable:
+            reason = f"sglang's parser is not installed and the package index is unreachable: {where}"
+            warnings.warn(reason)
+            pytest.skip(reason)
+        pytest.fail(f"pip install {' '.join(PINS)} failed although {where} is reachable:\n{(e.stderr or '')[-4000:]}")
+    parser = SglangParser(site)
+    assert parser.info["version"] == PINS[0].split("==")[1], parser.info
+    yield parser
+    parser.close()
+
+
+# ------------------------------------------------------------------------ the shipped combinations
+def _yaml(group: str):
+    for f in sorted(Path(CONF, group).glob("*.yaml")):
+        yield f.stem, yaml.safe_load(f.read_text()) or {}
+
+
+CUDA_PARALLELISM = [name for name, y in _yaml("parallelism") if y.get("device") == "cuda"]
+HUB_MODELS = [name for name, y in _yaml("model") if y.get("path")]
+SGLANG_EXPERIMENTS = [name for name, y in _yaml("experiment")
+                      if any(isinstance(d, dict) and d.get("override /rollout") == "sglang" for d in y.get("defaults", []))
+                      or (y.get("rollout") or {}).get("engine") == "sglang"]
+COMBOS = ([["rollout=sglang", f"parallelism={p}", "model=qwen3_4b"] for p in CUDA_PARALLELISM]
+          + [["rollout=sglang", "parallelism=colocate_8gpu", f"model={m}"] for m in HUB_MODELS if m != "qwen3_4b"]
+          + [[f"experiment={e}"] for e in SGLANG_EXPERIMENTS])
+
+
+def test_shipped_combinations_are_found():
+    assert {"1gpu", "colocate_8gpu", "split_4_4"} <= set(CUDA_PARALLELISM)
+    assert "qwen3_4b_grpo_math" in SGLANG_EXPERIMENTS
+
+
+def engine_commands(overrides: List[str]) -> List[List[str]]:
+    """Every engine's command line, built as RolloutManager._start_engines and EngineActor.start build it."""
+    cfg = resolved(overrides)
+    plan = make_plan(cfg)
+    assert cfg.rollout.engine == "sglang" and plan.device == "cuda"
+    model_path = cfg.model.path  # checkpoint.hf.initial_checkpoint, for a hub id or a local checkpoint
+    spec = ServerSpec(engine=cfg.rollout.engine, model_path=model_path,
+                      tokenizer_path=model_path, dtype=cfg.model.dtype, device=plan.device,
+                      gpus=cfg.parallelism.gpus_per_engine, seed=cfg.rollout.seed,
+                      trust_remote_code=cfg.model.trust_remote_code,
+                      memory_saver=bool(cfg.parallelism.offload_rollout),
+                      max_batch=cfg.rollout.embedded_max_batch, server_args=dict(cfg.rollout.server_args),
+                      num_threads=cfg.parallelism.cpu_threads if plan.device == "cpu" else None)
+    cmds = []
+    for slot in plan.engines:
+        spec_i = ServerSpec(**{**spec.__dict__, "seed": cfg.rollout.seed + slot.rank})
+        cmds.append(server_command(spec_i, "10.0.0.1", 30000 + slot.rank, slot.lead % plan.gpus_per_node,
+                                   nccl_port=31000 + slot.rank))
+    assert cmds, overrides
+    return cmds
+
+
+@pytest.mark.parametrize("overrides", COMBOS, ids=[" ".join(c) for c in COMBOS])
+def test_shipped_engine_command_lines_parse(sglang, overrides):
+    cfg = resolved(overrides)
+    for cmd in engine_commands(overrides):
+        assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        assert sglang.check(cmd[3:]) is None, cmd
+        got = sglang.parse(cmd[3:], ["model_path", "tp_size", "enable_memory_saver", "trust_remote_code", "dtype",
+                                     "skip_server_warmup", *cfg.rollout.server_args])
+        assert got["model_path"] == cfg.model.path
+        assert got["tp_size"] == cfg.parallelism.gpus_per_engine
+        assert got["enable_memory_saver"] == bool(cfg.parallelism.offload_rollout)
+        assert got["trust_remote_code"] == cfg.model.trust_remote_code
+        assert got["skip_server_warmup"] is True
+        assert got["dtype"] == (cfg.model.dtype if cfg.model.dtype != "float32" else "auto")
+        for key, value in cfg.rollout.server_args.items():
+            assert got[key] == value, key
+    # and the config's own validation, with the parser importable, finds nothing in rollout.server_args
+    assert [e for e in sglang.validate(overrides) if e.startswith("rollout.server_args")] == []
+
+
+def test_multi_node_engine_command_parses(sglang):
+    spec = ServerSpec(engine="sglang", model_path="deepseek-ai/DeepSeek-V3", tokenizer_path="deepseek-ai/DeepSeek-V3",
+                      dtype="bfloat16", device="cuda", gpus=16, seed=1, trust_remote_code=True, nnodes=2, node_rank=1,
+                      dist_init_addr="10.0.0.1:20000")
+    argv = server_command(spec, "10.0.0.2", 30000, 0, nccl_port=31000)[3:]
+    assert sglang.check(argv) is None
+    assert sglang.parse(argv, ["tp_size", "nnodes", "node_rank", "dist_init_addr"]) == {
+        "tp_size": 16, "nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:20000"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.server_args.mem_fraction_static=abc", "argument --mem-fraction-static: invalid float value: 'abc'"),
+    ("+rollout.server_args.no_such_option=1", "unrecognized arguments: --no-such-option 1"),
+    # gone in 0.5.23; argparse takes it for an abbreviation of two newer flags
+    ("+rollout.server_args.cuda_graph_max_bs=256", "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode"),
+    ("+rollout.server_args.attention_backend=warp_drive", "argument --attention-backend: invalid choice: 'warp_drive'"),
+])
+def test_sglang_rejects_bad_pass_through(sglang, override, message):
+    (cmd, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", override])
+    err = sglang.check(cmd[3:])
+    assert err is not None and message in err, err
+
+
+def test_managed_server_args_are_sglang_options(sglang):
+    opts = sglang.options()
+    for key in MANAGED_SERVER_ARGS:
+        assert key in opts["fields"], f"{key} is not a ServerArgs field of sglang {sglang.info['version']}"
+        assert key in opts["dests"], key
+        assert to_flags({key: 1})[0] in opts["flags"], key
+
+
+def test_embedded_engine_takes_sglang_flag_names(sglang):
+    """The embedded engine's flags are SGLang's (but --num-threads, its own)."""
+    spec = ServerSpec(engine="embedded", model_path="/ckpt", tokenizer_path="/ckpt", dtype="float32", device="cpu",
+                      gpus=1, seed=0, trust_remote_code=True, num_threads=2)
+    cmd = server_command(spec, "127.0.0.1", 30000)
+    i = cmd.index("--num-threads")
+    assert sglang.check(cmd[3:i] + cmd[i + 2:]) is None
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("rollout.server_args.mem_fraction_static=abc",
+     "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.23)"),
+    ("+rollout.server_args.cuda_graph_max_bs=256",
+     "rollout.server_args.cuda_graph_max_bs: not a ServerArgs option of sglang 0.5.23 (no --cuda-graph-max-bs); "
+     "did you mean cuda_graph_max_bs_decode or cuda_graph_max_bs_prefill?"),
+    ("+rollout.server_args.kv_cache_dtype=fp7", "rollout.server_args.kv_cache_dtype: argument --kv-cache-dtype: invalid choice: 'fp7'"),
+    ("+rollout.server_args.tensor_parallel_size=2",
+     "rollout.server_args.tensor_parallel_size: --tensor-parallel-size is sglang's alias of tp_size, set by slime_hydra"),
+    ("+rollout.server_args.enable_tf32_matmul=false",
+     "rollout.server_args.enable_tf32_matmul: false is left off the command line, which keeps sglang's default (None); "
+     "write no_enable_tf32_matmul: true for --no-enable-tf32-matmul"),
+    ("+rollout.server_args.context_length=false", "rollout.server_args.context_length: false is left off the command line"),
+    ("+rollout.server_args.disable_radix_cache=1", "rollout.server_args.disable_radix_cache: unrecognized arguments: 1"),
+    # accepted
+    ("+rollout.server_args.no_enable_tf32_matmul=true", None),
+    ("+rollout.server_args.disable_radix_cache=false", None),
+    ("+rollout.server_args.cuda_graph_bs_decode=[1,2,4,8]", None),
+    ("+rollout.server_args.context_length=32k", None),
+    ("+rollout.server_args.json_model_override_args={rope_theta: 10000}", None),
+])
+def test_validation_checks_server_args_with_sglang(sglang, override, expected):
+    errs = [e for e in sglang.validate(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", override])
+            if e.startswith("rollout.server_args")]
+    if expected is None:
+        assert errs == []
+    else:
+        assert len(errs) == 1 and errs[0].startswith(expected), errs
+
+
+def test_validation_reports_managed_keys_once(sglang):
+    errs = sglang.validate(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"])
+    assert [e for e in errs if e.startswith("rollout.server_args")] == [
+        "rollout.server_args.tp_size: set by slime_hydra from parallelism.gpus_per_engine; remove it"]
+
+
+def test_validation_without_sglang_does_not_import_it():
+    """Here sglang is not importable: validation skips the parser check and imports nothing heavy."""
+    import importlib.util
+
+    from slime_hydra.config.validate import validate
+
+    assert importlib.util.find_spec("sglang") is None
+    errs = validate(resolved(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
+                              "rollout.server_args.mem_fraction_static=abc"]))
+    assert not [e for e in errs if e.startswith("rollout.server_args")]
+    assert "sglang" not in sys.modules
+
+
+def test_validation_in_the_driver_checks_in_a_child_process(sglang, monkeypatch):
+    """The driver's case: sglang importable (here: the fixture's folder on sys.path) but not imported.
+    The check runs in a child process, and this process gains neither sglang nor its environment variables."""
+    from slime_hydra.config.validate import validate
+
+    monkeypatch.syspath_prepend(str(sglang.site))
+    env = dict(os.environ)
+    errs = validate(resolved(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
+                              "rollout.server_args.mem_fraction_static=abc", "+rollout.server_args.disable_radix_cache=true"]))
+    assert [e for e in errs if e.startswith("rollout.server_args")] == [
+        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.23)"]
+    assert "sglang" not in sys.modules and "triton" not in sys.modules
+    assert dict(os.environ) == env
