@@ -23,6 +23,7 @@ from sglang_parser import SglangParser
 from sglang_parser.install import PINS, index_reachable, install
 
 from slime_hydra.launch.plan import make_plan
+from slime_hydra.rollout.manager import engine_specs
 from slime_hydra.rollout.sglang import MANAGED_SERVER_ARGS, ServerSpec, server_command, to_flags
 
 
@@ -70,17 +71,9 @@ def engine_commands(overrides: List[str]) -> List[List[str]]:
     plan = make_plan(cfg)
     assert cfg.rollout.engine == "sglang" and plan.device == "cuda"
     model_path = cfg.model.path  # checkpoint.hf.initial_checkpoint, for a hub id or a local checkpoint
-    spec = ServerSpec(engine=cfg.rollout.engine, model_path=model_path,
-                      tokenizer_path=model_path, dtype=cfg.model.dtype, device=plan.device,
-                      gpus=cfg.parallelism.gpus_per_engine, seed=cfg.rollout.seed,
-                      trust_remote_code=cfg.model.trust_remote_code,
-                      memory_saver=bool(cfg.parallelism.offload_rollout),
-                      max_batch=cfg.rollout.embedded_max_batch, server_args=dict(cfg.rollout.server_args),
-                      num_threads=cfg.parallelism.cpu_threads if plan.device == "cpu" else None)
     cmds = []
-    for slot in plan.engines:
-        spec_i = ServerSpec(**{**spec.__dict__, "seed": cfg.rollout.seed + slot.rank})
-        cmds.append(server_command(spec_i, "10.0.0.1", 30000 + slot.rank, slot.lead % plan.gpus_per_node,
+    for slot, node_specs in zip(plan.engines, engine_specs(cfg, plan, model_path)):
+        cmds.append(server_command(node_specs[0], "10.0.0.1", 30000 + slot.rank, slot.lead % plan.gpus_per_node,
                                    nccl_port=31000 + slot.rank))
     assert cmds, overrides
     return cmds

@@ -1,6 +1,7 @@
 """A rollout engine as a Ray actor: it holds the engine's GPUs in the placement group and owns the
 server process (SGLang or embedded), which dies with it. Everything else talks to the server over
-HTTP (``slime_hydra.rollout.client``)."""
+HTTP (``slime_hydra.rollout.client``). An engine that spans several nodes has one actor per node;
+node 0 serves HTTP, the others join it through ``dist_init_addr``."""
 
 from __future__ import annotations
 
@@ -17,12 +18,25 @@ log = logging.getLogger(__name__)
 class EngineActor:
     def __init__(self, spec: ServerSpec, rank: int, log_dir: str, startup_timeout: float):
         self.spec, self.rank = spec, rank
-        self.log_path = os.path.join(log_dir, f"engine_{rank}.log")
+        node = f"_node{spec.node_rank}" if spec.nnodes > 1 else ""
+        self.log_path = os.path.join(log_dir, f"engine_{rank}{node}.log")
         self.startup_timeout = startup_timeout
         self.proc = None
         self.url: Optional[str] = None
 
-    def start(self) -> str:
+    def reserve_dist_init_addr(self) -> str:
+        """Node 0 of a multi-node engine: the address the other nodes join."""
+        host = node_ip()
+        return f"{host}:{free_port(host)}"
+
+    def set_dist_init_addr(self, addr: str) -> None:
+        from dataclasses import replace
+
+        self.spec = replace(self.spec, dist_init_addr=addr)
+
+    def start(self) -> Optional[str]:
+        """Start the server; node 0 returns its URL once /health_generate answers (which needs
+        every node), the other nodes return None once their process runs."""
         import ray
 
         host = node_ip()
@@ -37,6 +51,8 @@ class EngineActor:
         with open(self.log_path, "a") as f:
             f.write("$ " + " ".join(cmd) + "\n")
         self.proc = spawn(cmd, self.log_path, env)
+        if self.spec.node_rank > 0:
+            return None
         self.url = f"http://{host}:{port}"
         wait_http(self.url + "/health_generate", self.proc, self.startup_timeout, self.log_path)
         return self.url

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import ray
@@ -29,6 +30,19 @@ from slime_hydra.rollout.sglang import ServerSpec
 
 log = logging.getLogger(__name__)
 Group = List[Sample]
+
+
+def engine_specs(cfg: RunConfig, plan: ResourcePlan, model_path: str) -> List[List[ServerSpec]]:
+    """Each engine's server spec, one per node it spans (SGLang's nnodes / node_rank)."""
+    p = cfg.parallelism
+    nnodes = max(1, p.gpus_per_engine // p.gpus_per_node)
+    base = ServerSpec(engine=cfg.rollout.engine, model_path=model_path, tokenizer_path=model_path,
+                      dtype=cfg.model.dtype, device=plan.device, gpus=p.gpus_per_engine, seed=cfg.rollout.seed,
+                      trust_remote_code=cfg.model.trust_remote_code, memory_saver=bool(p.offload_rollout),
+                      max_batch=cfg.rollout.embedded_max_batch, server_args=dict(cfg.rollout.server_args),
+                      num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
+    return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]
+            for slot in plan.engines]
 
 
 class RolloutManager:
@@ -53,23 +67,25 @@ class RolloutManager:
 
         cfg, plan = self.cfg, self.plan
         log_dir = os.path.join(cfg.output_dir, "logs")
-        spec = ServerSpec(engine=cfg.rollout.engine, model_path=self.model_path,
-                          tokenizer_path=self.model_path, dtype=cfg.model.dtype, device=plan.device,
-                          gpus=cfg.parallelism.gpus_per_engine, seed=cfg.rollout.seed,
-                          trust_remote_code=cfg.model.trust_remote_code,
-                          memory_saver=bool(cfg.parallelism.offload_rollout),
-                          max_batch=cfg.rollout.embedded_max_batch, server_args=dict(cfg.rollout.server_args),
-                          num_threads=cfg.parallelism.cpu_threads if plan.device == "cpu" else None)
         share = {"num_gpus": ENGINE_SHARE, "num_cpus": 0} if plan.device == "cuda" else {"num_cpus": ENGINE_SHARE}
         env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if plan.device == "cuda" else {}
         actor = ray.remote(EngineActor)
-        for slot in plan.engines:
-            strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=slot.lead)
-            spec_i = ServerSpec(**{**spec.__dict__, "seed": cfg.rollout.seed + slot.rank})
-            self.engines.append(actor.options(scheduling_strategy=strategy, runtime_env={"env_vars": env}, **share)
-                                .remote(spec_i, slot.rank, log_dir, cfg.rollout.startup_timeout_s))
+        leads: List[Any] = []
+        for slot, node_specs in zip(plan.engines, engine_specs(cfg, plan, self.model_path)):
+            # one actor per node the engine spans, on that node's first bundle; node 0 serves HTTP
+            node_bundles = [b for i, b in enumerate(slot.bundles) if i % plan.gpus_per_node == 0]
+            actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                          placement_group=pg, placement_group_bundle_index=b),
+                          runtime_env={"env_vars": env}, **share).remote(spec, slot.rank, log_dir, cfg.rollout.startup_timeout_s)
+                      for b, spec in zip(node_bundles, node_specs)]
+            if len(actors) > 1:
+                addr = ray.get(actors[0].reserve_dist_init_addr.remote())
+                ray.get([a.set_dist_init_addr.remote(addr) for a in actors])
+            self.engines += actors
+            leads.append(actors)
         t0 = time.perf_counter()
-        self.urls = ray.get([e.start.remote() for e in self.engines])
+        starts = [[a.start.remote() for a in actors] for actors in leads]  # all engines start at once
+        self.urls = [ray.get(refs)[0] for refs in starts]
         log.info("%d %s engine(s) up in %.1fs: %s", len(self.urls), cfg.rollout.engine, time.perf_counter() - t0, self.urls)
         if cfg.rollout.router.enabled:
             self.router = Router(cfg.rollout.router, self.urls[0].split("//")[1].rsplit(":", 1)[0],
