@@ -48,10 +48,15 @@ def build_checkpoint(out: str, preset: str = "qwen3_0_6b") -> str:
     return out
 
 
-def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device: str) -> dict:
     from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
 
-    eng = EmbeddedEngine(path, dtype="bfloat16", device="cuda")
+    eng = EmbeddedEngine(path, dtype="bfloat16", device=device)
     g = torch.Generator().manual_seed(0)
 
     def reqs(n):
@@ -60,19 +65,20 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int) -> dic
                 for i in range(n)]
 
     eng.generate(reqs(8))  # warm-up
-    torch.cuda.synchronize()
+    sync(device)
     t0 = time.perf_counter()
     outs = eng.generate(reqs(batch))
-    torch.cuda.synchronize()
+    sync(device)
     dt = time.perf_counter() - t0
     toks = sum(len(o["output_ids"]) for o in outs)
     del eng
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return {"batch": batch, "new_tokens": new_tokens, "seconds": dt, "tokens_per_s": toks / dt,
             "ms_per_decode_step": 1000 * dt / new_tokens}
 
 
-def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int) -> dict:
+def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int, preset: str, device: str) -> dict:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -83,36 +89,39 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = resolve(load(compose("config", overrides=[
-            "model=qwen3_0_6b", f"model.path={path}", "parallelism=1gpu", "data=jsonl", f"data.path={path}/config.json",
+            f"model={preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
+            "parallelism=1gpu" if device == "cuda" else "parallelism=cpu", "data=jsonl", f"data.path={path}/config.json",
             "eval.datasets=[]", f"rollout.batch_size={batch // 8}", "rollout.n_samples_per_prompt=8",
             f"trainer.micro_batch_size={micro}", "algo.kl_loss_coef=0.04"])))
     cfg.output_dir = "/tmp"
-    tr = TorchTrainer(cfg, path, 0, 1, torch.device("cuda", 0))
+    tr = TorchTrainer(cfg, path, 0, 1, torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
-    data = {"tokens": [torch.randint(2, 1000, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
+    vocab = min(1000, cfg.model.arch.vocab_size)
+    data = {"tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
             "response_lengths": [resp_len] * batch, "loss_masks": [None] * batch,
             "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
             "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)]}
     tr.train(data)  # warm-up
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     m = tr.train(data)
-    torch.cuda.synchronize()
+    sync(device)
     dt = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     out = {"batch": batch, "tokens": batch * (prompt_len + resp_len), "seconds": dt,
-           "tokens_per_s": batch * (prompt_len + resp_len) / dt, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "grad_norm": m.get("grad_norm")}
+           "tokens_per_s": batch * (prompt_len + resp_len) / dt, "peak_gib": peak, "grad_norm": m.get("grad_norm")}
     named = tr.named_weights()
     return out, tr, named
 
 
-def bench_sync(path: str, named, tmpdir: str) -> dict:
+def bench_sync(path: str, named, tmpdir: str, device: str) -> dict:
     from slime_hydra.rollout.sglang import ServerSpec, server_command
     from slime_hydra.sync.sender import Endpoint, WeightSender
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
-    spec = ServerSpec(engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device="cuda",
+    spec = ServerSpec(engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device=device,
                       gpus=1, seed=0)
     port = free_port()
     log = os.path.join(tmpdir, "engine.log")
@@ -123,7 +132,10 @@ def bench_sync(path: str, named, tmpdir: str) -> dict:
         wait_http(url + "/health_generate", proc, 600, log)
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         for kind in ("tensor", "disk"):
-            sender = WeightSender(kind, [Endpoint(url, 1)], torch.device("cuda", 0), 512, os.path.join(tmpdir, kind), path)
+            dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+            if kind == "tensor" and device == "cpu":
+                torch.multiprocessing.set_sharing_strategy("file_system")
+            sender = WeightSender(kind, [Endpoint(url, 1)], dev, 512, os.path.join(tmpdir, kind), path)
             sender.connect()
             sender.push(named, version=1)  # warm-up
             times = [sender.push(named, version=v)["seconds"] for v in (2, 3, 4)]
@@ -138,24 +150,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--preset", default="qwen3_0_6b")
+    ap.add_argument("--device", default="cuda", help="cpu: a quick check of this script with --preset tiny")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=256)
     args = ap.parse_args()
+    dev = args.device
     os.makedirs(args.out, exist_ok=True)
     path = build_checkpoint("/tmp/bench_ckpt", args.preset)
-    res = {"gpu": torch.cuda.get_device_name(0), "preset": args.preset}
-    res["engine"] = [bench_engine(path, b, 128, 256) for b in (64, 256)]
-    train, tr, named = bench_train(path, batch=256, prompt_len=128, resp_len=256, micro=16)
+    res = {"gpu": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "preset": args.preset}
+    res["engine"] = [bench_engine(path, b, 128, args.new_tokens, dev) for b in (args.batch // 4, args.batch)]
+    train, tr, named = bench_train(path, args.batch, 128, args.new_tokens, 16, args.preset, dev)
     res["train"] = train
-    named = [(k, v.detach().to(torch.bfloat16)) for k, v in named]
+    named = [(k, v.detach().clone()) for k, v in named]
     del tr
-    torch.cuda.empty_cache()
-    res["sync"] = bench_sync(path, named, "/tmp/bench_sync")
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    res["sync"] = bench_sync(path, named, "/tmp/bench_sync", dev)
     with open(os.path.join(args.out, "gpu_components.json"), "w") as f:
         json.dump(res, f, indent=2)
     print(f"{res['gpu']}, {args.preset} shape, random weights, bf16")
     for e in res["engine"]:
         print(f"engine decode  batch {e['batch']:>4}: {e['tokens_per_s']:>9.0f} tok/s  ({e['ms_per_decode_step']:.1f} ms/step)")
     t = res["train"]
-    print(f"train rollout  {t['batch']} x 384 tok: {t['seconds']:.2f} s  {t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB")
+    print(f"train rollout  {t['batch']} x {128 + args.new_tokens} tok: {t['seconds']:.2f} s  {t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB")
     for k, s in res["sync"].items():
         print(f"weight push    {k:<8}: {s['seconds']:.3f} s for {s['GiB']:.2f} GiB ({s['GiB_per_s']:.1f} GiB/s)")
 

@@ -21,8 +21,13 @@ What the extra models cost in memory, with ``P`` the policy's parameter bytes:
   step, so only one model's activations are live at a time. With colocated engines it is offloaded
   to CPU with the actor.
 
+Precision: on GPUs the trainer keeps float32 master weights and AdamW state and runs forward and
+backward under autocast in ``model.dtype`` (bfloat16 for the real-model presets); the engines get,
+and ``hf/`` stores, ``model.dtype`` weights. On CPU the weights are ``model.dtype`` throughout.
+
 Checkpoints: ``hf/`` (the policy), ``trainer.pt`` (optimiser, scheduler, counters, reference
-weights, RNG) and, with a critic, ``critic.pt`` (value model, its optimiser and scheduler).
+weights, float32 master weights when they differ from ``hf/``, RNG) and, with a critic,
+``critic.pt`` (value model, its optimiser and scheduler).
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ class TorchTrainer:
     def __init__(self, cfg: RunConfig, model_path: str, rank: int, world_size: int, device: torch.device):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         algo = cfg.algo
-        dtype = getattr(torch, cfg.model.dtype)
+        self.compute_dtype = getattr(torch, cfg.model.dtype)
+        dtype = torch.float32 if device.type == "cuda" else self.compute_dtype  # master weights
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
                                                           trust_remote_code=cfg.model.trust_remote_code).to(device)
         if cfg.trainer.gradient_checkpointing:
@@ -129,9 +135,15 @@ class TorchTrainer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
 
-    def named_weights(self) -> List[Tuple[str, torch.Tensor]]:
-        """Hugging Face names -> tensors, as the engines load them."""
-        return list(self.model.state_dict().items())
+    def named_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        """Hugging Face names -> tensors in ``model.dtype``, as the engines load them (cast one at a
+        time, so a push never holds a second copy of the model)."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().to(self.compute_dtype)
+
+    def autocast(self):
+        mixed = self.device.type == "cuda" and self.compute_dtype != torch.float32
+        return torch.autocast("cuda", dtype=self.compute_dtype) if mixed else contextlib.nullcontext()
 
     def offload(self) -> None:
         """Colocated GPUs: move parameters and optimiser state to CPU while the engines generate."""
@@ -157,7 +169,8 @@ class TorchTrainer:
     # --------------------------------------------------------------------------------- train
     def _forward_log_probs(self, mb: MicroBatch, with_entropy: bool = False):
         pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.net(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
+        with self.autocast():
+            logits = self.net(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
         return response_log_probs(logits, mb, self.cfg.rollout.temperature, with_entropy)
 
     @torch.no_grad()
@@ -181,6 +194,7 @@ class TorchTrainer:
         n = len(data["tokens"])
         rows = list(range(n))
         T = max(1, max(data["response_lengths"]))
+        lr = self.sched.get_last_lr()[0]  # the rate of this rollout's (first) step
         mbs = self._micro_batches(data, rows, T)
         loss_mask = torch.cat([mb.loss_mask.cpu() for mb in mbs])
         rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
@@ -197,7 +211,11 @@ class TorchTrainer:
         if self.needs_ref:
             with self.swapped_in(self.ref_state):
                 ref_lp = self._log_probs_all(mbs)
-        values = self.critic.values(mbs) if self.critic is not None else None
+        if self.critic is not None:
+            with self.autocast():
+                values = self.critic.values(mbs)
+        else:
+            values = None
 
         # 2. advantages (and the critic's targets) on the whole local batch
         rewards = torch.tensor(data["rewards"], dtype=torch.float32)
@@ -222,13 +240,14 @@ class TorchTrainer:
             step_mbs = self._micro_batches(data, step_rows, T)
             step_metrics: Dict[str, float] = {}
             if self.critic is not None:
-                step_metrics.update(self.critic.train_step(step_mbs, reducer, values, returns))
+                with self.autocast():
+                    step_metrics.update(self.critic.train_step(step_mbs, reducer, values, returns))
             if train_actor:
                 step_metrics.update(self._actor_step(step_mbs, reducer, old_lp, ref_lp, rollout_lp, adv))
             for key, v in step_metrics.items():
                 sums[key] += v / steps
         self.rollouts_done += 1
-        metrics["lr"] = self.sched.get_last_lr()[0]
+        metrics["lr"] = lr
         if self.critic is not None:
             metrics["critic_lr"] = self.critic.sched.get_last_lr()[0]
         for key, v in sums.items():
@@ -267,13 +286,15 @@ class TorchTrainer:
     def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """Rank 0: ``out_dir/hf`` (loads with from_pretrained), ``out_dir/trainer.pt`` and, with a critic,
         ``out_dir/critic.pt``."""
-        self.model.save_pretrained(os.path.join(out_dir, "hf"))
+        master = self.model.state_dict()
+        self.model.save_pretrained(os.path.join(out_dir, "hf"), state_dict=dict(self.named_weights()))
         if tokenizer_dir:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(os.path.join(out_dir, "hf"))
         state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "steps_done": self.steps_done,
-                 "rollouts_done": self.rollouts_done, "ref": self.ref_state, "rng": torch.get_rng_state()}
+                 "rollouts_done": self.rollouts_done, "ref": self.ref_state, "rng": torch.get_rng_state(),
+                 "master": master if self.compute_dtype != next(self.model.parameters()).dtype else None}
         torch.save(state, os.path.join(out_dir, "trainer.pt"))
         if self.critic is not None:
             torch.save(self.critic.state_dict(), os.path.join(out_dir, "critic.pt"))
@@ -295,6 +316,8 @@ class TorchTrainer:
         self.sched.load_state_dict(state["scheduler"])
         self.steps_done = state["steps_done"]
         self.rollouts_done = state.get("rollouts_done", self.steps_done // self.cfg.trainer.num_steps_per_rollout)
+        if state.get("master") is not None:  # the float32 weights, not their bfloat16 copy in hf/
+            self.model.load_state_dict(state["master"])
         if self.critic is not None:
             path = os.path.join(ckpt_dir, "critic.pt")
             if not os.path.exists(path):
