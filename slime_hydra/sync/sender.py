@@ -141,7 +141,10 @@ class WeightSender:
             f.result()
 
     def _push_tensor(self, bucket: List[Tuple[str, torch.Tensor]], v: str) -> None:
-        flat = torch.cat([t.detach().reshape(-1) for _, t in bucket])  # a fresh buffer, never reused
+        # A fresh buffer on the device, never reused (the engine may still read it after answering).
+        # Colocated trainers push while offloaded: their weights are on CPU and travel one bucket
+        # at a time to the GPU, where the engine maps them over CUDA IPC (slime does the same).
+        flat = torch.cat([t.detach().reshape(-1).to(self.device) for _, t in bucket])
         named, offset = [], 0
         for name, t in bucket:
             named.append((name, flat[offset:offset + t.numel()].view(t.shape)))
