@@ -125,13 +125,6 @@ class Critic:
         return out
 
     # ------------------------------------------------------------------------ memory, checkpoints
-    def move(self, device) -> None:
-        self.model.to(device)
-        for state in self.opt.state.values():
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.dim() > 0:
-                    state[k] = v.to(device, non_blocking=True)
-
     def state_dict(self) -> Dict[str, object]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict()}

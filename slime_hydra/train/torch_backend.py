@@ -47,6 +47,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs, response_tensor
 from slime_hydra.train.critic import Critic, explained_variance
+from slime_hydra.train.offload import Offloader
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,9 @@ class TorchTrainer:
         pin = device.type == "cuda"
         self.ref_state = self._cpu_copy(pin) if self.needs_ref else None
         self._backup = self._cpu_copy(pin) if self.needs_ref else None
+        self.offloaders = [Offloader(self.model, self.opt, device)]
+        if self.critic is not None:
+            self.offloaders.append(Offloader(self.critic.model, self.critic.opt, device))
         self.pad_id = self.model.config.pad_token_id or 0
         self.steps_done = 0  # actor optimiser steps
         self.rollouts_done = 0  # train() calls, critic-only ones included
@@ -146,25 +150,14 @@ class TorchTrainer:
         return torch.autocast("cuda", dtype=self.compute_dtype) if mixed else contextlib.nullcontext()
 
     def offload(self) -> None:
-        """Colocated GPUs: move parameters and optimiser state to CPU while the engines generate."""
-        self._move("cpu")
+        """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host
+        buffers while the engines generate."""
+        for o in self.offloaders:
+            o.offload()
 
     def onload(self) -> None:
-        self._move(self.device)
-
-    def _move(self, device) -> None:
-        if self.device.type != "cuda":
-            return
-        self.model.to(device)
-        for state in self.opt.state.values():
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.dim() > 0:
-                    state[k] = v.to(device, non_blocking=True)
-        if self.critic is not None:
-            self.critic.move(device)
-        torch.cuda.synchronize()
-        if device == "cpu":
-            torch.cuda.empty_cache()
+        for o in self.offloaders:
+            o.onload()
 
     # --------------------------------------------------------------------------------- train
     def _forward_log_probs(self, mb: MicroBatch, with_entropy: bool = False):
