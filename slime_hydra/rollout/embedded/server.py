@@ -369,6 +369,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         torch.set_num_threads(args.num_threads)
     torch.multiprocessing.set_sharing_strategy("file_system")
     device = args.device if args.device == "cpu" else f"cuda:{args.base_gpu_id}"
+    if args.device != "cpu":
+        torch.cuda.set_device(args.base_gpu_id)  # NCCL weight-update groups use the current device
     engine = EmbeddedEngine(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed, args.trust_remote_code)
     app = build_app(engine, {k: v for k, v in vars(args).items()}, args.max_running_requests)
     log.info("embedded engine serving %s on %s:%d (pid %d)", args.model_path, args.host, args.port, os.getpid())
