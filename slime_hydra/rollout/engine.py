@@ -44,9 +44,11 @@ class EngineActor:
         gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
         base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
         cmd = server_command(self.spec, host, port, base_gpu, nccl_port=free_port(host))
-        env = {}
+        # Both ends of an NCCL weight-update group must agree on cuMem (the trainer turns it off, as
+        # SGLang does).
+        env = {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")} if self.spec.device == "cuda" else {}
         if self.spec.engine == "sglang":
-            env = {k: os.environ.get(k, v) for k, v in SGLANG_ENV.items()}
+            env.update({k: os.environ.get(k, v) for k, v in SGLANG_ENV.items()})
             os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # expandable segments break the memory saver
         with open(self.log_path, "a") as f:
             f.write("$ " + " ".join(cmd) + "\n")
