@@ -44,7 +44,8 @@ def test_every_preset_validates(errors, preset):
 
 def test_preset_values(run):
     def algo(name):
-        return run(f"algo={name}", "~recipe").algo  # without the tiny recipe's overrides
+        # without the tiny task's overrides (conf/recipe/tiny_digits.yaml, conf/recipe_algo/tiny_digits_*.yaml)
+        return run(f"algo={name}", "~recipe", "~recipe_algo").algo
 
     grpo = algo("grpo")
     assert (grpo.eps_clip, grpo.eps_clip_high, grpo.kl_loss_coef, grpo.loss_reduction) == (0.2, 0.28, 0.04, "sample_mean")
@@ -108,3 +109,20 @@ def test_rule_fires(errors, overrides, key, words):
 )
 def test_allowed_combinations(errors, overrides):
     assert not [e for e in errors(*overrides) if e.startswith(("algo.", "rollout.n_samples"))]
+
+
+def test_tiny_task_algorithm_recipes(run):
+    """conf/recipe_algo/tiny_digits_<preset>.yaml: applied on the embedded default after the tiny recipe,
+    only for its own preset and only on model=tiny data=digits; each names an existing preset."""
+    files = sorted(Path(CONF, "recipe_algo").glob("*.yaml"))
+    assert files
+    for f in files:
+        assert f.stem.startswith("tiny_digits_") and f.stem.removeprefix("tiny_digits_") in PRESETS, f.name
+    for preset in ("dr_grpo", "dapo", "gspo", "cispo", "ppo", "reinforce_plus_plus_baseline"):
+        cfg = run(f"algo={preset}")
+        assert (cfg.algo.kl_loss_coef, cfg.algo.kl_loss_type, cfg.algo.lr) == (0.04, "low_var_kl", 3e-3), preset
+        assert run(f"algo={preset}", "model=qwen3_4b").algo.kl_loss_coef == 0.0  # not on another model
+        assert run(f"algo={preset}", "algo.kl_loss_coef=0.0").algo.kl_loss_coef == 0.0  # the command line wins
+    assert run("algo=dapo").rollout.max_sampled_groups == 128
+    assert run("algo=grpo").rollout.max_sampled_groups is None
+    assert run("algo=reinforce_plus_plus").algo.kl_loss_coef == 0.0  # its KL is the reward's (kl_coef)

@@ -65,7 +65,8 @@ class ValueModel(nn.Module):
                                position_ids=pos).last_hidden_state  # [B, L, H]
         idx = response_positions(mb, hidden.shape[1])
         rows = hidden.gather(1, idx[..., None].expand(*idx.shape, hidden.shape[-1]))  # [B, T, H]
-        return self.value_head(rows.float()).squeeze(-1)
+        with torch.autocast(rows.device.type, enabled=False):  # the head stays float32 under autocast
+            return self.value_head(rows.float()).squeeze(-1)
 
 
 class Critic:
