@@ -75,9 +75,9 @@ def test_ppo_critic_trains_checkpoints_and_resumes(tmp_path):
 
 
 # Held-out greedy reward after 150 rollouts minus before (0.0). Measured with the tiny task's recipes
-# (conf/recipe_algo/README.md): every preset ended between 0.59 and 0.95 in 3 benches; the runs stop on
-# plateaus (0.38, 0.59, 0.80, 0.89, 0.95) by luck of sampling, so the bound allows one plateau below the
-# lowest seen.
+# (conf/recipe_algo/README.md): 15 runs of the six presets that have one ended between 0.58 and 0.89, and
+# grpo / reinforce_plus_plus between 0.59 and 0.95; runs stop on plateaus (0.38, 0.59, 0.80, 0.89, 0.95)
+# by luck of sampling, so the bound allows one plateau below the lowest seen.
 MIN_GAIN = 0.3
 
 
@@ -95,3 +95,16 @@ def test_preset_raises_heldout_reward(tmp_path, preset):
     if preset == "ppo":  # once rewards vary, the critic predicts them better than a constant
         ev = [r["train/explained_variance"] for r in rows[-30:] if math.isfinite(r.get("train/explained_variance", math.nan))]
         assert ev and sum(ev) / len(ev) > 0.0, ev
+
+
+@pytest.mark.slow
+def test_ppo_two_trainer_ranks(tmp_path):
+    """PPO with two data-parallel trainer ranks (the actor and the critic both under DDP over gloo)."""
+    d = tmp_path / "run"
+    summary = run(d, "algo=ppo", "parallelism.trainer_gpus=2", "parallelism.gpus_per_node=3", "trainer.num_rollout=4",
+                  "eval.interval=0")
+    assert summary["steps"] == 4
+    rows = metrics(d)
+    for key in ("value_loss", "explained_variance", "critic_grad_norm", "pg_loss"):
+        assert f"train/{key}" in rows[-1], key
+    assert (d / "checkpoints" / "step_000004" / "critic.pt").exists()

@@ -125,7 +125,7 @@ class Critic:
         self.sched.step()
         return out
 
-    # ------------------------------------------------------------------------ memory, checkpoints
+    # ----------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> Dict[str, object]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict()}
