@@ -57,7 +57,7 @@ def test_readme_command_composes():
 def test_default_is_the_embedded_run():
     cfg = check(compose())
     assert (cfg.model.name, cfg.rollout.engine, cfg.parallelism.device, cfg.data.source) == ("tiny", "embedded", "cpu", "builtin")
-    assert cfg.trainer.global_batch_size == 256 and cfg.trainer.num_steps_per_rollout == 1
+    assert cfg.trainer.global_batch_size == 512 and cfg.trainer.num_steps_per_rollout == 1  # 32 prompts x 16
     assert cfg.algo.lr == 3e-3  # from conf/recipe/tiny_digits.yaml
     assert compose(["model=qwen3_4b"]).algo.lr == 1e-6  # the recipe applies to tiny+digits only
 

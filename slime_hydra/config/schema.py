@@ -169,7 +169,6 @@ class ParallelismConfig:
     pipeline_parallel: int = 1
     context_parallel: int = 1
     expert_parallel: int = 1
-    expert_tensor_parallel: int = 1
     sequence_parallel: bool = False
     # torch threads per process on CPU: processes share the cores, and OpenMP threads that
     # outnumber them spin against each other (measured: 25 ms -> 1.1 s for one engine batch).
@@ -248,7 +247,6 @@ class TrainerConfig:
     save_interval: int = 50  # rollouts; the last step is always saved
     keep_checkpoints: int = 2
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
-    ref_on_cpu: bool = True  # reference weights live as a frozen CPU copy, swapped in for its pass
 
 
 # ---------------------------------------------------------------------------------------- sync
@@ -256,8 +254,9 @@ class TrainerConfig:
 class SyncConfig:
     transport: str = "auto"  # auto | distributed | tensor | disk
     bucket_mb: int = 512
-    check_logprobs: bool = True  # record |rollout logprob - trainer logprob|
-    max_logprob_diff: Optional[float] = None  # fail the run above this (None: only report)
+    # fail a sync run when the mean |rollout - trainer| log-prob gap of a step exceeds this
+    # (stale or corrupt weights on the engines); None: only report it
+    max_logprob_diff: Optional[float] = None
 
 
 # ------------------------------------------------------------------------------------- logging

@@ -76,6 +76,9 @@ class TrainerGroup:
     def _all(self, method: str, *args) -> List[Any]:
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
+    def set_num_rollout(self, num_rollout: int) -> None:
+        self._all("set_num_rollout", num_rollout)
+
     def connect(self, endpoints) -> None:
         self._all("connect", endpoints)
 

@@ -9,8 +9,10 @@ s must carry version s (sync) or the last pushed version (async), else the run s
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import time
 from typing import Any, Dict
 
@@ -50,11 +52,11 @@ def train(cfg: RunConfig, plan: ResourcePlan) -> Dict[str, Any]:
 
 
 def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_start: float) -> Dict[str, Any]:
-    colocate, run_dir = cfg.parallelism.colocate, cfg.output_dir
+    run_dir = cfg.output_dir
     num_rollout = cfg.trainer.num_rollout
     if num_rollout is None:  # from data.num_epoch
-        prompts = ray.get(manager.num_train_prompts.remote())
-        num_rollout = prompts // cfg.rollout.batch_size * cfg.data.num_epoch
+        num_rollout = ray.get(manager.num_train_prompts.remote()) // cfg.rollout.batch_size * cfg.data.num_epoch
+    trainers.set_num_rollout(num_rollout)  # the learning-rate schedule's length
     start = 0
     ckpt = find_checkpoint(cfg.trainer.resume, run_dir) if cfg.trainer.resume else None
     if ckpt:
@@ -62,10 +64,21 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
         trainers.load(ckpt)
         ray.get(manager.load_state_dict.remote(meta["data_state"]))
         start = meta["step"]
+        carry_history(ckpt, run_dir, start)
         log.info("resumed from %s at step %d", ckpt, start)
     logger = RunLogger(cfg, num_rollout, start)
+    try:
+        return _steps(cfg, manager, trainers, model_path, logger, start, num_rollout, t_start)
+    finally:
+        logger.close()
+
+
+def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, logger: RunLogger, start: int,
+           num_rollout: int, t_start: float) -> Dict[str, Any]:
+    colocate, run_dir, is_async = cfg.parallelism.colocate, cfg.output_dir, cfg.trainer.mode == "async"
     trainers.connect(ray.get(manager.endpoints.remote()))
-    if colocate:  # engines hold no memory until the trainer's weights have arrived
+    if colocate:  # the trainer sleeps; the engines take their memory back for its weights only
+        trainers.offload()
         ray.get(manager.offload.remote())
         ray.get(manager.onload_weights.remote())
     sync = trainers.update_weights(start)
@@ -78,12 +91,12 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
         evals = _eval(manager, logger, 0)
         logger.log(0, evals)
     version = start
-    next_rollout = manager.generate.remote(start, version)
+    next_rollout = manager.generate.remote(start, version) if start < num_rollout else None
     for step in range(start + 1, num_rollout + 1):
         t0 = time.perf_counter()
         data_refs, metrics = ray.get(next_rollout)
         t_rollout = time.perf_counter() - t0
-        if cfg.trainer.mode == "async" and step < num_rollout:
+        if is_async and step < num_rollout:
             next_rollout = manager.generate.remote(step, version)  # overlaps with training below
         if colocate:
             ray.get(manager.offload.remote())
@@ -91,9 +104,10 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
         t1 = time.perf_counter()
         metrics.update({f"train/{k}": v for k, v in trainers.train(data_refs).items()})
         t_train = time.perf_counter() - t1
+        check_logprob_gap(cfg, metrics, step)
         t2 = time.perf_counter()
         if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
-            if cfg.trainer.mode == "async" and step < num_rollout:
+            if is_async and step < num_rollout:
                 ray.wait([next_rollout])  # never change weights under a running rollout
             if colocate:
                 trainers.offload()
@@ -104,14 +118,15 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
                 ray.get(manager.onload_kv.remote())
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
         t_sync = time.perf_counter() - t2
-        if cfg.trainer.mode == "sync" and step < num_rollout:
-            next_rollout = manager.generate.remote(step, version)
         if periodic(step, cfg.trainer.save_interval, num_rollout):
-            state = ray.get(manager.state_dict.remote())
+            # the data position after rollout `step` (an async run has already started the next one)
+            state = ray.get(manager.state_dict.remote(step))
             save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
         if cfg.eval.datasets and periodic(step, cfg.eval.interval, num_rollout):
             evals = _eval(manager, logger, step)
             metrics.update(evals)
+        if not is_async and step < num_rollout:
+            next_rollout = manager.generate.remote(step, version)
         step_time = time.perf_counter() - t0
         metrics.update({"perf/step_time": step_time, "perf/rollout_wait_time": t_rollout, "perf/train_time": t_train,
                         "perf/weight_sync_time": t_sync,
@@ -121,11 +136,12 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
 
     history = logger.history
     first = next((r for r in history if any(k.endswith("/reward") and k.startswith("eval/") for k in r)), {})
+    last_eval = next((r for r in reversed(history) if any(k.endswith("/reward") and k.startswith("eval/") for k in r)), {})
     summary = {
         "steps": num_rollout,
         "wall_s": round(time.perf_counter() - t_start, 2),
         "eval_reward_initial": _eval_reward(first),
-        "eval_reward_final": _eval_reward(evals),
+        "eval_reward_final": _eval_reward(last_eval),
         "train_reward_first": next((r["rollout/reward_mean"] for r in history if "rollout/reward_mean" in r), None),
         "train_reward_last": next((r["rollout/reward_mean"] for r in reversed(history) if "rollout/reward_mean" in r), None),
         "max_logprob_abs_diff": max((r["train/train_rollout_logprob_abs_diff"] for r in history
@@ -134,6 +150,31 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
     }
     logger.finish(summary)
     return summary
+
+
+def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> None:
+    """``sync.max_logprob_diff``: stop when the engines' log-probs drift from the trainer's (stale or
+    corrupted weights, a precision mismatch), like slime's CI guard."""
+    gap = metrics.get("train/train_rollout_logprob_abs_diff")
+    limit = cfg.sync.max_logprob_diff
+    on_policy = cfg.trainer.mode == "sync" and not cfg.rollout.partial_rollout  # else older weights made some tokens
+    if limit is not None and gap is not None and gap > limit and on_policy:
+        raise RuntimeError(f"step {step}: |rollout - trainer| log-prob gap {gap:.3g} > sync.max_logprob_diff={limit}: "
+                           "the engines do not run the trainer's weights")
+
+
+def carry_history(ckpt: str, run_dir: str, step: int) -> None:
+    """Resuming another run's checkpoint in a new run directory: start this run's metrics.jsonl
+    with that run's rows up to the checkpoint, so curves and the summary cover the whole run."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt))), "metrics.jsonl")
+    dst = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.abspath(src) == os.path.abspath(dst) or not os.path.exists(src) or os.path.exists(dst):
+        return
+    with open(src) as f:
+        rows = [line for line in f if json.loads(line).get("step", 0) <= step]
+    with open(dst + ".tmp", "w") as f:
+        f.writelines(rows)
+    os.replace(dst + ".tmp", dst)
 
 
 def _eval_reward(metrics: Dict[str, Any]) -> float:

@@ -78,14 +78,24 @@ class RunLogger:
             logging.getLogger("slime_hydra.run").debug(msg)
 
     def finish(self, summary: Dict[str, Any]) -> None:
-        self.bar.close()
+        """The end of a completed run: summary.json, the reward curve, the wandb summary."""
         write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
         if self.cfg.logging.plot and self.history:
             plot_rewards(self.history, os.path.join(self.dir, "reward_curve.png"), self.cfg.run_name)
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-            self.wandb.finish()
+        self.close()
+
+    def close(self) -> None:
+        """Release the file, the bar and the wandb run (also after an error or Ctrl-C)."""
+        if self.file.closed:
+            return
+        self.bar.close()
         self.file.close()
+        if self.wandb is not None:
+            import sys
+
+            self.wandb.finish(exit_code=0 if sys.exc_info()[0] is None else 1)
 
 
 def plot_rewards(history: List[Dict[str, Any]], path: str, title: str) -> None:

@@ -54,6 +54,7 @@ class RolloutManager:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
         self.engines: List[Any] = []
+        self._state_at: Dict[int, Dict[str, Any]] = {}
         self.router = None
         self.urls: List[str] = []
         self._start_engines(pg)
@@ -334,6 +335,7 @@ class RolloutManager:
     def generate(self, rollout_id: int, weight_version: int) -> Tuple[List[Any], Dict[str, float]]:
         """One rollout -> (one object ref of training data per data-parallel rank, metrics)."""
         t0 = time.perf_counter()
+        self._state_at = {rollout_id: self.source.state_dict()}  # for a checkpoint taken meanwhile
         self._rollout_id, self._version = rollout_id, str(weight_version)
         try:
             groups, collect_metrics = self._run(self._collect(self.cfg.rollout.batch_size))
@@ -450,8 +452,11 @@ class RolloutManager:
         for u in self.urls:
             control(u, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
 
-    def state_dict(self) -> Dict[str, Any]:
-        return self.source.state_dict()
+    def state_dict(self, rollout_id: Optional[int] = None) -> Dict[str, Any]:
+        """The data position after rollouts ``< rollout_id``: the state recorded when rollout
+        ``rollout_id`` started if it has (an async loop prefetches it), else the current one."""
+        state = self._state_at.get(rollout_id) if rollout_id is not None else None
+        return state if state is not None else self.source.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.source.load_state_dict(state)

@@ -47,6 +47,9 @@ class TrainerActor:
         self.device = device
         self.backend = TorchTrainer(self.cfg, self.model_path, self.rank, self.world_size, device)
 
+    def set_num_rollout(self, num_rollout: int) -> None:
+        self.backend.set_num_rollout(num_rollout)
+
     def connect(self, endpoints: List[Dict[str, Any]]) -> None:
         """Rank 0 connects to the engines for weight pushes."""
         if self.rank != 0:

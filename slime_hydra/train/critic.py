@@ -19,7 +19,7 @@ GAE then uses ``delta_t = r_t + gamma V_{t+1} - V_t`` with the outcome reward on
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -74,7 +74,7 @@ class Critic:
     as the actor)."""
 
     def __init__(self, algo, model_path: str, *, dtype: torch.dtype, device: torch.device, world_size: int,
-                 schedule: Callable[[int], float], gradient_checkpointing: bool = False,
+                 gradient_checkpointing: bool = False,
                  trust_remote_code: bool = False):
         self.algo, self.device, self.world_size = algo, device, world_size
         self.model = ValueModel.from_pretrained(model_path, dtype, trust_remote_code).to(device)
@@ -87,7 +87,7 @@ class Critic:
         lr = algo.critic_lr if algo.critic_lr is not None else algo.lr
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(algo.adam_beta1, algo.adam_beta2),
                                      eps=algo.adam_eps, weight_decay=algo.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+        self.sched: Optional[torch.optim.lr_scheduler.LambdaLR] = None  # the trainer sizes it to the run
 
     @torch.no_grad()
     def values(self, mbs: List[MicroBatch]) -> torch.Tensor:

@@ -83,16 +83,13 @@ class TorchTrainer:
             self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=(algo.adam_beta1, algo.adam_beta2),
                                      eps=algo.adam_eps, weight_decay=algo.weight_decay)
-        rollouts, steps = cfg.trainer.num_rollout or 1, cfg.trainer.num_steps_per_rollout
-        actor_steps = max(1, rollouts - algo.num_critic_only_steps) * steps  # the actor waits for the critic
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(algo, actor_steps))
         self.needs_ref = A.needs_ref(algo)
         self.critic = None
         if A.needs_critic(algo):
             self.critic = Critic(algo, model_path, dtype=dtype, device=device, world_size=world_size,
-                                 schedule=lr_lambda(algo, rollouts * steps),
                                  gradient_checkpointing=cfg.trainer.gradient_checkpointing,
                                  trust_remote_code=cfg.model.trust_remote_code)
+        self.set_num_rollout(cfg.trainer.num_rollout or 1)
         pin = device.type == "cuda"
         self.ref_state = self._cpu_copy(pin) if self.needs_ref else None
         self._backup = self._cpu_copy(pin) if self.needs_ref else None
@@ -102,6 +99,15 @@ class TorchTrainer:
         self.pad_id = self.model.config.pad_token_id or 0
         self.steps_done = 0  # actor optimiser steps
         self.rollouts_done = 0  # train() calls, critic-only ones included
+
+    def set_num_rollout(self, num_rollout: int) -> None:
+        """(Re)build the LR schedules for a run of ``num_rollout`` rollouts (known once the data
+        is read when the run is sized by ``num_epoch``); call before the first step."""
+        algo, steps = self.cfg.algo, self.cfg.trainer.num_steps_per_rollout
+        actor_steps = max(1, num_rollout - algo.num_critic_only_steps) * steps  # the actor waits for the critic
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(algo, actor_steps))
+        if self.critic is not None:
+            self.critic.sched = torch.optim.lr_scheduler.LambdaLR(self.critic.opt, lr_lambda(algo, num_rollout * steps))
 
     # ------------------------------------------------------------------------------ weights
     def _unique_state(self) -> Dict[str, torch.Tensor]:
