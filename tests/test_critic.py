@@ -214,13 +214,15 @@ def test_ddp_critic_matches_one_rank(tiny_ckpt, tmp_path):
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     one = TorchTrainer(ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2"), tiny_ckpt, 0, 1,
                        torch.device("cpu"))
-    # whitening of the advantages is per rank in both backends (slime whitens over all ranks): compare the
-    # critic, whose targets (returns) do not depend on the whitening, and the value metrics.
+    # advantages are whitened with moments over both ranks (as slime does), so the actors agree too
     m = one.train(fake_rollout(8))
     for k, v in one.critic.model.state_dict().items():
         torch.testing.assert_close(r0["critic"][k], r1["critic"][k], rtol=0, atol=0)
         torch.testing.assert_close(r0["critic"][k], v, rtol=1e-5, atol=1e-6)
-    for key in ("value_loss", "value_clipfrac", "explained_variance"):
+    # (the actor's first Adam step is ~lr * sign(grad): float noise flips it on near-zero gradients,
+    # so its equivalence is checked through the loss and the advantages)
+    for key in ("value_loss", "value_clipfrac", "explained_variance", "values_mean", "advantage_abs_mean",
+                "train_rollout_logprob_abs_diff", "pg_loss", "pg_clipfrac"):
         assert r0["metrics"][key] == pytest.approx(m[key], rel=1e-5, abs=1e-6), key
     for k in r0["actor"]:
         torch.testing.assert_close(r0["actor"][k], r1["actor"][k], rtol=0, atol=0)

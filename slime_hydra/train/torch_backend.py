@@ -202,8 +202,7 @@ class TorchTrainer:
         # 1. old-policy log-probs (recomputed, unless the rollout's are used as-is), the reference's,
         #    and the critic's values
         old_lp = self._log_probs_all(mbs)
-        diff = ((old_lp - rollout_lp).abs() * loss_mask).sum() / loss_mask.sum().clamp(min=1)
-        metrics["train_rollout_logprob_abs_diff"] = float(diff)
+        logprob_gap = ((old_lp - rollout_lp).abs() * loss_mask).sum()
         if algo.use_rollout_logprobs:
             old_lp = rollout_lp
         ref_lp = None
@@ -219,11 +218,18 @@ class TorchTrainer:
         # 2. advantages (and the critic's targets) on the whole local batch
         rewards = torch.tensor(data["rewards"], dtype=torch.float32)
         adv, returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
-                                            ref_log_probs=ref_lp, values=values)
-        metrics["advantage_abs_mean"] = float((adv.abs() * loss_mask).sum() / loss_mask.sum().clamp(min=1))
+                                            ref_log_probs=ref_lp, values=values,
+                                            all_reduce=self._allreduce if self.world_size > 1 else None)
+        # token means over every rank's samples: the log-prob gap, |advantage| and the critic's values
+        value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
+        totals = self._allreduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),
+                                              (adv.abs() * loss_mask).sum(), value_sum.float()]))
+        tokens = float(totals[0].clamp(min=1))
+        metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
+        metrics["advantage_abs_mean"] = float(totals[2]) / tokens
         if values is not None:  # how well the critic predicted these returns, before its update
             metrics["explained_variance"] = explained_variance(values, returns, loss_mask)
-            metrics["values_mean"] = float(A.masked_mean(values, loss_mask))
+            metrics["values_mean"] = float(totals[3]) / tokens
 
         # 3. optimiser steps: the rollout is cut into num_steps_per_rollout steps of equal size;
         #    for the first num_critic_only_steps rollouts only the critic trains

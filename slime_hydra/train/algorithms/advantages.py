@@ -174,6 +174,7 @@ def compute_advantages(
     old_log_probs: Tensor,
     ref_log_probs: Optional[Tensor] = None,
     values: Optional[Tensor] = None,
+    all_reduce: Optional[Callable[[Tensor], Tensor]] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient).
 
@@ -182,8 +183,8 @@ def compute_advantages(
        *same* estimator, ``--kl-loss-type``, for shaping and for the loss); zeros otherwise.
     2. ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``.
     3. When ``algo.normalize_advantages``: masked whitening of the advantages over the whole
-       ``[B, T]`` given (slime whitens over all data-parallel ranks: pass the whole step's samples
-       to reproduce that). Returns are not whitened.
+       ``[B, T]`` given, or, with ``all_reduce`` (a sum over data-parallel ranks), over every rank's
+       samples as slime does. Returns are not whitened.
     """
     estimator = ADVANTAGE_ESTIMATORS[algo.advantage_estimator]
     with torch.no_grad():
@@ -198,5 +199,5 @@ def compute_advantages(
         values = None if values is None else values.detach().float()
         adv, ret = estimator(algo, rewards=rewards, mask=mask, kl=kl, values=values)
         if algo.normalize_advantages:
-            adv = masked_whiten(adv, mask)
+            adv = masked_whiten(adv, mask, all_reduce=all_reduce)
         return adv * mask, ret * mask

@@ -18,7 +18,7 @@ totals divided by W (or, equivalently, multiply its loss by W).
 
 from __future__ import annotations
 
-from typing import Iterable, Tuple
+from typing import Callable, Iterable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -84,16 +84,20 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return xm.sum() / m.sum().clamp_min(1.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8,
+                  all_reduce: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
     """``(x - mean) / sqrt(var + eps)`` with mean and unbiased (Bessel) variance over the masked
-    elements only; masked-out positions come back as 0. As slime's ``distributed_masked_whiten``."""
+    elements only; masked-out positions come back as 0. As slime's ``distributed_masked_whiten``:
+    ``all_reduce`` (a sum over data-parallel ranks, returning the summed tensor) makes the moments
+    those of every rank's elements, so each rank whitens its shard with the global statistics."""
     xm, m = _masked(x, mask)
-    n = m.sum()
+    reduce = all_reduce or (lambda t: t)
+    n, total = reduce(torch.stack([m.sum(), xm.sum()]).double()).to(xm.device).unbind()
     if n == 0:
         return torch.zeros_like(xm)
-    mean = xm.sum() / n
-    var = _masked((x.float() - mean) ** 2, m)[0].sum() / n
+    mean = total / n
+    var = reduce(_masked((x.double() - mean) ** 2, m)[0].sum().reshape(1))[0].to(xm.device) / n
     if n >= 2:
         var = var * n / (n - 1)
-    out = (x.float() - mean) * torch.rsqrt(var + eps)
+    out = ((x.double() - mean) * torch.rsqrt(var + eps)).float()
     return torch.where(m != 0, out, torch.zeros_like(out))
