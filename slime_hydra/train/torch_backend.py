@@ -194,7 +194,12 @@ class TorchTrainer:
         rows = list(range(n))
         T = max(1, max(data["response_lengths"]))
         lr = self.sched.get_last_lr()[0]  # the rate of this rollout's (first) step
-        mbs = self._micro_batches(data, rows, T)
+        # the rollout is cut into num_steps_per_rollout optimiser steps of equal size, each into micro-batches
+        steps = cfg.trainer.num_steps_per_rollout
+        per_step = n // steps
+        assert per_step * steps == n, f"{n} samples do not split into {steps} equal optimiser steps"
+        step_mbs = [self._micro_batches(data, rows[s * per_step:(s + 1) * per_step], T) for s in range(steps)]
+        mbs = [mb for group in step_mbs for mb in group]
         loss_mask = torch.cat([mb.loss_mask.cpu() for mb in mbs])
         rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
         metrics: Dict[str, float] = {}
@@ -231,24 +236,20 @@ class TorchTrainer:
             metrics["explained_variance"] = explained_variance(values, returns, loss_mask)
             metrics["values_mean"] = float(totals[3]) / tokens
 
-        # 3. optimiser steps: the rollout is cut into num_steps_per_rollout steps of equal size;
-        #    for the first num_critic_only_steps rollouts only the critic trains
+        # 3. the optimiser steps; for the first num_critic_only_steps rollouts only the critic trains
         train_actor = self.rollouts_done >= algo.num_critic_only_steps
-        steps = cfg.trainer.num_steps_per_rollout
-        per_step = n // steps
         sums: Dict[str, float] = defaultdict(float)
-        for step in range(steps):
+        for step, group in enumerate(step_mbs):
             step_rows = rows[step * per_step:(step + 1) * per_step]
             counts = self._allreduce(torch.tensor([float(len(step_rows)), float(loss_mask[step_rows].sum())]))
             reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
                                 max_len=cfg.rollout.max_response_len)
-            step_mbs = self._micro_batches(data, step_rows, T)
             step_metrics: Dict[str, float] = {}
             if self.critic is not None:
                 with self.autocast():
-                    step_metrics.update(self.critic.train_step(step_mbs, reducer, values, returns))
+                    step_metrics.update(self.critic.train_step(group, reducer, values, returns))
             if train_actor:
-                step_metrics.update(self._actor_step(step_mbs, reducer, old_lp, ref_lp, rollout_lp, adv))
+                step_metrics.update(self._actor_step(group, reducer, old_lp, ref_lp, rollout_lp, adv))
             for key, v in step_metrics.items():
                 sums[key] += v / steps
         self.rollouts_done += 1
