@@ -125,7 +125,7 @@ RULES = [
     (["data=jsonl", "data.path=/nope.jsonl"], "data.path: '/nope.jsonl' does not exist"),
     (["data.task=sorting"], "data.task: 'sorting' is not one of"),
     (["data.task=calc"], "model.tokenizer: the built-in task calc is written in the builtin:calc vocabulary"),
-    (["data=jsonl", "data.path=tests/fixtures/tiny.jsonl"], "eval.datasets[0].path: required"),
+    (["data=jsonl", "data.path=tests/fixtures/tiny.jsonl", "eval=digits"], "eval.datasets[0].path: required"),
     (["data.num_epoch=2"], "data.num_epoch: set only one of trainer.num_rollout and data.num_epoch"),
     (["trainer.num_rollout=null"], "trainer.num_rollout: set trainer.num_rollout or data.num_epoch"),
     (["eval.datasets=[{name: a},{name: a}]"], "eval.datasets: names must be unique"),
