@@ -8,10 +8,10 @@ import os
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime_hydra.rollout.client import EngineError, control, weight_version
-from slime_hydra.sync.sender import Endpoint, WeightSender, WeightSyncError
+from slime_hydra.sync.sender import Endpoint, WeightSender, WeightSyncError, save_config_and_tokenizer
 from slime_hydra.train.batch import make_micro_batch, response_log_probs
 
 PROMPT = [5, 12, 3, 9, 4, 12]  # token ids of the builtin:digits vocabulary
@@ -121,14 +121,21 @@ def _scaled_weights(tiny_ckpt, factor):
     return model
 
 
-@pytest.mark.parametrize("transport", ["distributed", "tensor", "disk"])
+@pytest.mark.parametrize("transport", ["distributed", "tensor", "disk", "disk_hub_id"])
 def test_weight_push_changes_the_policy(engine_url, tiny_ckpt, tmp_path, transport):
-    """A push over each transport lands: new version, and log-probs equal the pushed model's."""
+    """A push over each transport lands: new version, and log-probs equal the pushed model's.
+    ``disk_hub_id``: the model path is a hub id, whose config and tokenizer the disk transport saves
+    with save_pretrained (a local checkpoint stands in for the id: there is no hub access here)."""
     if transport == "tensor":
         torch.multiprocessing.set_sharing_strategy("file_system")
+    model_path = tiny_ckpt
+    if transport == "disk_hub_id":
+        transport, model_path = "disk", str(tmp_path / "hub_files")
+        save_config_and_tokenizer(tiny_ckpt, model_path)  # what write_model_files does for a hub id
+        assert not any(f.endswith(".safetensors") for f in os.listdir(model_path))
     model = _scaled_weights(tiny_ckpt, 1.5)
     sender = WeightSender(transport, [Endpoint(engine_url, 1)], torch.device("cpu"), bucket_mb=1,
-                          disk_dir=str(tmp_path), model_path=tiny_ckpt)
+                          disk_dir=str(tmp_path), model_path=model_path)
     sender.connect()
     try:
         stats = sender.push(list(model.state_dict().items()), version=7)
@@ -145,6 +152,8 @@ def test_weight_push_changes_the_policy(engine_url, tiny_ckpt, tmp_path, transpo
         sender.close()
     if transport == "disk":
         assert [d for d in os.listdir(tmp_path) if d.startswith("weights_v")] == ["weights_v000000"]
+        pushed = AutoTokenizer.from_pretrained(str(tmp_path / "weights_v000000"))  # a complete checkpoint
+        assert pushed("3815=").input_ids == AutoTokenizer.from_pretrained(tiny_ckpt)("3815=").input_ids
 
 
 def test_failed_push_raises(engine_url, tiny_ckpt, tmp_path):

@@ -61,7 +61,7 @@ async def compute_group_reward(cfg: Any, samples: List[Sample]) -> List[Reward]:
         out = await call_maybe_async(_custom_hook(cfg), cfg, samples)
         if not isinstance(out, (list, tuple)) or len(out) != len(samples):
             got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
-            raise RewardError(f"group reward {_spec_name(cfg.custom)}: expected a list of {len(samples)} rewards, "
+            raise RewardError(f"group reward {spec_name(cfg.custom)}: expected a list of {len(samples)} rewards, "
                               f"got {got}")
         return [_check(x, cfg) for x in out]
     return list(await asyncio.gather(*(compute_reward(cfg, s) for s in samples)))
@@ -93,8 +93,12 @@ def _spec_key(spec: Any) -> Any:
     return json.dumps(spec, sort_keys=True, default=repr)
 
 
-def _spec_name(spec: Any) -> str:
-    return spec if isinstance(spec, str) else repr(getattr(spec, "get", lambda k: spec)("_target_"))
+def spec_name(spec: Any) -> str:
+    """A hook spec for messages: the dotted path, a ``_target_`` node's target or a callable's name."""
+    if isinstance(spec, str):
+        return spec
+    target = spec.get("_target_") if hasattr(spec, "get") else None
+    return str(target or getattr(spec, "__qualname__", spec))
 
 
 def _check(value: Any, cfg: Any) -> Reward:
@@ -102,5 +106,5 @@ def _check(value: Any, cfg: Any) -> Reward:
         return value
     if isinstance(value, (int, float)):
         return float(value)
-    raise RewardError(f"custom reward {_spec_name(cfg.custom)}: returned {type(value).__name__}, "
+    raise RewardError(f"custom reward {spec_name(cfg.custom)}: returned {type(value).__name__}, "
                       f"expected a number or a dict")

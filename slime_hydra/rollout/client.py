@@ -37,25 +37,36 @@ def control(url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, me
     return body
 
 
+# /generate timeouts. A reply (the whole response: it is not streamed) may take hours under load, so
+# the read timeout only catches an engine that hangs (the manager's watchdog catches a dead one within
+# seconds); the manager passes rollout.router.request_timeout_secs, when the router gives up too.
+READ_TIMEOUT_S = 14400.0
+CONNECT_TIMEOUT_S = 30.0  # a server that is up accepts in milliseconds
+
+
 def weight_version(url: str) -> str:
     return str(control(url, "/get_weight_version", method="GET", timeout=30)["weight_version"])
 
 
 class GenerateClient:
-    """POST /generate with retries on transport errors and 5xx (not on 4xx: those are our bugs).
+    """POST /generate with retries on transport errors and 5xx (not on 4xx: those are our bugs, nor
+    on a read timeout: the engine may still be working on it).
 
     aiohttp, not httpx: with hundreds of concurrent requests httpx's connection pool dominated a
     rollout (256 tiny requests: 2-7 s with httpx, 0.2-0.35 s with aiohttp, same server)."""
 
-    def __init__(self, base_url: str, concurrency: int, retries: int = 60, retry_interval: float = 1.0):
+    def __init__(self, base_url: str, concurrency: int, retries: int = 60, retry_interval: float = 1.0,
+                 read_timeout: float = READ_TIMEOUT_S):
         import aiohttp
 
         self.base_url = base_url.rstrip("/")
         self.sem = asyncio.Semaphore(concurrency)
         self.retries = retries
         self.retry_interval = retry_interval
+        self.read_timeout = read_timeout
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                          timeout=aiohttp.ClientTimeout(total=None))
+                                          timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
+                                                                        sock_read=read_timeout))
 
     async def post(self, path: str, payload: Dict[str, Any]) -> Any:
         import aiohttp
@@ -71,6 +82,9 @@ class GenerateClient:
                         if r.status < 500:
                             raise EngineError(f"POST {self.base_url}{path} -> HTTP {r.status}: {text[:500]}")
                         last = f"HTTP {r.status}: {text[:200]}"
+                except aiohttp.SocketTimeoutError as e:
+                    raise EngineError(f"POST {self.base_url}{path}: no reply within {self.read_timeout:g}s "
+                                      f"({e!r})") from e
                 except aiohttp.ClientError as e:
                     last = repr(e)
                 if attempt < self.retries:

@@ -10,16 +10,20 @@ import os
 from typing import Optional
 
 from slime_hydra.rollout.sglang import SGLANG_ENV, ServerSpec, server_command
-from slime_hydra.utils.proc import free_port, kill_tree, node_ip, spawn, wait_http
+from slime_hydra.utils.proc import free_port, kill_tree, node_ip, spawn, tail, wait_http
 
 log = logging.getLogger(__name__)
+
+
+def engine_log_path(log_dir: str, rank: int, spec: ServerSpec) -> str:
+    node = f"_node{spec.node_rank}" if spec.nnodes > 1 else ""
+    return os.path.join(log_dir, f"engine_{rank}{node}.log")
 
 
 class EngineActor:
     def __init__(self, spec: ServerSpec, rank: int, log_dir: str, startup_timeout: float):
         self.spec, self.rank = spec, rank
-        node = f"_node{spec.node_rank}" if spec.nnodes > 1 else ""
-        self.log_path = os.path.join(log_dir, f"engine_{rank}{node}.log")
+        self.log_path = engine_log_path(log_dir, rank, spec)
         self.startup_timeout = startup_timeout
         self.proc = None
         self.url: Optional[str] = None
@@ -59,8 +63,13 @@ class EngineActor:
         wait_http(self.url + "/health_generate", self.proc, self.startup_timeout, self.log_path)
         return self.url
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def failure(self) -> Optional[str]:
+        """None while the server runs (or before it starts, or after stop()); else how it ended."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        node = f" node {self.spec.node_rank}" if self.spec.nnodes > 1 else ""
+        return (f"engine {self.rank}{node} ({self.url or 'no URL'}) exited with code {self.proc.returncode}; "
+                f"last lines of {self.log_path}:\n{tail(self.log_path)}")
 
     def stop(self) -> None:
         kill_tree(self.proc)

@@ -15,18 +15,20 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import ray
 
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.launch.plan import ENGINE_SHARE, ResourcePlan
-from slime_hydra.rollout.client import GenerateClient, control
-from slime_hydra.rollout.engine import EngineActor
+from slime_hydra.rewards.hub import spec_name
+from slime_hydra.rollout.client import EngineError, GenerateClient, control
+from slime_hydra.rollout.engine import EngineActor, engine_log_path
 from slime_hydra.rollout.filters import DynamicFilterOutput
 from slime_hydra.rollout.generate import GenerateContext, generate as default_generate
 from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.rollout.sglang import ServerSpec
+from slime_hydra.utils.proc import node_ip, tail
 
 log = logging.getLogger(__name__)
 Group = List[Sample]
@@ -46,6 +48,11 @@ def engine_specs(cfg: RunConfig, plan: ResourcePlan, model_path: str) -> List[Li
 
 
 class RolloutManager:
+    # The engine actors (one per node an engine spans) and their logs, watched during rollouts and
+    # evals; none in managers built without engines (tests).
+    engines: Sequence[Any] = ()
+    engine_logs: Sequence[str] = ()
+
     def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
         from slime_hydra.logging.setup import setup_actor_logging
 
@@ -53,7 +60,7 @@ class RolloutManager:
         self.cfg, self.plan, self.model_path = cfg, plan, model_path
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
-        self.engines: List[Any] = []
+        self.engines, self.engine_logs = [], []
         self._state_at: Dict[int, Dict[str, Any]] = {}
         self.router = None
         self.urls: List[str] = []
@@ -83,14 +90,14 @@ class RolloutManager:
                 addr = ray.get(actors[0].reserve_dist_init_addr.remote())
                 ray.get([a.set_dist_init_addr.remote(addr) for a in actors])
             self.engines += actors
+            self.engine_logs += [engine_log_path(log_dir, slot.rank, spec) for spec in node_specs]
             leads.append(actors)
         t0 = time.perf_counter()
         starts = [[a.start.remote() for a in actors] for actors in leads]  # all engines start at once
         self.urls = [ray.get(refs)[0] for refs in starts]
         log.info("%d %s engine(s) up in %.1fs: %s", len(self.urls), cfg.rollout.engine, time.perf_counter() - t0, self.urls)
-        if cfg.rollout.router.enabled:
-            self.router = Router(cfg.rollout.router, self.urls[0].split("//")[1].rsplit(":", 1)[0],
-                                 os.path.join(log_dir, "router.log"))
+        if cfg.rollout.router.enabled:  # a child of this process: on this actor's node
+            self.router = Router(cfg.rollout.router, node_ip(), os.path.join(log_dir, "router.log"))
             for url in self.urls:
                 self.router.add_worker(url)
             base = self.router.url
@@ -99,11 +106,12 @@ class RolloutManager:
                 raise ValueError("rollout.router.enabled=false supports one engine only; several need the router")
             base = self.urls[0]
         concurrency = cfg.rollout.concurrency * len(self.urls)
-        self.client = self._run(self._make_client(base, concurrency))
+        # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
+        self.client = self._run(self._make_client(base, concurrency, cfg.rollout.router.request_timeout_secs))
 
     @staticmethod
-    async def _make_client(base: str, concurrency: int) -> GenerateClient:
-        return GenerateClient(base, concurrency)
+    async def _make_client(base: str, concurrency: int, read_timeout: float) -> GenerateClient:
+        return GenerateClient(base, concurrency, read_timeout=read_timeout)
 
     def _load_data(self) -> None:
         from slime_hydra.data.source import build_data_source, load_eval_dataset
@@ -174,7 +182,7 @@ class RolloutManager:
         if not isinstance(out, Sample):
             what = "a list (fan-out is not supported: a group keeps n_samples_per_prompt samples)" \
                 if isinstance(out, (list, tuple)) else type(out).__name__
-            raise TypeError(f"rollout.generate {_spec_name(self.cfg.rollout.generate)} returned {what}; expected a "
+            raise TypeError(f"rollout.generate {spec_name(self.cfg.rollout.generate)!r} returned {what}; expected a "
                             "Sample (async def generate(ctx, sample, sampling_params, evaluation) -> Sample)")
         if not evaluation and self._version is not None:
             new = out.weight_versions[versions_before:] if out is s else out.weight_versions
@@ -210,7 +218,7 @@ class RolloutManager:
         if self.dynamic_filter is None:
             return DynamicFilterOutput(keep=True)
         out = await call_maybe_async(self.dynamic_filter, self.cfg, group)
-        return as_filter_output(out, f"rollout.dynamic_filter {_spec_name(self.filter_spec)}")
+        return as_filter_output(out, f"rollout.dynamic_filter {spec_name(self.filter_spec)!r}")
 
     async def _abort_all(self) -> None:
         await asyncio.gather(*(asyncio.to_thread(control, u, "/abort_request", {"abort_all": True}) for u in self.urls))
@@ -249,7 +257,53 @@ class RolloutManager:
         except Exception as e:  # noqa: BLE001 - the original error matters more
             log.warning("abort after a failed rollout: %s", e)
 
+    async def _watched(self, coro):
+        """Await ``coro`` while watching the engines: if one dies, fail within ``ENGINE_POLL_S``
+        with its log's tail (its requests would otherwise retry for a minute, or hang)."""
+        work = asyncio.ensure_future(coro)
+        if not self.engines:
+            return await work
+        watchdog = asyncio.ensure_future(self._watch_engines())
+        try:
+            done, _ = await asyncio.wait({work, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+            if watchdog in done:
+                watchdog.result()  # raises
+            return work.result()
+        finally:
+            work.cancel()  # after an engine died: _collect_groups cancels its requests and aborts the rest
+            watchdog.cancel()
+            await asyncio.gather(work, watchdog, return_exceptions=True)
+
+    async def _watch_engines(self) -> None:
+        while True:
+            await asyncio.sleep(ENGINE_POLL_S)
+            dead = await asyncio.to_thread(self._dead_engines)
+            if dead:
+                raise EngineError("\n".join(dead))
+
+    def _dead_engines(self) -> List[str]:
+        """Why each dead engine died (an actor too busy to answer within ENGINE_POLL_S counts as alive)."""
+        refs = [e.failure.remote() for e in self.engines]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ENGINE_POLL_S)
+        out = []
+        for ref, log_path in zip(refs, self.engine_logs):
+            if ref not in ready:
+                continue
+            try:
+                failure = ray.get(ref)
+            except ray.exceptions.ActorUnavailableError:  # unreachable for now, not dead
+                continue
+            except ray.exceptions.RayActorError as e:
+                name = os.path.basename(log_path).removesuffix(".log")
+                failure = f"{name}: its actor died ({e!r}); last lines of {log_path}:\n{tail(log_path)}"
+            if failure:
+                out.append(failure)
+        return out
+
     async def _collect(self, target: int) -> Tuple[List[Group], Dict[str, float]]:
+        return await self._watched(self._collect_groups(target))
+
+    async def _collect_groups(self, target: int) -> Tuple[List[Group], Dict[str, float]]:
         """Generate until ``target`` groups pass the dynamic filter (slime's over-sampling loop).
 
         While the kept plus in-flight groups are fewer than ``target``, ``over_sampling_batch_size``
@@ -346,7 +400,6 @@ class RolloutManager:
         metrics.update(collect_metrics)
         metrics.update(_agent_metrics(samples, "rollout/"))
         metrics["perf/rollout_time"] = time.perf_counter() - t0
-        self._last_samples = samples[:4]
         return self._split(data), metrics
 
     def _train_data(self, samples: List[Sample]) -> Tuple[Dict[str, list], Dict[str, float]]:
@@ -394,13 +447,9 @@ class RolloutManager:
                 per_rank[r].extend(range(start + r * share, start + (r + 1) * share))
         return [ray.put({k: [v[i] for i in idx] for k, v in data.items()}) for idx in per_rank]
 
-    def last_samples(self) -> List[Dict[str, Any]]:
-        return [{"prompt": s.prompt, "response": s.response, "label": s.label, "reward": s.reward}
-                for s in getattr(self, "_last_samples", [])]
-
     # ------------------------------------------------------------------------------- eval
     def eval(self, rollout_id: int) -> Dict[str, Any]:
-        return self._run(self._eval())
+        return self._run(self._watched(self._eval()))
 
     async def _eval(self) -> Dict[str, Any]:
         """Every eval dataset, concurrently: ``eval/<name>/reward`` (mean), response length,
@@ -479,13 +528,7 @@ class RolloutManager:
 # ------------------------------------------------------------------------------------ helpers
 ABORT_RETRY_S = 1.0  # abort_all again this often until every aborted group has returned
 PROGRESS_LOG_S = 30.0  # how often a long collection loop reports its progress
-
-
-def _spec_name(spec: Any) -> str:
-    if isinstance(spec, str) or spec is None:
-        return repr(spec)
-    target = spec.get("_target_") if hasattr(spec, "get") else None
-    return repr(target or getattr(spec, "__qualname__", spec))
+ENGINE_POLL_S = 1.0  # how often rollouts and evals check that every engine still runs
 
 
 def _zero_std(group: Group, key: Optional[str]) -> bool:

@@ -46,13 +46,14 @@ class Endpoint:
 
 class WeightSender:
     def __init__(self, kind: str, endpoints: List[Endpoint], device: torch.device, bucket_mb: int, disk_dir: str,
-                 model_path: str, master_address: str = "127.0.0.1"):
+                 model_path: str, master_address: str = "127.0.0.1", trust_remote_code: bool = False):
         if kind not in ("distributed", "tensor", "disk"):
             raise ValueError(f"unknown weight transport {kind!r}")
         self.kind, self.endpoints, self.device = kind, endpoints, device
         self.bucket_bytes = bucket_mb << 20
         self.disk_dir = disk_dir
         self.model_path = model_path  # config and tokenizer files for disk pushes
+        self.trust_remote_code = trust_remote_code
         self.master_address = master_address
         self.group = None
         self.pool = ThreadPoolExecutor(max_workers=max(4, len(endpoints)))
@@ -70,11 +71,7 @@ class WeightSender:
     # ---------------------------------------------------------------------------------- connect
     def connect(self) -> None:
         if self.kind == "disk":
-            cfg_dir = os.path.join(self.disk_dir, "config")
-            os.makedirs(cfg_dir, exist_ok=True)
-            for f in os.listdir(self.model_path):
-                if not f.endswith((".safetensors", ".bin", ".pt")) and os.path.isfile(os.path.join(self.model_path, f)):
-                    shutil.copy(os.path.join(self.model_path, f), cfg_dir)
+            write_model_files(self.model_path, os.path.join(self.disk_dir, "config"), self.trust_remote_code)
         if self.kind != "distributed" or self.group is not None:
             return
         from slime_hydra.utils.proc import free_port
@@ -178,3 +175,23 @@ class WeightSender:
             if old.startswith("weights_v") and old != os.path.basename(out):
                 shutil.rmtree(os.path.join(self.disk_dir, old), ignore_errors=True)
         return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def write_model_files(model_path: str, out: str, trust_remote_code: bool = False) -> None:
+    """Everything but the weights of ``model_path`` into ``out``, so that ``out`` plus a weights file
+    loads as a checkpoint: a local checkpoint's other files are copied; for a Hugging Face hub id,
+    its config and tokenizer are saved with ``save_pretrained``."""
+    os.makedirs(out, exist_ok=True)
+    if not os.path.isdir(model_path):
+        save_config_and_tokenizer(model_path, out, trust_remote_code)
+        return
+    for f in os.listdir(model_path):
+        if not f.endswith((".safetensors", ".bin", ".pt")) and os.path.isfile(os.path.join(model_path, f)):
+            shutil.copy(os.path.join(model_path, f), out)
+
+
+def save_config_and_tokenizer(name_or_path: str, out: str, trust_remote_code: bool = False) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code).save_pretrained(out)
+    AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code).save_pretrained(out)

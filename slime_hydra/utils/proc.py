@@ -33,19 +33,52 @@ def spawn(cmd: List[str], log_path: str, env: Optional[Dict[str, str]] = None) -
 
 
 def kill_tree(proc: Optional[subprocess.Popen], timeout: float = 5.0) -> None:
-    """SIGTERM the child's process group, then SIGKILL what is left after ``timeout``."""
-    if proc is None or proc.poll() is not None:
+    """SIGTERM the child's process group (``spawn`` makes it a group leader), give the group up to
+    ``timeout`` to exit, then SIGKILL whatever is left of it, whether or not the child itself has
+    exited: its own children can outlive it."""
+    if proc is None:
         return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    _kill_group(proc.pid, signal.SIGTERM)
+    _wait_group(proc, timeout)
+    _kill_group(proc.pid, signal.SIGKILL)
+    _wait_group(proc, 5.0)  # until the kernel has carried the SIGKILL out
+    proc.wait()
+
+
+def _wait_group(proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (proc.poll() is None or _group_running(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not count: orphans are not always
+    reaped, e.g. when PID 1 is not an init)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except FileNotFoundError:  # no procfs: ask the kernel, which counts zombies too
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pgid, 0)
+            return True
         except ProcessLookupError:
-            return
+            return False
+    for pid in pids:
         try:
-            proc.wait(timeout=timeout)
-            return
-        except subprocess.TimeoutExpired:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
             continue
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]  # the fields after "pid (comm) "
+        if state != "Z" and int(pgrp) == pgid:
+            return True
+    return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

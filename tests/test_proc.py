@@ -1,0 +1,52 @@
+"""kill_tree stops a spawned process and its children, also those that ignore SIGTERM or outlive it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from slime_hydra.utils.proc import kill_tree, spawn
+
+# The parent starts a child that ignores SIGTERM and writes its pid, then waits (or exits at once).
+CHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child', flush=True); time.sleep(600)"
+PARENT = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+          "print('pid', c.pid, flush=True); time.sleep({wait})")
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # an unreaped orphan is a zombie
+    except FileNotFoundError:
+        return False
+
+
+def child_pid(log: str, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = open(log).read()
+        if "child" in text:  # the child has set its SIGTERM handler
+            return int(text.split("pid ")[1].split()[0])
+        time.sleep(0.05)
+    raise TimeoutError(open(log).read())
+
+
+@pytest.mark.parametrize("parent_exits_first", [False, True])
+def test_kill_tree_kills_children_that_ignore_sigterm(tmp_path, parent_exits_first):
+    log = str(tmp_path / "proc.log")
+    proc = spawn([sys.executable, "-c", PARENT.format(child=CHILD, wait=0 if parent_exits_first else 600)], log)
+    pid = child_pid(log)
+    if parent_exits_first:
+        proc.wait(timeout=30)
+    assert running(pid)
+    t0 = time.monotonic()
+    kill_tree(proc, timeout=1.0)
+    took = time.monotonic() - t0
+    assert not running(pid), f"child {pid} survived kill_tree"
+    assert proc.returncode is not None
+    assert 1.0 <= took < 5.0  # the grace period for the child, then SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)
