@@ -10,7 +10,7 @@ the other, for the same number of rollouts; then a table:
 
 Each run is ``python run.py algo=<preset> ...`` in its own run directory under
 ``bench/results/<timestamp>/<preset>``, with the knobs of the tiny task as every user gets them
-(``conf/recipe/tiny_digits.yaml`` and ``conf/recipe/tiny_digits_<preset>.yaml``). Evaluation (greedy,
+(``conf/recipe/tiny_digits.yaml`` and ``conf/recipe_algo/tiny_digits_<preset>.yaml``). Evaluation (greedy,
 held-out prompts) runs before training and after the last rollout. The table is printed and written to
 ``bench/results/algorithms_<timestamp>.{md,json}`` and ``bench/results/algorithms.{md,json}`` (latest).
 A failed run is reported in the table and the script exits non-zero.

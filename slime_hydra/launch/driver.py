@@ -183,7 +183,7 @@ def _eval_reward(metrics: Dict[str, Any]) -> float:
 
 
 def _eval(manager, logger: RunLogger, step: int) -> Dict[str, float]:
-    out = ray.get(manager.eval.remote(step))
+    out = ray.get(manager.eval.remote())
     parts = []
     for key, v in out.items():
         if key.endswith("/examples"):

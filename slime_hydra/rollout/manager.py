@@ -448,7 +448,7 @@ class RolloutManager:
         return [ray.put({k: [v[i] for i in idx] for k, v in data.items()}) for idx in per_rank]
 
     # ------------------------------------------------------------------------------- eval
-    def eval(self, rollout_id: int) -> Dict[str, Any]:
+    def eval(self) -> Dict[str, Any]:
         return self._run(self._watched(self._eval()))
 
     async def _eval(self) -> Dict[str, Any]:

@@ -59,7 +59,7 @@ class TrainerActor:
 
         self.sender = WeightSender(self.cfg.sync.transport, [Endpoint(**e) for e in endpoints], self.device,
                                    self.cfg.sync.bucket_mb, os.path.join(self.cfg.output_dir, "weight_sync"),
-                                   self.model_path, node_ip())
+                                   self.model_path, node_ip(), trust_remote_code=self.cfg.model.trust_remote_code)
         self.sender.connect()
 
     def update_weights(self, version: int) -> Dict[str, float]:
