@@ -90,7 +90,7 @@ def test_parquet(tmp_path, capsys):
 
 
 def test_hf_dataset_dir_and_splits(tmp_path, capsys):
-    datasets = pytest.importorskip("datasets")
+    import datasets
     cols = {k: [r[k] if k != "answer" else (None if r[k] is None else str(r[k])) for r in RECS] for k in RECS[0]}
     ds = datasets.Dataset.from_dict(cols)
     ds.save_to_disk(str(tmp_path / "one"))

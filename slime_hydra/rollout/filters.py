@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from slime_hydra.rollout.sample import Sample
 
@@ -37,15 +37,21 @@ def _reward_key(cfg: Any) -> Optional[str]:
     return getattr(getattr(cfg, "reward", None), "key", None)
 
 
+def zero_std(rewards: Sequence[float], threshold: float = 1e-6) -> bool:
+    """The rewards of a group are all equal: their (sample) standard deviation is at most ``threshold``."""
+    if len(rewards) < 2:
+        return True
+    mean = sum(rewards) / len(rewards)
+    return math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) <= threshold
+
+
 def nonzero_reward_std(cfg: Any, group: List[Sample], threshold: float = 1e-6) -> DynamicFilterOutput:
     """Keep a group only if its rewards are not all equal (slime's ``check_reward_nonzero_std``):
     with group-normalised advantages a group of equal rewards has zero advantage everywhere, so it
     adds no gradient but dilutes the batch. Dropped groups are counted as ``zero_std_<reward>``
     (e.g. ``zero_std_0.0``: all wrong, ``zero_std_1.0``: all right)."""
     rewards = [s.reward_value(_reward_key(cfg)) for s in group]
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards) - 1, 1))
-    if std > threshold:
+    if not zero_std(rewards, threshold):
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}")
 

@@ -24,7 +24,7 @@ from slime_hydra.launch.plan import ENGINE_SHARE, ResourcePlan
 from slime_hydra.rewards.hub import spec_name
 from slime_hydra.rollout.client import EngineError, GenerateClient, control
 from slime_hydra.rollout.engine import EngineActor, engine_log_path
-from slime_hydra.rollout.filters import DynamicFilterOutput
+from slime_hydra.rollout.filters import DynamicFilterOutput, zero_std
 from slime_hydra.rollout.generate import GenerateContext, generate as default_generate
 from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.rollout.sglang import ServerSpec
@@ -212,7 +212,7 @@ class RolloutManager:
 
     async def _keep(self, group: Group) -> "DynamicFilterOutput":
         """The dynamic filter's verdict on a finished group (keep everything without a filter)."""
-        from slime_hydra.rollout.filters import DynamicFilterOutput, as_filter_output
+        from slime_hydra.rollout.filters import DynamicFilterOutput, zero_std, as_filter_output
         from slime_hydra.utils.hooks import call_maybe_async
 
         if self.dynamic_filter is None:
@@ -428,7 +428,7 @@ class RolloutManager:
             "rollout/response_len_mean": sum(lens) / len(lens),
             "rollout/response_len_max": float(max(lens)),
             "rollout/truncated_ratio": sum(data["truncated"]) / len(samples),
-            "rollout/zero_std_groups": float((groups.std(1, unbiased=False) == 0).float().mean()) if n > 1 else 0.0,
+            "rollout/zero_std_groups": sum(map(zero_std, groups.tolist())) / len(groups) if n > 1 else 0.0,
             "rollout/response_tokens": float(sum(lens)),
             "rollout/samples": float(len(samples)),
         }
@@ -440,8 +440,11 @@ class RolloutManager:
         dp = self.plan.data_parallel
         gbs = self.cfg.trainer.global_batch_size
         n = len(data["tokens"])
+        if n % gbs:  # validation makes rollout_batch_size x n_samples_per_prompt a multiple of it
+            raise RuntimeError(f"{n} training samples do not fill whole optimiser steps of "
+                               f"trainer.global_batch_size={gbs}")
         per_rank: List[List[int]] = [[] for _ in range(dp)]
-        for start in range(0, n - n % gbs, gbs):
+        for start in range(0, n, gbs):
             share = gbs // dp
             for r in range(dp):
                 per_rank[r].extend(range(start + r * share, start + (r + 1) * share))
@@ -535,8 +538,7 @@ def _zero_std(group: Group, key: Optional[str]) -> bool:
     """All rewards of a finished group equal (aborted samples have none: not zero-std)."""
     if len(group) < 2 or any(s.reward is None for s in group):
         return False
-    rewards = [s.reward_value(key) for s in group]
-    return max(rewards) - min(rewards) <= 1e-6
+    return zero_std([s.reward_value(key) for s in group])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
