@@ -321,7 +321,7 @@ class TorchTrainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.steps_done = state["steps_done"]
-        self.rollouts_done = state.get("rollouts_done", self.steps_done // self.cfg.trainer.num_steps_per_rollout)
+        self.rollouts_done = state["rollouts_done"]
         if state.get("master") is not None:  # the float32 weights, not their bfloat16 copy in hf/
             self.model.load_state_dict(state["master"])
         if self.critic is not None:
