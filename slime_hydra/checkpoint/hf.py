@@ -9,6 +9,10 @@ from typing import Any, Dict
 from slime_hydra.config.schema import ArchConfig, ModelConfig
 
 
+# the transformers model types whose config fields hf_config_kwargs knows how to fill
+ARCH_TYPES = ("qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3")
+
+
 def hf_config_kwargs(arch: ArchConfig) -> Dict[str, Any]:
     """Our arch fields -> the transformers config fields of ``arch.type``."""
     kw: Dict[str, Any] = dict(

@@ -22,7 +22,7 @@ from omegaconf import MISSING
 class ArchConfig:
     """The model's shape, in Hugging Face terms (the fields of its ``config.json``)."""
 
-    type: str = "qwen3"  # HF model_type: qwen3 | qwen3_moe | glm4 | llama | deepseek_v3
+    type: str = "qwen3"  # HF model_type, one of checkpoint.hf.ARCH_TYPES
     vocab_size: int = MISSING
     hidden_size: int = MISSING
     intermediate_size: int = MISSING

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterable, List
 
 from omegaconf import DictConfig, OmegaConf
 
+from slime_hydra.checkpoint.hf import ARCH_TYPES
+
 from slime_hydra.config.schema import RunConfig
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -135,7 +137,7 @@ def check(cfg: DictConfig | RunConfig) -> RunConfig:
 def _validate_model(cfg: RunConfig, errs: List[str]) -> None:
     m, arch = cfg.model, cfg.model.arch
     _choice(errs, "model.dtype", m.dtype, ["float32", "bfloat16", "float16"])
-    _choice(errs, "model.arch.type", arch.type, ["qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3"])
+    _choice(errs, "model.arch.type", arch.type, ARCH_TYPES)
     head_dim = arch.head_dim or (arch.hidden_size // max(arch.num_heads, 1))
     if arch.q_lora_rank is None and arch.kv_lora_rank is None:
         if arch.head_dim is None and arch.hidden_size % arch.num_heads:
@@ -411,7 +413,8 @@ def _validate_data(cfg: RunConfig, errs: List[str]) -> None:
         if _choice(errs, "data.task", d.task, TASKS):
             if cfg.model.tokenizer != TASK_TOKENIZERS[d.task]:
                 errs.append(f"model.tokenizer: the built-in task {d.task} is written in the {TASK_TOKENIZERS[d.task]} "
-                            f"vocabulary, but model.tokenizer={cfg.model.tokenizer!r}")
+                            f"vocabulary, but model.tokenizer={cfg.model.tokenizer!r} (train model={cfg.model.name} on "
+                            "your data: data=jsonl data.path=...)")
             space = TASKS[d.task][0]  # what data.tasks.make_splits draws disjoint train and held-out prompts from
             if d.num_train < 1 or d.num_eval < 0:
                 errs.append(f"data.num_train: must be >= 1 (and data.num_eval >= 0), got {d.num_train} and {d.num_eval}")
