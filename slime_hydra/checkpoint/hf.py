@@ -9,12 +9,8 @@ from typing import Any, Dict
 from slime_hydra.config.schema import ArchConfig, ModelConfig
 
 
-# the transformers model types whose config fields hf_config_kwargs knows how to fill
-ARCH_TYPES = ("qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3")
-
-
 def hf_config_kwargs(arch: ArchConfig) -> Dict[str, Any]:
-    """Our arch fields -> the transformers config fields of ``arch.type``."""
+    """Our arch fields -> the transformers config fields of ``arch.type`` (one of ``schema.ARCH_TYPES``)."""
     kw: Dict[str, Any] = dict(
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,

@@ -18,11 +18,15 @@ from omegaconf import MISSING
 
 
 # --------------------------------------------------------------------------------------- model
+# the transformers model types whose config fields checkpoint.hf.hf_config_kwargs knows how to fill
+ARCH_TYPES = ("qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3")
+
+
 @dataclass
 class ArchConfig:
     """The model's shape, in Hugging Face terms (the fields of its ``config.json``)."""
 
-    type: str = "qwen3"  # HF model_type, one of checkpoint.hf.ARCH_TYPES
+    type: str = "qwen3"  # HF model_type, one of ARCH_TYPES
     vocab_size: int = MISSING
     hidden_size: int = MISSING
     intermediate_size: int = MISSING

@@ -14,9 +14,7 @@ from typing import Any, Callable, Iterable, List
 
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.checkpoint.hf import ARCH_TYPES
-
-from slime_hydra.config.schema import RunConfig
+from slime_hydra.config.schema import ARCH_TYPES, RunConfig
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -1,0 +1,39 @@
+"""The driver's helpers that need no cluster: the log-prob gap guard and carrying metrics over when
+a checkpoint of another run is resumed in a new run directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import resolved
+from slime_hydra.launch.driver import carry_history, check_logprob_gap
+
+
+def test_logprob_gap_guard_stops_sync_runs_only():
+    gap = {"train/train_rollout_logprob_abs_diff": 5e-3}
+    with pytest.raises(RuntimeError, match=r"step 7: .* 0.005 > sync.max_logprob_diff=0.001"):
+        check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3"]), gap, 7)
+    check_logprob_gap(resolved(["sync.max_logprob_diff=1e-2"]), gap, 7)  # under the limit
+    check_logprob_gap(resolved(["sync.max_logprob_diff=null"]), gap, 7)  # only reported
+    check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3"]), {}, 7)  # no metric (critic-only step)
+    # one step off-policy (async) or partial rollouts: older weights made some tokens, the gap is expected
+    check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3", "trainer.mode=async"]), gap, 7)
+    check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3", "rollout.partial_rollout=true"]), gap, 7)
+
+
+def test_carry_history_copies_rows_up_to_the_checkpoint(tmp_path):
+    old = tmp_path / "old"
+    (old / "checkpoints" / "step_000003").mkdir(parents=True)
+    (old / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "r": s / 10}) + "\n" for s in range(6)))
+    new = tmp_path / "new"
+    new.mkdir()
+    carry_history(str(old / "checkpoints" / "step_000003"), str(new), 3)
+    assert [json.loads(line)["step"] for line in (new / "metrics.jsonl").open()] == [0, 1, 2, 3]
+    # resuming in the same directory, or into a directory that already has metrics, changes nothing
+    (new / "metrics.jsonl").write_text('{"step": 0}\n')
+    carry_history(str(old / "checkpoints" / "step_000003"), str(new), 3)
+    assert (new / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    carry_history(str(old / "checkpoints" / "step_000003"), str(old), 3)
+    assert len((old / "metrics.jsonl").read_text().splitlines()) == 6
