@@ -72,6 +72,7 @@ def test_slices(tmp_path, suffix, expected):
 def test_slice_parsing():
     assert split_slice("a/b.jsonl@[1:-1]") == ("a/b.jsonl", slice(1, -1))
     assert split_slice("x.jsonl") == ("x.jsonl", slice(None))
+    assert split_slice("~/x.jsonl@[2:]") == (os.path.expanduser("~/x.jsonl"), slice(2, None))  # as the shell would
     with pytest.raises(DataError, match="bad row slice"):
         split_slice("x.jsonl@[a:b]")
 

@@ -38,16 +38,17 @@ class Row:
 
 # ------------------------------------------------------------------------------------ reading
 def split_slice(spec: str) -> Tuple[str, slice]:
-    """``"data.jsonl@[10:-5]"`` -> ``("data.jsonl", slice(10, -5))``; no suffix -> ``slice(None)``."""
+    """``"data.jsonl@[10:-5]"`` -> ``("data.jsonl", slice(10, -5))``; no suffix -> ``slice(None)``;
+    ``~`` in the path is expanded."""
     m = SLICE_RE.match(spec)
     if not m:
         if "@[" in spec:
             raise DataError(f"{spec}: bad row slice; expected path@[start:end], e.g. data.jsonl@[0:1000]")
-        return spec, slice(None)
+        return os.path.expanduser(spec), slice(None)
     to_int = lambda s: int(s) if s not in ("", "-") else None  # noqa: E731
     if m["start"] == "-" or m["end"] == "-":
         raise DataError(f"{spec}: bad row slice; expected path@[start:end], e.g. data.jsonl@[0:1000]")
-    return m["path"], slice(to_int(m["start"]), to_int(m["end"]))
+    return os.path.expanduser(m["path"]), slice(to_int(m["start"]), to_int(m["end"]))
 
 
 def _jsonl_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
