@@ -77,9 +77,13 @@ def test_dapo_dynamic_sampling_with_partial_rollout(tmp_path):
     recycles the groups cut off; every trained group has rewards that differ."""
     d = tmp_path / "run"
     run(d, "algo=dapo", "rollout.over_sampling_batch_size=48", "rollout.partial_rollout=true",
-                  "trainer.num_rollout=12", "eval.interval=0", *FAST)
+        "rollout.n_samples_per_prompt=8", "trainer.num_rollout=12", "eval.interval=0", *FAST)
     rows = metrics(d)[1:]
-    assert all(r["rollout/zero_std_groups"] == 0.0 for r in rows)  # only groups with signal are trained on
+    # only groups with signal are trained on, except those admitted once the sampling budget
+    # (rollout.max_sampled_groups, 128 in the dapo recipe) ran out: exactly the fallback groups
+    for r in rows:
+        assert r["rollout/zero_std_groups"] * 32 == r["rollout/dynamic_filter/fallback_groups"], r
+    assert any(r["rollout/dynamic_filter/fallback_groups"] == 0 for r in rows)
     assert all(r["rollout/samples"] == 32 * 8 for r in rows)
     assert sum(r["rollout/dynamic_filter/dropped_groups"] for r in rows) > 0
     assert sum(r.get("rollout/dynamic_filter/drop_zero_std_0.0", 0) for r in rows) > 0
