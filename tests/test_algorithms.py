@@ -431,7 +431,7 @@ def test_policy_loss_micro_batches_sum_to_full_step(kind):
     (g_full,) = torch.autograd.grad(full, lp)
     split = [2, 1, 3]
     red = Reducer.for_step(kind, list(mask.split(split)), max_len=T + 3)
-    total, sums, grads = 0.0, {}, []
+    total, sums = 0.0, {}
     for idx in torch.arange(B).split(split):
         part, met = policy_loss(a, red, log_probs=lp[idx], **{k: v[idx] for k, v in kw.items()})
         total = total + part

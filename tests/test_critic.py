@@ -4,7 +4,6 @@ checkpoint round trip, and DDP over two gloo ranks matching one rank on the whol
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 

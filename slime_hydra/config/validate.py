@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, List
 
 from omegaconf import DictConfig, OmegaConf

@@ -212,7 +212,7 @@ class RolloutManager:
 
     async def _keep(self, group: Group) -> "DynamicFilterOutput":
         """The dynamic filter's verdict on a finished group (keep everything without a filter)."""
-        from slime_hydra.rollout.filters import DynamicFilterOutput, zero_std, as_filter_output
+        from slime_hydra.rollout.filters import DynamicFilterOutput, as_filter_output
         from slime_hydra.utils.hooks import call_maybe_async
 
         if self.dynamic_filter is None:

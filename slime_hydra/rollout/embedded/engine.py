@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from slime_hydra.data.tokenizer import load_tokenizer
