@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import sys
 from typing import Any, Dict, List, Optional
 
 from tqdm import tqdm
@@ -93,8 +94,6 @@ class RunLogger:
         self.bar.close()
         self.file.close()
         if self.wandb is not None:
-            import sys
-
             self.wandb.finish(exit_code=0 if sys.exc_info()[0] is None else 1)
 
 
