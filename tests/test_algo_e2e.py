@@ -36,7 +36,10 @@ def test_ppo_critic_trains_checkpoints_and_resumes(tmp_path):
     import torch
 
     d = tmp_path / "run"
-    common = ["algo=ppo", "algo.num_critic_only_steps=2", "trainer.save_interval=3", "eval.interval=0"]
+    # one-token answers: a random policy is right on about 1 sample in 24 (not 1 in ~500 with the
+    # end-of-sequence it needs otherwise), so every rollout of 512 samples has rewards to learn from
+    common = ["algo=ppo", "algo.num_critic_only_steps=2", "trainer.save_interval=3", "eval.interval=0",
+              "rollout.max_response_len=1"]
     run(d, *common, "trainer.num_rollout=6")
     rows = metrics(d)
     assert [r["step"] for r in rows] == list(range(7))
@@ -54,13 +57,10 @@ def test_ppo_critic_trains_checkpoints_and_resumes(tmp_path):
     assert set(critic) == {"model", "optimizer", "scheduler"} and critic["optimizer"]["state"]
     assert critic["scheduler"]["last_epoch"] == 6  # one critic step per rollout, critic-only ones included
 
-    # The value head starts at 0, so every value is 0 until some return is not: a rollout with a
-    # rewarded sample (about 1 in 256 samples at random init: one a rollout on average).
+    # The value head starts at 0, so every value is 0 until it has trained on a non-zero return.
     assert rows[1]["train/values_mean"] == 0.0
-    first = next((r["step"] for r in rows[1:6] if r["rollout/reward_mean"] > 0), None)
-    if first is None:
-        pytest.skip("no sample was rewarded in the first 5 rollouts (p < 1%): the critic had nothing to learn")
-    assert all(r["train/values_mean"] != 0.0 for r in rows[first + 1:]), "the critic did not train"
+    assert all(r["rollout/reward_mean"] > 0 for r in rows[1:]), [r["rollout/reward_mean"] for r in rows[1:]]
+    assert all(r["train/values_mean"] != 0.0 for r in rows[2:]), "the critic did not train"
     assert critic["model"]["value_head.weight"].abs().sum() > 0
 
     # Resume at step 6: a fresh critic would give values exactly 0 (zero head), and a reset rollout
