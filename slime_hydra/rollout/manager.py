@@ -101,9 +101,7 @@ class RolloutManager:
             for url in self.urls:
                 self.router.add_worker(url)
             base = self.router.url
-        else:
-            if len(self.urls) > 1:
-                raise ValueError("rollout.router.enabled=false supports one engine only; several need the router")
+        else:  # validation allows this with exactly one engine
             base = self.urls[0]
         concurrency = cfg.rollout.concurrency * len(self.urls)
         # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)

@@ -198,7 +198,8 @@ class TorchTrainer:
         steps = cfg.trainer.num_steps_per_rollout
         per_step = n // steps
         assert per_step * steps == n, f"{n} samples do not split into {steps} equal optimiser steps"
-        step_mbs = [self._micro_batches(data, rows[s * per_step:(s + 1) * per_step], T) for s in range(steps)]
+        step_rows = [rows[s * per_step:(s + 1) * per_step] for s in range(steps)]
+        step_mbs = [self._micro_batches(data, r, T) for r in step_rows]
         mbs = [mb for group in step_mbs for mb in group]
         loss_mask = torch.cat([mb.loss_mask.cpu() for mb in mbs])
         rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
@@ -239,9 +240,8 @@ class TorchTrainer:
         # 3. the optimiser steps; for the first num_critic_only_steps rollouts only the critic trains
         train_actor = self.rollouts_done >= algo.num_critic_only_steps
         sums: Dict[str, float] = defaultdict(float)
-        for step, group in enumerate(step_mbs):
-            step_rows = rows[step * per_step:(step + 1) * per_step]
-            counts = self._allreduce(torch.tensor([float(len(step_rows)), float(loss_mask[step_rows].sum())]))
+        for these_rows, group in zip(step_rows, step_mbs):
+            counts = self._allreduce(torch.tensor([float(len(these_rows)), float(loss_mask[these_rows].sum())]))
             reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
                                 max_len=cfg.rollout.max_response_len)
             step_metrics: Dict[str, float] = {}
