@@ -77,7 +77,8 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float 
     is scored by logits[b, start_b - 1 + t]. Rows are gathered first so only ``B x T`` positions
     reach the (float32) log-softmax, processed ``chunk`` positions at a time."""
     B, T = mb.response_ids.shape
-    pos = (mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]).clamp(0, logits.shape[1] - 1)
+    pos = mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]
+    pos = pos.clamp(0, logits.shape[1] - 1)
     rows = logits.gather(1, pos[..., None].expand(B, T, logits.shape[-1])).reshape(B * T, -1)
     targets = mb.response_ids.reshape(-1)
     lps, ents = [], []

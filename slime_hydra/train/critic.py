@@ -101,8 +101,8 @@ class Critic(CriticBackend):
         out = []
         with autocast(self.device, self.compute_dtype):
             for mb in mbs:
-                T = mb.loss_mask.shape[1]
-                inside = torch.arange(T, device=mb.loss_mask.device)[None, :] < A.response_lengths(mb.loss_mask)[:, None]
+                positions = torch.arange(mb.loss_mask.shape[1], device=mb.loss_mask.device)
+                inside = positions[None, :] < A.response_lengths(mb.loss_mask)[:, None]
                 out.append((self.net(mb) * inside).float().cpu())
         return torch.cat(out)
 

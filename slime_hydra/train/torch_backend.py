@@ -259,7 +259,8 @@ class TorchBackend(TrainerBackend):
             path = os.path.join(ckpt_dir, "critic.pt")
             if not os.path.exists(path):
                 raise FileNotFoundError(f"{ckpt_dir} has no critic.pt: it was not saved by a run with a critic "
-                                        "(advantage_estimator=ppo); start a new run from its hf/ with model.path instead")
+                                        "(advantage_estimator=ppo); start a new run from its hf/ with model.path "
+                                        "instead")
             self.critic.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         if self.ref_state is not None and state.get("ref") is not None:
             for k, v in self.ref_state.items():
