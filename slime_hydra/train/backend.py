@@ -23,6 +23,12 @@ pipeline-parallel backend (Megatron-core) implements the same methods:
 - A pipeline-parallel backend calls the loss function on its last stage only; the metrics of
   :meth:`~TrainerBackend.train_step` are then those of the ranks whose :attr:`~TrainerBackend.reports_metrics`
   is true, which is where the driver reads them.
+- The reference model lives in the backend (``log_probs(..., reference=True)``): how its weights are
+  kept and swapped in depends on how they are sharded. The PPO critic is an optional capability
+  (:class:`CriticBackend`, ``backend.critic``) with the same shape as the policy: values out, one
+  optimiser step per value-loss function in.
+- The backend decides which rank sends weights to the engines and what each rank writes in a
+  checkpoint; the Ray actor asks (:attr:`~TrainerBackend.pushes_weights`) instead of assuming rank 0.
 
 Adding a backend: one module with a :class:`TrainerBackend` subclass, one line in :data:`BACKENDS`, and
 ``conf/trainer/<name>.yaml``. The registry holds import strings so that config validation and
