@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
-from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 

@@ -35,19 +35,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
 from slime_hydra.train.critic import Critic
 from slime_hydra.train.offload import Offloader
 from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,16 @@ the run config beyond ``AlgoConfig``: the sampling temperature and the generatio
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import TrainerBackend
 from slime_hydra.train.batch import response_mask, response_tensor
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig
 
 
 def split_steps(n: int, steps: int) -> List[List[int]]:
@@ -54,7 +57,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 class RLTrainer:
     """The RL step over a backend, and its counters (saved in checkpoints through the backend)."""
 
-    def __init__(self, backend: TrainerBackend, algo, num_steps_per_rollout: int):
+    def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int):
         self.backend, self.algo, self.num_steps = backend, algo, num_steps_per_rollout
         self.needs_ref = A.needs_ref(algo)
         self.critic = backend.critic if A.needs_critic(algo) else None

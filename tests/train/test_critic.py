@@ -39,7 +39,8 @@ def test_value_model_shape_and_positions(tiny_ckpt):
     v = model(mb)
     # the value of response token t is read where the logits that score token t are
     pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = model.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).last_hidden_state
+    out = model.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos)
+    hidden = out.last_hidden_state
     b, t = 2, 1
     expected = model.value_head(hidden[b, int(mb.response_start[b]) - 1 + t])
     torch.testing.assert_close(v[b, t], expected[0])
