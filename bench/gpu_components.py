@@ -83,7 +83,8 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     from hydra.core.global_hydra import GlobalHydra
 
     from slime_hydra.config.validate import load, resolve
-    from slime_hydra.train.torch_backend import TorchTrainer
+    from slime_hydra.train.torch_backend import TorchBackend
+    from slime_hydra.train.trainer import RLTrainer
 
     GlobalHydra.instance().clear()
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -94,25 +95,28 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
             "eval.datasets=[]", f"rollout.batch_size={batch // 8}", "rollout.n_samples_per_prompt=8",
             f"trainer.micro_batch_size={micro}", "algo.kl_loss_coef=0.04"])))
     cfg.output_dir = "/tmp"
-    tr = TorchTrainer(cfg, path, 0, 1, torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    tr = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
+                      model_path=path, rank=0, world_size=1, device=dev)
+    rl = RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout)
     g = torch.Generator().manual_seed(0)
     vocab = min(1000, cfg.model.arch.vocab_size)
     data = {"tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
             "response_lengths": [resp_len] * batch, "loss_masks": [None] * batch,
             "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
             "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)]}
-    tr.train(data)  # warm-up
+    rl.train(data, temperature=1.0, max_response_len=resp_len)  # warm-up
     sync(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    m = tr.train(data)
+    m = rl.train(data, temperature=1.0, max_response_len=resp_len)
     sync(device)
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     out = {"batch": batch, "tokens": batch * (prompt_len + resp_len), "seconds": dt,
            "tokens_per_s": batch * (prompt_len + resp_len) / dt, "peak_gib": peak, "grad_norm": m.get("grad_norm")}
-    named = tr.named_weights()
+    named = tr.hf_weights()
     return out, tr, named
 
 

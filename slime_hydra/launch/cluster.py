@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List
 
 import ray
@@ -31,9 +32,9 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token file
         need = len(plan.bundles) + 2
         num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, need)
-        kwargs: Dict[str, Any] = {"num_gpus": sum(b.get("GPU", 0) for b in plan.bundles)} if plan.device == "cuda" else {"num_gpus": 0}
+        gpus = sum(b.get("GPU", 0) for b in plan.bundles) if plan.device == "cuda" else 0
         ray.init(num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard, log_to_driver=False,
-                 logging_level=logging.WARNING, runtime_env={"env_vars": env}, **kwargs)
+                 logging_level=logging.WARNING, runtime_env={"env_vars": env}, num_gpus=gpus)
     try:
         yield
     finally:
@@ -55,23 +56,63 @@ def create_placement_group(plan: ResourcePlan, timeout_s: float = 600.0):
                                f"(available: {avail}); check parallelism.* against the cluster")
 
 
+@dataclass
+class RankLayout:
+    """Where each trainer rank sits, as its backend reported it after start-up."""
+
+    dp_ranks: List[int]  # per global rank: its data-parallel rank (which share of a rollout it trains on)
+    pusher: int  # the global rank that sends the weights to the engines
+    reporter: int  # the global rank whose training metrics the driver logs
+
+
+def rank_layout(ranks: List[Dict[str, Any]], data_parallel: int) -> RankLayout:
+    """Check the backends' answers to ``TrainerActor.init`` (one dict per global rank) against the
+    plan's data-parallel size: every data-parallel rank trained by some rank, one rank pushing
+    weights, at least one reporting metrics."""
+    dp_ranks = [r["dp_rank"] for r in ranks]
+    sizes = {r["dp_size"] for r in ranks}
+    if sizes != {data_parallel} or sorted(set(dp_ranks)) != list(range(data_parallel)):
+        raise RuntimeError(f"trainer ranks report data-parallel ranks {dp_ranks} of sizes {sorted(sizes)}; "
+                           f"the resource plan has data parallel {data_parallel}")
+    pushers = [i for i, r in enumerate(ranks) if r["pushes_weights"]]
+    if len(pushers) != 1:
+        raise RuntimeError(f"exactly one trainer rank must push weights, got ranks {pushers}")
+    reporters = [i for i, r in enumerate(ranks) if r["reports_metrics"]]
+    if not reporters:
+        raise RuntimeError("no trainer rank reports training metrics")
+    return RankLayout(dp_ranks=dp_ranks, pusher=pushers[0], reporter=reporters[0])
+
+
+def route(data_refs: List[Any], dp_ranks: List[int]) -> List[Any]:
+    """Each global rank's share of a rollout: the rollout manager makes one share per data-parallel
+    rank, and every rank of one tensor/pipeline-parallel group trains on the same share."""
+    if len(data_refs) != len(set(dp_ranks)):
+        raise RuntimeError(f"the rollout has {len(data_refs)} data-parallel shares for "
+                           f"{len(set(dp_ranks))} data-parallel ranks")
+    return [data_refs[d] for d in dp_ranks]
+
+
 class TrainerGroup:
     """Driver-side handle on all trainer ranks; each call fans out and waits."""
 
     def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
         from slime_hydra.train.actor import TrainerActor
 
-        share = {"num_gpus": TRAINER_SHARE, "num_cpus": 0} if plan.device == "cuda" else {"num_cpus": TRAINER_SHARE}
-        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "NCCL_CUMEM_ENABLE": "0"} if plan.device == "cuda" else {}
+        cuda = plan.device == "cuda"
+        share = {"num_gpus": TRAINER_SHARE, "num_cpus": 0} if cuda else {"num_cpus": TRAINER_SHARE}
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "NCCL_CUMEM_ENABLE": "0"} if cuda else {}
         world = len(plan.trainers)
+        parts = dict(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism, sync=cfg.sync,
+                     seed=cfg.seed, run_dir=cfg.output_dir)
         actor = ray.remote(TrainerActor)
         self.actors = [
-            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=t.bundle),
-                          runtime_env={"env_vars": env}, **share).remote(cfg, t.rank, world, model_path)
+            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                                               placement_group_bundle_index=t.bundle),
+                          runtime_env={"env_vars": env}, **share).remote(t.rank, world, model_path, **parts)
             for t in plan.trainers
         ]
         master = ray.get(self.actors[0].master_address.remote())
-        ray.get([a.init.remote(master) for a in self.actors])
+        self.layout = rank_layout(ray.get([a.init.remote(master) for a in self.actors]), plan.data_parallel)
 
     def _all(self, method: str, *args) -> List[Any]:
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
@@ -82,11 +123,16 @@ class TrainerGroup:
     def connect(self, endpoints) -> None:
         self._all("connect", endpoints)
 
-    def train(self, data_refs: List[Any]) -> Dict[str, float]:
-        return ray.get([a.train.remote(ref) for a, ref in zip(self.actors, data_refs)])[0]
+    def train(self, data_refs: List[Any], temperature: float, max_response_len: int) -> Dict[str, float]:
+        """One rollout's training: ``data_refs`` holds one share per data-parallel rank (the rollout
+        manager's ``generate``); ``temperature`` and ``max_response_len`` are the rollout's sampling
+        temperature and generation budget."""
+        refs = route(data_refs, self.layout.dp_ranks)
+        out = ray.get([a.train.remote(ref, temperature, max_response_len) for a, ref in zip(self.actors, refs)])
+        return out[self.layout.reporter]
 
     def update_weights(self, version: int) -> Dict[str, float]:
-        return self._all("update_weights", version)[0]
+        return self._all("update_weights", version)[self.layout.pusher]
 
     def offload(self) -> None:
         self._all("offload")

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import ray
 
@@ -77,13 +77,9 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
            num_rollout: int, t_start: float) -> Dict[str, Any]:
     colocate, run_dir, is_async = cfg.parallelism.colocate, cfg.output_dir, cfg.trainer.mode == "async"
     trainers.connect(ray.get(manager.endpoints.remote()))
-    if colocate:  # the trainer sleeps; the engines take their memory back for its weights only
-        trainers.offload()
+    if colocate:  # the engines start awake; push_weights expects them asleep, as after a training step
         ray.get(manager.offload.remote())
-        ray.get(manager.onload_weights.remote())
-    sync = trainers.update_weights(start)
-    if colocate:
-        ray.get(manager.onload_kv.remote())
+    sync = push_weights(manager, trainers, start, colocate)
     log.info("weights v%d pushed to the engines (%.2fs over %s)", start, sync["seconds"], cfg.sync.transport)
 
     evals: Dict[str, float] = {}
@@ -102,20 +98,16 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
             ray.get(manager.offload.remote())
             trainers.onload()
         t1 = time.perf_counter()
-        metrics.update({f"train/{k}": v for k, v in trainers.train(data_refs).items()})
+        train_metrics = trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
+        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         t_train = time.perf_counter() - t1
         check_logprob_gap(cfg, metrics, step)
         t2 = time.perf_counter()
         if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
             if is_async and step < num_rollout:
                 ray.wait([next_rollout])  # never change weights under a running rollout
-            if colocate:
-                trainers.offload()
-                ray.get(manager.onload_weights.remote())
-            sync = trainers.update_weights(step)
+            sync = push_weights(manager, trainers, step, colocate)
             version = step
-            if colocate:
-                ray.get(manager.onload_kv.remote())
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
         t_sync = time.perf_counter() - t2
         if periodic(step, cfg.trainer.save_interval, num_rollout):
@@ -134,22 +126,42 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
         logger.log(step, metrics)
         logger.progress(metrics)
 
-    history = logger.history
-    first = next((r for r in history if any(k.endswith("/reward") and k.startswith("eval/") for k in r)), {})
-    last_eval = next((r for r in reversed(history) if any(k.endswith("/reward") and k.startswith("eval/") for k in r)), {})
-    summary = {
+    summary = summarize(logger.history, num_rollout, time.perf_counter() - t_start, run_dir)
+    logger.finish(summary)
+    return summary
+
+
+def push_weights(manager, trainers: TrainerGroup, version: int, colocate: bool) -> Dict[str, float]:
+    """Trainer -> engines, weight version ``version``. Colocated (the engines asleep, the trainer
+    awake): the trainer sleeps, the engines take back memory for their weights only, the push, then
+    the engines' KV cache, so that two copies of the weights plus a KV cache never share a GPU."""
+    if colocate:
+        trainers.offload()
+        ray.get(manager.onload_weights.remote())
+    sync = trainers.update_weights(version)
+    if colocate:
+        ray.get(manager.onload_kv.remote())
+    return sync
+
+
+def summarize(history: List[Dict[str, Any]], num_rollout: int, wall_s: float, run_dir: str) -> Dict[str, Any]:
+    """summary.json: the first and last held-out rewards, the first and last training rewards, the
+    largest log-prob gap."""
+    def has_eval(row: Dict[str, Any]) -> bool:
+        return any(k.startswith("eval/") and k.endswith("/reward") for k in row)
+
+    rewards = [r["rollout/reward_mean"] for r in history if "rollout/reward_mean" in r]
+    return {
         "steps": num_rollout,
-        "wall_s": round(time.perf_counter() - t_start, 2),
-        "eval_reward_initial": _eval_reward(first),
-        "eval_reward_final": _eval_reward(last_eval),
-        "train_reward_first": next((r["rollout/reward_mean"] for r in history if "rollout/reward_mean" in r), None),
-        "train_reward_last": next((r["rollout/reward_mean"] for r in reversed(history) if "rollout/reward_mean" in r), None),
+        "wall_s": round(wall_s, 2),
+        "eval_reward_initial": _eval_reward(next((r for r in history if has_eval(r)), {})),
+        "eval_reward_final": _eval_reward(next((r for r in reversed(history) if has_eval(r)), {})),
+        "train_reward_first": rewards[0] if rewards else None,
+        "train_reward_last": rewards[-1] if rewards else None,
         "max_logprob_abs_diff": max((r["train/train_rollout_logprob_abs_diff"] for r in history
                                      if "train/train_rollout_logprob_abs_diff" in r), default=None),
         "run_dir": run_dir,
     }
-    logger.finish(summary)
-    return summary
 
 
 def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> None:
@@ -188,7 +200,8 @@ def _eval(manager, logger: RunLogger, step: int) -> Dict[str, float]:
     for key, v in out.items():
         if key.endswith("/examples"):
             for ex in v:
-                logger.write(f"  [{key.split('/')[1]}] {ex['prompt']!r} -> {ex['response']!r} (label {ex['label']!r}, reward {ex['reward']})")
+                logger.write(f"  [{key.split('/')[1]}] {ex['prompt']!r} -> {ex['response']!r} "
+                             f"(label {ex['label']!r}, reward {ex['reward']})")
         elif key.endswith("/reward"):
             parts.append(f"{key.removeprefix('eval/')} {v:.3f}")
     logger.write(f"step {step}: eval " + ", ".join(parts))

@@ -1,23 +1,32 @@
-"""A trainer rank as a Ray actor: process-group set-up, the backend, the weight push (rank 0), and
-checkpoints. ``TrainerGroup`` (driver side) fans calls out to every rank."""
+"""A trainer rank as a Ray actor: the process group, the backend named by ``trainer.backend``, the RL
+step over it, and the weight push on the rank the backend chooses. ``TrainerGroup``
+(:mod:`slime_hydra.launch.cluster`) fans calls out to every rank."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
-from slime_hydra.config.schema import RunConfig
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 
 
 class TrainerActor:
-    def __init__(self, cfg: RunConfig, rank: int, world_size: int, model_path: str):
-        self.cfg, self.rank, self.world_size, self.model_path = cfg, rank, world_size, model_path
+    """One trainer rank. It gets its parts of the run config only: no rollout settings (the sampling
+    temperature and the generation budget come with each :meth:`train` call)."""
+
+    def __init__(self, rank: int, world_size: int, model_path: str, *, model: ModelConfig, algo: AlgoConfig,
+                 trainer: TrainerConfig, parallelism: ParallelismConfig, sync: SyncConfig, seed: int, run_dir: str):
+        self.rank, self.world_size, self.model_path = rank, world_size, model_path
+        self.model_cfg, self.algo, self.trainer_cfg, self.parallelism = model, algo, trainer, parallelism
+        self.sync, self.seed, self.run_dir = sync, seed, run_dir
         self.backend = None
+        self.rl = None
         self.sender = None
 
     def master_address(self) -> str:
@@ -26,15 +35,18 @@ class TrainerActor:
         ip = node_ip()
         return f"{ip}:{free_port(ip)}"
 
-    def init(self, master: str) -> None:
+    def init(self, master: str) -> Dict[str, Any]:
+        """Join the trainer process group and build the backend; returns where this rank sits
+        (``dp_rank``, ``dp_size``, ``pushes_weights``, ``reports_metrics``) for the trainer group."""
         import torch.distributed as dist
 
-        from slime_hydra.train.torch_backend import TorchTrainer
+        from slime_hydra.train.backend import load_backend
+        from slime_hydra.train.trainer import RLTrainer
 
-        torch.manual_seed(self.cfg.seed + self.rank)
-        cuda = self.cfg.parallelism.device == "cuda"
+        torch.manual_seed(self.seed + self.rank)
+        cuda = self.parallelism.device == "cuda"
         if not cuda:
-            torch.set_num_threads(self.cfg.parallelism.cpu_threads)
+            torch.set_num_threads(self.parallelism.cpu_threads)
         device = torch.device("cpu")
         if cuda:
             import ray
@@ -45,30 +57,43 @@ class TrainerActor:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master}",
                                     rank=self.rank, world_size=self.world_size)
         self.device = device
-        self.backend = TorchTrainer(self.cfg, self.model_path, self.rank, self.world_size, device)
+        backend_cls = load_backend(self.trainer_cfg.backend)
+        self.backend = backend_cls(model=self.model_cfg, algo=self.algo, trainer=self.trainer_cfg,
+                                   parallelism=self.parallelism, model_path=self.model_path, rank=self.rank,
+                                   world_size=self.world_size, device=device)
+        self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout)
+        b = self.backend
+        return {"dp_rank": b.dp_rank, "dp_size": b.dp_size, "pushes_weights": b.pushes_weights,
+                "reports_metrics": b.reports_metrics}
 
     def set_num_rollout(self, num_rollout: int) -> None:
         self.backend.set_num_rollout(num_rollout)
 
     def connect(self, endpoints: List[Dict[str, Any]]) -> None:
-        """Rank 0 connects to the engines for weight pushes."""
-        if self.rank != 0:
+        """The rank that pushes weights connects to the engines."""
+        if not self.backend.pushes_weights:
             return
         from slime_hydra.sync.sender import Endpoint, WeightSender
         from slime_hydra.utils.proc import node_ip
 
-        self.sender = WeightSender(self.cfg.sync.transport, [Endpoint(**e) for e in endpoints], self.device,
-                                   self.cfg.sync.bucket_mb, os.path.join(self.cfg.output_dir, "weight_sync"),
-                                   self.model_path, node_ip(), trust_remote_code=self.cfg.model.trust_remote_code)
+        self.sender = WeightSender(self.sync.transport, [Endpoint(**e) for e in endpoints], self.device,
+                                   self.sync.bucket_mb, os.path.join(self.run_dir, "weight_sync"),
+                                   self.model_path, node_ip(), trust_remote_code=self.model_cfg.trust_remote_code)
         self.sender.connect()
 
     def update_weights(self, version: int) -> Dict[str, float]:
-        if self.rank != 0:
+        """Every rank streams the weights (a sharded backend gathers); the pushing rank sends them."""
+        weights = self.backend.hf_weights()
+        if not self.backend.pushes_weights:
+            for _ in weights:  # take part in the gathers
+                pass
             return {}
-        return self.sender.push(self.backend.named_weights(), version)
+        if self.sender is None:
+            raise RuntimeError("update_weights before connect: the pushing rank has no engines to send to")
+        return self.sender.push(weights, version)
 
-    def train(self, data: Dict[str, list]) -> Dict[str, float]:
-        return self.backend.train(data)
+    def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
+        return self.rl.train(data, temperature=temperature, max_response_len=max_response_len)
 
     def offload(self) -> None:
         self.backend.offload()
@@ -77,11 +102,12 @@ class TrainerActor:
         self.backend.onload()
 
     def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
-        if self.rank == 0:
-            self.backend.save(out_dir, tokenizer_dir)
+        """``out_dir/hf`` (every run checkpoint has one) and the backend's resumable state."""
+        self.backend.export_hf(os.path.join(out_dir, "hf"), tokenizer_dir)
+        self.backend.save(out_dir, self.rl.state_dict())
 
     def load(self, ckpt_dir: str) -> None:
-        self.backend.load(ckpt_dir)
+        self.rl.load_state_dict(self.backend.load(ckpt_dir))
 
     def shutdown(self) -> None:
         if self.sender is not None:

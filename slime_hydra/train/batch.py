@@ -39,17 +39,14 @@ def make_micro_batch(data: Dict[str, list], indices: Sequence[int], resp_len: in
     ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), L), dtype=torch.long)
     resp = torch.full((len(seqs), resp_len), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), resp_len), dtype=torch.float32)
     start = torch.zeros(len(seqs), dtype=torch.long)
-    for b, (s, r, i) in enumerate(zip(seqs, rlens, indices)):
+    for b, (s, r) in enumerate(zip(seqs, rlens)):
         ids[b, : len(s)] = torch.tensor(s)
         attn[b, : len(s)] = 1
         start[b] = len(s) - r
         if r:
             resp[b, :r] = torch.tensor(s[len(s) - r:])
-            m = data["loss_masks"][i]
-            mask[b, :r] = torch.tensor(m if m is not None else [1] * r, dtype=torch.float32)
-    return MicroBatch(ids, attn, start, resp, mask, list(indices))
+    return MicroBatch(ids, attn, start, resp, response_mask(data, indices, resp_len), list(indices))
 
 
 def response_tensor(data: Dict[str, list], key: str, indices: Sequence[int], resp_len: int) -> torch.Tensor:
@@ -62,6 +59,16 @@ def response_tensor(data: Dict[str, list], key: str, indices: Sequence[int], res
     return out
 
 
+def response_mask(data: Dict[str, list], indices: Sequence[int], resp_len: int) -> torch.Tensor:
+    """The loss masks of ``indices`` as ``[B, T]`` float (a missing mask: every response token)."""
+    out = torch.zeros((len(indices), resp_len), dtype=torch.float32)
+    for b, i in enumerate(indices):
+        r, m = data["response_lengths"][i], data["loss_masks"][i]
+        if r:
+            out[b, :r] = torch.tensor(m if m is not None else [1] * r, dtype=torch.float32)
+    return out
+
+
 def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,
                        with_entropy: bool = False, chunk: int = 4096) -> tuple:
     """Log-probs (and entropies) of the response tokens under ``softmax(logits / temperature)``.
@@ -70,7 +77,8 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float 
     is scored by logits[b, start_b - 1 + t]. Rows are gathered first so only ``B x T`` positions
     reach the (float32) log-softmax, processed ``chunk`` positions at a time."""
     B, T = mb.response_ids.shape
-    pos = (mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]).clamp(0, logits.shape[1] - 1)
+    pos = mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]
+    pos = pos.clamp(0, logits.shape[1] - 1)
     rows = logits.gather(1, pos[..., None].expand(B, T, logits.shape[-1])).reshape(B * T, -1)
     targets = mb.response_ids.reshape(-1)
     lps, ents = [], []

@@ -12,21 +12,22 @@ GAE then uses ``delta_t = r_t + gamma V_{t+1} - V_t`` with the outcome reward on
 
 ``Critic`` owns the value model, its data-parallel wrapper (DDP, like the actor), its AdamW
 (``algo.critic_lr``, default ``algo.lr``) and LR schedule (the actor's shape, scaled to
-``critic_lr``). The torch trainer calls :meth:`Critic.values` before the advantages and
-:meth:`Critic.train_step` once per optimiser step, with the actor's step ``Reducer``.
+``critic_lr``). The RL step (:mod:`slime_hydra.train.trainer`) calls :meth:`Critic.values` before the
+advantages and :meth:`Critic.train_step` once per optimiser step, with the value loss as its loss
+function.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, List, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from slime_hydra.train import algorithms as A
+from slime_hydra.train.backend import CriticBackend, StepResult, ValueLossFn
 from slime_hydra.train.batch import MicroBatch
+from slime_hydra.train.optim import accumulated_step, adamw, autocast
 
 
 def response_positions(mb: MicroBatch, length: int) -> torch.Tensor:
@@ -69,14 +70,14 @@ class ValueModel(nn.Module):
             return self.value_head(rows.float()).squeeze(-1)
 
 
-class Critic:
+class Critic(CriticBackend):
     """The value model being trained on one trainer rank (its own optimiser, same data parallelism
-    as the actor)."""
+    as the actor): the torch backend's :class:`~slime_hydra.train.backend.CriticBackend`."""
 
-    def __init__(self, algo, model_path: str, *, dtype: torch.dtype, device: torch.device, world_size: int,
-                 gradient_checkpointing: bool = False,
+    def __init__(self, algo, model_path: str, *, dtype: torch.dtype, compute_dtype: torch.dtype,
+                 device: torch.device, world_size: int, gradient_checkpointing: bool = False,
                  trust_remote_code: bool = False):
-        self.algo, self.device, self.world_size = algo, device, world_size
+        self.algo, self.device, self.world_size, self.compute_dtype = algo, device, world_size, compute_dtype
         self.model = ValueModel.from_pretrained(model_path, dtype, trust_remote_code).to(device)
         if gradient_checkpointing:
             self.model.backbone.gradient_checkpointing_enable()
@@ -84,46 +85,33 @@ class Critic:
         if world_size > 1:
             self.net = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        lr = algo.critic_lr if algo.critic_lr is not None else algo.lr
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(algo.adam_beta1, algo.adam_beta2),
-                                     eps=algo.adam_eps, weight_decay=algo.weight_decay)
-        self.sched: Optional[torch.optim.lr_scheduler.LambdaLR] = None  # the trainer sizes it to the run
+        self.opt = adamw(self.model.parameters(), algo, algo.critic_lr if algo.critic_lr is not None else algo.lr)
+        self.sched: Optional[torch.optim.lr_scheduler.LambdaLR] = None  # the backend sizes it to the run
+
+    @property
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
 
     @torch.no_grad()
-    def values(self, mbs: List[MicroBatch]) -> torch.Tensor:
+    def values(self, mbs: Sequence[MicroBatch]) -> torch.Tensor:
         """The current critic's values of a whole rollout, ``[N, T]`` float32 on CPU; zero after each
         response (mask-0 tokens inside a response, e.g. tool output, keep their values: GAE runs
         through them, see :func:`slime_hydra.train.algorithms.advantages.ppo_gae`)."""
         self.model.eval()
         out = []
-        for mb in mbs:
-            T = mb.loss_mask.shape[1]
-            inside = torch.arange(T, device=mb.loss_mask.device)[None, :] < A.response_lengths(mb.loss_mask)[:, None]
-            out.append((self.net(mb) * inside).float().cpu())
+        with autocast(self.device, self.compute_dtype):
+            for mb in mbs:
+                positions = torch.arange(mb.loss_mask.shape[1], device=mb.loss_mask.device)
+                inside = positions[None, :] < A.response_lengths(mb.loss_mask)[:, None]
+                out.append((self.net(mb) * inside).float().cpu())
         return torch.cat(out)
 
-    def train_step(self, mbs: List[MicroBatch], reducer: A.Reducer, old_values: torch.Tensor,
-                   returns: torch.Tensor) -> Dict[str, float]:
-        """One optimiser step of the clipped value loss over the step's micro-batches.
-
-        ``old_values`` / ``returns`` are rollout-wide ``[N, T]`` tensors indexed by ``mb.indices``."""
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        out: Dict[str, float] = {}
-        for k, mb in enumerate(mbs):
-            sync = k == len(mbs) - 1 or self.world_size == 1
-            with contextlib.nullcontext() if sync else self.net.no_sync():
-                v = self.net(mb)
-                idx = mb.indices
-                loss, m = A.value_loss(self.algo, reducer, values=v, old_values=old_values[idx].to(v.device),
-                                       returns=returns[idx].to(v.device), loss_mask=mb.loss_mask)
-                (loss * self.world_size).backward()  # DDP averages over ranks; the reducer used step totals
-            for key, val in m.items():
-                out[key] = out.get(key, 0.0) + float(val)
-        out["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.clip_grad))
-        self.opt.step()
-        self.sched.step()
-        return out
+    def train_step(self, mbs: Sequence[MicroBatch], loss_fn: ValueLossFn) -> StepResult:
+        """One optimiser step of ``loss_fn`` (the clipped value loss) over the step's micro-batches."""
+        with autocast(self.device, self.compute_dtype):
+            return accumulated_step(self.net, self.model, self.opt, self.sched, mbs,
+                                    lambda mb: loss_fn(mb.indices, self.net(mb)), self.world_size,
+                                    self.algo.clip_grad)
 
     # ----------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> Dict[str, object]:
@@ -134,23 +122,3 @@ class Critic:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       group: Optional[object] = None) -> float:
-    """:func:`slime_hydra.train.algorithms.explained_variance` over the tokens of every data-parallel
-    rank (the masked moments are all-reduced when a process group is initialised)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return float(A.explained_variance(values, returns, mask))
-    m = mask.double()
-    r = returns.double() * m
-    e = (returns.double() - values.double()) * m
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    moments = torch.stack([m.sum(), r.sum(), (r * r).sum(), e.sum(), (e * e).sum()]).to(device)
-    dist.all_reduce(moments, group=group)
-    n, sr, srr, se, see = moments.cpu().tolist()
-    n = max(n, 1.0)
-    var_r = srr / n - (sr / n) ** 2
-    if var_r <= 0:
-        return float("nan")
-    return 1.0 - (see / n - (se / n) ** 2) / var_r

@@ -1,10 +1,10 @@
-"""The torch trainer backend: a Hugging Face causal LM, AdamW, data parallel across trainer actors
-(DDP over gloo on CPU, NCCL on GPUs).
+"""The torch trainer backend (:class:`~slime_hydra.train.backend.TrainerBackend`): a Hugging Face
+causal LM, AdamW, data parallel across trainer ranks (DDP over gloo on CPU, NCCL on GPUs).
 
-``train(data)`` is one rollout's worth of training: recompute the old (and reference) log-probs,
-the critic's values (PPO), the advantages, then ``num_steps_per_rollout`` optimiser steps over
-micro-batches (each step: a critic step, then an actor step). The algorithm is entirely in
-:mod:`slime_hydra.train.algorithms`; this file only moves tensors.
+It only moves tensors: padded micro-batches, forward passes under autocast, backward over
+micro-batches with the loss function the RL step (:mod:`slime_hydra.train.trainer`) gives it, the
+optimiser, offload and checkpoints. Every rank is its own data-parallel rank; rank 0 pushes the
+weights and writes checkpoints.
 
 What the extra models cost in memory, with ``P`` the policy's parameter bytes:
 
@@ -34,80 +34,92 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-from collections import defaultdict
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from slime_hydra.config.schema import RunConfig
 from slime_hydra.train import algorithms as A
-from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs, response_tensor
-from slime_hydra.train.critic import Critic, explained_variance
+from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
+from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
+from slime_hydra.train.critic import Critic
 from slime_hydra.train.offload import Offloader
+from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 
-
-def lr_lambda(algo, total_steps: int):
-    def f(step: int) -> float:
-        if step < algo.lr_warmup_steps:
-            return (step + 1) / algo.lr_warmup_steps
-        if algo.lr_decay == "constant" or total_steps <= algo.lr_warmup_steps:
-            return 1.0
-        frac = min(1.0, (step - algo.lr_warmup_steps) / max(1, total_steps - algo.lr_warmup_steps))
-        floor = algo.min_lr / algo.lr
-        if algo.lr_decay == "linear":
-            return floor + (1 - floor) * (1 - frac)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))
-
-    return f
+# trainer.pt keys of the backend's own; the rest is the RL step's state given to save()
+_OWN_STATE = ("optimizer", "scheduler", "ref", "rng", "master")
 
 
-class TorchTrainer:
-    def __init__(self, cfg: RunConfig, model_path: str, rank: int, world_size: int, device: torch.device):
-        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
-        algo = cfg.algo
-        self.compute_dtype = getattr(torch, cfg.model.dtype)
+class TorchBackend(TrainerBackend):
+    def __init__(self, *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig,
+                 parallelism: Optional[ParallelismConfig] = None, model_path: str, rank: int, world_size: int,
+                 device: torch.device):
+        # parallelism: data parallel over all ranks is the only layout (validation refuses the others)
+        self.algo, self.trainer_cfg = algo, trainer
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.compute_dtype = getattr(torch, model.dtype)
         dtype = torch.float32 if device.type == "cuda" else self.compute_dtype  # master weights
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
-                                                          trust_remote_code=cfg.model.trust_remote_code).to(device)
-        if cfg.trainer.gradient_checkpointing:
+                                                          trust_remote_code=model.trust_remote_code).to(device)
+        if trainer.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.config.use_cache = False
         self.net = self.model
         if world_size > 1:
-            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, betas=(algo.adam_beta1, algo.adam_beta2),
-                                     eps=algo.adam_eps, weight_decay=algo.weight_decay)
-        self.needs_ref = A.needs_ref(algo)
-        self.critic = None
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.opt = adamw(self.model.parameters(), algo, algo.lr)
+        self.critic: Optional[Critic] = None
         if A.needs_critic(algo):
-            self.critic = Critic(algo, model_path, dtype=dtype, device=device, world_size=world_size,
-                                 gradient_checkpointing=cfg.trainer.gradient_checkpointing,
-                                 trust_remote_code=cfg.model.trust_remote_code)
-        self.set_num_rollout(cfg.trainer.num_rollout or 1)
+            self.critic = Critic(algo, model_path, dtype=dtype, compute_dtype=self.compute_dtype, device=device,
+                                 world_size=world_size, gradient_checkpointing=trainer.gradient_checkpointing,
+                                 trust_remote_code=model.trust_remote_code)
+        self.set_num_rollout(trainer.num_rollout or 1)
         pin = device.type == "cuda"
-        self.ref_state = self._cpu_copy(pin) if self.needs_ref else None
-        self._backup = self._cpu_copy(pin) if self.needs_ref else None
+        needs_ref = A.needs_ref(algo)
+        self.ref_state = self._cpu_copy(pin) if needs_ref else None
+        self._backup = self._cpu_copy(pin) if needs_ref else None
         self.offloaders = [Offloader(self.model, self.opt, device)]
         if self.critic is not None:
             self.offloaders.append(Offloader(self.critic.model, self.critic.opt, device))
         self.pad_id = self.model.config.pad_token_id or 0
-        self.steps_done = 0  # actor optimiser steps
-        self.rollouts_done = 0  # train() calls, critic-only ones included
+
+    # ------------------------------------------------------------------------------ layout
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    @property
+    def pushes_weights(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def reports_metrics(self) -> bool:
+        return True  # every rank holds the whole model: its metrics, reduced over ranks, are complete
+
+    def dp_all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            t = t.to(self.device)
+            dist.all_reduce(t)
+        return t.cpu()
 
     def set_num_rollout(self, num_rollout: int) -> None:
-        """(Re)build the LR schedules for a run of ``num_rollout`` rollouts (known once the data
-        is read when the run is sized by ``num_epoch``); call before the first step."""
-        algo, steps = self.cfg.algo, self.cfg.trainer.num_steps_per_rollout
-        actor_steps = max(1, num_rollout - algo.num_critic_only_steps) * steps  # the actor waits for the critic
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(algo, actor_steps))
+        steps = self.trainer_cfg.num_steps_per_rollout
+        actor_steps = max(1, num_rollout - self.algo.num_critic_only_steps) * steps  # the actor waits for the critic
+        self.sched = schedule(self.opt, self.algo, actor_steps)
         if self.critic is not None:
-            self.critic.sched = torch.optim.lr_scheduler.LambdaLR(self.critic.opt, lr_lambda(algo, num_rollout * steps))
+            self.critic.sched = schedule(self.critic.opt, self.algo, num_rollout * steps)
 
     # ------------------------------------------------------------------------------ weights
     def _unique_state(self) -> Dict[str, torch.Tensor]:
@@ -145,15 +157,15 @@ class TorchTrainer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
 
-    def named_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+    def _named_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Hugging Face names -> tensors in ``model.dtype``, as the engines load them (cast one at a
         time, so a push never holds a second copy of the model)."""
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach().to(self.compute_dtype)
 
-    def autocast(self):
-        mixed = self.device.type == "cuda" and self.compute_dtype != torch.float32
-        return torch.autocast("cuda", dtype=self.compute_dtype) if mixed else contextlib.nullcontext()
+    def hf_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        if self.pushes_weights:
+            yield from self._named_weights()
 
     def offload(self) -> None:
         """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host
@@ -166,146 +178,69 @@ class TorchTrainer:
             o.onload()
 
     # --------------------------------------------------------------------------------- train
-    def _forward_log_probs(self, mb: MicroBatch, with_entropy: bool = False):
-        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        with self.autocast():
-            logits = self.net(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
-        return response_log_probs(logits, mb, self.cfg.rollout.temperature, with_entropy)
-
-    @torch.no_grad()
-    def _log_probs_all(self, mbs: List[MicroBatch]) -> torch.Tensor:
-        self.model.eval()
-        return torch.cat([self._forward_log_probs(mb)[0].float().cpu() for mb in mbs])
-
-    def _micro_batches(self, data: Dict[str, list], rows: List[int], resp_len: int) -> List[MicroBatch]:
-        size = self.cfg.trainer.micro_batch_size
-        return [make_micro_batch(data, rows[s:s + size], resp_len, self.pad_id).to(self.device)
+    def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[MicroBatch]:
+        size = self.trainer_cfg.micro_batch_size
+        return [make_micro_batch(data, rows[s:s + size], response_len, self.pad_id).to(self.device)
                 for s in range(0, len(rows), size)]
 
-    def _allreduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            t = t.to(self.device)
-            dist.all_reduce(t)
-        return t.cpu()
+    @property
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
 
-    def train(self, data: Dict[str, list]) -> Dict[str, float]:
-        cfg, algo = self.cfg, self.cfg.algo
-        n = len(data["tokens"])
-        rows = list(range(n))
-        T = max(1, max(data["response_lengths"]))
-        lr = self.sched.get_last_lr()[0]  # the rate of this rollout's (first) step
-        # the rollout is cut into num_steps_per_rollout optimiser steps of equal size, each into micro-batches
-        steps = cfg.trainer.num_steps_per_rollout
-        per_step = n // steps
-        assert per_step * steps == n, f"{n} samples do not split into {steps} equal optimiser steps"
-        step_rows = [rows[s * per_step:(s + 1) * per_step] for s in range(steps)]
-        step_mbs = [self._micro_batches(data, r, T) for r in step_rows]
-        mbs = [mb for group in step_mbs for mb in group]
-        loss_mask = torch.cat([mb.loss_mask.cpu() for mb in mbs])
-        rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
-        metrics: Dict[str, float] = {}
+    def _forward(self, mb: MicroBatch, temperature: float, with_entropy: bool = False):
+        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        with autocast(self.device, self.compute_dtype):
+            logits = self.net(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
+        return response_log_probs(logits, mb, temperature, with_entropy)
 
-        # 1. old-policy log-probs (recomputed, unless the rollout's are used as-is), the reference's,
-        #    and the critic's values
-        old_lp = self._log_probs_all(mbs)
-        logprob_gap = ((old_lp - rollout_lp).abs() * loss_mask).sum()
-        if algo.use_rollout_logprobs:
-            old_lp = rollout_lp
-        ref_lp = None
-        if self.needs_ref:
-            with self.swapped_in(self.ref_state):
-                ref_lp = self._log_probs_all(mbs)
-        if self.critic is not None:
-            with self.autocast():
-                values = self.critic.values(mbs)
-        else:
-            values = None
+    @torch.no_grad()
+    def _log_probs(self, mbs: Sequence[MicroBatch], temperature: float) -> torch.Tensor:
+        self.model.eval()
+        return torch.cat([self._forward(mb, temperature)[0].float().cpu() for mb in mbs])
 
-        # 2. advantages (and the critic's targets) on the whole local batch
-        rewards = torch.tensor(data["rewards"], dtype=torch.float32)
-        adv, returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
-                                            ref_log_probs=ref_lp, values=values,
-                                            all_reduce=self._allreduce if self.world_size > 1 else None)
-        # token means over every rank's samples: the log-prob gap, |advantage| and the critic's values
-        value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
-        totals = self._allreduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),
-                                              (adv.abs() * loss_mask).sum(), value_sum.float()]))
-        tokens = float(totals[0].clamp(min=1))
-        metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
-        metrics["advantage_abs_mean"] = float(totals[2]) / tokens
-        if values is not None:  # how well the critic predicted these returns, before its update
-            metrics["explained_variance"] = explained_variance(values, returns, loss_mask)
-            metrics["values_mean"] = float(totals[3]) / tokens
+    def log_probs(self, mbs: Sequence[MicroBatch], temperature: float, *, reference: bool = False) -> torch.Tensor:
+        if not reference:
+            return self._log_probs(mbs, temperature)
+        if self.ref_state is None:
+            raise RuntimeError("reference log-probs asked for, but algo has neither kl_coef nor kl_loss_coef, "
+                               "so the backend kept no reference weights")
+        with self.swapped_in(self.ref_state):
+            return self._log_probs(mbs, temperature)
 
-        # 3. the optimiser steps; for the first num_critic_only_steps rollouts only the critic trains
-        train_actor = self.rollouts_done >= algo.num_critic_only_steps
-        sums: Dict[str, float] = defaultdict(float)
-        for these_rows, group in zip(step_rows, step_mbs):
-            counts = self._allreduce(torch.tensor([float(len(these_rows)), float(loss_mask[these_rows].sum())]))
-            reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
-                                max_len=cfg.rollout.max_response_len)
-            step_metrics: Dict[str, float] = {}
-            if self.critic is not None:
-                with self.autocast():
-                    step_metrics.update(self.critic.train_step(group, reducer, values, returns))
-            if train_actor:
-                step_metrics.update(self._actor_step(group, reducer, old_lp, ref_lp, rollout_lp, adv))
-            for key, v in step_metrics.items():
-                sums[key] += v / steps
-        self.rollouts_done += 1
-        metrics["lr"] = lr
-        if self.critic is not None:
-            metrics["critic_lr"] = self.critic.sched.get_last_lr()[0]
-        for key, v in sums.items():
-            per_rank = key.endswith("grad_norm")  # the same on every rank after DDP: average, not sum
-            metrics[key] = float(self._allreduce(torch.tensor([v]))[0]) / (self.world_size if per_rank else 1)
-        return metrics
+    def train_step(self, mbs: Sequence[MicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
+        def loss_of(mb: MicroBatch):
+            log_probs, entropy = self._forward(mb, temperature, with_entropy=True)
+            return loss_fn(mb.indices, log_probs, entropy)
 
-    def _actor_step(self, mbs: List[MicroBatch], reducer: A.Reducer, old_lp: torch.Tensor,
-                    ref_lp: Optional[torch.Tensor], rollout_lp: torch.Tensor, adv: torch.Tensor) -> Dict[str, float]:
-        """One optimiser step of the policy loss over the step's micro-batches."""
-        algo = self.cfg.algo
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        out: Dict[str, float] = defaultdict(float)
-        for k, mb in enumerate(mbs):
-            sync = k == len(mbs) - 1 or self.world_size == 1
-            with contextlib.nullcontext() if sync else self.net.no_sync():
-                lp, ent = self._forward_log_probs(mb, with_entropy=True)
-                idx = mb.indices
-                loss, m = A.policy_loss(
-                    algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),
-                    advantages=adv[idx].to(lp.device), loss_mask=mb.loss_mask,
-                    ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
-                    rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=ent)
-                # DDP averages gradients over ranks; the reducer already divides by step totals.
-                (loss * self.world_size).backward()
-            for key, v in m.items():
-                out[key] += float(v)
-        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.clip_grad))
-        self.opt.step()
-        self.sched.step()
-        self.steps_done += 1
-        return out
+        return accumulated_step(self.net, self.model, self.opt, self.sched, mbs, loss_of, self.world_size,
+                                self.algo.clip_grad)
 
     # ---------------------------------------------------------------------------- checkpoints
-    def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
-        """Rank 0: ``out_dir/hf`` (loads with from_pretrained), ``out_dir/trainer.pt`` and, with a critic,
-        ``out_dir/critic.pt``."""
-        master = self.model.state_dict()
-        self.model.save_pretrained(os.path.join(out_dir, "hf"), state_dict=dict(self.named_weights()))
+    def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
+        """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained)."""
+        if self.rank != 0:
+            return
+        self.model.save_pretrained(out_dir, state_dict=dict(self._named_weights()))
         if tokenizer_dir:
             from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(os.path.join(out_dir, "hf"))
-        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "steps_done": self.steps_done,
-                 "rollouts_done": self.rollouts_done, "ref": self.ref_state, "rng": torch.get_rng_state(),
+            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+
+    def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
+        """Rank 0 writes ``out_dir/trainer.pt`` (optimiser, scheduler, reference weights, RNG, float32
+        master weights when ``hf/`` holds another dtype, ``trainer_state``) and, with a critic,
+        ``out_dir/critic.pt``; the weights are those of ``out_dir/hf``."""
+        if self.rank != 0:
+            return
+        master = self.model.state_dict()
+        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), **trainer_state,
+                 "ref": self.ref_state, "rng": torch.get_rng_state(),
                  "master": master if self.compute_dtype != next(self.model.parameters()).dtype else None}
         torch.save(state, os.path.join(out_dir, "trainer.pt"))
         if self.critic is not None:
             torch.save(self.critic.state_dict(), os.path.join(out_dir, "critic.pt"))
 
-    def load(self, ckpt_dir: str) -> None:
+    def load(self, ckpt_dir: str) -> Dict[str, Any]:
         from safetensors.torch import load_file
 
         hf = os.path.join(ckpt_dir, "hf")
@@ -320,17 +255,17 @@ class TorchTrainer:
         state = torch.load(os.path.join(ckpt_dir, "trainer.pt"), map_location="cpu", weights_only=False)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
-        self.steps_done = state["steps_done"]
-        self.rollouts_done = state["rollouts_done"]
         if state.get("master") is not None:  # the float32 weights, not their bfloat16 copy in hf/
             self.model.load_state_dict(state["master"])
         if self.critic is not None:
             path = os.path.join(ckpt_dir, "critic.pt")
             if not os.path.exists(path):
                 raise FileNotFoundError(f"{ckpt_dir} has no critic.pt: it was not saved by a run with a critic "
-                                        "(advantage_estimator=ppo); start a new run from its hf/ with model.path instead")
+                                        "(advantage_estimator=ppo); start a new run from its hf/ with model.path "
+                                        "instead")
             self.critic.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-        if self.needs_ref and state.get("ref") is not None:
+        if self.ref_state is not None and state.get("ref") is not None:
             for k, v in self.ref_state.items():
                 v.copy_(state["ref"][k])
         torch.set_rng_state(state["rng"])
+        return {k: v for k, v in state.items() if k not in _OWN_STATE}

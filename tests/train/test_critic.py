@@ -1,6 +1,6 @@
-"""The PPO critic (slime_hydra/train/critic.py) and the torch trainer's use of it, in process (no Ray):
-value-head shapes and positions, where the value loss's gradient goes, critic-only rollouts,
-checkpoint round trip, and DDP over two gloo ranks matching one rank on the whole batch."""
+"""The PPO critic (slime_hydra/train/critic.py) and the RL step's use of it over the torch backend, in
+process (no Ray): value-head shapes and positions, where the value loss's gradient goes, critic-only
+rollouts, checkpoint round trip, and DDP over two gloo ranks matching one rank on the whole batch."""
 
 from __future__ import annotations
 
@@ -9,23 +9,9 @@ import socket
 
 import pytest
 import torch
+from tiny_trainer import backend, fake_rollout, rl_trainer, train
 
 from conftest import resolved
-
-
-def fake_rollout(n: int = 8, seed: int = 0, vocab: int = 24) -> dict:
-    """Rollout data as the manager sends it: prompts of 5 tokens, responses of 1-3 tokens, 0/1 rewards."""
-    g = torch.Generator().manual_seed(seed)
-    tokens, lens, masks = [], [], []
-    for i in range(n):
-        r = 1 + i % 3
-        tokens.append(torch.randint(3, vocab, (5 + r,), generator=g).tolist())
-        lens.append(r)
-        masks.append([1] * r)
-    rewards = [float(x) for x in torch.randint(0, 2, (n,), generator=g)]
-    return {"tokens": tokens, "response_lengths": lens, "loss_masks": masks, "rewards": rewards,
-            "raw_rewards": list(rewards), "rollout_log_probs": [[0.0] * r for r in lens],
-            "group_indices": [i // 4 for i in range(n)], "truncated": [False] * n}
 
 
 def ppo_cfg(*overrides: str):
@@ -53,7 +39,8 @@ def test_value_model_shape_and_positions(tiny_ckpt):
     v = model(mb)
     # the value of response token t is read where the logits that score token t are
     pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = model.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).last_hidden_state
+    out = model.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos)
+    hidden = out.last_hidden_state
     b, t = 2, 1
     expected = model.value_head(hidden[b, int(mb.response_start[b]) - 1 + t])
     torch.testing.assert_close(v[b, t], expected[0])
@@ -73,10 +60,9 @@ def test_backbone_is_the_policy_backbone(tiny_ckpt):
 
 def test_masked_value_loss_grad_flows_only_into_the_critic(tiny_ckpt):
     from slime_hydra.train import algorithms as A
-    from slime_hydra.train.torch_backend import TorchTrainer
 
     cfg = ppo_cfg()
-    tr = TorchTrainer(cfg, tiny_ckpt, 0, 1, torch.device("cpu"))
+    tr = backend(cfg, tiny_ckpt)
     torch.nn.init.normal_(tr.critic.model.value_head.weight, std=0.1)
     data = fake_rollout(4)
     mb = micro_batch(data, [0, 1, 2, 3])
@@ -96,15 +82,22 @@ def test_masked_value_loss_grad_flows_only_into_the_critic(tiny_ckpt):
     assert tr.critic.model.backbone.embed_tokens.weight.grad.abs().sum() > 0
 
 
-def test_explained_variance_single_process_matches_the_algorithm():
+def test_explained_variance_from_moments_matches_the_algorithm():
     from slime_hydra.train import algorithms as A
-    from slime_hydra.train.critic import explained_variance
+    from slime_hydra.train.trainer import explained_variance
 
     g = torch.Generator().manual_seed(0)
     v, r = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
     m = (torch.rand(6, 4, generator=g) > 0.3).float()
     assert explained_variance(v, r, m) == pytest.approx(float(A.explained_variance(v, r, m)))
     assert explained_variance(v, r, m) == pytest.approx(_ev_moments(v, r, m), rel=1e-6)
+    # two "ranks" with half the rows each: the sum of their moments gives the whole batch's value
+    moments = []
+    for rows in (slice(0, 3), slice(3, 6)):
+        explained_variance(v[rows], r[rows], m[rows], all_reduce=lambda t: moments.append(t) or t)
+    both = explained_variance(v[:3], r[:3], m[:3], all_reduce=lambda t: moments[0] + moments[1])
+    assert both == pytest.approx(float(A.explained_variance(v, r, m)), rel=1e-6)
+    assert explained_variance(v[:3], r[:3], m[:3]) != pytest.approx(both)
 
 
 def _ev_moments(v, r, m):
@@ -126,55 +119,62 @@ def changed(before, model):
 
 
 def test_ppo_trainer_critic_only_then_actor_and_checkpoint(tiny_ckpt, tmp_path):
-    from slime_hydra.train.torch_backend import TorchTrainer
-
     cfg = ppo_cfg("algo.num_critic_only_steps=2", "algo.critic_lr=1e-2", "algo.lr=1e-3")
-    tr = TorchTrainer(cfg, tiny_ckpt, 0, 1, torch.device("cpu"))
+    rl, tr = rl_trainer(cfg, tiny_ckpt)
     data = fake_rollout(8)
     actor0 = params(tr.model)
     losses, evs = [], []
     for i in range(4):
         critic_before = params(tr.critic.model)
-        m = tr.train(data)
+        m = train(rl, cfg, data)
         assert changed(critic_before, tr.critic.model)
         losses.append(m["value_loss"])
         evs.append(m["explained_variance"])
         for key in ("value_loss", "value_clipfrac", "explained_variance", "critic_grad_norm", "critic_lr"):
             assert key in m, key
         if i < 2:  # critic-only rollouts: the actor is not updated
-            assert not changed(actor0, tr.model) and tr.steps_done == 0
+            assert not changed(actor0, tr.model) and rl.steps_done == 0
             assert "pg_loss" not in m
         else:
             for key in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm"):
                 assert key in m, key
-    assert changed(actor0, tr.model) and tr.steps_done == 2 and tr.rollouts_done == 4
+    assert changed(actor0, tr.model) and rl.steps_done == 2 and rl.rollouts_done == 4
     assert evs[0] == pytest.approx(0.0, abs=1e-6)  # V = 0 at first: no better than a constant
     assert losses[-1] < losses[0] and evs[-1] > evs[0]  # the critic fits the same batch
 
-    tr.save(str(tmp_path), None)
+    tr.export_hf(str(tmp_path / "hf"), None)  # as TrainerActor.save does
+    tr.save(str(tmp_path), rl.state_dict())
     assert (tmp_path / "critic.pt").exists()
-    expected_v = tr.critic.values(tr._micro_batches(data, list(range(8)), 3))
-    fresh = TorchTrainer(cfg, tiny_ckpt, 0, 1, torch.device("cpu"))
-    fresh.load(str(tmp_path))
-    assert fresh.rollouts_done == 4 and fresh.steps_done == 2
+    expected_v = tr.critic.values(tr.micro_batches(data, list(range(8)), 3))
+    fresh_rl, fresh = rl_trainer(cfg, tiny_ckpt)
+    fresh_rl.load_state_dict(fresh.load(str(tmp_path)))
+    assert fresh_rl.rollouts_done == 4 and fresh_rl.steps_done == 2
     for k, v in tr.critic.model.state_dict().items():
         torch.testing.assert_close(fresh.critic.model.state_dict()[k], v, rtol=0, atol=0)
-    torch.testing.assert_close(fresh.critic.values(fresh._micro_batches(data, list(range(8)), 3)), expected_v)
+    torch.testing.assert_close(fresh.critic.values(fresh.micro_batches(data, list(range(8)), 3)), expected_v)
     assert fresh.critic.sched.state_dict()["last_epoch"] == tr.critic.sched.state_dict()["last_epoch"]
     assert fresh.critic.opt.state_dict()["state"].keys() == tr.critic.opt.state_dict()["state"].keys()
     # both continue identically
-    m1, m2 = tr.train(data), fresh.train(data)
+    m1, m2 = train(rl, cfg, data), train(fresh_rl, cfg, data)
     assert m1["value_loss"] == pytest.approx(m2["value_loss"]) and m1["pg_loss"] == pytest.approx(m2["pg_loss"])
 
 
 def test_resume_without_critic_checkpoint_fails(tiny_ckpt, tmp_path):
-    from slime_hydra.train.torch_backend import TorchTrainer
-
-    grpo = TorchTrainer(resolved(["trainer.num_rollout=10"]), tiny_ckpt, 0, 1, torch.device("cpu"))
-    grpo.save(str(tmp_path), None)
-    ppo = TorchTrainer(ppo_cfg(), tiny_ckpt, 0, 1, torch.device("cpu"))
+    grpo = backend(resolved(["trainer.num_rollout=10"]), tiny_ckpt)
+    grpo.export_hf(str(tmp_path / "hf"), None)
+    grpo.save(str(tmp_path), {"steps_done": 0, "rollouts_done": 0})
+    ppo = backend(ppo_cfg(), tiny_ckpt)
     with pytest.raises(FileNotFoundError, match="critic.pt"):
         ppo.load(str(tmp_path))
+
+
+def test_ppo_needs_a_backend_with_a_critic(tiny_ckpt):
+    from slime_hydra.train.trainer import RLTrainer
+
+    grpo = backend(resolved(["trainer.num_rollout=10"]), tiny_ckpt)
+    assert grpo.critic is None
+    with pytest.raises(ValueError, match="advantage_estimator='ppo' trains a critic, which the TorchBackend"):
+        RLTrainer(grpo, ppo_cfg().algo, 1)
 
 
 def _free_port() -> int:
@@ -186,18 +186,17 @@ def _free_port() -> int:
 def _ddp_worker(rank, world, port, ckpt, out_dir):
     import torch.distributed as dist
 
-    from slime_hydra.train.torch_backend import TorchTrainer
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tr = TorchTrainer(ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2"), ckpt, rank, world,
-                          torch.device("cpu"))
+        cfg = ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2")
+        rl, tr = rl_trainer(cfg, ckpt, rank, world)
         full = fake_rollout(8)
         half = {k: v[rank * 4:(rank + 1) * 4] for k, v in full.items()}
-        m = tr.train(half)
-        torch.save({"critic": tr.critic.model.state_dict(), "actor": tr.model.state_dict(), "metrics": m},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        m = train(rl, cfg, half)
+        layout = (tr.dp_rank, tr.dp_size, tr.pushes_weights, len(list(tr.hf_weights())) > 0)
+        torch.save({"critic": tr.critic.model.state_dict(), "actor": tr.model.state_dict(), "metrics": m,
+                    "layout": layout}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -207,14 +206,14 @@ def test_ddp_critic_matches_one_rank(tiny_ckpt, tmp_path):
     with all of it (sample_mean: the reducer's step totals are all-reduced)."""
     import torch.multiprocessing as mp
 
-    from slime_hydra.train.torch_backend import TorchTrainer
-
     mp.spawn(_ddp_worker, args=(2, _free_port(), tiny_ckpt, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
-    one = TorchTrainer(ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2"), tiny_ckpt, 0, 1,
-                       torch.device("cpu"))
+    # each rank is its own data-parallel rank; only rank 0 streams weights to push
+    assert r0["layout"] == (0, 2, True, True) and r1["layout"] == (1, 2, False, False)
+    cfg = ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2")
+    rl, one = rl_trainer(cfg, tiny_ckpt)
     # advantages are whitened with moments over both ranks (as slime does), so the actors agree too
-    m = one.train(fake_rollout(8))
+    m = train(rl, cfg, fake_rollout(8))
     for k, v in one.critic.model.state_dict().items():
         torch.testing.assert_close(r0["critic"][k], r1["critic"][k], rtol=0, atol=0)
         torch.testing.assert_close(r0["critic"][k], v, rtol=1e-5, atol=1e-6)

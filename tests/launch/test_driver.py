@@ -1,5 +1,5 @@
-"""The driver's helpers that need no cluster: the log-prob gap guard and carrying metrics over when
-a checkpoint of another run is resumed in a new run directory."""
+"""The driver's helpers that need no cluster: the log-prob gap guard, carrying metrics over when a
+checkpoint of another run is resumed in a new run directory, and the run summary."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import resolved
-from slime_hydra.launch.driver import carry_history, check_logprob_gap
+from slime_hydra.launch.driver import carry_history, check_logprob_gap, summarize
 
 
 def test_logprob_gap_guard_stops_sync_runs_only():
@@ -37,3 +37,16 @@ def test_carry_history_copies_rows_up_to_the_checkpoint(tmp_path):
     assert (new / "metrics.jsonl").read_text() == '{"step": 0}\n'
     carry_history(str(old / "checkpoints" / "step_000003"), str(old), 3)
     assert len((old / "metrics.jsonl").read_text().splitlines()) == 6
+
+
+def test_summary_reads_the_first_and_last_evaluations():
+    history = [{"step": 0, "eval/a/reward": 0.1, "eval/b/reward": 0.3},
+               {"step": 1, "rollout/reward_mean": 0.2, "train/train_rollout_logprob_abs_diff": 2e-7},
+               {"step": 2, "rollout/reward_mean": 0.5, "train/train_rollout_logprob_abs_diff": 1e-7,
+                "eval/a/reward": 0.6, "eval/b/reward": 0.8},
+               {"step": 3, "rollout/reward_mean": 0.7}]
+    s = summarize(history, 3, 12.345, "/runs/x")
+    assert s == {"steps": 3, "wall_s": 12.35, "eval_reward_initial": pytest.approx(0.2),
+                 "eval_reward_final": pytest.approx(0.7), "train_reward_first": 0.2, "train_reward_last": 0.7,
+                 "max_logprob_abs_diff": 2e-7, "run_dir": "/runs/x"}
+    assert summarize([], 0, 1.0, "/runs/y")["train_reward_first"] is None

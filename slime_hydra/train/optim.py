@@ -1,0 +1,72 @@
+"""The torch backend's optimiser pieces, shared by the policy and the PPO critic: AdamW and its LR
+schedule from ``AlgoConfig``, mixed precision, and one optimiser step accumulated over micro-batches
+under DDP."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from typing import Callable, Dict, Iterable, Sequence, Tuple
+
+import torch
+
+from slime_hydra.train.backend import MicroBatch, StepResult
+
+
+def adamw(params: Iterable[torch.nn.Parameter], algo, lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr, betas=(algo.adam_beta1, algo.adam_beta2), eps=algo.adam_eps,
+                             weight_decay=algo.weight_decay)
+
+
+def lr_lambda(algo, total_steps: int) -> Callable[[int], float]:
+    """``algo``'s warm-up then constant, linear or cosine decay to ``min_lr`` over ``total_steps``, as a
+    factor of the optimiser's base rate (the critic's schedule has the same shape at ``critic_lr``)."""
+
+    def f(step: int) -> float:
+        if step < algo.lr_warmup_steps:
+            return (step + 1) / algo.lr_warmup_steps
+        if algo.lr_decay == "constant" or total_steps <= algo.lr_warmup_steps:
+            return 1.0
+        frac = min(1.0, (step - algo.lr_warmup_steps) / max(1, total_steps - algo.lr_warmup_steps))
+        floor = algo.min_lr / algo.lr
+        if algo.lr_decay == "linear":
+            return floor + (1 - floor) * (1 - frac)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    return f
+
+
+def schedule(opt: torch.optim.Optimizer, algo, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(algo, total_steps))
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """GPUs keep float32 master weights and run forward/backward in ``dtype``; CPU runs as is."""
+    mixed = device.type == "cuda" and dtype != torch.float32
+    return torch.autocast("cuda", dtype=dtype) if mixed else contextlib.nullcontext()
+
+
+def accumulated_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                     sched: torch.optim.lr_scheduler.LRScheduler, mbs: Sequence[MicroBatch],
+                     loss_of: Callable[[MicroBatch], Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
+                     world_size: int, clip_grad: float) -> StepResult:
+    """Zero the gradients, backward ``loss_of(mb)`` for each micro-batch (DDP synchronises on the last
+    one only), clip, step the optimiser and the schedule. ``net`` is ``model`` or its DDP wrapper.
+
+    Each loss is the micro-batch's share of the step loss over all ranks; DDP averages gradients over
+    ranks, so it is multiplied by ``world_size`` to make the gradient that of the sum."""
+    model.train()
+    opt.zero_grad(set_to_none=True)
+    sums: Dict[str, float] = defaultdict(float)
+    for k, mb in enumerate(mbs):
+        sync = k == len(mbs) - 1 or world_size == 1
+        with contextlib.nullcontext() if sync else net.no_sync():
+            loss, metrics = loss_of(mb)
+            (loss * world_size).backward()
+        for key, v in metrics.items():
+            sums[key] += float(v)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad))
+    opt.step()
+    sched.step()
+    return StepResult(grad_norm=grad_norm, metrics=dict(sums))

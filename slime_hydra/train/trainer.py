@@ -1,0 +1,160 @@
+"""The RL step, the same for every trainer backend: one rollout's worth of training on one rank.
+
+1. The old policy's log-probs (recomputed, and compared with the engines' as the log-prob gap metric),
+   the reference model's (KL) and the critic's values (PPO), all from the backend.
+2. Advantages and returns on the rank's rows, whitened with moments over every data-parallel rank.
+3. ``num_steps_per_rollout`` optimiser steps (a critic step, then a policy step), each with a
+   :class:`~slime_hydra.train.algorithms.Reducer` built from step totals over all ranks and the
+   policy / value losses of :mod:`slime_hydra.train.algorithms` as the backend's loss functions.
+4. Metrics: token means and step averages over all data-parallel ranks.
+
+It holds no model: the backend (:mod:`slime_hydra.train.backend`) runs the passes. Nor does it read
+the run config beyond ``AlgoConfig``: the sampling temperature and the generation budget (the
+``token_sum`` reduction's normaliser) come with each call.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from slime_hydra.train import algorithms as A
+from slime_hydra.train.backend import TrainerBackend
+from slime_hydra.train.batch import response_mask, response_tensor
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig
+
+
+def split_steps(n: int, steps: int) -> List[List[int]]:
+    """Rows ``0..n-1`` cut into ``steps`` optimiser steps of equal size, in order."""
+    per_step = n // steps
+    if per_step * steps != n:
+        raise ValueError(f"{n} samples do not split into {steps} equal optimiser steps")
+    return [list(range(s * per_step, (s + 1) * per_step)) for s in range(steps)]
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> float:
+    """:func:`slime_hydra.train.algorithms.explained_variance` over the tokens of every data-parallel
+    rank: with ``all_reduce`` (a sum over ranks), from the all-reduced masked moments."""
+    if all_reduce is None:
+        return float(A.explained_variance(values, returns, mask))
+    m = mask.double()
+    r = returns.double() * m
+    e = (returns.double() - values.double()) * m
+    moments = all_reduce(torch.stack([m.sum(), r.sum(), (r * r).sum(), e.sum(), (e * e).sum()]))
+    n, sr, srr, se, see = moments.cpu().tolist()
+    n = max(n, 1.0)
+    var_r = srr / n - (sr / n) ** 2
+    if var_r <= 0:
+        return float("nan")
+    return 1.0 - (see / n - (se / n) ** 2) / var_r
+
+
+class RLTrainer:
+    """The RL step over a backend, and its counters (saved in checkpoints through the backend)."""
+
+    def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int):
+        self.backend, self.algo, self.num_steps = backend, algo, num_steps_per_rollout
+        self.needs_ref = A.needs_ref(algo)
+        self.critic = backend.critic if A.needs_critic(algo) else None
+        if A.needs_critic(algo) and self.critic is None:
+            raise ValueError(f"algo.advantage_estimator={algo.advantage_estimator!r} trains a critic, which the "
+                             f"{type(backend).__name__} trainer backend does not have")
+        self.steps_done = 0  # policy optimiser steps
+        self.rollouts_done = 0  # train() calls, critic-only ones included
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"steps_done": self.steps_done, "rollouts_done": self.rollouts_done}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.steps_done = state["steps_done"]
+        self.rollouts_done = state["rollouts_done"]
+
+    def train(self, data: Dict[str, list], *, temperature: float, max_response_len: int) -> Dict[str, float]:
+        """Train on this rank's share of a rollout (:data:`slime_hydra.train.batch.TRAIN_KEYS` lists);
+        every data-parallel rank calls it with its own share at once. ``temperature``: the engines'
+        sampling temperature (log-probs are those of ``softmax(logits / temperature)``);
+        ``max_response_len``: the generation budget. Returns metrics averaged over the ranks."""
+        be, algo, critic = self.backend, self.algo, self.critic
+        n = len(data["tokens"])
+        T = max(1, max(data["response_lengths"]))
+        lr = be.lr  # the rate of this rollout's (first) step
+        step_rows = split_steps(n, self.num_steps)
+        step_mbs = [be.micro_batches(data, rows, T) for rows in step_rows]
+        mbs = [mb for group in step_mbs for mb in group]
+        if [i for mb in mbs for i in mb.indices] != list(range(n)):
+            raise RuntimeError(f"{type(be).__name__}.micro_batches must keep the rows in order")
+        rows = list(range(n))
+        loss_mask = response_mask(data, rows, T)
+        rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
+        all_reduce = be.dp_all_reduce if be.dp_size > 1 else None
+        metrics: Dict[str, float] = {}
+
+        # 1. old-policy log-probs (recomputed, unless the rollout's are used as-is), the reference's,
+        #    and the critic's values
+        old_lp = be.log_probs(mbs, temperature)
+        logprob_gap = ((old_lp - rollout_lp).abs() * loss_mask).sum()
+        if algo.use_rollout_logprobs:
+            old_lp = rollout_lp
+        ref_lp = be.log_probs(mbs, temperature, reference=True) if self.needs_ref else None
+        values = critic.values(mbs) if critic is not None else None
+
+        # 2. advantages (and the critic's targets) on the whole local batch
+        rewards = torch.tensor(data["rewards"], dtype=torch.float32)
+        adv, returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
+                                            ref_log_probs=ref_lp, values=values, all_reduce=all_reduce)
+        # token means over every rank's samples: the log-prob gap, |advantage| and the critic's values
+        value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
+        totals = be.dp_all_reduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),
+                                               (adv.abs() * loss_mask).sum(), value_sum.float()]))
+        tokens = float(totals[0].clamp(min=1))
+        metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
+        metrics["advantage_abs_mean"] = float(totals[2]) / tokens
+        if values is not None:  # how well the critic predicted these returns, before its update
+            metrics["explained_variance"] = explained_variance(values, returns, loss_mask, all_reduce)
+            metrics["values_mean"] = float(totals[3]) / tokens
+
+        # 3. the optimiser steps; for the first num_critic_only_steps rollouts only the critic trains
+        train_actor = self.rollouts_done >= algo.num_critic_only_steps
+        sums: Dict[str, float] = defaultdict(float)
+        for these_rows, group in zip(step_rows, step_mbs):
+            counts = be.dp_all_reduce(torch.tensor([float(len(these_rows)), float(loss_mask[these_rows].sum())]))
+            reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
+                                max_len=max_response_len)
+
+            def value_loss(idx: Sequence[int], v: torch.Tensor):
+                return A.value_loss(algo, reducer, values=v, old_values=values[idx].to(v.device),
+                                    returns=returns[idx].to(v.device), loss_mask=loss_mask[idx].to(v.device))
+
+            def policy_loss(idx: Sequence[int], lp: torch.Tensor, entropy: torch.Tensor):
+                return A.policy_loss(
+                    algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),
+                    advantages=adv[idx].to(lp.device), loss_mask=loss_mask[idx].to(lp.device),
+                    ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
+                    rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=entropy)
+
+            step_metrics: Dict[str, float] = {}
+            if critic is not None:
+                result = critic.train_step(group, value_loss)
+                step_metrics.update(result.metrics, critic_grad_norm=result.grad_norm)
+            if train_actor:
+                result = be.train_step(group, temperature, policy_loss)
+                step_metrics.update(result.metrics, grad_norm=result.grad_norm)
+                self.steps_done += 1
+            for key, v in step_metrics.items():
+                sums[key] += v / self.num_steps
+        self.rollouts_done += 1
+
+        # 4. step averages over ranks (sums of per-rank shares; the gradient norms are the same on
+        #    every rank: their mean)
+        metrics["lr"] = lr
+        if critic is not None:
+            metrics["critic_lr"] = critic.lr
+        for key, v in sums.items():
+            per_rank = key.endswith("grad_norm")
+            metrics[key] = float(be.dp_all_reduce(torch.tensor([v]))[0]) / (be.dp_size if per_rank else 1)
+        return metrics

@@ -1,0 +1,80 @@
+"""The torch trainer backend on the tiny model: the reference swap, log-probs, micro-batches,
+checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_trainer import backend, config, fake_rollout, rl_trainer, train
+
+
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_reference_swap_restores_tied_weights_exactly(tiny_ckpt):
+    """Regression: with tied embeddings, backing up the LM head after the embedding had been
+    overwritten restored the *reference* embeddings, silently undoing every update to them."""
+    be = backend(config(), tiny_ckpt)
+    assert be.model.config.tie_word_embeddings and be.ref_state is not None
+    with torch.no_grad():
+        for p in be.model.parameters():
+            p.add_(0.5)  # the policy has moved away from the reference
+    before = snapshot(be.model)
+    with be.swapped_in(be.ref_state):
+        inside = snapshot(be.model)
+    after = snapshot(be.model)
+    for k in before:
+        assert torch.equal(after[k], before[k]), k
+        assert torch.allclose(inside[k], before[k] - 0.5, atol=1e-6), k  # the reference is in use inside
+
+
+def test_log_probs_follow_temperature_and_reference(tiny_ckpt):
+    be = backend(config(), tiny_ckpt)
+    data = fake_rollout(6)
+    mbs = be.micro_batches(data, list(range(6)), 3)
+    mb = mbs[0]
+    pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = be.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
+    b, t = 2, 2  # sample 2 has a 3-token response: its last token is scored by the logits before it
+    start = int(mb.response_start[b])
+    expected = torch.log_softmax(logits[b, start - 1 + t] / 0.7, -1)[mb.response_ids[b, t]]
+    lp = be.log_probs(mbs, 0.7)
+    assert lp.shape == (6, 3) and lp.dtype == torch.float32 and not lp.requires_grad
+    torch.testing.assert_close(lp[b, t], expected.detach())
+    assert not torch.allclose(be.log_probs(mbs, 1.0), lp)
+    torch.testing.assert_close(be.log_probs(mbs, 0.7, reference=True), lp)  # nothing trained yet
+    with pytest.raises(RuntimeError, match="no reference weights"):
+        backend(config("algo.kl_loss_coef=0"), tiny_ckpt).log_probs(mbs, 0.7, reference=True)
+
+
+def test_micro_batches_keep_rows_in_order(tiny_ckpt):
+    be = backend(config("trainer.micro_batch_size=3"), tiny_ckpt)
+    data = fake_rollout(8)
+    mbs = be.micro_batches(data, [1, 2, 3, 4, 5, 6, 7], 3)
+    assert [mb.indices for mb in mbs] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert all(mb.response_ids.shape[1] == 3 for mb in mbs)
+
+
+def test_single_rank_layout(tiny_ckpt):
+    be = backend(config(), tiny_ckpt)
+    assert (be.dp_rank, be.dp_size, be.pushes_weights, be.reports_metrics) == (0, 1, True, True)
+    names = [name for name, _ in be.hf_weights()]
+    assert names == list(be.model.state_dict())
+    assert torch.equal(be.dp_all_reduce(torch.tensor([1.5, 2.0])), torch.tensor([1.5, 2.0]))
+
+
+def test_save_and_load_round_trip(tiny_ckpt, tmp_path):
+    cfg = config("rollout.n_samples_per_prompt=2", "rollout.batch_size=4")
+    rl, be = rl_trainer(cfg, tiny_ckpt)
+    train(rl, cfg, fake_rollout(8))
+    be.export_hf(str(tmp_path / "hf"), tiny_ckpt)  # as TrainerActor.save does
+    be.save(str(tmp_path), rl.state_dict())
+    fresh_rl, fresh = rl_trainer(cfg, tiny_ckpt)
+    fresh_rl.load_state_dict(fresh.load(str(tmp_path)))
+    a, b = snapshot(be.model), snapshot(fresh.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert fresh.opt.state_dict()["state"].keys() == be.opt.state_dict()["state"].keys()
+    assert all(torch.equal(be.ref_state[k], fresh.ref_state[k]) for k in be.ref_state)
+    assert fresh_rl.state_dict() == rl.state_dict() == {"steps_done": 1, "rollouts_done": 1}
+    assert fresh.lr == be.lr
