@@ -109,11 +109,12 @@ def check_rollout_output(out: Any, batch_size: int, n_samples_per_prompt: int, w
         raise TypeError(f"{where} returned {type(out).__name__}; {expected}")
     groups, metrics = out
     sizes = [len(g) if isinstance(g, list) else type(g).__name__ for g in groups]
-    bad = len(groups) != batch_size or any(size != n_samples_per_prompt for size in sizes) \
-        or not all(isinstance(s, Sample) for g in groups for s in g)
-    if bad:
+    if len(groups) != batch_size or any(size != n_samples_per_prompt for size in sizes):
         raise ValueError(f"{where} returned {len(groups)} groups (sizes {sizes[:8]}{'...' * (len(sizes) > 8)}); "
                          f"{expected}")
+    other = next((type(s).__name__ for g in groups for s in g if not isinstance(s, Sample)), None)
+    if other is not None:
+        raise TypeError(f"{where} returned a group holding a {other}; {expected}")
     return groups, metrics
 
 

@@ -74,8 +74,6 @@ class Engine(ABC):
     def env(self) -> Dict[str, str]:
         """Environment variables for the server process, on top of the actor's. On GPUs both ends of
         an NCCL weight-update group must agree on cuMem: the trainer turns it off, as SGLang does."""
-        import os
-
         return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")} if self.spec.device == "cuda" else {}
 
     def common_args(self, host: str, port: int, base_gpu_id: int) -> Dict[str, Any]:

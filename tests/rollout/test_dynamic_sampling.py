@@ -15,7 +15,6 @@ from slime_hydra.config.validate import validate
 from slime_hydra.rollout.filters import (DynamicFilterOutput, NONZERO_REWARD_STD, as_filter_output, dynamic_filter_spec,
                                          nonzero_reward_std, nonzero_reward_std_with_fallback)
 from slime_hydra.rollout.generate import generate as default_generate
-from slime_hydra.rollout.evaluate import pass_at_k
 from slime_hydra.rollout.sample import Sample, Status
 from rollout_harness import make_rollout
 
@@ -82,12 +81,6 @@ def test_validation_rules(overrides, needle):
 ])
 def test_valid_combinations(overrides):
     assert validate(resolved(overrides)) == []
-
-
-def test_pass_at_k():
-    assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(4, 3, 2) == 1.0
-    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 4) == 1.0
-    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
 
 
 # --------------------------------------------------------------- the collection loop, no engine
