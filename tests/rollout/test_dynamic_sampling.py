@@ -218,7 +218,8 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
     saved = {s.index: (list(s.tokens), s.response_length) for s in buffered}
 
     fast, payloads[:], sent[:] = set(), [], []
-    m.cfg.rollout.batch_size = m.cfg.rollout.over_sampling_batch_size = 4  # exactly the buffered groups, served first
+    # a batch of exactly the buffered groups, served first
+    m.cfg.rollout.batch_size = m.cfg.rollout.over_sampling_batch_size = 4
     groups, metrics = asyncio.run(rollout(2))
     assert sorted(g[0].group_index for g in groups) == [2, 3, 4, 5] and m.source.buffer == []
     assert metrics["rollout/resumed_samples"] == 8 and metrics["rollout/aborted_groups"] == 0

@@ -86,7 +86,7 @@ def test_dapo_dynamic_sampling_with_partial_rollout(tmp_path):
     for r in rows:
         assert r["rollout/zero_std_groups"] * 32 == r["rollout/dynamic_filter/fallback_groups"], r
     assert any(r["rollout/dynamic_filter/fallback_groups"] == 0 for r in rows)
-    assert all(r["rollout/samples"] == 8 * 4 for r in rows)
+    assert all(r["rollout/samples"] == 32 * 8 for r in rows)
     assert sum(r["rollout/dynamic_filter/dropped_groups"] for r in rows) > 0
     assert sum(r.get("rollout/dynamic_filter/drop_zero_std_0.0", 0) for r in rows) > 0
     assert sum(r["rollout/recycled_groups"] for r in rows) > 0
