@@ -121,7 +121,7 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
 
 
 def bench_sync(path: str, named, tmpdir: str, device: str) -> dict:
-    from slime_hydra.rollout.sglang import ServerSpec, server_command
+    from slime_hydra.rollout.engines import ServerSpec, server_command
     from slime_hydra.sync.sender import Endpoint, WeightSender
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 

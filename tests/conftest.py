@@ -46,15 +46,16 @@ def tiny_ckpt(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engine_url(tiny_ckpt, tmp_path_factory):
-    """A running embedded engine server (the same command line the engine actor uses)."""
-    from slime_hydra.rollout.sglang import ServerSpec, server_command
+    """A running embedded engine server (the command line the engine actor builds for it)."""
+    from slime_hydra.rollout.engines import ServerSpec
+    from slime_hydra.rollout.engines.embedded import EmbeddedEngine
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
     spec = ServerSpec(engine="embedded", model_path=tiny_ckpt, tokenizer_path=tiny_ckpt, dtype="float32",
                       device="cpu", gpus=1, seed=0, num_threads=1)
     port = free_port()
     log = str(tmp_path_factory.mktemp("engine") / "engine.log")
-    proc = spawn(server_command(spec, "127.0.0.1", port), log)
+    proc = spawn(EmbeddedEngine(spec).command("127.0.0.1", port), log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/health_generate", proc, 120, log)

@@ -1,23 +1,56 @@
-"""A RolloutManager without Ray or engines, for tests of its generation, filter and eval code:
-the real ``_load_data`` (tokenizer, data source with its buffer filter, eval sets, generate
-function, dynamic filter), with ``client``/``urls`` pointing at a test engine or at nothing."""
+"""The rollout manager's parts without Ray or engine actors, for tests of the rollout function, the
+dynamic filter, hooks and evaluation: the real rollout context (tokenizer, data source with its
+buffer filter, generate function, dynamic filter) and evaluator, built from composed overrides as
+the manager builds them, with requests going to ``client`` and aborts to ``fleet``'s engines."""
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 from conftest import resolved
-from slime_hydra.rollout.manager import RolloutManager
+from slime_hydra.data.tokenizer import load_tokenizer
+from slime_hydra.rollout.evaluate import Evaluator, load_eval_sets
+from slime_hydra.rollout.fleet import EngineFleet, EngineHandle
+from slime_hydra.rollout.rollout_fn import RolloutContext, build_rollout_context, default_rollout
 
 
-def make_manager(overrides: Sequence[str] = (), *, client: Any = None, urls: Sequence[str] = ()) -> RolloutManager:
-    m = RolloutManager.__new__(RolloutManager)
-    m.cfg = resolved(list(overrides))
-    m.model_path = None  # the builtin tokenizers need no checkpoint
-    m.urls, m.client = list(urls), client
-    m._load_data()
-    return m
+@dataclass
+class Rollout:
+    ctx: RolloutContext
+    evaluator: Evaluator
+    fleet: EngineFleet
+
+    @property
+    def cfg(self):
+        return self.ctx.cfg
+
+    @property
+    def source(self):
+        return self.ctx.source
+
+    def set_generate(self, fn) -> None:
+        self.ctx.sampler.generate_fn = fn
+
+    async def collect(self, rollout_id: int = 0, weight_version: Optional[str] = None):
+        """One rollout of the default rollout function, watched like the manager's."""
+        return await self.fleet.watched(default_rollout(self.ctx, rollout_id, weight_version))
+
+    def run(self, rollout_id: int = 0, weight_version: Optional[str] = None):
+        return asyncio.run(self.collect(rollout_id, weight_version))
+
+    def eval(self):
+        return asyncio.run(self.evaluator.run())
 
 
-def texts(groups: List[list]) -> List[List[str]]:
-    return [[s.response for s in g] for g in groups]
+def make_rollout(overrides: Sequence[str] = (), *, client: Any = None, urls: Sequence[str] = (),
+                 fleet: Optional[EngineFleet] = None) -> Rollout:
+    """The parts for ``overrides``; ``urls``: engines started elsewhere (aborts go to them)."""
+    cfg = resolved(list(overrides))
+    fleet = fleet or EngineFleet([EngineHandle(rank, url) for rank, url in enumerate(urls)])
+    tokenizer = load_tokenizer(cfg.model.tokenizer, cfg.model.trust_remote_code)  # builtin: no checkpoint
+    ctx = build_rollout_context(cfg, tokenizer, client, fleet.abort)
+    sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, cfg.rollout.max_prompt_len)
+    evaluator = Evaluator(sets, ctx.sampler, cfg.rollout, cfg.reward.key, cfg.logging.log_samples)
+    return Rollout(ctx, evaluator, fleet)

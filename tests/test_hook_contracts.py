@@ -1,5 +1,5 @@
 """Contracts of every user hook the config exposes, exercised where the run loads and calls them
-(``load_hook`` via the rollout manager's ``_load_data`` and the reward hub), from a dotted path and
+(``load_hook`` via ``rollout_fn.build_rollout_context`` and the reward hub), from a dotted path and
 from a ``_target_`` node with bound keyword arguments, sync and async, with the documented
 signature, and the error a user gets for a wrong return value.
 
@@ -10,6 +10,9 @@ signature, and the error a user gets for a wrong return value.
 | reward.custom                   | [async] rm(reward_cfg, sample) -> float | dict                      |
 | reward.custom, reward.group     | [async] rm(reward_cfg, samples) -> list (one per sample)            |
 | data.buffer_filter              | f(buffer, n) -> list[group], popping what it returns                |
+
+``rollout.rollout_function`` (async f(ctx, rollout_id, weight_version) -> (groups, metrics)) is
+tested in tests/rollout/test_rollout_function.py.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import textwrap
 
 import pytest
 
-from rollout_harness import make_manager
+from rollout_harness import make_rollout
 from slime_hydra.config.schema import RewardConfig, RunConfig
 from slime_hydra.rewards import RewardError, compute_group_reward, compute_reward
 from slime_hydra.rollout.filters import DynamicFilterOutput
 from slime_hydra.rollout.generate import GenerateContext
 from slime_hydra.rollout.sample import Sample, Status
+from slime_hydra.rollout.train_data import train_data
 from slime_hydra.utils.hooks import HookError
 
 HOOKS = '''
@@ -155,8 +159,8 @@ SMALL = ["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "data.num_eva
 @pytest.mark.parametrize("spec", ["user_hooks.generate", "{_target_: user_hooks.generate, answer: '7'}",
                                   "user_hooks.sync_generate"])
 def test_generate_hook(hooks, spec):
-    m = make_manager([*SMALL, f"rollout.generate={spec}", "rollout.max_response_len=3"])
-    groups, _ = asyncio.run(m._collect(2))
+    m = make_rollout([*SMALL, f"rollout.generate={spec}", "rollout.max_response_len=3"])
+    groups, _ = m.run()
     assert len(groups) == 2 and all(s.status == Status.COMPLETED and s.reward is not None for g in groups for s in g)
     if "answer" in spec:
         assert {s.response for g in groups for s in g} == {"7"}
@@ -164,7 +168,7 @@ def test_generate_hook(hooks, spec):
         assert all(s.reward == 1.0 for g in groups for s in g)  # the exact reward saw the response
         assert hooks.CALLS[0] == ("generate", False, 3, 1.0)  # training: evaluation=False, rollout params
         hooks.CALLS.clear()
-        out = asyncio.run(m._eval())
+        out = m.eval()
         assert out["eval/heldout/reward"] == 1.0
         assert set(hooks.CALLS) == {("generate", True, 3, 0.0)}  # eval: evaluation=True, greedy
 
@@ -174,15 +178,15 @@ def test_generate_hook(hooks, spec):
     ("user_hooks.generate_fanout", "returned a list (fan-out is not supported"),
 ])
 def test_generate_hook_wrong_return(hooks, spec, needle):
-    m = make_manager([*SMALL, f"rollout.generate={spec}"])
+    m = make_rollout([*SMALL, f"rollout.generate={spec}"])
     with pytest.raises(TypeError) as e:
-        asyncio.run(m._collect(2))
+        m.run()
     assert needle in str(e.value) and spec in str(e.value)
 
 
 def test_generate_hook_bad_spec_fails_at_load(hooks):
     with pytest.raises(HookError, match="'user_hooks' has no attribute 'nope'"):
-        make_manager([*SMALL, "rollout.generate=user_hooks.nope"])
+        make_rollout([*SMALL, "rollout.generate=user_hooks.nope"])
 
 
 # ------------------------------------------------------------------------ rollout.dynamic_filter
@@ -192,8 +196,8 @@ def test_generate_hook_bad_spec_fails_at_load(hooks):
     ("user_hooks.async_bool_filter", [0, 2]),
 ])
 def test_dynamic_filter_hook(hooks, spec, kept):
-    m = make_manager([*SMALL, "rollout.generate=user_hooks.generate", f"rollout.dynamic_filter={spec}"])
-    groups, metrics = asyncio.run(m._collect(2))
+    m = make_rollout([*SMALL, "rollout.generate=user_hooks.generate", f"rollout.dynamic_filter={spec}"])
+    groups, metrics = m.run()
     assert [g[0].group_index for g in groups] == kept
     if spec.startswith("user_hooks.keep"):
         assert ("filter", RunConfig.__name__, 2) in hooks.CALLS  # (cfg: RunConfig, group)
@@ -204,9 +208,9 @@ def test_dynamic_filter_hook(hooks, spec, kept):
 
 @pytest.mark.parametrize("spec", ["user_hooks.filter_returns_none", "user_hooks.filter_returns_str"])
 def test_dynamic_filter_wrong_return(hooks, spec):
-    m = make_manager([*SMALL, "rollout.generate=user_hooks.generate", f"rollout.dynamic_filter={spec}"])
+    m = make_rollout([*SMALL, "rollout.generate=user_hooks.generate", f"rollout.dynamic_filter={spec}"])
     with pytest.raises(TypeError, match=f"rollout.dynamic_filter '{spec}' returned .*expected a bool or"):
-        asyncio.run(m._collect(2))
+        m.run()
 
 
 # --------------------------------------------------------------------------------- reward.custom
@@ -226,18 +230,18 @@ def test_custom_reward_per_sample(hooks):
 
 def test_custom_reward_through_the_manager(hooks):
     """reward.custom from the config, called on every generated sample; a dict reward needs reward.key."""
-    m = make_manager([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom",
+    m = make_rollout([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom",
                       "reward.custom={_target_: user_hooks.rm, bonus: 0.25}"])
-    groups, _ = asyncio.run(m._collect(2))
+    groups, _ = m.run()
     assert {s.reward for g in groups for s in g} == {1.25}
-    m = make_manager([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom",
+    m = make_rollout([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom",
                       "reward.custom=user_hooks.async_rm"])
     with pytest.raises(ValueError, match=r"the reward is a dict \['acc', 'len'\]; set reward.key"):
-        asyncio.run(m._collect(2))
-    m = make_manager([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom",
+        m.run()
+    m = make_rollout([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom",
                       "reward.custom=user_hooks.async_rm", "reward.key=acc"])
-    groups, _ = asyncio.run(m._collect(2))
-    _, metrics = m._train_data([s for g in groups for s in g])
+    groups, _ = m.run()
+    _, metrics = train_data([s for g in groups for s in g], m.cfg.algo, 2, m.cfg.reward.key)
     assert metrics["rollout/reward_mean"] == 1.0
 
 
@@ -249,9 +253,9 @@ def test_custom_group_reward(hooks):
         asyncio.run(compute_group_reward(reward_cfg("user_hooks.group_rm_short", group=True), samples))
     with pytest.raises(RewardError, match="expected a list of 3 rewards, got float"):
         asyncio.run(compute_group_reward(reward_cfg("user_hooks.group_rm_scalar", group=True), samples))
-    m = make_manager([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom", "reward.group=true",
+    m = make_rollout([*SMALL, "rollout.generate=user_hooks.generate", "reward.type=custom", "reward.group=true",
                       "reward.custom=user_hooks.group_rm"])
-    groups, _ = asyncio.run(m._collect(2))
+    groups, _ = m.run()
     assert [[s.reward for s in g] for g in groups] == [[0.0, 1.0], [0.0, 1.0]]
     assert ("group_rm", 2) in hooks.CALLS
 
@@ -262,7 +266,7 @@ def test_custom_group_reward(hooks):
     ("{_target_: user_hooks.newest_first, limit: 1}", [102, 0]),
 ])
 def test_buffer_filter_hook(hooks, spec, order):
-    m = make_manager([*SMALL, f"data.buffer_filter={spec}"])
+    m = make_rollout([*SMALL, f"data.buffer_filter={spec}"])
     m.source.add_samples([[Sample(group_index=100 + i) for _ in range(2)] for i in range(3)])
     got = m.source.get_samples(2)
     assert [g[0].group_index for g in got] == order  # buffered groups first, then new prompts
@@ -275,7 +279,7 @@ def test_buffer_filter_hook(hooks, spec, order):
     ("user_hooks.buffer_none", TypeError, "NoneType"),
 ])
 def test_buffer_filter_wrong_return(hooks, spec, error, needle):
-    m = make_manager([*SMALL, f"data.buffer_filter={spec}"])
+    m = make_rollout([*SMALL, f"data.buffer_filter={spec}"])
     m.source.add_samples([[Sample(group_index=100 + i) for _ in range(2)] for i in range(3)])
     with pytest.raises(error, match=needle):
         m.source.get_samples(2)

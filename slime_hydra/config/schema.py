@@ -143,6 +143,7 @@ class RolloutConfig:
     # Hooks (Hydra ``_target_`` nodes or dotted paths); None: the built-in default.
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
     dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
+    rollout_function: Optional[Any] = None  # async f(ctx, rollout_id, weight_version) -> (groups, metrics)
     over_sampling_batch_size: Optional[int] = None  # prompts pulled per refill while too few groups pass; None: batch_size
     max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
     partial_rollout: bool = False  # groups cut off when the batch is full are continued next rollout

@@ -1,7 +1,8 @@
 """A rollout engine as a Ray actor: it holds the engine's GPUs in the placement group and owns the
-server process (SGLang or embedded), which dies with it. Everything else talks to the server over
-HTTP (``slime_hydra.rollout.client``). An engine that spans several nodes has one actor per node;
-node 0 serves HTTP, the others join it through ``dist_init_addr``."""
+server process, which dies with it. The engine's kind (``slime_hydra.rollout.engines``: embedded,
+sglang, ...) gives the command line and environment; everything else talks to the server over HTTP
+(``slime_hydra.rollout.client``). An engine that spans several nodes has one actor per node; node 0
+serves HTTP, the others join it through ``dist_init_addr``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import os
 from typing import Optional
 
-from slime_hydra.rollout.sglang import SGLANG_ENV, ServerSpec, server_command
+from slime_hydra.rollout.engines import ServerSpec, make_engine
 from slime_hydra.utils.proc import free_port, kill_tree, node_ip, spawn, tail, wait_http
 
 log = logging.getLogger(__name__)
@@ -47,13 +48,11 @@ class EngineActor:
         port = free_port(host)
         gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
         base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
-        cmd = server_command(self.spec, host, port, base_gpu, nccl_port=free_port(host))
-        # Both ends of an NCCL weight-update group must agree on cuMem (the trainer turns it off, as
-        # SGLang does).
-        env = {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")} if self.spec.device == "cuda" else {}
-        if self.spec.engine == "sglang":
-            env.update({k: os.environ.get(k, v) for k, v in SGLANG_ENV.items()})
-            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # expandable segments break the memory saver
+        engine = make_engine(self.spec)
+        cmd = engine.command(host, port, base_gpu, nccl_port=free_port(host))
+        env = engine.env()
+        for name in engine.unset_env:
+            os.environ.pop(name, None)
         with open(self.log_path, "a") as f:
             f.write("$ " + " ".join(cmd) + "\n")
         self.proc = spawn(cmd, self.log_path, env)

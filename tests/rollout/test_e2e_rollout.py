@@ -1,11 +1,13 @@
 """Real runs (``python run.py``: Hydra, Ray, the embedded engine behind sglang-router, the torch
 trainer) of the rollout features: training from a converted JSONL file with named eval datasets,
-DAPO's dynamic sampling with partial rollout, and the multi-turn calculator agent."""
+DAPO's dynamic sampling with partial rollout, the multi-turn calculator agent, and a rollout
+function of one's own."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FAST = ["logging.progress=false", "logging.wandb=false", "logging.plot=false"]
 
 
-def run(run_dir: Path, *overrides: str, timeout: int = 900) -> dict:
+def run(run_dir: Path, *overrides: str, timeout: int = 900, env: dict = None) -> dict:
     cmd = [sys.executable, "run.py", f"hydra.run.dir={run_dir}", *overrides]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, f"{' '.join(cmd)}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -102,3 +104,28 @@ def test_calculator_agent_learns_the_tool_protocol(tmp_path):
     assert rows[-1]["eval/heldout/tool_use_ratio"] >= 0.9
     assert rows[-1]["rollout/turns_mean"] >= 1.5
     assert summary["max_logprob_abs_diff"] < 1e-3  # masked tool tokens do not count
+
+
+MY_ROLLOUT = """
+from slime_hydra.rollout.rollout_fn import default_rollout
+
+
+async def tagged(ctx, rollout_id, weight_version=None, tag=0.0):
+    groups, metrics = await default_rollout(ctx, rollout_id, weight_version)
+    return groups, {**metrics, "rollout/tag": tag + rollout_id, "rollout/weight_version": float(weight_version)}
+"""
+
+
+def test_own_rollout_function(tmp_path):
+    """rollout.rollout_function from a module of one's own, with a bound argument, called by the
+    rollout manager in its Ray actor for every rollout with that rollout's id and weight version."""
+    (tmp_path / "my_rollout.py").write_text(MY_ROLLOUT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    d = tmp_path / "run"
+    run(d, "rollout.rollout_function={_target_: my_rollout.tagged, tag: 100}", "trainer.num_rollout=3",
+        "eval.interval=0", "eval.before_train=false", "rollout.max_response_len=4", "rollout.batch_size=8",
+        "rollout.n_samples_per_prompt=4", *FAST, env=env)
+    rows = [r for r in metrics(d) if "rollout/tag" in r]
+    assert [(r["step"], r["rollout/tag"], r["rollout/weight_version"]) for r in rows] == [
+        (1, 100.0, 0.0), (2, 101.0, 1.0), (3, 102.0, 2.0)]
+    assert all(r["rollout/samples"] == 8 * 4 for r in rows)

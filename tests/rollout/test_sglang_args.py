@@ -23,8 +23,9 @@ from sglang_parser import SglangParser
 from sglang_parser.install import PINS, index_reachable, install
 
 from slime_hydra.launch.plan import make_plan
-from slime_hydra.rollout.manager import engine_specs
-from slime_hydra.rollout.sglang import MANAGED_SERVER_ARGS, ServerSpec, server_command, to_flags
+from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
+from slime_hydra.rollout.engines.sglang import MANAGED_SERVER_ARGS
+from slime_hydra.rollout.fleet import engine_specs
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_shipped_combinations_are_found():
 
 
 def engine_commands(overrides: List[str]) -> List[List[str]]:
-    """Every engine's command line, built as RolloutManager._start_engines and EngineActor.start build it."""
+    """Every engine's command line, built as EngineFleet.start and EngineActor.start build it."""
     cfg = resolved(overrides)
     plan = make_plan(cfg)
     assert cfg.rollout.engine == "sglang" and plan.device == "cuda"

@@ -13,11 +13,12 @@ import time
 import pytest
 import ray
 
-from rollout_harness import make_manager
+from rollout_harness import make_rollout
 from slime_hydra.rollout.client import EngineError, GenerateClient
 from slime_hydra.rollout.engine import EngineActor, engine_log_path
+from slime_hydra.rollout.engines import ServerSpec
+from slime_hydra.rollout.fleet import EngineFleet, EngineHandle
 from slime_hydra.rollout.generate import generate as default_generate
-from slime_hydra.rollout.sglang import ServerSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +47,10 @@ def test_rollout_fails_fast_when_an_engine_dies(local_ray, tiny_ckpt, tmp_path, 
     actor = ray.remote(EngineActor).options(num_cpus=0).remote(spec, 0, str(tmp_path), 300)
     url = ray.get(actor.start.remote())
     pid = ray.get(actor.__ray_call__.remote(lambda self: self.proc.pid))
-    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.max_response_len=100000"],
-                     urls=[url])
     log = engine_log_path(str(tmp_path), 0, spec)
-    m.engines, m.engine_logs = [actor], [log]
+    fleet = EngineFleet([EngineHandle(0, url, actors=[actor], logs=[log])])
+    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.max_response_len=100000"],
+                     fleet=fleet)
     sent = asyncio.Event()
 
     async def long_generate(ctx, s, sp, evaluation=False):  # far longer than the test
@@ -57,9 +58,9 @@ def test_rollout_fails_fast_when_an_engine_dies(local_ray, tiny_ckpt, tmp_path, 
         return await default_generate(ctx, s, {**sp, "ignore_eos": True}, evaluation)
 
     async def rollout():
-        m.client = m.ctx.client = GenerateClient(url, 64)
+        client = m.ctx.sampler.ctx.client = GenerateClient(url, 64)
         try:
-            task = asyncio.ensure_future(m._collect(2))
+            task = asyncio.ensure_future(m.collect())
             await asyncio.wait_for(sent.wait(), 30)
             await asyncio.sleep(1.0)  # the engine is generating
             assert not task.done()
@@ -72,9 +73,9 @@ def test_rollout_fails_fast_when_an_engine_dies(local_ray, tiny_ckpt, tmp_path, 
                 await task
             return time.monotonic() - t0, str(e.value)
         finally:
-            await m.client.aclose()
+            await client.aclose()
 
-    m.generate_fn = long_generate
+    m.set_generate(long_generate)
     try:
         took, msg = asyncio.run(rollout())
     finally:

@@ -1,7 +1,7 @@
-"""Dynamic sampling (DAPO), over-sampling, abort and partial rollout in the rollout manager's
-collection loop (``RolloutManager._collect``), run without Ray: with scripted generate functions,
-and against a real embedded engine (abort_request cuts requests off; partial groups go back into
-the buffer and are continued from ``sample.tokens`` with the budget left)."""
+"""Dynamic sampling (DAPO), over-sampling, abort and partial rollout in the default rollout function
+(``rollout_fn.default_rollout``), run without Ray: with scripted generate functions, and against a
+real embedded engine (abort_request cuts requests off; partial groups go back into the buffer and
+are continued from ``sample.tokens`` with the budget left)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from slime_hydra.config.validate import validate
 from slime_hydra.rollout.filters import (DynamicFilterOutput, NONZERO_REWARD_STD, as_filter_output, dynamic_filter_spec,
                                          nonzero_reward_std, nonzero_reward_std_with_fallback)
 from slime_hydra.rollout.generate import generate as default_generate
-from slime_hydra.rollout.manager import pass_at_k
 from slime_hydra.rollout.sample import Sample, Status
-from rollout_harness import make_manager
+from rollout_harness import make_rollout
 
 
 def group(*rewards: float) -> List[Sample]:
@@ -84,12 +83,6 @@ def test_valid_combinations(overrides):
     assert validate(resolved(overrides)) == []
 
 
-def test_pass_at_k():
-    assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(4, 3, 2) == 1.0
-    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 4) == 1.0
-    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
-
-
 # --------------------------------------------------------------- the collection loop, no engine
 def scripted(correct_groups: set, *, fail_group: int = -1, version: str = "0"):
     """A generate function: samples of the groups in ``correct_groups`` alternate right / wrong
@@ -109,10 +102,10 @@ def scripted(correct_groups: set, *, fail_group: int = -1, version: str = "0"):
 
 
 def test_dynamic_filter_over_samples_until_enough_groups_pass():
-    m = make_manager(["algo=dapo", "rollout.batch_size=3", "rollout.n_samples_per_prompt=4",
+    m = make_rollout(["algo=dapo", "rollout.batch_size=3", "rollout.n_samples_per_prompt=4",
                       "rollout.over_sampling_batch_size=4"])
-    m.generate_fn = scripted({1, 4, 6, 9})  # group indices are handed out 0, 1, 2, ...
-    groups, metrics = asyncio.run(m._collect(3))
+    m.set_generate(scripted({1, 4, 6, 9}))  # group indices are handed out 0, 1, 2, ...
+    groups, metrics = m.run()
     assert [g[0].group_index for g in groups] == [1, 4, 6]  # in data order
     assert all(len({s.reward for s in g}) == 2 for g in groups)
     assert metrics["rollout/sampled_groups"] == 8  # two pulls of 4
@@ -124,17 +117,17 @@ def test_dynamic_filter_over_samples_until_enough_groups_pass():
 
 
 def test_keep_when_insufficient_and_the_sampling_cap():
-    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
                       "rollout.dynamic_filter=slime_hydra.rollout.filters.nonzero_reward_std_with_fallback"])
-    m.generate_fn = scripted(set())  # every group is zero-std
-    groups, metrics = asyncio.run(m._collect(2))
+    m.set_generate(scripted(set()))  # every group is zero-std
+    groups, metrics = m.run()
     assert len(groups) == 2 and metrics["rollout/dynamic_filter/fallback_groups"] >= 1
     assert metrics["rollout/sampled_groups"] <= 4
 
-    m = make_manager(["algo=dapo", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+    m = make_rollout(["algo=dapo", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
                       "rollout.max_sampled_groups=6"])
-    m.generate_fn = scripted({3})
-    groups, metrics = asyncio.run(m._collect(2))
+    m.set_generate(scripted({3}))
+    groups, metrics = m.run()
     assert [g[0].group_index for g in groups][0] == 3 or 3 in [g[0].group_index for g in groups]
     assert len(groups) == 2 and metrics["rollout/sampled_groups"] == 6
     assert metrics["rollout/dynamic_filter/fallback_groups"] == 1
@@ -145,33 +138,32 @@ def test_custom_filter_hook_async_with_bound_kwargs(tmp_path, monkeypatch):
         "async def min_reward(cfg, group, at_least=1.0):\n"
         "    return max(s.reward for s in group) >= at_least\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
+    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
                       "+rollout.dynamic_filter={_target_: my_filters.min_reward, at_least: 1.0}"])
-    m.generate_fn = scripted({0, 2, 5})
-    groups, metrics = asyncio.run(m._collect(2))
+    m.set_generate(scripted({0, 2, 5}))
+    groups, metrics = m.run()
     assert [g[0].group_index for g in groups] == [0, 2]
     assert metrics["rollout/dynamic_filter/drop_filtered"] >= 1
 
 
 def test_errors_stop_the_rollout_and_cancel_the_rest():
-    m = make_manager(["rollout.batch_size=4", "rollout.n_samples_per_prompt=2"])
-    m.generate_fn = scripted({0, 1, 2, 3}, fail_group=2)
+    m = make_rollout(["rollout.batch_size=4", "rollout.n_samples_per_prompt=2"])
+    m.set_generate(scripted({0, 1, 2, 3}, fail_group=2))
     with pytest.raises(RuntimeError, match="generate failed"):
-        asyncio.run(m._collect(4))
-    m.generate_fn = scripted({0, 1, 2, 3}, version="7")
-    m._version, m._rollout_id = "8", 8
-    with pytest.raises(RuntimeError, match=r"weight version\(s\) \['7'\], expected 8"):
-        asyncio.run(m._collect(4))
+        m.run()
+    m.set_generate(scripted({0, 1, 2, 3}, version="7"))
+    with pytest.raises(RuntimeError, match=r"rollout 8: .* weight version\(s\) \['7'\], expected 8"):
+        m.run(rollout_id=8, weight_version="8")
 
 
 def test_generate_must_return_a_sample():
     async def returns_list(ctx, s, sp, evaluation=False):
         return [s, s]
 
-    m = make_manager(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2"])
-    m.generate_fn = returns_list
+    m = make_rollout(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2"])
+    m.set_generate(returns_list)
     with pytest.raises(TypeError, match="returned a list .*fan-out is not supported"):
-        asyncio.run(m._collect(1))
+        m.run()
 
 
 # ---------------------------------------------------- over-sampling, abort, partial rollout: real
@@ -183,7 +175,7 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
     from slime_hydra.rollout.client import GenerateClient
 
     budget = 1000
-    m = make_manager(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=6",
+    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=6",
                       "rollout.partial_rollout=true", f"rollout.max_response_len={budget}", "rollout.temperature=1.0"],
                      urls=[engine_url])
     payloads: List[Dict[str, Any]] = []
@@ -205,18 +197,16 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
 
     sent: List[tuple] = []
 
-    async def rollout(target):
-        m.client = SpyClient(engine_url, 64)
-        m.ctx.client = m.client
+    async def rollout(rollout_id):
+        client = m.ctx.sampler.ctx.client = SpyClient(engine_url, 64)
         try:
-            return await m._collect(target)
+            return await m.collect(rollout_id)
         finally:
-            await m.client.aclose()
+            await client.aclose()
 
-    m.generate_fn = generate
+    m.set_generate(generate)
     fast = {0, 1}
-    m._rollout_id = 1
-    groups, metrics = asyncio.run(rollout(2))
+    groups, metrics = asyncio.run(rollout(1))
     assert [g[0].group_index for g in groups] == [0, 1]
     assert metrics["rollout/aborted_groups"] == 4 and metrics["rollout/recycled_groups"] == 4
     buffered = [s for g in m.source.buffer for s in g]
@@ -228,9 +218,9 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
     saved = {s.index: (list(s.tokens), s.response_length) for s in buffered}
 
     fast, payloads[:], sent[:] = set(), [], []
-    m._rollout_id = 2
-    m.cfg.rollout.over_sampling_batch_size = 4  # exactly the buffered groups, served first
-    groups, metrics = asyncio.run(rollout(4))
+    # a batch of exactly the buffered groups, served first
+    m.cfg.rollout.batch_size = m.cfg.rollout.over_sampling_batch_size = 4
+    groups, metrics = asyncio.run(rollout(2))
     assert sorted(g[0].group_index for g in groups) == [2, 3, 4, 5] and m.source.buffer == []
     assert metrics["rollout/resumed_samples"] == 8 and metrics["rollout/aborted_groups"] == 0
     done = {s.index: s for g in groups for s in g}
@@ -245,7 +235,7 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
 
 def test_mask_offpolicy_in_partial_rollout():
     """A resumed sample's tokens from the earlier rollout get mask 0; the new ones mask 1."""
-    m = make_manager(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.partial_rollout=true",
+    m = make_rollout(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.partial_rollout=true",
                       "rollout.over_sampling_batch_size=2", "rollout.mask_offpolicy_in_partial_rollout=true"])
     s = Sample(prompt="1234=", label="4", status=Status.ABORTED, tokens=[3, 4, 5, 6, 12])
     s.append_response([7, 8], [-0.1, -0.2])
@@ -256,6 +246,7 @@ def test_mask_offpolicy_in_partial_rollout():
         s.status = Status.COMPLETED
         return s
 
-    m.generate_fn = resume
-    out = asyncio.run(m._sample(s, m.sampling_params(), False))
+    m.set_generate(resume)
+    out = asyncio.run(m.ctx.sampler.sample(s, m.ctx.sampling_params, rollout_id=3))
     assert out.loss_mask == [0, 0, 1] and out.rollout_log_probs == [-0.1, -0.2, -0.3] and out.reward is not None
+    assert out.metadata["start_rollout_id"] == 3

@@ -1,0 +1,83 @@
+"""The interface of a rollout engine backend: how its server process is started.
+
+After the start, every engine is the same to the rest of slime_hydra: a server that speaks SGLang's
+HTTP protocol (``/generate``, ``/health_generate``, ``/abort_request``, the weight-update and memory
+endpoints), registered with sglang-router. So an engine backend only says how to launch that
+server: its command line and its environment. The engine actor (``slime_hydra.rollout.engine``)
+owns the process; the fleet (``slime_hydra.rollout.fleet``) talks to it over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
+
+@dataclass
+class ServerSpec:
+    """Everything one engine's server command needs (built from the config by ``fleet.engine_specs``)."""
+
+    engine: str  # a key of slime_hydra.rollout.engines.ENGINES
+    model_path: str
+    tokenizer_path: Optional[str]
+    dtype: str
+    device: str  # cpu | cuda
+    gpus: int
+    seed: int
+    trust_remote_code: bool = False
+    memory_saver: bool = False
+    max_batch: int = 256
+    num_threads: Optional[int] = None  # embedded engine on CPU: torch threads
+    server_args: Dict[str, Any] = field(default_factory=dict)
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
+
+
+def to_flags(args: Dict[str, Any]) -> List[str]:
+    """{"mem_fraction_static": 0.7, "enable_x": True, "stop": [1, 2]} -> ["--mem-fraction-static", "0.7", ...]"""
+    out: List[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+class Engine(ABC):
+    """One kind of rollout engine (``rollout.engine``). A new kind is a subclass in its own module,
+    named in ``ENGINES`` (``slime_hydra/rollout/engines/__init__.py``), plus a ``conf/rollout/`` preset."""
+
+    # Variables removed from the engine actor's environment before the server starts (the server
+    # inherits that environment).
+    unset_env: ClassVar[Tuple[str, ...]] = ()
+
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+
+    @abstractmethod
+    def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
+        """The server's command line, serving HTTP on ``host:port`` from GPU ``base_gpu_id`` on
+        (``nccl_port``: a free port for the server's own NCCL group, where it has one)."""
+
+    def env(self) -> Dict[str, str]:
+        """Environment variables for the server process, on top of the actor's. On GPUs both ends of
+        an NCCL weight-update group must agree on cuMem: the trainer turns it off, as SGLang does."""
+        return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")} if self.spec.device == "cuda" else {}
+
+    def common_args(self, host: str, port: int, base_gpu_id: int) -> Dict[str, Any]:
+        """The flags every engine takes under SGLang's names."""
+        s = self.spec
+        return {"model_path": s.model_path, "tokenizer_path": s.tokenizer_path, "host": host, "port": port,
+                "random_seed": s.seed, "trust_remote_code": s.trust_remote_code, "base_gpu_id": base_gpu_id}

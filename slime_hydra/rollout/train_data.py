@@ -1,0 +1,80 @@
+"""A rollout's samples -> the trainer's data, and its split across data-parallel ranks.
+
+Pure functions (no Ray): the manager puts each rank's part into the object store. The data is a
+dict of per-sample lists in sample order; its per-token lists cover the response tokens only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+
+from slime_hydra.rollout.filters import zero_std
+from slime_hydra.rollout.sample import Sample, Status
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import AlgoConfig
+
+TrainData = Dict[str, list]
+
+
+def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prompt: int,
+               reward_key: Optional[str] = None) -> Tuple[TrainData, Dict[str, float]]:
+    """``samples`` (whole groups of ``n_samples_per_prompt``, in order) -> (data, metrics).
+
+    - ``rewards``: the raw rewards (``reward_key`` picks a dict reward's field) post-processed for
+      ``algo`` by ``rewards_for_estimator``: normalised per group (mean, and std with
+      ``algo.normalize_std``) for group estimators with ``algo.normalize_rewards``, else raw;
+    - ``loss_masks``: the sample's mask, all ones when it has none, all zeros for a
+      ``remove_sample`` (kept for the group's statistics, not trained on);
+    - ``rollout_log_probs``: the engine's, zeros for a sample without them."""
+    import torch
+
+    from slime_hydra.train.algorithms import rewards_for_estimator
+
+    n = n_samples_per_prompt
+    raw = torch.tensor([s.reward_value(reward_key) for s in samples], dtype=torch.float32)
+    rewards = rewards_for_estimator(algo, raw, n)
+    lens = [s.response_length for s in samples]
+    data = {
+        "tokens": [s.tokens for s in samples],
+        "response_lengths": lens,
+        "loss_masks": [[0] * s.response_length if s.remove_sample else (s.loss_mask or [1] * s.response_length)
+                       for s in samples],
+        "rewards": rewards.tolist(),
+        "raw_rewards": raw.tolist(),
+        "rollout_log_probs": [s.rollout_log_probs or [0.0] * s.response_length for s in samples],
+        "group_indices": [s.group_index for s in samples],
+        "truncated": [s.status == Status.TRUNCATED for s in samples],
+    }
+    groups = raw.view(-1, n)
+    metrics = {
+        "rollout/reward_mean": float(raw.mean()),
+        "rollout/response_len_mean": sum(lens) / len(lens),
+        "rollout/response_len_max": float(max(lens)),
+        "rollout/truncated_ratio": sum(data["truncated"]) / len(samples),
+        "rollout/zero_std_groups": sum(map(zero_std, groups.tolist())) / len(groups) if n > 1 else 0.0,
+        "rollout/response_tokens": float(sum(lens)),
+        "rollout/samples": float(len(samples)),
+    }
+    return data, metrics
+
+
+def rank_rows(n_samples: int, data_parallel: int, global_batch_size: int) -> List[List[int]]:
+    """The sample rows of each data-parallel rank: per optimiser step (``global_batch_size``
+    consecutive samples), rank ``r`` gets the ``r``-th of ``data_parallel`` equal consecutive slices,
+    so that every rank holds ``global_batch_size / data_parallel`` samples of each step, in order."""
+    if n_samples % global_batch_size:  # validation makes rollout_batch_size x n_samples_per_prompt a multiple of it
+        raise RuntimeError(f"{n_samples} training samples do not fill whole optimiser steps of "
+                           f"trainer.global_batch_size={global_batch_size}")
+    share = global_batch_size // data_parallel
+    per_rank: List[List[int]] = [[] for _ in range(data_parallel)]
+    for start in range(0, n_samples, global_batch_size):
+        for r in range(data_parallel):
+            per_rank[r].extend(range(start + r * share, start + (r + 1) * share))
+    return per_rank
+
+
+def split_by_rank(data: TrainData, data_parallel: int, global_batch_size: int) -> List[TrainData]:
+    """``data`` cut into each data-parallel rank's part (:func:`rank_rows`)."""
+    return [{k: [v[i] for i in rows] for k, v in data.items()}
+            for rows in rank_rows(len(data["tokens"]), data_parallel, global_batch_size)]
