@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional, Tuple
 import torch
 from torch import Tensor
 
-REDUCTIONS: Tuple[str, ...] = ("sample_mean", "token_mean", "token_sum")
+from slime_hydra.train.algorithms import REDUCTIONS
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
