@@ -6,7 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from slime_hydra.config.store import register_configs
-from slime_hydra.config.validate import load, resolve, validate
+from slime_hydra.config import load, resolve
+from slime_hydra.launch.validate import validate
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 PRESETS = sorted(p.stem for p in Path(CONF, "algo").glob("*.yaml"))

@@ -13,7 +13,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from conftest import CONF, ROOT, compose, resolved
-from slime_hydra.config.validate import ConfigError, check, validate
+from slime_hydra.config import ConfigError
+from slime_hydra.launch.validate import check, validate
 
 
 def presets(group):
@@ -191,6 +192,18 @@ def test_dry_run_is_fast_and_starts_nothing():
     assert out.returncode == 0, out.stderr
     assert "Resource plan" in out.stdout and "trainer 0" in out.stdout and "engine 0" in out.stdout
     assert wall < 3.0, f"dry run took {wall:.2f}s"
+
+
+def test_dry_run_imports_no_torch():
+    """Validation reads the registries' names without importing what they name (torch alone takes over a second)."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['run.py', 'dry_run=true', 'hydra.run.dir=/tmp/slime_hydra_dry']\n"
+            "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+            "finally:\n    print('HEAVY', sorted(m for m in ('torch', 'transformers', 'ray', 'httpx', 'math_verify') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout[-500:]
 
 
 def test_invalid_config_exits_2_with_all_problems():

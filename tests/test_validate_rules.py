@@ -9,7 +9,8 @@ import os
 import pytest
 
 from conftest import ROOT, compose, resolved
-from slime_hydra.config.validate import ConfigError, check, validate
+from slime_hydra.config import ConfigError
+from slime_hydra.launch.validate import check, validate
 
 TINY = ROOT / "tests/fixtures/tiny.jsonl"
 FILE_DATA = ["data=jsonl", f"data.path={TINY}", "eval.datasets=[]"]
@@ -54,6 +55,10 @@ RULES = [
      "cannot cross nodes, but parallelism.num_nodes=2"),
     ([*SGLANG_COLOCATED, "parallelism.num_nodes=2", "cluster.address=auto", "sync.transport=tensor"],
      "sync.transport: 'tensor'"),
+    # 10. model-parallel sizes are counts; an eval dataset's own reward type is a registered one
+    (["parallelism.tensor_parallel=0"], "parallelism.tensor_parallel: must be >= 1, got 0"),
+    (["eval.datasets=[{name: a, reward: nope}]"],
+     "eval.datasets[0].reward: 'nope' is not one of ['exact', 'math', 'f1', 'remote', 'custom']"),
 ]
 
 
@@ -144,6 +149,14 @@ def test_dataset_rows_are_parsed_with_the_file_and_line(tmp_path):
     assert errors([*TINY_FILE_DATA, f"data.path={TINY}",
                    f"eval.datasets=[{{name: a, path: '{answers}', input_key: q, label_key: answer}}]"]) == []
     assert errors([*TINY_FILE_DATA, f"data.path='{TINY}@[0:1]'", f"eval.datasets=[{{name: a, path: '{TINY}'}}]"]) == []
+
+
+def test_every_rules_module_is_collected():
+    """A component's ``rules.py`` with a ``check`` runs in ``validate`` (a new one cannot be forgotten)."""
+    from slime_hydra.launch.validate import RULES
+
+    found = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "slime_hydra").rglob("rules.py")}
+    assert found - {"slime_hydra.config.rules"} == {m.__name__ for m in RULES}  # config.rules: the shared helpers
 
 
 def test_new_rules_are_reported_together(tmp_path):

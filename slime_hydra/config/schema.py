@@ -3,9 +3,10 @@
 Each dataclass here is the schema of one Hydra config group (``conf/<group>/*.yaml``) and is
 registered in Hydra's ConfigStore by :mod:`slime_hydra.config.store`. Because the root config is a
 structured ``RunConfig``, a misspelt key anywhere (a YAML file or a command-line override) fails at
-compose time with its dotted path. Cross-field rules live in :mod:`slime_hydra.config.validate`.
+compose time with its dotted path. Cross-field rules live beside the code they guard
+(``slime_hydra/*/rules.py``), collected by :mod:`slime_hydra.launch.validate`.
 
-Conventions: ``None`` means "derived" (filled in by ``validate.resolve``), ``???`` in YAML means
+Conventions: ``None`` means "derived" (filled in by ``resolve.resolve``), ``???`` in YAML means
 "required". This module imports nothing heavy, so ``dry_run=true`` stays fast.
 """
 
@@ -73,8 +74,8 @@ class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss and its terms, and the optimiser."""
 
     name: str = MISSING
-    advantage_estimator: str = "grpo"  # see slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
-    policy_loss: str = "ppo_clip"  # see slime_hydra.train.algorithms.POLICY_LOSSES
+    advantage_estimator: str = "grpo"  # a key of slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
+    policy_loss: str = "ppo_clip"  # a key of slime_hydra.train.algorithms.POLICY_LOSSES
     # Reward post-processing (in the rollout manager): subtract the group mean, divide by its std.
     normalize_rewards: bool = True
     normalize_std: bool = True
@@ -206,7 +207,7 @@ class DataConfig:
 # -------------------------------------------------------------------------------------- reward
 @dataclass
 class RewardConfig:
-    type: str = "exact"  # exact | math | f1 | remote | custom
+    type: str = "exact"  # a key of slime_hydra.rewards.REWARD_TYPES
     custom: Optional[Any] = None  # ``_target_`` node or dotted path for type=custom
     group: bool = False  # custom reward is called per group (list of samples)
     key: Optional[str] = None  # pick this field when the reward is a dict

@@ -9,7 +9,8 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config.validate import ConfigError, check
+from slime_hydra.config import ConfigError
+from slime_hydra.launch.validate import check
 from slime_hydra.launch.plan import make_plan
 
 log = logging.getLogger("slime_hydra")
