@@ -57,7 +57,8 @@ def test_readme_command_composes():
 
 def test_default_is_the_embedded_run():
     cfg = check(compose())
-    assert (cfg.model.name, cfg.rollout.engine, cfg.parallelism.device, cfg.data.source) == ("tiny", "embedded", "cpu", "builtin")
+    assert (cfg.model.name, cfg.rollout.engine, cfg.parallelism.device, cfg.data.source) == (
+        "tiny", "embedded", "cpu", "builtin")
     assert cfg.trainer.global_batch_size == 512 and cfg.trainer.num_steps_per_rollout == 1  # 32 prompts x 16
     assert cfg.algo.lr == 3e-3  # from conf/recipe/tiny_digits.yaml
     assert compose(["model=qwen3_4b"]).algo.lr == 1e-6  # the recipe applies to tiny+digits only
@@ -80,7 +81,8 @@ def test_typo_in_a_yaml_file_names_the_key(tmp_path):
     import shutil
 
     shutil.copytree(CONF, bad)
-    (bad / "model" / "broken.yaml").write_text("defaults:\n  - _schema\n  - _self_\nname: broken\narch:\n  hidden_sise: 4\n")
+    (bad / "model" / "broken.yaml").write_text(
+        "defaults:\n  - _schema\n  - _self_\nname: broken\narch:\n  hidden_sise: 4\n")
     from hydra import compose as hc, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -93,21 +95,29 @@ def test_typo_in_a_yaml_file_names_the_key(tmp_path):
 
 
 RULES = [
-    (["rollout.batch_size=32", "rollout.n_samples_per_prompt=8", "trainer.global_batch_size=100", "trainer.num_steps_per_rollout=2"],
+    (["rollout.batch_size=32", "rollout.n_samples_per_prompt=8",
+      "trainer.global_batch_size=100", "trainer.num_steps_per_rollout=2"],
      "trainer.global_batch_size: rollout.batch_size x rollout.n_samples_per_prompt = 32 x 8 = 256"),
-    (["parallelism=split_4_4", "model=qwen3_4b", "rollout=sglang", "parallelism.gpus_per_node=6"], "the plan needs 8 GPUs"),
-    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.tensor_parallel=3"], "parallelism.trainer_gpus: 8 is not divisible"),
-    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.offload_rollout=false"], "parallelism.colocate: colocated GPUs need offload"),
-    (["parallelism=split_4_4", "parallelism.gpus_per_engine=3"], "parallelism.rollout_gpus: 4 is not divisible by gpus_per_engine=3"),
-    (["parallelism=colocate_8gpu", "parallelism.rollout_gpus=9", "parallelism.gpus_per_node=16"], "colocated engines must sit on trainer GPUs"),
-    (["parallelism.tensor_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"], "must divide num_heads=4"),
+    (["parallelism=split_4_4", "model=qwen3_4b", "rollout=sglang", "parallelism.gpus_per_node=6"],
+     "the plan needs 8 GPUs"),
+    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.tensor_parallel=3"],
+     "parallelism.trainer_gpus: 8 is not divisible"),
+    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.offload_rollout=false"],
+     "parallelism.colocate: colocated GPUs need offload"),
+    (["parallelism=split_4_4", "parallelism.gpus_per_engine=3"],
+     "parallelism.rollout_gpus: 4 is not divisible by gpus_per_engine=3"),
+    (["parallelism=colocate_8gpu", "parallelism.rollout_gpus=9", "parallelism.gpus_per_node=16"],
+     "colocated engines must sit on trainer GPUs"),
+    (["parallelism.tensor_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"],
+     "must divide num_heads=4"),
     (["parallelism.pipeline_parallel=2", "parallelism.trainer_gpus=2"], "does not divide num_layers=3"),
     (["parallelism.expert_parallel=2"], "parallelism.expert_parallel: 2 must divide num_experts=0"),
     (["parallelism.sequence_parallel=true"], "sequence_parallel: needs tensor_parallel > 1"),
     (["parallelism.tensor_parallel=2", "parallelism.trainer_gpus=2"], "torch trainer backend is data-parallel only"),
     (["parallelism.device=tpu"], "parallelism.device: 'tpu' is not one of"),
     (["parallelism.trainer_gpus=0"], "parallelism.trainer_gpus: must be >= 1"),
-    (["parallelism.trainer_gpus=3", "rollout.batch_size=5", "rollout.n_samples_per_prompt=2", "parallelism.gpus_per_node=4"],
+    (["parallelism.trainer_gpus=3", "rollout.batch_size=5",
+      "rollout.n_samples_per_prompt=2", "parallelism.gpus_per_node=4"],
      "trainer.global_batch_size: 10 is not divisible by the data-parallel size 3"),
     (["model.path=/does/not/exist"], "model.path: '/does/not/exist' is not a directory"),
     (["model.tokenizer=null"], "model.tokenizer: required when model.path is null"),
@@ -115,7 +125,8 @@ RULES = [
     (["model.arch.num_kv_heads=3"], "num_heads=4 must be a multiple of num_kv_heads=3"),
     (["model.dtype=float8"], "model.dtype: 'float8' is not one of"),
     (["rollout.engine=sglang"], "rollout.engine: sglang needs parallelism.device=cuda"),
-    (["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"], "rollout.server_args.tp_size: set by slime_hydra"),
+    (["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"],
+     "rollout.server_args.tp_size: set by slime_hydra"),
     (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
     (["rollout.top_p=0"], "rollout.top_p: must be in (0, 1]"),
     (["rollout.max_response_len=64"], "rollout.max_response_len: 64 >= model.arch.max_position_embeddings=64"),

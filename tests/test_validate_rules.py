@@ -89,7 +89,8 @@ def _save(run_dir, step):
 def test_resume_needs_a_checkpoint(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert any(e.startswith(f"trainer.resume: {str(empty)!r} holds no checkpoint") for e in errors([f"trainer.resume={empty}"]))
+    errs = errors([f"trainer.resume={empty}"])
+    assert any(e.startswith(f"trainer.resume: {str(empty)!r} holds no checkpoint") for e in errs), errs
 
     run = tmp_path / "run"
     ckpt = _save(run, 5)
@@ -118,7 +119,8 @@ def test_hook_typos_and_broken_modules(tmp_path, monkeypatch):
                for e in errs), errs
     assert any(e.startswith("reward.custom: ") and "fine_hooks.nope" in e for e in errs), errs
     assert any(e.startswith("data.buffer_filter: RuntimeError: boom at import") for e in errs), errs
-    assert errors(["rollout.dynamic_filter=fine_hooks.keep", "data.buffer_filter=slime_hydra.data.source.pop_first"]) == []
+    ok = ["rollout.dynamic_filter=fine_hooks.keep", "data.buffer_filter=slime_hydra.data.source.pop_first"]
+    assert errors(ok) == []
 
 
 def test_the_calculator_experiment_loads_its_hooks():
@@ -165,4 +167,5 @@ def test_new_rules_are_reported_together(tmp_path):
         check(compose(["data.num_train=10000", "parallelism.num_nodes=2", "rollout.generate=nopkg.gen",
                        f"eval.datasets=[{{name: a, path: '{bad}'}}]"]))
     keys = sorted(v.split(":", 1)[0] for v in e.value.violations)
-    assert keys == ["cluster.address", "data.num_train", "eval.datasets[0].path", "rollout.generate"], e.value.violations
+    assert keys == ["cluster.address", "data.num_train", "eval.datasets[0].path", "rollout.generate"], (
+        e.value.violations)

@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-
 # --------------------------------------------------------------------------------------- model
 # the transformers model types whose config fields checkpoint.hf.hf_config_kwargs knows how to fill
 ARCH_TYPES = ("qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3")
@@ -144,7 +143,8 @@ class RolloutConfig:
     # Hooks (Hydra ``_target_`` nodes or dotted paths); None: the built-in default.
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
     dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
-    over_sampling_batch_size: Optional[int] = None  # prompts pulled per refill while too few groups pass; None: batch_size
+    # prompts pulled per refill while too few groups pass; None: batch_size
+    over_sampling_batch_size: Optional[int] = None
     max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
     partial_rollout: bool = False  # groups cut off when the batch is full are continued next rollout
     mask_offpolicy_in_partial_rollout: bool = False  # no loss on tokens made by older weights

@@ -62,7 +62,8 @@ def _check_source(cfg: RunConfig) -> List[str]:
                             "your data: data=jsonl data.path=...)")
             space = TASKS[d.task][0]  # what data.tasks.make_splits draws disjoint train and held-out prompts from
             if d.num_train < 1 or d.num_eval < 0:
-                errs.append(f"data.num_train: must be >= 1 (and data.num_eval >= 0), got {d.num_train} and {d.num_eval}")
+                errs.append(f"data.num_train: must be >= 1 (and data.num_eval >= 0), got {d.num_train} and "
+                            f"{d.num_eval}")
             elif d.num_train + d.num_eval > space:
                 errs.append(f"data.num_train: data.num_train + data.num_eval = {d.num_train} + {d.num_eval} = "
                             f"{d.num_train + d.num_eval} must be <= {space}, the number of distinct {d.task} prompts "

@@ -39,7 +39,8 @@ def _check_placement(cfg: RunConfig) -> List[str]:
         errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} < gpus_per_engine={p.gpus_per_engine} gives 0 rollout "
                     "engines (at least one is needed)")
     elif p.rollout_gpus % p.gpus_per_engine:
-        errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} is not divisible by gpus_per_engine={p.gpus_per_engine}")
+        errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} is not divisible by "
+                    f"gpus_per_engine={p.gpus_per_engine}")
     if p.gpus_per_engine > p.gpus_per_node and p.gpus_per_engine % p.gpus_per_node:
         errs.append(f"parallelism.gpus_per_engine: {p.gpus_per_engine} spans nodes, so it must be a multiple of "
                     f"gpus_per_node={p.gpus_per_node}")

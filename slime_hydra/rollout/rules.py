@@ -30,12 +30,12 @@ def _check_engine(cfg: RunConfig) -> List[str]:
     choice(errs, "rollout.engine", r.engine, ENGINE_NAMES)
     choice(errs, "rollout.router.policy", r.router.policy, ROUTER_POLICIES)
     if r.engine == "embedded" and p.gpus_per_engine != 1:
-        errs.append(f"parallelism.gpus_per_engine: must be 1 for rollout.engine=embedded (it has no tensor parallelism), "
-                    f"got {p.gpus_per_engine}")
+        errs.append("parallelism.gpus_per_engine: must be 1 for rollout.engine=embedded (it has no tensor "
+                    f"parallelism), got {p.gpus_per_engine}")
     engines = p.rollout_gpus // max(p.gpus_per_engine, 1)  # as launch.plan.make_plan lays them out
     if not r.router.enabled and engines != 1:
-        errs.append(f"rollout.router.enabled: false needs exactly one engine (the rollout manager talks to one URL), but "
-                    f"parallelism.rollout_gpus / gpus_per_engine = {p.rollout_gpus} / {p.gpus_per_engine} = "
+        errs.append("rollout.router.enabled: false needs exactly one engine (the rollout manager talks to one URL), "
+                    f"but parallelism.rollout_gpus / gpus_per_engine = {p.rollout_gpus} / {p.gpus_per_engine} = "
                     f"{engines} engines")
     if r.engine == "sglang" and p.device != "cuda":
         errs.append("rollout.engine: sglang needs parallelism.device=cuda (use rollout=embedded on CPU)")
@@ -81,11 +81,12 @@ def _check_sampling(cfg: RunConfig) -> List[str]:
         errs.append(f"rollout.max_response_len: {r.max_response_len} >= "
                     f"model.arch.max_position_embeddings={cfg.model.arch.max_position_embeddings}")
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.batch_size:
-        errs.append(f"rollout.over_sampling_batch_size: {r.over_sampling_batch_size} < rollout.batch_size={r.batch_size}")
+        errs.append(f"rollout.over_sampling_batch_size: {r.over_sampling_batch_size} < "
+                    f"rollout.batch_size={r.batch_size}")
     spec = dynamic_filter_spec(cfg)
     if r.partial_rollout and spec is None and (r.over_sampling_batch_size or r.batch_size) <= r.batch_size:
-        errs.append("rollout.partial_rollout: recycles groups cut off by dynamic sampling or over-sampling, so it needs "
-                    "rollout.dynamic_filter, algo.dynamic_sampling=true or rollout.over_sampling_batch_size > "
+        errs.append("rollout.partial_rollout: recycles groups cut off by dynamic sampling or over-sampling, so it "
+                    "needs rollout.dynamic_filter, algo.dynamic_sampling=true or rollout.over_sampling_batch_size > "
                     "rollout.batch_size")
     target = spec.get("_target_") if hasattr(spec, "get") else spec
     if r.n_samples_per_prompt < 2 and isinstance(target, str) and target.startswith(NONZERO_REWARD_STD):
@@ -95,8 +96,8 @@ def _check_sampling(cfg: RunConfig) -> List[str]:
     if r.max_sampled_groups is not None and r.max_sampled_groups < r.batch_size:
         errs.append(f"rollout.max_sampled_groups: {r.max_sampled_groups} < rollout.batch_size={r.batch_size}")
     if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
-        errs.append("rollout.mask_offpolicy_in_partial_rollout: masks tokens of continued partial rollouts, so it needs "
-                    "rollout.partial_rollout=true")
+        errs.append("rollout.mask_offpolicy_in_partial_rollout: masks tokens of continued partial rollouts, so it "
+                    "needs rollout.partial_rollout=true")
     return errs
 
 
@@ -106,7 +107,8 @@ def _check_hooks(cfg: RunConfig) -> List[str]:
     from slime_hydra.utils.hooks import load_hook
 
     errs: List[str] = []
-    for where, spec in {"rollout.generate": cfg.rollout.generate, "rollout.dynamic_filter": cfg.rollout.dynamic_filter}.items():
+    hooks = {"rollout.generate": cfg.rollout.generate, "rollout.dynamic_filter": cfg.rollout.dynamic_filter}
+    for where, spec in hooks.items():
         if spec is not None:
             loads(errs, where, lambda spec=spec: load_hook(spec))
     return errs

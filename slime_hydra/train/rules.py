@@ -34,11 +34,13 @@ def check(cfg: RunConfig) -> List[str]:
     if p.trainer_gpus % mp:
         errs.append(f"parallelism.trainer_gpus: {p.trainer_gpus} is not divisible by tensor x pipeline x context "
                     f"parallel = {p.tensor_parallel} x {p.pipeline_parallel} x {p.context_parallel} = {mp}")
-    if arch.num_heads % p.tensor_parallel or arch.num_kv_heads % p.tensor_parallel and p.tensor_parallel % arch.num_kv_heads:
+    kv_heads_split = arch.num_kv_heads % p.tensor_parallel == 0 or p.tensor_parallel % arch.num_kv_heads == 0
+    if arch.num_heads % p.tensor_parallel or not kv_heads_split:
         errs.append(f"parallelism.tensor_parallel: {p.tensor_parallel} must divide num_heads={arch.num_heads} and "
                     f"divide or be a multiple of num_kv_heads={arch.num_kv_heads}")
     if arch.num_layers % p.pipeline_parallel:
-        errs.append(f"parallelism.pipeline_parallel: {p.pipeline_parallel} does not divide num_layers={arch.num_layers}")
+        errs.append(f"parallelism.pipeline_parallel: {p.pipeline_parallel} does not divide "
+                    f"num_layers={arch.num_layers}")
     if p.expert_parallel > 1 and (not arch.num_experts or arch.num_experts % p.expert_parallel):
         errs.append(f"parallelism.expert_parallel: {p.expert_parallel} must divide num_experts={arch.num_experts}")
     if p.sequence_parallel and p.tensor_parallel == 1:

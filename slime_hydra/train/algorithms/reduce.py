@@ -75,7 +75,8 @@ class Reducer:
         return xm.sum() / max(self.num_samples * self.max_len, 1)
 
     def __repr__(self) -> str:
-        return f"Reducer({self.kind!r}, num_samples={self.num_samples}, num_tokens={self.num_tokens}, max_len={self.max_len})"
+        return (f"Reducer({self.kind!r}, num_samples={self.num_samples}, num_tokens={self.num_tokens}, "
+                f"max_len={self.max_len})")
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
