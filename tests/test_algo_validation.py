@@ -1,4 +1,4 @@
-"""The algo presets compose and validate; each `_validate_algo` rule fires with its dotted key."""
+"""The algo presets compose and validate; each rule of `train/algorithms/rules.py` fires with its dotted key."""
 
 from pathlib import Path
 
