@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 
-.PHONY: run test test-all test-slow bench dry-run clean
+.PHONY: run test test-all test-slow lint bench dry-run clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ test-slow: $(VENV)/.installed    ## the long end-to-end runs only
 
 test-all: $(VENV)/.installed     ## everything
 	$(PY) -m pytest -q $(ARGS)
+
+lint: $(VENV)/.installed         ## ruff (rules in pyproject.toml; ruff comes with the dev extra)
+	$(VENV)/bin/ruff check .
 
 bench: $(VENV)/.installed        ## algorithm table on the embedded default
 	$(PY) bench/algorithms.py $(ARGS)

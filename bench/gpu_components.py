@@ -82,7 +82,7 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from slime_hydra.config.validate import load, resolve
+    from slime_hydra.config import load, resolve
     from slime_hydra.train.torch_backend import TorchBackend
     from slime_hydra.train.trainer import RLTrainer
 

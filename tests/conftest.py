@@ -30,7 +30,7 @@ def compose(overrides: List[str] = ()):
 
 
 def resolved(overrides: List[str] = ()):
-    from slime_hydra.config.validate import load, resolve
+    from slime_hydra.config import load, resolve
 
     return resolve(load(compose(overrides)))
 

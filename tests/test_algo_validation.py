@@ -1,12 +1,13 @@
-"""The algo presets compose and validate; each `_validate_algo` rule fires with its dotted key."""
+"""The algo presets compose and validate; each rule of `train/algorithms/rules.py` fires with its dotted key."""
 
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
+from slime_hydra.config import load, resolve
 from slime_hydra.config.store import register_configs
-from slime_hydra.config.validate import load, resolve, validate
+from slime_hydra.launch.validate import validate
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 PRESETS = sorted(p.stem for p in Path(CONF, "algo").glob("*.yaml"))
@@ -48,9 +49,11 @@ def test_preset_values(run):
         return run(f"algo={name}", "~recipe", "~recipe_algo").algo
 
     grpo = algo("grpo")
-    assert (grpo.eps_clip, grpo.eps_clip_high, grpo.kl_loss_coef, grpo.loss_reduction) == (0.2, 0.28, 0.04, "sample_mean")
+    assert (grpo.eps_clip, grpo.eps_clip_high, grpo.kl_loss_coef, grpo.loss_reduction) == (
+        0.2, 0.28, 0.04, "sample_mean")
     dr = algo("dr_grpo")
-    assert (dr.advantage_estimator, dr.normalize_std, dr.loss_reduction, dr.kl_loss_coef) == ("grpo", False, "token_sum", 0.0)
+    assert (dr.advantage_estimator, dr.normalize_std, dr.loss_reduction, dr.kl_loss_coef) == (
+        "grpo", False, "token_sum", 0.0)
     dapo = algo("dapo")
     assert (dapo.eps_clip, dapo.eps_clip_high, dapo.loss_reduction, dapo.kl_loss_coef) == (0.2, 0.28, "token_mean", 0.0)
     gspo = algo("gspo")
@@ -75,7 +78,8 @@ def _has(errs, key, words):
     [
         # rules that predate the algorithms package
         (["algo.kl_coef=0.1", "algo.advantage_estimator=ppo"], "algo.kl_coef", "both set"),
-        (["algo=reinforce_plus_plus", "algo.kl_loss_coef=0", "algo.normalize_advantages=false"], "algo.normalize_advantages", "needs"),
+        (["algo=reinforce_plus_plus", "algo.kl_loss_coef=0", "algo.normalize_advantages=false"],
+         "algo.normalize_advantages", "needs"),
         (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis", "use_rollout_logprobs"),
         (["algo.eps_clip_c=0.5"], "algo.eps_clip_c", "> 1"),
         # rules added with the algorithms package
@@ -90,7 +94,8 @@ def _has(errs, key, words):
         (["algo=ppo", "algo.num_critic_only_steps=-1"], "algo.num_critic_only_steps", ">= 0"),
         (["algo=grpo", "algo.num_critic_only_steps=2"], "algo.num_critic_only_steps", "only advantage_estimator=ppo"),
         (["algo=grpo", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt", "every advantage is 0"),
-        (["algo=reinforce_plus_plus_baseline", "rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt", "every advantage is 0"),
+        (["algo=reinforce_plus_plus_baseline", "rollout.n_samples_per_prompt=1"],
+         "rollout.n_samples_per_prompt", "every advantage is 0"),
     ],
 )
 def test_rule_fires(errors, overrides, key, words):

@@ -13,7 +13,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from conftest import CONF, ROOT, compose, resolved
-from slime_hydra.config.validate import ConfigError, check, validate
+from slime_hydra.config import ConfigError
+from slime_hydra.launch.validate import check, validate
 
 
 def presets(group):
@@ -56,7 +57,8 @@ def test_readme_command_composes():
 
 def test_default_is_the_embedded_run():
     cfg = check(compose())
-    assert (cfg.model.name, cfg.rollout.engine, cfg.parallelism.device, cfg.data.source) == ("tiny", "embedded", "cpu", "builtin")
+    assert (cfg.model.name, cfg.rollout.engine, cfg.parallelism.device, cfg.data.source) == (
+        "tiny", "embedded", "cpu", "builtin")
     assert cfg.trainer.global_batch_size == 512 and cfg.trainer.num_steps_per_rollout == 1  # 32 prompts x 16
     assert cfg.algo.lr == 3e-3  # from conf/recipe/tiny_digits.yaml
     assert compose(["model=qwen3_4b"]).algo.lr == 1e-6  # the recipe applies to tiny+digits only
@@ -79,7 +81,8 @@ def test_typo_in_a_yaml_file_names_the_key(tmp_path):
     import shutil
 
     shutil.copytree(CONF, bad)
-    (bad / "model" / "broken.yaml").write_text("defaults:\n  - _schema\n  - _self_\nname: broken\narch:\n  hidden_sise: 4\n")
+    (bad / "model" / "broken.yaml").write_text(
+        "defaults:\n  - _schema\n  - _self_\nname: broken\narch:\n  hidden_sise: 4\n")
     from hydra import compose as hc, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -92,21 +95,29 @@ def test_typo_in_a_yaml_file_names_the_key(tmp_path):
 
 
 RULES = [
-    (["rollout.batch_size=32", "rollout.n_samples_per_prompt=8", "trainer.global_batch_size=100", "trainer.num_steps_per_rollout=2"],
+    (["rollout.batch_size=32", "rollout.n_samples_per_prompt=8",
+      "trainer.global_batch_size=100", "trainer.num_steps_per_rollout=2"],
      "trainer.global_batch_size: rollout.batch_size x rollout.n_samples_per_prompt = 32 x 8 = 256"),
-    (["parallelism=split_4_4", "model=qwen3_4b", "rollout=sglang", "parallelism.gpus_per_node=6"], "the plan needs 8 GPUs"),
-    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.tensor_parallel=3"], "parallelism.trainer_gpus: 8 is not divisible"),
-    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.offload_rollout=false"], "parallelism.colocate: colocated GPUs need offload"),
-    (["parallelism=split_4_4", "parallelism.gpus_per_engine=3"], "parallelism.rollout_gpus: 4 is not divisible by gpus_per_engine=3"),
-    (["parallelism=colocate_8gpu", "parallelism.rollout_gpus=9", "parallelism.gpus_per_node=16"], "colocated engines must sit on trainer GPUs"),
-    (["parallelism.tensor_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"], "must divide num_heads=4"),
+    (["parallelism=split_4_4", "model=qwen3_4b", "rollout=sglang", "parallelism.gpus_per_node=6"],
+     "the plan needs 8 GPUs"),
+    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.tensor_parallel=3"],
+     "parallelism.trainer_gpus: 8 is not divisible"),
+    (["parallelism=colocate_8gpu", "model=qwen3_4b", "parallelism.offload_rollout=false"],
+     "parallelism.colocate: colocated GPUs need offload"),
+    (["parallelism=split_4_4", "parallelism.gpus_per_engine=3"],
+     "parallelism.rollout_gpus: 4 is not divisible by gpus_per_engine=3"),
+    (["parallelism=colocate_8gpu", "parallelism.rollout_gpus=9", "parallelism.gpus_per_node=16"],
+     "colocated engines must sit on trainer GPUs"),
+    (["parallelism.tensor_parallel=3", "parallelism.trainer_gpus=3", "parallelism.gpus_per_node=4"],
+     "must divide num_heads=4"),
     (["parallelism.pipeline_parallel=2", "parallelism.trainer_gpus=2"], "does not divide num_layers=3"),
     (["parallelism.expert_parallel=2"], "parallelism.expert_parallel: 2 must divide num_experts=0"),
     (["parallelism.sequence_parallel=true"], "sequence_parallel: needs tensor_parallel > 1"),
     (["parallelism.tensor_parallel=2", "parallelism.trainer_gpus=2"], "torch trainer backend is data-parallel only"),
     (["parallelism.device=tpu"], "parallelism.device: 'tpu' is not one of"),
     (["parallelism.trainer_gpus=0"], "parallelism.trainer_gpus: must be >= 1"),
-    (["parallelism.trainer_gpus=3", "rollout.batch_size=5", "rollout.n_samples_per_prompt=2", "parallelism.gpus_per_node=4"],
+    (["parallelism.trainer_gpus=3", "rollout.batch_size=5",
+      "rollout.n_samples_per_prompt=2", "parallelism.gpus_per_node=4"],
      "trainer.global_batch_size: 10 is not divisible by the data-parallel size 3"),
     (["model.path=/does/not/exist"], "model.path: '/does/not/exist' is not a directory"),
     (["model.tokenizer=null"], "model.tokenizer: required when model.path is null"),
@@ -114,7 +125,8 @@ RULES = [
     (["model.arch.num_kv_heads=3"], "num_heads=4 must be a multiple of num_kv_heads=3"),
     (["model.dtype=float8"], "model.dtype: 'float8' is not one of"),
     (["rollout.engine=sglang"], "rollout.engine: sglang needs parallelism.device=cuda"),
-    (["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"], "rollout.server_args.tp_size: set by slime_hydra"),
+    (["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"],
+     "rollout.server_args.tp_size: set by slime_hydra"),
     (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
     (["rollout.top_p=0"], "rollout.top_p: must be in (0, 1]"),
     (["rollout.max_response_len=64"], "rollout.max_response_len: 64 >= model.arch.max_position_embeddings=64"),
@@ -169,13 +181,18 @@ def test_hf_config_mismatch_is_reported(tiny_ckpt):
     assert any("model.arch.hidden_size: 128 but" in e and "config.json says hidden_size=64" in e for e in errs), errs
 
 
-def test_validation_names_equal_the_algorithm_registries():
-    from slime_hydra.train import algorithm_names as names, algorithms as A
+def test_every_registered_name_resolves():
+    """Each registry entry imports to a function: a typo in a "module:function" target fails here, not in a run."""
+    from slime_hydra.rewards import REWARD_TYPES
+    from slime_hydra.train import algorithms as A
 
-    assert names.ADVANTAGE_ESTIMATORS == {k: f.group_rewards for k, f in A.ADVANTAGE_ESTIMATORS.items()}
-    assert set(names.POLICY_LOSSES) == set(A.POLICY_LOSSES)
-    assert set(names.KL_ESTIMATORS) == set(A.KL_ESTIMATORS)
-    assert set(names.REDUCTIONS) == set(A.REDUCTIONS)
+    for registry in (A.ADVANTAGE_ESTIMATORS, A.POLICY_LOSSES, A.KL_ESTIMATORS, REWARD_TYPES):
+        for name in registry:
+            assert callable(registry[name]), (registry.kind, name, registry.target(name))
+    assert set(A.GROUP_REWARDS) == set(A.ADVANTAGE_ESTIMATORS)
+    assert set(A.GROUP_REWARDS.values()) <= {None, "mean", "mean_std"}  # the modes rewards_for_estimator knows
+    with pytest.raises(KeyError, match="unknown policy loss 'ppo'; expected one of"):
+        A.POLICY_LOSSES["ppo"]
 
 
 def test_dry_run_is_fast_and_starts_nothing():
@@ -186,6 +203,18 @@ def test_dry_run_is_fast_and_starts_nothing():
     assert out.returncode == 0, out.stderr
     assert "Resource plan" in out.stdout and "trainer 0" in out.stdout and "engine 0" in out.stdout
     assert wall < 3.0, f"dry run took {wall:.2f}s"
+
+
+def test_dry_run_imports_no_torch():
+    """Validation reads the registries' names without importing what they name (torch alone takes over a second)."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['run.py', 'dry_run=true', 'hydra.run.dir=/tmp/slime_hydra_dry']\n"
+            "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+            "finally:\n    print('HEAVY', sorted(m for m in ('torch', 'transformers', 'ray', 'httpx', 'math_verify') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout[-500:]
 
 
 def test_invalid_config_exits_2_with_all_problems():

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from conftest import ROOT, compose, resolved
-from slime_hydra.config.validate import ConfigError, check, validate
+from slime_hydra.config import ConfigError
+from slime_hydra.launch.validate import check, validate
 
 TINY = ROOT / "tests/fixtures/tiny.jsonl"
 FILE_DATA = ["data=jsonl", f"data.path={TINY}", "eval.datasets=[]"]
@@ -54,6 +55,10 @@ RULES = [
      "cannot cross nodes, but parallelism.num_nodes=2"),
     ([*SGLANG_COLOCATED, "parallelism.num_nodes=2", "cluster.address=auto", "sync.transport=tensor"],
      "sync.transport: 'tensor'"),
+    # 10. model-parallel sizes are counts; an eval dataset's own reward type is a registered one
+    (["parallelism.tensor_parallel=0"], "parallelism.tensor_parallel: must be >= 1, got 0"),
+    (["eval.datasets=[{name: a, reward: nope}]"],
+     "eval.datasets[0].reward: 'nope' is not one of ['exact', 'math', 'f1', 'remote', 'custom']"),
 ]
 
 
@@ -84,7 +89,8 @@ def _save(run_dir, step):
 def test_resume_needs_a_checkpoint(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert any(e.startswith(f"trainer.resume: {str(empty)!r} holds no checkpoint") for e in errors([f"trainer.resume={empty}"]))
+    errs = errors([f"trainer.resume={empty}"])
+    assert any(e.startswith(f"trainer.resume: {str(empty)!r} holds no checkpoint") for e in errs), errs
 
     run = tmp_path / "run"
     ckpt = _save(run, 5)
@@ -113,7 +119,8 @@ def test_hook_typos_and_broken_modules(tmp_path, monkeypatch):
                for e in errs), errs
     assert any(e.startswith("reward.custom: ") and "fine_hooks.nope" in e for e in errs), errs
     assert any(e.startswith("data.buffer_filter: RuntimeError: boom at import") for e in errs), errs
-    assert errors(["rollout.dynamic_filter=fine_hooks.keep", "data.buffer_filter=slime_hydra.data.source.pop_first"]) == []
+    ok = ["rollout.dynamic_filter=fine_hooks.keep", "data.buffer_filter=slime_hydra.data.source.pop_first"]
+    assert errors(ok) == []
 
 
 def test_the_calculator_experiment_loads_its_hooks():
@@ -146,10 +153,19 @@ def test_dataset_rows_are_parsed_with_the_file_and_line(tmp_path):
     assert errors([*TINY_FILE_DATA, f"data.path='{TINY}@[0:1]'", f"eval.datasets=[{{name: a, path: '{TINY}'}}]"]) == []
 
 
+def test_every_rules_module_is_collected():
+    """A component's ``rules.py`` with a ``check`` runs in ``validate`` (a new one cannot be forgotten)."""
+    from slime_hydra.launch.validate import RULES
+
+    found = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "slime_hydra").rglob("rules.py")}
+    assert found - {"slime_hydra.config.rules"} == {m.__name__ for m in RULES}  # config.rules: the shared helpers
+
+
 def test_new_rules_are_reported_together(tmp_path):
     bad = _write(tmp_path / "bad.jsonl", json.dumps({"prompt": ""}))
     with pytest.raises(ConfigError) as e:
         check(compose(["data.num_train=10000", "parallelism.num_nodes=2", "rollout.generate=nopkg.gen",
                        f"eval.datasets=[{{name: a, path: '{bad}'}}]"]))
     keys = sorted(v.split(":", 1)[0] for v in e.value.violations)
-    assert keys == ["cluster.address", "data.num_train", "eval.datasets[0].path", "rollout.generate"], e.value.violations
+    assert keys == ["cluster.address", "data.num_train", "eval.datasets[0].path", "rollout.generate"], (
+        e.value.violations)

@@ -1,4 +1,4 @@
+from slime_hydra.config.resolve import ConfigError, load, resolve
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.config.validate import ConfigError, load, resolve, validate
 
-__all__ = ["RunConfig", "ConfigError", "load", "resolve", "validate"]
+__all__ = ["RunConfig", "ConfigError", "load", "resolve"]

@@ -3,9 +3,10 @@
 Each dataclass here is the schema of one Hydra config group (``conf/<group>/*.yaml``) and is
 registered in Hydra's ConfigStore by :mod:`slime_hydra.config.store`. Because the root config is a
 structured ``RunConfig``, a misspelt key anywhere (a YAML file or a command-line override) fails at
-compose time with its dotted path. Cross-field rules live in :mod:`slime_hydra.config.validate`.
+compose time with its dotted path. Cross-field rules live beside the code they guard
+(``slime_hydra/*/rules.py``), collected by :mod:`slime_hydra.launch.validate`.
 
-Conventions: ``None`` means "derived" (filled in by ``validate.resolve``), ``???`` in YAML means
+Conventions: ``None`` means "derived" (filled in by ``resolve.resolve``), ``???`` in YAML means
 "required". This module imports nothing heavy, so ``dry_run=true`` stays fast.
 """
 
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
-
 
 # --------------------------------------------------------------------------------------- model
 # the transformers model types whose config fields checkpoint.hf.hf_config_kwargs knows how to fill
@@ -73,8 +73,8 @@ class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss and its terms, and the optimiser."""
 
     name: str = MISSING
-    advantage_estimator: str = "grpo"  # see slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
-    policy_loss: str = "ppo_clip"  # see slime_hydra.train.algorithms.POLICY_LOSSES
+    advantage_estimator: str = "grpo"  # a key of slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
+    policy_loss: str = "ppo_clip"  # a key of slime_hydra.train.algorithms.POLICY_LOSSES
     # Reward post-processing (in the rollout manager): subtract the group mean, divide by its std.
     normalize_rewards: bool = True
     normalize_std: bool = True
@@ -144,7 +144,8 @@ class RolloutConfig:
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
     dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
     rollout_function: Optional[Any] = None  # async f(ctx, rollout_id, weight_version) -> (groups, metrics)
-    over_sampling_batch_size: Optional[int] = None  # prompts pulled per refill while too few groups pass; None: batch_size
+    # prompts pulled per refill while too few groups pass; None: batch_size
+    over_sampling_batch_size: Optional[int] = None
     max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
     partial_rollout: bool = False  # groups cut off when the batch is full are continued next rollout
     mask_offpolicy_in_partial_rollout: bool = False  # no loss on tokens made by older weights
@@ -207,7 +208,7 @@ class DataConfig:
 # -------------------------------------------------------------------------------------- reward
 @dataclass
 class RewardConfig:
-    type: str = "exact"  # exact | math | f1 | remote | custom
+    type: str = "exact"  # a key of slime_hydra.rewards.REWARD_TYPES
     custom: Optional[Any] = None  # ``_target_`` node or dotted path for type=custom
     group: bool = False  # custom reward is called per group (list of samples)
     key: Optional[str] = None  # pick this field when the reward is a dict

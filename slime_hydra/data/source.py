@@ -16,7 +16,7 @@ import random
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slime_hydra.data.dataset import Row, filter_long_prompts, read_rows, render_prompt, rows_from_dicts
-from slime_hydra.rollout.sample import Sample
+from slime_hydra.data.sample import Sample
 
 log = logging.getLogger(__name__)
 

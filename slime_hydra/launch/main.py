@@ -9,8 +9,9 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config.validate import ConfigError, check
+from slime_hydra.config import ConfigError
 from slime_hydra.launch.plan import make_plan
+from slime_hydra.launch.validate import check
 
 log = logging.getLogger("slime_hydra")
 
@@ -36,6 +37,6 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     from slime_hydra.launch.driver import train
 
     summary = train(cfg, plan)
-    log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png",
-             summary["wall_s"], summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
+    log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],
+             summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
     return summary

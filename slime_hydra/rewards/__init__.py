@@ -1,9 +1,35 @@
-"""Rewards: built-in verifiers (exact, math, f1), a remote reward server, and custom hooks."""
+"""Rewards: built-in verifiers (exact, math, f1), a remote reward server, and custom hooks.
 
-from slime_hydra.rewards.hub import REWARD_TYPES, compute_group_reward, compute_reward, reward_type
-from slime_hydra.rewards.math_answer import extract_answer, math_equal, math_reward
-from slime_hydra.rewards.remote import RewardError, aclose_shared_client, remote_reward
-from slime_hydra.rewards.text import exact_reward, f1_reward
+``REWARD_TYPES`` is the one list of reward types (``reward.type``, a sample's ``metadata["rm_type"]``,
+an eval dataset's ``reward``): each maps to an async ``f(cfg: RewardConfig, sample) -> float | dict``
+that :func:`slime_hydra.rewards.hub.compute_reward` dispatches to. A new type is that function plus
+its line here. Nothing is imported until it is used, so config validation reads the names cheaply
+(the remote reward alone imports httpx).
+"""
+
+from slime_hydra.utils.registry import LazyRegistry, lazy_attributes
+
+REWARD_TYPES = LazyRegistry("reward type", {
+    "exact": "slime_hydra.rewards.hub:exact",
+    "math": "slime_hydra.rewards.hub:math",
+    "f1": "slime_hydra.rewards.hub:f1",
+    "remote": "slime_hydra.rewards.hub:remote",
+    "custom": "slime_hydra.rewards.hub:custom",
+})
+
+__getattr__ = lazy_attributes(__name__, {
+    "compute_group_reward": "hub",
+    "compute_reward": "hub",
+    "reward_type": "hub",
+    "extract_answer": "math_answer",
+    "math_equal": "math_answer",
+    "math_reward": "math_answer",
+    "RewardError": "remote",
+    "aclose_shared_client": "remote",
+    "remote_reward": "remote",
+    "exact_reward": "text",
+    "f1_reward": "text",
+})
 
 __all__ = [
     "REWARD_TYPES", "RewardError", "aclose_shared_client", "compute_group_reward", "compute_reward",

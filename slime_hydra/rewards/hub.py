@@ -1,9 +1,10 @@
 """Reward dispatch: ``sample.metadata["rm_type"]`` first (one dataset may mix tasks), then
 ``reward.type``. Rewards are returned, not stored: the caller sets ``sample.reward``.
 
-Types: ``exact``, ``math``, ``f1`` (built in, pure), ``remote`` (HTTP reward server) and ``custom``
-(``reward.custom``: a hook ``rm(cfg, sample)``, or ``rm(cfg, samples) -> list`` when ``reward.group``;
-sync or async; ``cfg`` is the RewardConfig).
+One function per entry of :data:`slime_hydra.rewards.REWARD_TYPES`, each ``(cfg, sample) -> reward``
+with ``cfg`` the RewardConfig: ``exact``, ``math``, ``f1`` (built in, pure), ``remote`` (HTTP reward
+server) and ``custom`` (``reward.custom``: a hook ``rm(cfg, sample)``, or ``rm(cfg, samples) -> list``
+when ``reward.group``; sync or async).
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ import json
 import logging
 from typing import Any, Callable, Dict, List, Union
 
-from slime_hydra.rewards.math_answer import math_reward
+from slime_hydra.data.sample import Sample
+from slime_hydra.rewards import REWARD_TYPES
 from slime_hydra.rewards.math_pool import math_reward_async
 from slime_hydra.rewards.remote import RewardError, remote_reward
 from slime_hydra.rewards.text import exact_reward, f1_reward
-from slime_hydra.rollout.sample import Sample
 from slime_hydra.utils.hooks import call_maybe_async, load_hook
 
 log = logging.getLogger(__name__)
 
 Reward = Union[float, Dict[str, Any]]
-PURE_REWARDS: Dict[str, Callable[[str, Any], float]] = {"exact": exact_reward, "f1": f1_reward, "math": math_reward}
-REWARD_TYPES = ("exact", "math", "f1", "remote", "custom")
 
 _hooks: Dict[Any, Any] = {}
 
@@ -36,24 +35,40 @@ def reward_type(cfg: Any, sample: Sample) -> str:
 async def compute_reward(cfg: Any, sample: Sample) -> Reward:
     """The reward of one sample (``cfg``: a RewardConfig)."""
     kind = reward_type(cfg, sample)
-    if kind == "math":
-        return await math_reward_async(sample.response, sample.label)
-    if kind in PURE_REWARDS:
-        return PURE_REWARDS[kind](sample.response, sample.label)
-    if kind == "remote":
-        if not cfg.url:
-            raise RewardError("reward type 'remote' needs reward.url")
-        payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
-                   "metadata": sample.metadata}
-        return await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
-    if kind == "custom":
-        if cfg.group:
-            raise RewardError("reward.group=true: the custom reward scores whole groups; use compute_group_reward")
-        return _check(await call_maybe_async(_custom_hook(cfg), cfg, sample), cfg)
-    raise RewardError(f"unknown reward type {kind!r} (from sample.metadata['rm_type'] or reward.type); "
-                      f"expected one of {', '.join(REWARD_TYPES)}")
+    if kind not in REWARD_TYPES:
+        raise RewardError(f"unknown reward type {kind!r} (from sample.metadata['rm_type'] or reward.type); "
+                          f"expected one of {', '.join(REWARD_TYPES)}")
+    return await REWARD_TYPES[kind](cfg, sample)
 
 
+# ------------------------------------------------------------------------------- the reward types
+async def exact(cfg: Any, sample: Sample) -> Reward:
+    return exact_reward(sample.response, sample.label)
+
+
+async def f1(cfg: Any, sample: Sample) -> Reward:
+    return f1_reward(sample.response, sample.label)
+
+
+async def math(cfg: Any, sample: Sample) -> Reward:
+    return await math_reward_async(sample.response, sample.label)
+
+
+async def remote(cfg: Any, sample: Sample) -> Reward:
+    if not cfg.url:
+        raise RewardError("reward type 'remote' needs reward.url")
+    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
+               "metadata": sample.metadata}
+    return await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+
+
+async def custom(cfg: Any, sample: Sample) -> Reward:
+    if cfg.group:
+        raise RewardError("reward.group=true: the custom reward scores whole groups; use compute_group_reward")
+    return _check(await call_maybe_async(_custom_hook(cfg), cfg, sample), cfg)
+
+
+# ---------------------------------------------------------------------------------------- groups
 async def compute_group_reward(cfg: Any, samples: List[Sample]) -> List[Reward]:
     """The rewards of a group: one call of the group hook when ``reward.group`` and every sample is
     ``custom``, else ``compute_reward`` on each sample concurrently."""

@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 import pytest
 
 from conftest import resolved
-from slime_hydra.config.validate import validate
+from slime_hydra.launch.validate import validate
 from slime_hydra.rollout.filters import (DynamicFilterOutput, NONZERO_REWARD_STD, as_filter_output, dynamic_filter_spec,
                                          nonzero_reward_std, nonzero_reward_std_with_fallback)
 from slime_hydra.rollout.generate import generate as default_generate

@@ -180,7 +180,7 @@ def test_validation_without_sglang_does_not_import_it():
     """Here sglang is not importable: validation skips the parser check and imports nothing heavy."""
     import importlib.util
 
-    from slime_hydra.config.validate import validate
+    from slime_hydra.launch.validate import validate
 
     assert importlib.util.find_spec("sglang") is None
     errs = validate(resolved(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
@@ -192,7 +192,7 @@ def test_validation_without_sglang_does_not_import_it():
 def test_validation_in_the_driver_checks_in_a_child_process(sglang, monkeypatch):
     """The driver's case: sglang importable (here: the fixture's folder on sys.path) but not imported.
     The check runs in a child process, and this process gains neither sglang nor its environment variables."""
-    from slime_hydra.config.validate import validate
+    from slime_hydra.launch.validate import validate
 
     monkeypatch.syspath_prepend(str(sglang.site))
     env = dict(os.environ)

@@ -64,7 +64,7 @@ class SglangParser:
         return self._options
 
     def validate(self, overrides: List[str]) -> List[str]:
-        """``slime_hydra.config.validate.validate`` of the composed config, with sglang importable."""
+        """``slime_hydra.launch.validate.validate`` of the composed config, with sglang importable."""
         return self.request("validate", overrides=list(overrides))
 
     def close(self) -> None:

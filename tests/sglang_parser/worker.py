@@ -44,7 +44,7 @@ def _validate(overrides):
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import resolved
 
-    from slime_hydra.config.validate import validate
+    from slime_hydra.launch.validate import validate
 
     return validate(resolved(overrides))
 

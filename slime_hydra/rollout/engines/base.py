@@ -13,7 +13,10 @@ import json
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import RunConfig
 
 
 @dataclass
@@ -65,6 +68,12 @@ class Engine(ABC):
 
     def __init__(self, spec: ServerSpec):
         self.spec = spec
+
+    @classmethod
+    def check(cls, cfg: "RunConfig") -> List[str]:
+        """This engine's config rules (``rollout.*``, ``parallelism.*`` as it reads them): problems as
+        ``<dotted.path>: <what is wrong>``, collected by config validation."""
+        return []
 
     @abstractmethod
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:

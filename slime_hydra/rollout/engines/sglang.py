@@ -17,6 +17,8 @@ from slime_hydra.rollout.engines.base import Engine, to_flags
 if TYPE_CHECKING:
     import argparse
 
+    from slime_hydra.config.schema import RunConfig
+
 # ServerArgs fields set from the run config or the resource plan -> where they come from.
 MANAGED_SERVER_ARGS: Dict[str, str] = {
     "model_path": "model.path",
@@ -48,6 +50,26 @@ SGLANG_ENV = {
 class SglangEngine(Engine):
     # expandable segments break SGLang's memory saver (torch_memory_saver)
     unset_env = ("PYTORCH_CUDA_ALLOC_CONF",)
+
+    @classmethod
+    def check(cls, cfg: "RunConfig") -> List[str]:
+        """CUDA only; ``rollout.server_args`` holds none of the keys slime_hydra sets itself and, where sglang
+        is installed, only what its own ServerArgs parser accepts."""
+        import importlib.util
+        import logging
+
+        errs = [] if cfg.parallelism.device == "cuda" else [
+            "rollout.engine: sglang needs parallelism.device=cuda (use rollout=embedded on CPU)"]
+        args = cfg.rollout.server_args
+        errs += [f"rollout.server_args.{key}: set by slime_hydra from {MANAGED_SERVER_ARGS[key]}; remove it"
+                 for key in args if key in MANAGED_SERVER_ARGS]
+        if args and importlib.util.find_spec("sglang") is not None:
+            try:
+                errs += [f"rollout.server_args.{key}: {problem}" for key, problem in check_server_args(dict(args))]
+            except Exception as e:  # noqa: BLE001 - an sglang that does not import: the server will say more
+                logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not "
+                                                    "import (%s: %s)", type(e).__name__, e)
+        return errs
 
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec

@@ -1,11 +1,11 @@
 """RL algorithms as pure torch functions: reward post-processing, advantage estimators, policy and
 value losses, KL estimators and the loss reduction. No Ray, HTTP or model code here.
 
-Registries (adding a variant is one function plus one registry line, and its name in
-``slime_hydra/train/algorithm_names.py``, which config validation reads without importing torch):
-``ADVANTAGE_ESTIMATORS`` (``@register`` in advantages.py), ``POLICY_LOSSES`` (losses.py),
-``KL_ESTIMATORS`` (kl.py), ``REDUCTIONS`` (reduce.py). Dr. GRPO and DAPO are presets of ``grpo``
-(``conf/algo/dr_grpo.yaml``, ``conf/algo/dapo.yaml``), not estimators.
+The registries below are the one list of each kind of name: config validation (``rules.py``) checks
+``algo.*`` against their keys, and the trainer looks functions up in them. They map a name to
+``"module:function"`` and import it on first use, so this package imports no torch until a function is
+needed (``dry_run=true`` stays fast). Adding a variant is its function plus its line here. Dr. GRPO and
+DAPO are presets of ``grpo`` (``conf/algo/dr_grpo.yaml``, ``conf/algo/dapo.yaml``), not estimators.
 
 Inputs the trainer must provide, per ``AlgoConfig``:
 
@@ -17,24 +17,43 @@ Inputs the trainer must provide, per ``AlgoConfig``:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Dict, Optional
 
-from slime_hydra.train.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    compute_advantages,
-    discounted_returns,
-    generalized_advantages,
-    normalize_group_rewards,
-    register,
-    response_lengths,
-    rewards_for_estimator,
-)
-from slime_hydra.train.algorithms.kl import KL_ESTIMATORS
-from slime_hydra.train.algorithms.losses import POLICY_LOSSES, explained_variance, policy_loss, value_loss
-from slime_hydra.train.algorithms.reduce import REDUCTIONS, Reducer, masked_mean, masked_whiten
+from slime_hydra.utils.registry import LazyRegistry, lazy_attributes
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig
+
+# advantage_estimator -> (its function in advantages.py, how the rollout manager normalises rewards within a
+# prompt's group when algo.normalize_rewards: None keeps the raw rewards, "mean" subtracts the group mean,
+# "mean_std" also divides by the group std when algo.normalize_std; see advantages.rewards_for_estimator).
+# An estimator is f(algo, *, rewards, mask, kl, values) -> (advantages, returns).
+_ESTIMATORS = {
+    "grpo": ("group_relative", "mean_std"),
+    "gspo": ("group_relative", "mean_std"),
+    "cispo": ("group_relative", "mean_std"),
+    "ppo": ("ppo_gae", None),
+    "reinforce_plus_plus": ("reinforce_plus_plus", None),
+    "reinforce_plus_plus_baseline": ("reinforce_plus_plus_baseline", "mean"),
+}
+ADVANTAGE_ESTIMATORS = LazyRegistry("advantage estimator", {
+    name: f"{__name__}.advantages:{function}" for name, (function, _) in _ESTIMATORS.items()})
+GROUP_REWARDS: Dict[str, Optional[str]] = {name: mode for name, (_, mode) in _ESTIMATORS.items()}
+# policy_loss -> per-token f(algo, *, log_probs, old_log_probs, advantages, mask) -> (loss, clipped, kl)
+POLICY_LOSSES = LazyRegistry("policy loss", {
+    "ppo_clip": "slime_hydra.train.algorithms.losses:ppo_clip",
+    "gspo": "slime_hydra.train.algorithms.losses:gspo",
+    "cispo": "slime_hydra.train.algorithms.losses:cispo",
+})
+# kl_loss_type -> per-token f(log_probs, ref_log_probs) -> KL estimate   (kl.py)
+KL_ESTIMATORS = LazyRegistry("KL estimator", {
+    "k1": "slime_hydra.train.algorithms.kl:k1",
+    "k2": "slime_hydra.train.algorithms.kl:k2",
+    "k3": "slime_hydra.train.algorithms.kl:k3",
+    "low_var_kl": "slime_hydra.train.algorithms.kl:low_var_kl",
+})
+# loss_reduction: the branches of reduce.Reducer
+REDUCTIONS = ("sample_mean", "token_mean", "token_sum")
 
 
 def needs_ref(algo: "AlgoConfig") -> bool:
@@ -47,8 +66,25 @@ def needs_critic(algo: "AlgoConfig") -> bool:
     return algo.advantage_estimator == "ppo"
 
 
+# The torch functions, imported from their modules on first access.
+__getattr__ = lazy_attributes(__name__, {
+    "compute_advantages": "advantages",
+    "discounted_returns": "advantages",
+    "generalized_advantages": "advantages",
+    "normalize_group_rewards": "advantages",
+    "response_lengths": "advantages",
+    "rewards_for_estimator": "advantages",
+    "explained_variance": "losses",
+    "policy_loss": "losses",
+    "value_loss": "losses",
+    "Reducer": "reduce",
+    "masked_mean": "reduce",
+    "masked_whiten": "reduce",
+})
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "GROUP_REWARDS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "REDUCTIONS",
@@ -63,7 +99,6 @@ __all__ = [
     "needs_ref",
     "normalize_group_rewards",
     "policy_loss",
-    "register",
     "response_lengths",
     "rewards_for_estimator",
     "value_loss",

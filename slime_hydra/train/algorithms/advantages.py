@@ -8,41 +8,22 @@ rollouts) still take part in discounting, as in slime; padding after ``L_i`` doe
 An estimator is ``f(algo, *, rewards, mask, kl, values) -> (advantages, returns)``, all ``[B, T]``
 float32 except ``rewards [B]``; ``kl`` is the per-token shaping KL already multiplied by the mask
 (zeros when ``algo.kl_coef == 0``), ``values`` the critic's values or None. To add an estimator:
-write the function and put ``@register("name")`` on it (``group_rewards=`` says how the rollout
+write the function and add its line to ``_ESTIMATORS`` in ``__init__.py`` (with how the rollout
 manager normalises its rewards within each prompt's group first).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from slime_hydra.train.algorithms.kl import KL_ESTIMATORS
+from slime_hydra.train.algorithms import ADVANTAGE_ESTIMATORS, GROUP_REWARDS, KL_ESTIMATORS
 from slime_hydra.train.algorithms.reduce import masked_whiten
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig
-
-Estimator = Callable[..., Tuple[Tensor, Tensor]]
-ADVANTAGE_ESTIMATORS: Dict[str, Estimator] = {}
-GROUP_REWARD_MODES = (None, "mean", "mean_std")
-
-
-def register(*names: str, group_rewards: Optional[str] = None) -> Callable[[Estimator], Estimator]:
-    """Register an estimator under ``names``. ``group_rewards``: None (raw rewards), ``"mean"``
-    (subtract the group mean) or ``"mean_std"`` (also divide by the group std when
-    ``algo.normalize_std``); applied by :func:`rewards_for_estimator` when ``algo.normalize_rewards``."""
-    assert group_rewards in GROUP_REWARD_MODES, group_rewards
-
-    def deco(fn: Estimator) -> Estimator:
-        fn.group_rewards = group_rewards  # type: ignore[attr-defined]
-        for name in names:
-            ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return deco
 
 
 # ------------------------------------------------------------------------------ reward post-processing
@@ -67,9 +48,9 @@ def normalize_group_rewards(
 
 def rewards_for_estimator(algo: "AlgoConfig", rewards: Tensor, group_size: int) -> Tensor:
     """The rollout manager's reward post-processing (slime ``_post_process_rewards``): group mean
-    (and std) normalisation for estimators registered with ``group_rewards``, when
+    (and std) normalisation as the estimator's ``GROUP_REWARDS`` entry says, when
     ``algo.normalize_rewards``; the raw rewards (as float32) otherwise."""
-    mode = ADVANTAGE_ESTIMATORS[algo.advantage_estimator].group_rewards  # type: ignore[attr-defined]
+    mode = GROUP_REWARDS[algo.advantage_estimator]
     if not algo.normalize_rewards or mode is None:
         return rewards.float().clone()
     divide_std = mode == "mean_std" and algo.normalize_std
@@ -117,7 +98,6 @@ def generalized_advantages(token_rewards: Tensor, values: Tensor, gamma: float, 
 
 
 # -------------------------------------------------------------------------------------- estimators
-@register("grpo", "gspo", "cispo", group_rewards="mean_std")
 def group_relative(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
     """Outcome supervision with a group baseline, ``A_it = r~_i`` on every response token.
 
@@ -128,7 +108,6 @@ def group_relative(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Ten
     return adv, adv.clone()
 
 
-@register("ppo")
 def ppo_gae(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
     """PPO for RLHF (Ouyang et al., arXiv 2203.02155; PPO arXiv 1707.06347) with GAE.
 
@@ -145,7 +124,6 @@ def ppo_gae(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, va
     return adv * mask, (adv + v) * mask
 
 
-@register("reinforce_plus_plus")
 def reinforce_plus_plus(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
     """REINFORCE++ (Hu, arXiv 2501.03262): token rewards ``r_t = -kl_coef * kl_t * m_t`` plus the
     scalar reward at the last masked token; ``A_t = G_t = sum_k gamma^k r_{t+k}``. Meant to be
@@ -155,7 +133,6 @@ def reinforce_plus_plus(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl
     return returns, returns.clone()
 
 
-@register("reinforce_plus_plus_baseline", group_rewards="mean")
 def reinforce_plus_plus_baseline(
     algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]
 ):

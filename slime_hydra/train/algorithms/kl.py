@@ -9,12 +9,10 @@ sampled token a ~ pi_theta and ``lr = log pi_theta(a) - log pi_ref(a)``:
 - ``low_var_kl = clamp(k3, -10, 10)``  k3 clamped for numerical safety (slime's ``low_var_kl``).
 
 Each estimator is ``f(log_probs, ref_log_probs) -> per-token tensor`` of the same shape, in float32.
-To add one: write the function and add one line to ``KL_ESTIMATORS``.
+To add one: write the function and add its line to ``KL_ESTIMATORS`` in ``__init__.py``.
 """
 
 from __future__ import annotations
-
-from typing import Callable, Dict
 
 import torch
 from torch import Tensor
@@ -44,10 +42,3 @@ def low_var_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """``clamp(k3, -10, 10)``."""
     return k3(log_probs, ref_log_probs).clamp(-10.0, 10.0)
 
-
-KL_ESTIMATORS: Dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "k1": k1,
-    "k2": k2,
-    "k3": k3,
-    "low_var_kl": low_var_kl,
-}

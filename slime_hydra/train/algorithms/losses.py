@@ -3,17 +3,17 @@
 A policy loss is ``f(algo, *, log_probs, old_log_probs, advantages, mask) -> (loss_t, clipfrac_t,
 ppo_kl_t)``, each per token ``[b, T]``: the surrogate loss to minimise, the indicator of a clipped
 token and ``log pi_old - log pi_theta`` (the ratio is ``exp(-ppo_kl)``). To add one: write the
-function and add one line to ``POLICY_LOSSES``.
+function and add its line to ``POLICY_LOSSES`` in ``__init__.py``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from slime_hydra.train.algorithms.kl import KL_ESTIMATORS
+from slime_hydra.train.algorithms import KL_ESTIMATORS, POLICY_LOSSES
 from slime_hydra.train.algorithms.reduce import Reducer, _masked
 
 if TYPE_CHECKING:
@@ -75,13 +75,6 @@ def cispo(algo: "AlgoConfig", *, log_probs: Tensor, old_log_probs: Tensor, advan
     weight = ratio.clamp(low, high).detach()
     loss = -weight * advantages * log_probs
     return loss, (weight != ratio.detach()).float(), -log_ratio
-
-
-POLICY_LOSSES: Dict[str, Callable[..., Tuple[Tensor, Tensor, Tensor]]] = {
-    "ppo_clip": ppo_clip,
-    "gspo": gspo,
-    "cispo": cispo,
-}
 
 
 def policy_loss(

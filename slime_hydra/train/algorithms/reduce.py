@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional, Tuple
 import torch
 from torch import Tensor
 
-REDUCTIONS: Tuple[str, ...] = ("sample_mean", "token_mean", "token_sum")
+from slime_hydra.train.algorithms import REDUCTIONS
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
@@ -75,7 +75,8 @@ class Reducer:
         return xm.sum() / max(self.num_samples * self.max_len, 1)
 
     def __repr__(self) -> str:
-        return f"Reducer({self.kind!r}, num_samples={self.num_samples}, num_tokens={self.num_tokens}, max_len={self.max_len})"
+        return (f"Reducer({self.kind!r}, num_samples={self.num_samples}, num_tokens={self.num_tokens}, "
+                f"max_len={self.max_len})")
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:

@@ -1,0 +1,84 @@
+"""Config rules of the checkpoints: the model the run starts from (``model.arch`` builds it, or
+``model.path`` holds it: :mod:`slime_hydra.checkpoint.hf`) and the run checkpoints it saves and resumes
+from (:mod:`slime_hydra.checkpoint.ckpt`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List
+
+from slime_hydra.config.rules import choice, looks_local
+from slime_hydra.config.schema import ARCH_TYPES, RunConfig
+
+
+def check(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    m, arch = cfg.model, cfg.model.arch
+    choice(errs, "model.arch.type", arch.type, ARCH_TYPES)
+    head_dim = arch.head_dim or (arch.hidden_size // max(arch.num_heads, 1))
+    if arch.q_lora_rank is None and arch.kv_lora_rank is None:
+        if arch.head_dim is None and arch.hidden_size % arch.num_heads:
+            errs.append(f"model.arch.hidden_size: {arch.hidden_size} is not divisible by num_heads={arch.num_heads} "
+                        "(set head_dim)")
+        if arch.num_heads % arch.num_kv_heads:
+            errs.append(f"model.arch.num_kv_heads: num_heads={arch.num_heads} must be a multiple of "
+                        f"num_kv_heads={arch.num_kv_heads}")
+        if head_dim % 2:
+            errs.append(f"model.arch.head_dim: {head_dim} must be even (rotary embeddings)")
+    if arch.num_experts and not (0 < arch.num_experts_per_tok <= arch.num_experts):
+        errs.append(f"model.arch.num_experts_per_tok: {arch.num_experts_per_tok} must be in "
+                    f"1..num_experts={arch.num_experts}")
+    if m.path is not None and looks_local(m.path):
+        if not os.path.isdir(os.path.expanduser(m.path)):
+            errs.append(f"model.path: {m.path!r} is not a directory (a local Hugging Face checkpoint, or a hub id "
+                        "like 'Qwen/Qwen3-4B')")
+        else:
+            errs.extend(_compare_with_hf_config(cfg))
+    t = cfg.trainer
+    if t.keep_checkpoints < 1:
+        errs.append(f"trainer.keep_checkpoints: must be >= 1, got {t.keep_checkpoints}")
+    if t.resume not in (None, "auto"):
+        errs.extend(_check_resume(t.resume, cfg.output_dir))
+    return errs
+
+
+def _compare_with_hf_config(cfg: RunConfig) -> List[str]:
+    """Shape fields of the preset must match the checkpoint's config.json (slime's _hf_validate_args)."""
+    path = os.path.join(os.path.expanduser(cfg.model.path), "config.json")
+    if not os.path.exists(path):
+        return [f"model.path: {cfg.model.path!r} has no config.json"]
+    with open(path) as f:
+        hf = json.load(f)
+    hf = {**hf.get("text_config", {}), **hf}
+    pairs = {
+        "hidden_size": "hidden_size",
+        "num_layers": "num_hidden_layers",
+        "num_heads": "num_attention_heads",
+        "num_kv_heads": "num_key_value_heads",
+        "intermediate_size": "intermediate_size",
+        "vocab_size": "vocab_size",
+        "tie_word_embeddings": "tie_word_embeddings",
+    }
+    out = []
+    for ours, theirs in pairs.items():
+        if theirs in hf and hf[theirs] != getattr(cfg.model.arch, ours):
+            out.append(f"model.arch.{ours}: {getattr(cfg.model.arch, ours)!r} but {path} says {theirs}={hf[theirs]!r} "
+                       "(preset and checkpoint disagree)")
+    return out
+
+
+def _check_resume(resume: str, run_dir: str | None) -> List[str]:
+    """``trainer.resume`` names a directory: it must hold the checkpoint that the driver's ``find_checkpoint`` picks."""
+    from slime_hydra.checkpoint.ckpt import find_checkpoint
+
+    if not os.path.isdir(os.path.expanduser(resume)):
+        return [f"trainer.resume: {resume!r} is not a directory (a checkpoint, a run directory, or 'auto')"]
+    try:
+        ckpt = find_checkpoint(resume, run_dir or "")
+    except FileNotFoundError as e:
+        return [str(e)]  # "trainer.resume: '<path>' holds no checkpoint (no meta.json, no checkpoints/latest)"
+    if not os.path.isfile(os.path.join(ckpt, "meta.json")):
+        return [f"trainer.resume: {resume!r} names {ckpt!r} in checkpoints/latest, which has no meta.json "
+                "(an incomplete or deleted checkpoint)"]
+    return []

@@ -1,0 +1,76 @@
+"""From Hydra's DictConfig to the typed, resolved ``RunConfig``, before anything is checked or started.
+
+``load`` turns the DictConfig into a ``RunConfig`` (a missing required value is a ``ConfigError``);
+``resolve`` fills the derived values (the ``None`` fields). The rules live beside the code they guard
+(``slime_hydra/*/rules.py``) and :mod:`slime_hydra.launch.validate` collects them.
+
+``resolve`` stays here, in one function, rather than in the components: every derived value is a pure
+function of the config (no component code needed), several cross groups (eval datasets inherit from
+data, reward and rollout; the trainer's batch from the rollout's; the sync transport from the
+placement), and the rules of every component read the resolved values, so one place shows them all.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from omegaconf import DictConfig, OmegaConf
+
+from slime_hydra.config.schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """Every problem of a config at once, each ``<dotted.path>: <what is wrong>``."""
+
+    def __init__(self, violations: List[str]):
+        self.violations = violations
+        lines = "\n".join(f"  - {v}" for v in violations)
+        super().__init__(f"invalid config ({len(violations)} problem{'s' * (len(violations) != 1)}):\n{lines}")
+
+
+def load(cfg: DictConfig | RunConfig) -> RunConfig:
+    """DictConfig (from Hydra) -> RunConfig dataclass, with interpolations resolved."""
+    if isinstance(cfg, RunConfig):
+        return cfg
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError([f"{k}: required value is missing (set it in a config file or as {k}=...)" for k in missing])
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill derived values in place (the rules that slime applies after parsing)."""
+    p, r, t, a = cfg.parallelism, cfg.rollout, cfg.trainer, cfg.algo
+    if p.rollout_gpus is None:
+        p.rollout_gpus = p.trainer_gpus if p.colocate else p.gpus_per_engine
+    if p.offload_train is None:
+        p.offload_train = p.colocate
+    if p.offload_rollout is None:
+        p.offload_rollout = p.colocate
+    if a.eps_clip_high is None:
+        a.eps_clip_high = a.eps_clip
+    if a.critic_lr is None:
+        a.critic_lr = a.lr
+    if r.n_samples_per_prompt == 1:
+        a.normalize_std = False  # the std of a single sample is undefined
+    if r.over_sampling_batch_size is None:
+        r.over_sampling_batch_size = r.batch_size
+    samples = r.batch_size * r.n_samples_per_prompt
+    if t.global_batch_size is None and t.num_steps_per_rollout is None:
+        t.num_steps_per_rollout = 1
+    if t.global_batch_size is None and t.num_steps_per_rollout:
+        t.global_batch_size = samples // t.num_steps_per_rollout
+    if t.num_steps_per_rollout is None and t.global_batch_size:
+        t.num_steps_per_rollout = max(1, samples // t.global_batch_size)
+    if cfg.sync.transport == "auto":
+        cfg.sync.transport = "tensor" if p.colocate else "distributed"
+    for ds in cfg.eval.datasets:
+        if ds.input_key is None:
+            ds.input_key = cfg.data.input_key
+        if ds.label_key is None:
+            ds.label_key = cfg.data.label_key
+        if ds.reward is None:
+            ds.reward = cfg.reward.type
+        if ds.max_response_len is None:
+            ds.max_response_len = r.max_response_len
+    return cfg

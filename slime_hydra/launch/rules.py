@@ -1,0 +1,75 @@
+"""Config rules of the launch: where actors are placed (``parallelism.*`` slots, nodes and engines, as
+:func:`slime_hydra.launch.plan.make_plan` lays them out; ``cluster.*``) and how the driver loop runs
+(``trainer.mode``, how many rollouts, the intervals). The trainer's model-parallel sizes are the trainer's
+rules (``train/rules.py``)."""
+
+from __future__ import annotations
+
+from typing import List
+
+from slime_hydra.config.rules import choice
+from slime_hydra.config.schema import RunConfig
+
+LOOP_MODES = ("sync", "async")  # the driver's two loops
+
+
+def check(cfg: RunConfig) -> List[str]:
+    return _check_placement(cfg) + _check_loop(cfg)
+
+
+def _check_placement(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    p = cfg.parallelism
+    choice(errs, "parallelism.device", p.device, ["cpu", "cuda"])
+    for name in ("trainer_gpus", "rollout_gpus", "gpus_per_engine", "num_nodes", "gpus_per_node"):
+        if getattr(p, name) < 1:
+            errs.append(f"parallelism.{name}: must be >= 1, got {getattr(p, name)}")
+    if p.num_nodes > 1 and not cfg.cluster.address:
+        errs.append(f"cluster.address: required for parallelism.num_nodes={p.num_nodes} (a local Ray cluster has one "
+                    "node; join a running one, e.g. cluster.address=auto)")
+    if min(p.trainer_gpus, p.rollout_gpus, p.gpus_per_engine, p.gpus_per_node, p.num_nodes) < 1:
+        return errs
+    total = p.num_nodes * p.gpus_per_node
+    need = max(p.trainer_gpus, p.rollout_gpus) if p.colocate else p.trainer_gpus + p.rollout_gpus
+    layout = "colocated: max(trainer, rollout)" if p.colocate else "split: trainer + rollout"
+    if need > total:
+        errs.append(f"parallelism: the plan needs {need} {'GPUs' if p.device == 'cuda' else 'slots'} ({layout}) but "
+                    f"num_nodes x gpus_per_node = {p.num_nodes} x {p.gpus_per_node} = {total}")
+    if p.rollout_gpus < p.gpus_per_engine:
+        errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} < gpus_per_engine={p.gpus_per_engine} gives 0 rollout "
+                    "engines (at least one is needed)")
+    elif p.rollout_gpus % p.gpus_per_engine:
+        errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} is not divisible by "
+                    f"gpus_per_engine={p.gpus_per_engine}")
+    if p.gpus_per_engine > p.gpus_per_node and p.gpus_per_engine % p.gpus_per_node:
+        errs.append(f"parallelism.gpus_per_engine: {p.gpus_per_engine} spans nodes, so it must be a multiple of "
+                    f"gpus_per_node={p.gpus_per_node}")
+    if p.colocate and p.rollout_gpus > p.trainer_gpus:
+        errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} > trainer_gpus={p.trainer_gpus}; colocated engines "
+                    "must sit on trainer GPUs")
+    if p.colocate and p.device == "cuda" and not (p.offload_train and p.offload_rollout):
+        errs.append("parallelism.colocate: colocated GPUs need offload_train=true and offload_rollout=true (both share "
+                    "one GPU's memory)")
+    return errs
+
+
+def _check_loop(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    t, p = cfg.trainer, cfg.parallelism
+    choice(errs, "trainer.mode", t.mode, LOOP_MODES)
+    if t.mode == "async" and p.colocate:
+        errs.append("trainer.mode: async (one-step off-policy) overlaps rollout and training, so it needs "
+                    "parallelism.colocate=false")
+    if t.num_rollout is None and cfg.data.num_epoch is None:
+        errs.append("trainer.num_rollout: set trainer.num_rollout or data.num_epoch")
+    if t.num_rollout is not None and cfg.data.num_epoch is not None:
+        errs.append("data.num_epoch: set only one of trainer.num_rollout and data.num_epoch")
+    if t.num_rollout is not None and t.num_rollout < 0:
+        errs.append(f"trainer.num_rollout: must be >= 0, got {t.num_rollout}")
+    if t.update_weights_interval < 1:
+        errs.append(f"trainer.update_weights_interval: must be >= 1, got {t.update_weights_interval}")
+    if t.update_weights_interval > 1 and t.mode != "async":
+        errs.append("trainer.update_weights_interval: > 1 only makes sense with trainer.mode=async")
+    if t.save_interval < 0 or cfg.eval.interval < 0:
+        errs.append("trainer.save_interval: intervals must be >= 0")
+    return errs

@@ -1,0 +1,42 @@
+"""One validate step, run before Ray or any model starts: every component's config rules, collected.
+
+Each component owns its rules, beside the code they guard: ``check(cfg) -> list of problems``, each
+``<dotted.path>: <what is wrong>``. ``validate`` runs them all, in a fixed order, on a resolved config
+and returns every problem; ``check`` (load + resolve + validate) raises one ``ConfigError`` listing
+them. The collector sits in ``launch`` because it imports every component, and ``config`` imports none.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from omegaconf import DictConfig
+
+from slime_hydra.checkpoint import rules as checkpoint_rules
+from slime_hydra.config import ConfigError, RunConfig, load, resolve
+from slime_hydra.data import rules as data_rules
+from slime_hydra.launch import rules as launch_rules
+from slime_hydra.logging import rules as logging_rules
+from slime_hydra.rewards import rules as reward_rules
+from slime_hydra.rollout import rules as rollout_rules
+from slime_hydra.sync import rules as sync_rules
+from slime_hydra.train import rules as trainer_rules
+from slime_hydra.train.algorithms import rules as algorithm_rules
+
+# model checkpoint, placement and loop, trainer, algorithm, rollout, data, sync, rewards, logging
+RULES = [checkpoint_rules, launch_rules, trainer_rules, algorithm_rules, rollout_rules, data_rules, sync_rules,
+         reward_rules, logging_rules]
+
+
+def validate(cfg: RunConfig) -> List[str]:
+    """Every rule, every violation. ``cfg`` must already be resolved."""
+    return [problem for component in RULES for problem in component.check(cfg)]
+
+
+def check(cfg: DictConfig | RunConfig) -> RunConfig:
+    """load + resolve + validate; raises ConfigError with every violation."""
+    run = resolve(load(cfg))
+    errs = validate(run)
+    if errs:
+        raise ConfigError(errs)
+    return run

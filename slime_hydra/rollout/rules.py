@@ -1,0 +1,81 @@
+"""Config rules of the rollout: the engines (``rollout.engine``, ``rollout.server_args``, the router),
+the sampling parameters, the over-sampling loop with its filters, and the rollout hooks."""
+
+from __future__ import annotations
+
+from typing import List
+
+from slime_hydra.config.rules import choice, loads
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.rollout.engines import ENGINES, engine_class
+
+ROUTER_POLICIES = ["round_robin", "random", "cache_aware", "power_of_two"]  # sglang-router's --policy
+
+
+def check(cfg: RunConfig) -> List[str]:
+    return _check_engine(cfg) + _check_sampling(cfg) + _check_hooks(cfg)
+
+
+def _check_engine(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    r, p = cfg.rollout, cfg.parallelism
+    if choice(errs, "rollout.engine", r.engine, ENGINES):
+        errs += engine_class(r.engine).check(cfg)  # each engine's own rules, beside its command line
+    choice(errs, "rollout.router.policy", r.router.policy, ROUTER_POLICIES)
+    engines = p.rollout_gpus // max(p.gpus_per_engine, 1)  # as launch.plan.make_plan lays them out
+    if not r.router.enabled and engines != 1:
+        errs.append("rollout.router.enabled: false needs exactly one engine (the rollout manager talks to one URL), "
+                    f"but parallelism.rollout_gpus / gpus_per_engine = {p.rollout_gpus} / {p.gpus_per_engine} = "
+                    f"{engines} engines")
+    return errs
+
+
+def _check_sampling(cfg: RunConfig) -> List[str]:
+    from slime_hydra.rollout.filters import NONZERO_REWARD_STD, dynamic_filter_spec
+
+    errs: List[str] = []
+    r = cfg.rollout
+    for path, v in [("rollout.batch_size", r.batch_size), ("rollout.n_samples_per_prompt", r.n_samples_per_prompt)]:
+        if v < 1:
+            errs.append(f"{path}: must be >= 1, got {v}")
+    if r.temperature <= 0:
+        errs.append(f"rollout.temperature: must be > 0 for training rollouts, got {r.temperature}")
+    if not 0 < r.top_p <= 1:
+        errs.append(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
+    if r.max_response_len < 1:
+        errs.append(f"rollout.max_response_len: must be >= 1, got {r.max_response_len}")
+    if r.max_response_len >= cfg.model.arch.max_position_embeddings:
+        errs.append(f"rollout.max_response_len: {r.max_response_len} >= "
+                    f"model.arch.max_position_embeddings={cfg.model.arch.max_position_embeddings}")
+    if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.batch_size:
+        errs.append(f"rollout.over_sampling_batch_size: {r.over_sampling_batch_size} < "
+                    f"rollout.batch_size={r.batch_size}")
+    spec = dynamic_filter_spec(cfg)
+    if r.partial_rollout and spec is None and (r.over_sampling_batch_size or r.batch_size) <= r.batch_size:
+        errs.append("rollout.partial_rollout: recycles groups cut off by dynamic sampling or over-sampling, so it "
+                    "needs rollout.dynamic_filter, algo.dynamic_sampling=true or rollout.over_sampling_batch_size > "
+                    "rollout.batch_size")
+    target = spec.get("_target_") if hasattr(spec, "get") else spec
+    if r.n_samples_per_prompt < 2 and isinstance(target, str) and target.startswith(NONZERO_REWARD_STD):
+        where = "rollout.dynamic_filter" if r.dynamic_filter is not None else "algo.dynamic_sampling"
+        errs.append(f"{where}: nonzero_reward_std drops groups whose rewards are all equal, which is every group of "
+                    "rollout.n_samples_per_prompt=1 (sample several per prompt)")
+    if r.max_sampled_groups is not None and r.max_sampled_groups < r.batch_size:
+        errs.append(f"rollout.max_sampled_groups: {r.max_sampled_groups} < rollout.batch_size={r.batch_size}")
+    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
+        errs.append("rollout.mask_offpolicy_in_partial_rollout: masks tokens of continued partial rollouts, so it "
+                    "needs rollout.partial_rollout=true")
+    return errs
+
+
+def _check_hooks(cfg: RunConfig) -> List[str]:
+    """Import the rollout hooks as the rollout manager will (``utils.hooks.load_hook``), so a typo in a dotted
+    path or ``_target_`` fails here, with its config key, and not after Ray has started."""
+    from slime_hydra.utils.hooks import load_hook
+
+    errs: List[str] = []
+    hooks = {"rollout.generate": cfg.rollout.generate, "rollout.dynamic_filter": cfg.rollout.dynamic_filter}
+    for where, spec in hooks.items():
+        if spec is not None:
+            loads(errs, where, lambda spec=spec: load_hook(spec))
+    return errs

@@ -1,0 +1,78 @@
+"""Config rules of the RL algorithm (``algo.*``): names from this package's registries, the exclusive and
+dependent options of the losses, and what the estimators need from the rollout."""
+
+from __future__ import annotations
+
+from typing import List
+
+from slime_hydra.config.rules import choice
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.train.algorithms import ADVANTAGE_ESTIMATORS, GROUP_REWARDS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
+
+LR_DECAYS = ["constant", "cosine", "linear"]
+
+
+def check(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    a = cfg.algo
+    choice(errs, "algo.advantage_estimator", a.advantage_estimator, ADVANTAGE_ESTIMATORS)
+    choice(errs, "algo.policy_loss", a.policy_loss, POLICY_LOSSES)
+    choice(errs, "algo.kl_loss_type", a.kl_loss_type, KL_ESTIMATORS)
+    choice(errs, "algo.loss_reduction", a.loss_reduction, REDUCTIONS)
+    choice(errs, "algo.lr_decay", a.lr_decay, LR_DECAYS)
+    if a.kl_coef and a.kl_loss_coef:
+        errs.append(f"algo.kl_coef: {a.kl_coef} and algo.kl_loss_coef: {a.kl_loss_coef} are both set; use KL as a "
+                    "reward (kl_coef) or as a loss (kl_loss_coef), not both")
+    if a.use_rollout_logprobs and a.use_tis:
+        errs.append("algo.use_tis: truncated importance sampling corrects rollout -> trainer log-probs, so it excludes "
+                    "algo.use_rollout_logprobs")
+    if a.eps_clip_c is not None and a.eps_clip_c <= 1:
+        errs.append(f"algo.eps_clip_c: the dual-clip constant must be > 1, got {a.eps_clip_c}")
+    if a.eps_clip < 0 or (a.eps_clip_high is not None and a.eps_clip_high < 0):
+        errs.append("algo.eps_clip: clip ranges must be >= 0")
+    if a.lr <= 0:
+        errs.append(f"algo.lr: must be > 0, got {a.lr}")
+    if a.tis_clip_low > a.tis_clip:
+        errs.append(f"algo.tis_clip_low: {a.tis_clip_low} > tis_clip={a.tis_clip}")
+    if a.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline") and not a.normalize_advantages:
+        errs.append(f"algo.normalize_advantages: {a.advantage_estimator} needs advantage normalisation "
+                    "(set algo.normalize_advantages=true)")
+    if a.kl_coef and a.advantage_estimator not in ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        errs.append(f"algo.kl_coef: KL reward shaping is used only by ppo and reinforce_plus_plus*, not "
+                    f"{a.advantage_estimator} (use kl_loss_coef)")
+    if not 0 <= a.gamma <= 1 or not 0 <= a.lambd <= 1:
+        errs.append("algo.gamma: gamma and lambd must be in [0, 1]")
+    if a.kl_coef < 0 or a.kl_loss_coef < 0:
+        errs.append(f"algo.kl_coef: KL coefficients must be >= 0 (kl_coef={a.kl_coef}, kl_loss_coef={a.kl_loss_coef})")
+    if a.advantage_estimator in ("gspo", "cispo") and a.policy_loss != a.advantage_estimator:
+        errs.append(
+            f"algo.policy_loss: advantage_estimator={a.advantage_estimator} is named after its policy loss, but "
+            f"policy_loss={a.policy_loss}; set algo.policy_loss={a.advantage_estimator} (or advantage_estimator=grpo, "
+            "whose advantages are the same)"
+        )
+    if a.eps_clip_c is not None and a.policy_loss == "cispo":
+        errs.append("algo.eps_clip_c: dual clip bounds the clipped surrogate (ppo_clip, gspo); cispo has none, so "
+                    "unset it")
+    if a.use_unbiased_kl and not a.kl_loss_coef:
+        errs.append("algo.use_unbiased_kl: it reweights the KL loss, so it needs algo.kl_loss_coef > 0")
+    if a.use_tis and (a.tis_clip <= 0 or a.tis_clip_low < 0):
+        errs.append(f"algo.tis_clip: TIS clamps weights to [tis_clip_low >= 0, tis_clip > 0], got "
+                    f"[{a.tis_clip_low}, {a.tis_clip}]")
+    if a.advantage_estimator == "ppo":
+        if a.value_clip <= 0:
+            errs.append(f"algo.value_clip: must be > 0 for the critic loss, got {a.value_clip}")
+        if a.critic_lr is not None and a.critic_lr <= 0:
+            errs.append(f"algo.critic_lr: must be > 0, got {a.critic_lr}")
+    if a.num_critic_only_steps < 0:
+        errs.append(f"algo.num_critic_only_steps: must be >= 0, got {a.num_critic_only_steps}")
+    elif a.num_critic_only_steps and a.advantage_estimator != "ppo":
+        errs.append(f"algo.num_critic_only_steps: only advantage_estimator=ppo has a critic, not "
+                    f"{a.advantage_estimator}")
+    group_rewards = GROUP_REWARDS.get(a.advantage_estimator)
+    if group_rewards and a.normalize_rewards and cfg.rollout.n_samples_per_prompt == 1:
+        errs.append(
+            f"rollout.n_samples_per_prompt: 1 sample per prompt with algo.advantage_estimator={a.advantage_estimator} "
+            "and algo.normalize_rewards=true subtracts each reward from itself, so every advantage is 0 "
+            "(sample several per prompt, or use reinforce_plus_plus or ppo)"
+        )
+    return errs

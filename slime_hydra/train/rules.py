@@ -1,0 +1,67 @@
+"""Config rules of the trainer: its backend, parameter dtype and model-parallel sizes, and the batch
+arithmetic of its optimiser steps. The algorithm's rules are in ``train/algorithms/rules.py``."""
+
+from __future__ import annotations
+
+from typing import List
+
+from slime_hydra.config.rules import choice
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.train.backend import BACKENDS
+
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def check(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    t, p, arch = cfg.trainer, cfg.parallelism, cfg.model.arch
+    choice(errs, "trainer.backend", t.backend, BACKENDS)
+    choice(errs, "model.dtype", cfg.model.dtype, DTYPES)
+    if t.micro_batch_size < 1:
+        errs.append(f"trainer.micro_batch_size: must be >= 1, got {t.micro_batch_size}")
+    sizes = {"tensor_parallel": p.tensor_parallel, "pipeline_parallel": p.pipeline_parallel,
+             "context_parallel": p.context_parallel, "expert_parallel": p.expert_parallel}
+    for name, size in sizes.items():
+        if size < 1:
+            errs.append(f"parallelism.{name}: must be >= 1, got {size}")
+    if min(sizes.values()) < 1:
+        return errs
+    mp = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
+    if p.trainer_gpus % mp:
+        errs.append(f"parallelism.trainer_gpus: {p.trainer_gpus} is not divisible by tensor x pipeline x context "
+                    f"parallel = {p.tensor_parallel} x {p.pipeline_parallel} x {p.context_parallel} = {mp}")
+    kv_heads_split = arch.num_kv_heads % p.tensor_parallel == 0 or p.tensor_parallel % arch.num_kv_heads == 0
+    if arch.num_heads % p.tensor_parallel or not kv_heads_split:
+        errs.append(f"parallelism.tensor_parallel: {p.tensor_parallel} must divide num_heads={arch.num_heads} and "
+                    f"divide or be a multiple of num_kv_heads={arch.num_kv_heads}")
+    if arch.num_layers % p.pipeline_parallel:
+        errs.append(f"parallelism.pipeline_parallel: {p.pipeline_parallel} does not divide "
+                    f"num_layers={arch.num_layers}")
+    if p.expert_parallel > 1 and (not arch.num_experts or arch.num_experts % p.expert_parallel):
+        errs.append(f"parallelism.expert_parallel: {p.expert_parallel} must divide num_experts={arch.num_experts}")
+    if p.sequence_parallel and p.tensor_parallel == 1:
+        errs.append("parallelism.sequence_parallel: needs tensor_parallel > 1")
+    if t.backend == "torch" and (mp > 1 or p.expert_parallel > 1):
+        errs.append("parallelism.tensor_parallel: the torch trainer backend is data-parallel only; "
+                    "tensor/pipeline/context/expert parallel sizes must be 1")
+    errs.extend(_check_batches(cfg, data_parallel=max(p.trainer_gpus // mp, 1)))
+    return errs
+
+
+def _check_batches(cfg: RunConfig, data_parallel: int) -> List[str]:
+    """A rollout's samples split into whole optimiser steps, each split evenly over the data-parallel ranks."""
+    r, t = cfg.rollout, cfg.trainer
+    if t.global_batch_size is None or t.num_steps_per_rollout is None:
+        return []
+    errs = []
+    samples = r.batch_size * r.n_samples_per_prompt
+    if samples != t.global_batch_size * t.num_steps_per_rollout:
+        errs.append(
+            f"trainer.global_batch_size: rollout.batch_size x rollout.n_samples_per_prompt = {r.batch_size} x "
+            f"{r.n_samples_per_prompt} = {samples} must equal trainer.global_batch_size x "
+            f"trainer.num_steps_per_rollout = {t.global_batch_size} x {t.num_steps_per_rollout} = "
+            f"{t.global_batch_size * t.num_steps_per_rollout}")
+    if t.global_batch_size % data_parallel:
+        errs.append(f"trainer.global_batch_size: {t.global_batch_size} is not divisible by the data-parallel size "
+                    f"{data_parallel}")
+    return errs

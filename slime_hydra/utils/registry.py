@@ -1,0 +1,67 @@
+"""Name tables whose entries are imported only when used.
+
+A ``LazyRegistry`` maps a config name to ``"package.module:attribute"``. Its keys are the one list
+of allowed names: config validation reads them without importing the modules behind them (torch,
+httpx and math_verify take seconds, and ``dry_run=true`` must stay fast); the first lookup of a
+name imports its entry (verl's rollout registry works the same way). ``lazy_attributes`` gives a
+package the same laziness for its re-exported functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, Iterator, Mapping
+
+
+def import_target(target: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+class LazyRegistry(Mapping[str, Any]):
+    """A read-only mapping ``name -> object``; iterating and ``in`` import nothing."""
+
+    def __init__(self, kind: str, targets: Mapping[str, str]):
+        for name, target in targets.items():
+            if ":" not in target:
+                raise ValueError(f"{kind} {name!r}: target {target!r} is not 'package.module:attribute'")
+        self.kind = kind  # for messages: "advantage estimator", "reward type", ...
+        self._targets = dict(targets)
+        self._loaded: Dict[str, Any] = {}
+
+    def target(self, name: str) -> str:
+        """Where ``name`` lives, without importing it."""
+        if name not in self._targets:
+            raise KeyError(f"unknown {self.kind} {name!r}; expected one of {list(self._targets)}")
+        return self._targets[name]
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded:
+            self._loaded[name] = import_target(self.target(name))
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._targets
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._targets)
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __repr__(self) -> str:
+        return f"LazyRegistry({self.kind!r}, {self._targets!r})"
+
+
+def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` (PEP 562) for ``package``: attribute ``name`` is imported from
+    ``package.<modules[name]>`` on first access, so ``from package import name`` keeps working while
+    importing the package itself stays cheap."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in modules:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{modules[name]}"), name)
+
+    return __getattr__
