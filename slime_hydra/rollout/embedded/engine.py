@@ -126,11 +126,15 @@ class EmbeddedEngine:
         self.groups[group_name] = transport.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
 
     def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
-                                group_name: str, version: Optional[str] = None) -> None:
+                                group_name: str, version: Optional[str] = None, load_format: Optional[str] = None) -> None:
+        """One bucket broadcast by the trainer: tensor by tensor, or with ``load_format="flattened_bucket"``
+        (as SGLang) one buffer of one dtype that holds them all."""
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weights-update group {group_name!r}; call /init_weights_update_group first")
-        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device)
+        if load_format not in (None, "flattened_bucket"):
+            raise ValueError(f"unknown load_format {load_format!r} (None or 'flattened_bucket')")
+        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device, flattened=load_format == "flattened_bucket")
         self.load_weights(list(zip(names, bufs)), version)
 
     def destroy_group(self, group_name: str) -> None:
