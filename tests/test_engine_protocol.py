@@ -189,3 +189,87 @@ def test_release_and_resume_memory(engine_url, tiny_ckpt, tmp_path):
 def test_control_errors_name_the_endpoint(engine_url):
     with pytest.raises(EngineError, match="destroy_weights_update_group"):
         control(engine_url, "/destroy_weights_update_group", {"group_name": "nope"})
+
+
+def test_distributed_push_tensor_by_tensor(engine_url, tiny_ckpt, tmp_path):
+    """SGLang's wire format without ``load_format``: one broadcast per tensor (the sender flattens
+    each bucket into one broadcast; both must land)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slime_hydra.sync import transport
+    from slime_hydra.sync.sender import GROUP_NAME
+
+    model = _scaled_weights(tiny_ckpt, 1.5)
+    named = list(model.state_dict().items())
+    sender = WeightSender("distributed", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
+    sender.connect()
+    try:
+        body = {"names": [n for n, _ in named], "dtypes": ["float32"] * len(named), "group_name": GROUP_NAME,
+                "shapes": [list(t.shape) for _, t in named], "weight_version": "8"}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(control, engine_url, "/update_weights_from_distributed", body)
+            transport.broadcast_send(sender.group, [t for _, t in named])
+            answer.result()
+        assert weight_version(engine_url) == "8"
+        out = gen(engine_url, {"input_ids": PROMPT, "return_logprob": True,
+                               "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})[1]
+        engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(engine, recompute(model, PROMPT, out["output_ids"]))) < 1e-4
+        original = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+        sender.push(list(original.state_dict().items()), version=0)
+    finally:
+        sender.close()
+
+
+def test_unknown_load_format_is_refused(engine_url):
+    with pytest.raises(EngineError, match="load_format"):
+        control(engine_url, "/update_weights_from_distributed",
+                {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "load_format": "npz"})
+
+
+def test_sampling_seed_fixes_the_tokens_whatever_the_batch(engine_url):
+    """A request with ``sampling_seed`` samples the same tokens (and log-probs) alone, inside a batch
+    at another position, padded next to a longer prompt, and among concurrent requests."""
+    def sp(seed):
+        return {"max_new_tokens": 6, "ignore_eos": True, "sampling_seed": seed}
+
+    def alone(prompt, seed):
+        return gen(engine_url, {"input_ids": prompt, "sampling_params": sp(seed), "return_logprob": True})[1]
+
+    a, b = alone(PROMPT, 11), alone(PROMPT[:4], 7)
+    batch = gen(engine_url, {"input_ids": [PROMPT[:3], PROMPT, PROMPT, PROMPT[:4]], "return_logprob": True,
+                             "sampling_params": [sp(5), sp(12), sp(11), sp(7)]})[1]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        crowd = list(pool.map(lambda s: alone(PROMPT, s), [11, 1, 2, 3, 11, 4, 5, 6]))
+    for out, ref in [(batch[2], a), (batch[3], b), (crowd[0], a), (crowd[4], a)]:
+        assert out["output_ids"] == ref["output_ids"]
+        lps = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y[0]) for x, y in zip(lps, ref["meta_info"]["output_token_logprobs"])) < 1e-5
+    assert len({tuple(o["output_ids"]) for o in crowd}) > 2  # other seeds sample other tokens
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_ckpt):
+    from slime_hydra.rollout.embedded.engine import EmbeddedEngine
+
+    return EmbeddedEngine(tiny_ckpt)
+
+
+def _first_tokens(engine, n, **params):
+    from slime_hydra.rollout.embedded.engine import Request, SamplingParams
+
+    reqs = [Request(PROMPT, SamplingParams(max_new_tokens=1, ignore_eos=True, sampling_seed=i, **params), rid=str(i),
+                    return_logprob=True) for i in range(n)]
+    return [o["output_ids"][0] for o in engine.generate(reqs)]
+
+
+def test_seeded_sampling_draws_from_the_distribution(engine):
+    """Over 20000 seeds the first token's frequencies match the model's probabilities (total
+    variation < 0.02; sampling error alone is about 0.01), and top_k keeps to the k likeliest."""
+    with torch.no_grad():
+        probs = engine.model(input_ids=torch.tensor([PROMPT])).logits[0, -1].softmax(-1)
+    tokens = _first_tokens(engine, 20000)
+    freq = torch.bincount(torch.tensor(tokens), minlength=probs.numel()).double() / len(tokens)
+    assert 0.5 * (freq - probs.double()).abs().sum() < 0.02
+    top3 = set(probs.topk(3).indices.tolist())
+    assert set(_first_tokens(engine, 500, top_k=3)) == top3

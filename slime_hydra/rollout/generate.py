@@ -22,6 +22,7 @@ from ``sample.tokens`` with the budget left (``max_new_tokens - response_length`
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
@@ -70,6 +71,24 @@ def apply_output(sample: Sample, out: Dict[str, Any]) -> Sample:
     return sample
 
 
+def sampling_seed(run_seed: int, rollout_id: Any, index: int) -> int:
+    """The ``sampling_seed`` of one sample: a hash of the run's seed, the rollout that first sampled
+    it and its index, below 2**31 (SGLang's older samplers hold seeds as int32)."""
+    key = f"{run_seed}:{rollout_id}:{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") >> 1
+
+
+def seeded(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool) -> Dict[str, Any]:
+    """``sampling_params`` with this sample's ``sampling_seed`` (unless it has one, or is greedy), so
+    that what the engine samples depends on the run seed and the sample, not on batching or timing.
+    SGLang honours it with ``--enable-deterministic-inference``; the embedded engine always. A
+    context without a run config (no run seed) leaves the engine to its own generator."""
+    if ctx.cfg is None or "sampling_seed" in sampling_params or sampling_params.get("temperature", 1.0) == 0:
+        return sampling_params
+    rollout_id = "eval" if evaluation else sample.metadata.get("start_rollout_id")
+    return {**sampling_params, "sampling_seed": sampling_seed(ctx.cfg.rollout.seed, rollout_id, sample.index)}
+
+
 async def generate(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False) -> Sample:
     """One completion for ``sample.prompt``; continues a partial response (aborted earlier)."""
     if not sample.tokens:
@@ -79,6 +98,7 @@ async def generate(ctx: GenerateContext, sample: Sample, sampling_params: Dict[s
         sample.status = Status.TRUNCATED
         return sample
     out = await ctx.post("/generate", {"input_ids": sample.tokens,
-                                       "sampling_params": {**sampling_params, "max_new_tokens": remaining},
+                                       "sampling_params": {**seeded(ctx, sample, sampling_params, evaluation),
+                                                           "max_new_tokens": remaining},
                                        "return_logprob": True})
     return apply_output(sample, out)

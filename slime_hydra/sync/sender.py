@@ -131,9 +131,9 @@ class WeightSender:
         tensors = [t.detach().to(self.device) for _, t in bucket]
         body = {"names": [n for n, _ in bucket], "dtypes": [transport.dtype_to_str(t.dtype) for t in tensors],
                 "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": False,
-                "weight_version": v}
+                "weight_version": v, "load_format": "flattened_bucket"}
         futs = [self.pool.submit(control, e.url, "/update_weights_from_distributed", body) for e in self.endpoints]
-        transport.broadcast_send(self.group, tensors)
+        transport.broadcast_send(self.group, tensors, flattened=True)
         for f in futs:
             f.result()
 

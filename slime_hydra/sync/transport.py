@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from datetime import timedelta
 from typing import Iterable, Iterator, List, Sequence, Tuple
 
@@ -56,20 +57,33 @@ def destroy_group(group) -> None:
     dist.destroy_process_group(group)
 
 
-def broadcast_send(group, tensors: Sequence[torch.Tensor]) -> None:
-    """Trainer side: broadcast each tensor from rank 0 of ``group``, in order."""
+def broadcast_send(group, tensors: Sequence[torch.Tensor], flattened: bool = False) -> None:
+    """Trainer side: broadcast ``tensors`` from rank 0 of ``group``: each in order, or (SGLang's
+    ``load_format="flattened_bucket"``, tensors of one dtype) concatenated into one buffer, one
+    broadcast (gloo: 36 small tensors took 20 ms one by one, measured)."""
+    if flattened:
+        dist.broadcast(torch.cat([t.detach().reshape(-1) for t in tensors]), src=0, group=group)
+        return
     works = [dist.broadcast(t.contiguous(), src=0, group=group, async_op=True) for t in tensors]
     for w in works:
         w.wait()
 
 
-def receive_broadcast(group, dtypes: Sequence[str], shapes: Sequence[Sequence[int]], device: torch.device) -> List[torch.Tensor]:
-    """Engine side: receive tensors broadcast by rank 0, in the order of ``dtypes``/``shapes``."""
-    bufs = [torch.empty(list(s), dtype=dtype_from_str(d), device=device) for d, s in zip(dtypes, shapes)]
-    works = [dist.broadcast(b, src=0, group=group, async_op=True) for b in bufs]
-    for w in works:
-        w.wait()
-    return bufs
+def receive_broadcast(group, dtypes: Sequence[str], shapes: Sequence[Sequence[int]], device: torch.device,
+                      flattened: bool = False) -> List[torch.Tensor]:
+    """Engine side: receive what :func:`broadcast_send` sends, as tensors of ``dtypes``/``shapes``."""
+    if not flattened:
+        bufs = [torch.empty(list(s), dtype=dtype_from_str(d), device=device) for d, s in zip(dtypes, shapes)]
+        works = [dist.broadcast(b, src=0, group=group, async_op=True) for b in bufs]
+        for w in works:
+            w.wait()
+        return bufs
+    if len(set(map(dtype_from_str, dtypes))) > 1:
+        raise ValueError(f"a flattened bucket holds one dtype, got {sorted(set(map(str, dtypes)))}")
+    numels = [math.prod(s) for s in shapes]
+    flat = torch.empty(sum(numels), dtype=dtype_from_str(dtypes[0]), device=device)
+    dist.broadcast(flat, src=0, group=group)
+    return [part.view(list(s)) for part, s in zip(flat.split(numels), shapes)]
 
 
 # --------------------------------------------------------------------------- tensor handles

@@ -39,7 +39,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     spaces_between_special_tokens: bool = True
-    sampling_seed: Optional[int] = None
+    sampling_seed: Optional[int] = None  # as SGLang: the same seed samples the same tokens, whatever the batch
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "SamplingParams":
@@ -50,6 +50,8 @@ class SamplingParams:
         if d:
             log.debug("ignoring unsupported sampling params %s", sorted(d))
         sp = cls(**known)
+        if sp.sampling_seed is not None and (isinstance(sp.sampling_seed, bool) or not isinstance(sp.sampling_seed, int)):
+            raise ValueError(f"sampling_seed must be an integer, got {sp.sampling_seed!r}")
         if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.max_new_tokens < 0:
             raise ValueError(f"bad sampling params: temperature={sp.temperature} top_p={sp.top_p} max_new_tokens={sp.max_new_tokens}")
         return sp
@@ -78,7 +80,7 @@ class EmbeddedEngine:
         self.trust_remote_code = trust_remote_code
         self.tokenizer = load_tokenizer(tokenizer_path or model_path, trust_remote_code)
         self.model = self._load(model_path)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.cpu_generator = torch.Generator().manual_seed(seed)  # for requests without sampling_seed
         self.weight_version = "default"
         self.released: set = set()
         self.groups: Dict[str, Any] = {}
@@ -126,11 +128,15 @@ class EmbeddedEngine:
         self.groups[group_name] = transport.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
 
     def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
-                                group_name: str, version: Optional[str] = None) -> None:
+                                group_name: str, version: Optional[str] = None, load_format: Optional[str] = None) -> None:
+        """One bucket broadcast by the trainer: tensor by tensor, or with ``load_format="flattened_bucket"``
+        (as SGLang) one buffer of one dtype that holds them all."""
+        if load_format not in (None, "flattened_bucket"):
+            raise ValueError(f"unknown load_format {load_format!r} (None or 'flattened_bucket')")
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weights-update group {group_name!r}; call /init_weights_update_group first")
-        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device)
+        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device, flattened=load_format == "flattened_bucket")
         self.load_weights(list(zip(names, bufs)), version)
 
     def destroy_group(self, group_name: str) -> None:
@@ -164,11 +170,20 @@ class EmbeddedEngine:
         self.released -= tags
 
     # -------------------------------------------------------------------------------- generation
-    def _sample(self, logits: torch.Tensor, reqs: List[Request]) -> tuple:
+    def _uniforms(self, streams: List[Optional[torch.Generator]]) -> torch.Tensor:
+        """One uniform in [0, 1) per row, in float64: a seeded request's from its own stream (so what
+        it samples does not depend on the other requests in the batch or on their order), the others'
+        from the engine's generator."""
+        free = iter(torch.rand(sum(g is None for g in streams), dtype=torch.float64, generator=self.cpu_generator).tolist())
+        return torch.tensor([next(free) if g is None else torch.rand(1, dtype=torch.float64, generator=g).item()
+                             for g in streams], dtype=torch.float64)
+
+    def _sample(self, logits: torch.Tensor, reqs: List[Request], streams: List[Optional[torch.Generator]]) -> tuple:
         """Sample one token per row; returns (tokens, their log-probs under softmax(logits / T)).
 
         As in SGLang, the returned log-prob is that of the temperature-scaled distribution before
-        top-k / top-p / min-p filtering, which is what the trainer recomputes."""
+        top-k / top-p / min-p filtering, which is what the trainer recomputes. Sampling inverts each
+        row's CDF at one uniform from :meth:`_uniforms`."""
         logits = logits.float()
         temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
         greedy = temps == 0
@@ -186,9 +201,26 @@ class EmbeddedEngine:
             drop |= probs.cumsum(-1) - probs >= top_p[:, None]
             drop |= probs < min_p[:, None] * probs[:, :1]
             filtered = torch.empty_like(scaled).scatter_(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
-        sampled = torch.multinomial(filtered.softmax(-1), 1, generator=self.generator)[:, 0]
-        tokens = torch.where(greedy, scaled.argmax(-1), sampled)
+        tokens = scaled.argmax(-1)
+        if not bool(greedy.all()):
+            probs = filtered.double().softmax(-1)
+            cdf = probs.cumsum(-1)
+            u = self._uniforms(streams).to(logits.device)
+            picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+            # rounding may put u * total at the very top: take the last token that can be drawn
+            last = (probs > 0).long().cumsum(-1).argmax(-1)
+            tokens = torch.where(greedy, tokens, torch.minimum(picked, last))
         return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+    @staticmethod
+    def _stream(r: Request) -> Optional[torch.Generator]:
+        """The request's own random stream when it carries ``sampling_seed``. The seed is mixed with
+        the prompt length (SGLang hashes the seed with each token's position), so the turns of one
+        conversation that reuse a seed do not draw the same numbers."""
+        if r.params.sampling_seed is None or r.params.temperature == 0:
+            return None
+        mixed = (int(r.params.sampling_seed) * 1_000_003 + len(r.input_ids)) % (1 << 63)
+        return torch.Generator().manual_seed(mixed)
 
     @torch.no_grad()
     def generate(self, reqs: List[Request], is_aborted: Callable[[Request], bool] = lambda r: r.aborted) -> List[Dict[str, Any]]:
@@ -210,13 +242,14 @@ class EmbeddedEngine:
         mask = torch.tensor([[0] * (plen - len(r.input_ids)) + [1] * len(r.input_ids) for r in reqs], device=self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache, step_ids, step_pos = None, ids, pos
+        streams = [self._stream(r) for r in reqs]
         max_new = max(r.params.max_new_tokens for r in reqs)
         for step in range(max_new):
             if all(f is not None for f in finish):
                 break
             o = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True)
             cache = o.past_key_values
-            tokens, lps = self._sample(o.logits[:, -1, :], reqs)
+            tokens, lps = self._sample(o.logits[:, -1, :], reqs, streams)
             for i, r in enumerate(reqs):
                 if finish[i] is not None:
                     continue
