@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slime_hydra.rollout.client import EngineError, control, weight_version
+from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.sync.sender import Endpoint, WeightSender, WeightSyncError, save_config_and_tokenizer
 from slime_hydra.train.batch import make_micro_batch, response_log_probs
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conftest import resolved
-from slime_hydra.launch.plan import make_plan
+from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.manager import engine_specs
 
 

@@ -14,7 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.launch.plan import TRAINER_SHARE, ResourcePlan
+from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, save_c
 from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, ray_cluster
-from slime_hydra.launch.plan import ResourcePlan
+from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.logging.metrics import RunLogger
 
 log = logging.getLogger("slime_hydra")

@@ -1,5 +1,5 @@
 """Config rules of the launch: where actors are placed (``parallelism.*`` slots, nodes and engines, as
-:func:`slime_hydra.launch.plan.make_plan` lays them out; ``cluster.*``) and how the driver loop runs
+:func:`slime_hydra.plan.resources.make_plan` lays them out; ``cluster.*``) and how the driver loop runs
 (``trainer.mode``, how many rollouts, the intervals). The trainer's model-parallel sizes are the trainer's
 rules (``train/rules.py``)."""
 

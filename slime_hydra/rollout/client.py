@@ -1,7 +1,5 @@
-"""HTTP calls to SGLang-protocol servers (SGLang itself, the embedded engine, sglang-router).
-
-Control calls are synchronous httpx calls (the trainer and the manager make few of them);
-``/generate`` goes through one shared aiohttp session with retries, like slime's http_utils.
+"""``/generate`` calls to SGLang-protocol servers (SGLang itself, the embedded engine, sglang-router)
+through one shared aiohttp session with retries, like slime's http_utils.
 """
 
 from __future__ import annotations
@@ -10,43 +8,9 @@ import asyncio
 import logging
 from typing import Any, Dict, Optional
 
-import httpx
+from slime_hydra.utils.http import EngineError
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    pass
-
-
-_http: Optional[httpx.Client] = None
-
-
-def _client() -> httpx.Client:
-    """One client per process for control calls: building an httpx client loads the TLS
-    certificates (about 25 ms, measured), which made each weight push's four calls cost 0.1 s."""
-    global _http
-    if _http is None:
-        _http = httpx.Client()
-    return _http
-
-
-def control(url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, method: str = "POST",
-            timeout: float = 600.0) -> Any:
-    """One control call; raises EngineError on a transport error, a non-2xx status or success=false."""
-    try:
-        r = _client().request(method, url.rstrip("/") + path, json=payload if method != "GET" else None, timeout=timeout)
-    except httpx.HTTPError as e:
-        raise EngineError(f"{method} {url}{path} failed: {e!r}") from e
-    body: Any = None
-    if r.content:
-        try:
-            body = r.json()
-        except ValueError:
-            body = r.text
-    if r.status_code >= 300 or (isinstance(body, dict) and body.get("success") is False):
-        raise EngineError(f"{method} {url}{path} -> HTTP {r.status_code}: {body}")
-    return body
 
 
 # /generate timeouts. A reply (the whole response: it is not streamed) may take hours under load, so
@@ -54,10 +18,6 @@ def control(url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, me
 # seconds); the manager passes rollout.router.request_timeout_secs, when the router gives up too.
 READ_TIMEOUT_S = 14400.0
 CONNECT_TIMEOUT_S = 30.0  # a server that is up accepts in milliseconds
-
-
-def weight_version(url: str) -> str:
-    return str(control(url, "/get_weight_version", method="GET", timeout=30)["weight_version"])
 
 
 class GenerateClient:

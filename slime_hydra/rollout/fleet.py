@@ -19,13 +19,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from slime_hydra.rollout.client import EngineError, control
+from slime_hydra.utils.http import EngineError, control
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.utils.proc import tail
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import RouterConfig, RunConfig
-    from slime_hydra.launch.plan import ResourcePlan
+    from slime_hydra.plan.resources import ResourcePlan
     from slime_hydra.rollout.router import Router
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class EngineFleet:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from slime_hydra.launch.plan import ENGINE_SHARE
+        from slime_hydra.plan.resources import ENGINE_SHARE
         from slime_hydra.rollout.engine import EngineActor, engine_log_path
 
         share = {"num_gpus": ENGINE_SHARE, "num_cpus": 0} if plan.device == "cuda" else {"num_cpus": ENGINE_SHARE}

@@ -32,7 +32,7 @@ from slime_hydra.rollout.train_data import split_by_rank, train_data
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import RunConfig
-    from slime_hydra.launch.plan import ResourcePlan
+    from slime_hydra.plan.resources import ResourcePlan
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ def _check_engine(cfg: RunConfig) -> List[str]:
     if choice(errs, "rollout.engine", r.engine, ENGINES):
         errs += engine_class(r.engine).check(cfg)  # each engine's own rules, beside its command line
     choice(errs, "rollout.router.policy", r.router.policy, ROUTER_POLICIES)
-    engines = p.rollout_gpus // max(p.gpus_per_engine, 1)  # as launch.plan.make_plan lays them out
+    engines = p.rollout_gpus // max(p.gpus_per_engine, 1)  # as plan.resources.make_plan lays them out
     if not r.router.enabled and engines != 1:
         errs.append("rollout.router.enabled: false needs exactly one engine (the rollout manager talks to one URL), "
                     f"but parallelism.rollout_gpus / gpus_per_engine = {p.rollout_gpus} / {p.gpus_per_engine} = "

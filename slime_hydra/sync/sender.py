@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
-from slime_hydra.rollout.client import EngineError, control, weight_version
+from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.sync import transport
 
 log = logging.getLogger(__name__)

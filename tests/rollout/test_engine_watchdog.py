@@ -14,7 +14,8 @@ import pytest
 import ray
 
 from rollout_harness import make_rollout
-from slime_hydra.rollout.client import EngineError, GenerateClient
+from slime_hydra.rollout.client import GenerateClient
+from slime_hydra.utils.http import EngineError
 from slime_hydra.rollout.engine import EngineActor, engine_log_path
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.rollout.fleet import EngineFleet, EngineHandle

@@ -22,7 +22,7 @@ from conftest import CONF, resolved
 from sglang_parser import SglangParser
 from sglang_parser.install import PINS, index_reachable, install
 
-from slime_hydra.launch.plan import make_plan
+from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
 from slime_hydra.rollout.engines.sglang import MANAGED_SERVER_ARGS
 from slime_hydra.rollout.fleet import engine_specs

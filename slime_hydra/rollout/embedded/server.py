@@ -239,8 +239,8 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
                              "architectures": getattr(engine.model.config, "architectures", None)})
 
     @route("/get_weight_version")
-    async def get_weight_version(req: HTTPRequest):
-        return JSONResponse({"weight_version": engine.weight_version})
+    async def get_weight_version(req: HTTPRequest):  # as SGLang 0.5.17 answers it
+        return JSONResponse({"error": "deprecated. Please use '/model_info' instead."}, status_code=404)
 
     @route("/update_weight_version", methods=("POST",))
     async def update_weight_version(req: HTTPRequest):
