@@ -103,7 +103,8 @@ def test_resume_needs_a_checkpoint(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- 8. hooks
-@pytest.mark.parametrize("key", ["rollout.generate", "rollout.dynamic_filter", "data.buffer_filter", "reward.custom"])
+@pytest.mark.parametrize("key", ["rollout.generate", "rollout.dynamic_filter", "rollout.rollout_function",
+                                 "data.buffer_filter", "reward.custom"])
 def test_a_hook_that_does_not_import_names_its_key(key):
     errs = errors([f"{key}=nopkg.mod.fn"])
     assert any(e.startswith(f"{key}: hook 'nopkg.mod.fn': no module 'nopkg.mod' can be imported") for e in errs), errs

@@ -74,7 +74,8 @@ def _check_hooks(cfg: RunConfig) -> List[str]:
     from slime_hydra.utils.hooks import load_hook
 
     errs: List[str] = []
-    hooks = {"rollout.generate": cfg.rollout.generate, "rollout.dynamic_filter": cfg.rollout.dynamic_filter}
+    hooks = {"rollout.generate": cfg.rollout.generate, "rollout.dynamic_filter": cfg.rollout.dynamic_filter,
+             "rollout.rollout_function": cfg.rollout.rollout_function}
     for where, spec in hooks.items():
         if spec is not None:
             loads(errs, where, lambda spec=spec: load_hook(spec))
