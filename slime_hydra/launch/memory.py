@@ -112,7 +112,8 @@ def _attention_params(a: "ArchConfig") -> int:
         else:
             q = h * nh * qk
         kv_a = a.kv_lora_rank + a.qk_rope_head_dim
-        kv = h * kv_a + a.attention_bias * kv_a + a.kv_lora_rank + a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim)
+        kv = (h * kv_a + a.attention_bias * kv_a + a.kv_lora_rank
+              + a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim))
         return q + kv + nh * a.v_head_dim * h + a.attention_bias * h
     hd = _head_dim(a)
     q, kv = nh * hd, a.num_kv_heads * hd
@@ -164,7 +165,8 @@ def _layer_act_bytes(a: "ArchConfig", table: Dict[str, float], moe: bool) -> Tup
         return hidden, attn + table["ffn"] * a.intermediate_size
     fm = a.moe_intermediate_size or 0
     routed = a.num_experts_per_tok * (ACT_MOE["routed_ffn"] * fm + ACT_MOE["routed"])
-    return hidden + ACT_MOE["h"] * h, attn + ACT_MOE["expert"] * a.num_experts + routed + table["ffn"] * fm * a.num_shared_experts
+    shared = table["ffn"] * fm * a.num_shared_experts
+    return hidden + ACT_MOE["h"] * h, attn + ACT_MOE["expert"] * a.num_experts + routed + shared
 
 
 @dataclass
@@ -356,7 +358,8 @@ class MemoryEstimate:
         for k, v in self.gpus.items():
             lines.append(f"  {k}: {v:.1f}" + ("  DOES NOT FIT" if v > self.gpu_memory_gib else ""))
         if self.host_per_node:
-            lines.append(f"  host memory per node: {sum(self.host_per_node.values()):.1f} = {_parts(self.host_per_node)}")
+            host = self.host_per_node
+            lines.append(f"  host memory per node: {sum(host.values()):.1f} = {_parts(host)}")
         lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -368,16 +371,18 @@ def _parts(d: Dict[str, float]) -> str:
     return ", ".join(f"{PART_NAMES.get(k, k.replace('_', ' '))} {v:.1f}" for k, v in d.items() if v)
 
 
-def estimate(cfg: "RunConfig", plan: "ResourcePlan") -> MemoryEstimate:
-    """Memory per GPU of ``cfg`` (resolved) laid out by ``plan`` (see the module docstring)."""
+def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[float] = None) -> MemoryEstimate:
+    """Memory per GPU of ``cfg`` (resolved) laid out by ``plan`` (see the module docstring), on GPUs of
+    ``gpu_memory_gib`` (default ``parallelism.gpu_memory_gib``)."""
     p = cfg.parallelism
+    gpu_gib = p.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     backend = cfg.trainer.backend
     if backend not in TRAINER_MEMORY:
         raise ValueError(f"trainer.backend: no memory estimate for {backend!r} (known: {', '.join(TRAINER_MEMORY)}); "
                          "add its function to slime_hydra.launch.memory.TRAINER_MEMORY")
     tm = TRAINER_MEMORY[backend](cfg, plan)
     trainer = {k: v / GIB for k, v in tm.gpu.items()}
-    eng, kv_tokens = engine_memory(cfg, p.gpu_memory_gib * GIB)
+    eng, kv_tokens = engine_memory(cfg, gpu_gib * GIB)
     engine = {k: v / GIB for k, v in eng.items()}
     train_total, engine_total = sum(trainer.values()), sum(engine.values())
     if p.colocate:
@@ -387,7 +392,7 @@ def estimate(cfg: "RunConfig", plan: "ResourcePlan") -> MemoryEstimate:
     else:
         gpus = {"trainer GPU": train_total, "engine GPU": engine_total}
     ranks_per_node = min(p.trainer_gpus, p.gpus_per_node)
-    est = MemoryEstimate(backend=backend, engine_kind=cfg.rollout.engine, gpu_memory_gib=p.gpu_memory_gib,
+    est = MemoryEstimate(backend=backend, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
                          trainer=trainer, engine=engine, gpus=gpus, kv_cache_tokens=kv_tokens,
                          host_per_node={k: ranks_per_node * v / GIB for k, v in tm.host.items()},
                          micro_batch=micro_batch_shape(cfg, plan.data_parallel))
@@ -403,8 +408,7 @@ def memory_problems(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: floa
         return []
     if gpu_memory_gib <= 0:
         return [f"parallelism.gpu_memory_gib: must be > 0, got {gpu_memory_gib:g}"]
-    est = estimate(cfg, plan)
-    est.gpu_memory_gib = gpu_memory_gib
+    est = estimate(cfg, plan, gpu_memory_gib)
     out: List[str] = []
     limit = f"> parallelism.gpu_memory_gib={gpu_memory_gib:g}"
     eng = f"{est.engine_kind} engine {est.engine_total:.1f}"
@@ -413,38 +417,38 @@ def memory_problems(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: floa
             continue
         if where in ("trainer GPU", "colocated GPU, training"):
             with_engine = f"; {eng}" if need > est.trainer_total + 1e-9 else ""
-            out.append(f"parallelism: {where} needs ~{need:.0f} GiB (trainer: {_parts(est.trainer)}{with_engine}) {limit}"
-                       f"{_trainer_hint(cfg, est)}")
+            out.append(f"parallelism: {where} needs ~{need:.0f} GiB (trainer: {_parts(est.trainer)}{with_engine}) "
+                       f"{limit}{_trainer_hint(cfg, est)}")
         else:
             rest = need - est.engine_total
             held = f"; trainer state left on the GPU {rest:.1f}" if rest > 1e-9 else ""
-            out.append(f"parallelism: {where} needs ~{need:.0f} GiB ({est.engine_kind} engine: {_parts(est.engine)}{held}) "
-                       f"{limit}")
+            out.append(f"parallelism: {where} needs ~{need:.0f} GiB ({est.engine_kind} engine: "
+                       f"{_parts(est.engine)}{held}) {limit}")
     if cfg.rollout.engine == "sglang":
         frac, e = mem_fraction_static(cfg), est.engine
         seq = (cfg.rollout.max_prompt_len or 0) + cfg.rollout.max_response_len
         if e["kv_cache"] <= 0:
-            out.append(f"rollout.server_args.mem_fraction_static: the engine's weights take {e['weights']:.1f} GiB per GPU, "
-                       f"more than {frac:g} x {gpu_memory_gib:g} GiB leaves for weights and KV cache; raise "
+            out.append(f"rollout.server_args.mem_fraction_static: the engine's weights take {e['weights']:.1f} GiB "
+                       f"per GPU, more than {frac:g} x {gpu_memory_gib:g} GiB leaves for weights and KV cache; raise "
                        "parallelism.gpus_per_engine")
         elif est.kv_cache_tokens is not None and est.kv_cache_tokens < seq:
-            out.append(f"rollout.server_args.mem_fraction_static: the KV cache holds ~{est.kv_cache_tokens} tokens per engine "
-                       f"({e['kv_cache']:.1f} GiB per GPU), less than one sequence of {seq} tokens; raise it or "
-                       "parallelism.gpus_per_engine")
+            out.append(f"rollout.server_args.mem_fraction_static: the KV cache holds ~{est.kv_cache_tokens} tokens "
+                       f"per engine ({e['kv_cache']:.1f} GiB per GPU), less than one sequence of {seq} tokens; "
+                       "raise it or parallelism.gpus_per_engine")
     return out
 
 
 def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     """What would shrink the trainer the most."""
-    state = sum(v for k, v in est.trainer.items() if k != "activations")
+    state = sum(v for k, v in est.trainer.items() if k not in TRANSIENT)
     if state > est.gpu_memory_gib:
         where = ("the torch backend replicates them on every GPU; a sharding backend (megatron) is needed"
                  if cfg.trainer.backend == "torch" else "shard them further: tensor, pipeline or expert parallel")
-        return f"; the weights and optimizer state alone take {state:.0f} GiB ({where})"
+        return f"; the weights, gradients and optimizer state alone take {state:.0f} GiB ({where})"
     mb, tips = est.micro_batch, []
     if mb is not None and mb.samples > 1:
-        tips.append(f"lower trainer.micro_batch_size (now {mb.samples} samples of up to {mb.prompt_len + mb.response_len} "
-                    "tokens)")
+        tips.append(f"lower trainer.micro_batch_size (now {mb.samples} samples of up to "
+                    f"{mb.prompt_len + mb.response_len} tokens)")
     if not cfg.trainer.gradient_checkpointing:
         tips.append("set trainer.gradient_checkpointing=true")
     return "; " + (" or ".join(tips) if tips else "shorten rollout.max_response_len")
