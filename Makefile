@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 
-.PHONY: run test test-all test-slow bench dry-run clean
+.PHONY: run test test-all test-slow bench mutate dry-run clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ test-all: $(VENV)/.installed     ## everything
 
 bench: $(VENV)/.installed        ## algorithm table on the embedded default
 	$(PY) bench/algorithms.py $(ARGS)
+
+mutate: $(VENV)/.installed       ## mutation testing: bench/mutations.yaml one at a time, lists the survivors
+	$(PY) bench/mutate.py $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache
