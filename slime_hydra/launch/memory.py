@@ -20,7 +20,9 @@ Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY
 - megatron: ``model.dtype`` weights and float32 gradients sharded by TP x PP (routed experts by
   EP x TP x PP, the expert tensor parallel size being Megatron's default, TP), and the distributed
   optimizer's float32 master weights and moments (12 bytes a parameter) sharded further over the
-  data-parallel ranks (TP x PP x CP, or EP x TP x PP for experts, divide the trainer GPUs).
+  trainer GPUs / (TP x PP) ranks of data x context parallel (experts: / (EP x TP x PP)). Activations:
+  split by TP (all of them with sequence parallel, else all but the per-hidden-unit part) and CP;
+  pipeline stage 0 holds PP micro-batches of layers / PP each, i.e. one micro-batch of every layer.
 
 Activations of one micro-batch: ``min(trainer.micro_batch_size, global_batch_size / data parallel)``
 samples of ``rollout.max_prompt_len + rollout.max_response_len`` tokens (every sample padded to the
@@ -40,11 +42,11 @@ chunk (``LOGPROB_CHUNK``). Checked against one measured run: Qwen3-0.6B shape, o
 16 x 384 tokens, no checkpointing: 37.8 GiB peak measured (bench/measured/h200_gpu_components.json),
 35.3 GiB estimated.
 
-Engine, per GPU: SGLang takes ``mem_fraction_static`` of the GPU (``rollout.server_args``; 0.9 when
-unset, as asked of this estimate) for its weights (``model.dtype``, split over ``gpus_per_engine``)
-and a KV cache pool that fills the rest of that fraction; the estimate reports how many tokens the
-pool holds. The embedded engine holds its weights and the KV cache of ``rollout.embedded_max_batch``
-full-length sequences (Hugging Face's cache layout).
+Engine, per GPU: SGLang takes ``mem_fraction_static`` of the GPU (``rollout.server_args``; when it is
+unset SGLang picks one from the GPU's size, and 0.9 stands in for it here) for its weights
+(``model.dtype``, split over ``gpus_per_engine``) and a KV cache pool that fills the rest of that
+fraction; the estimate reports how many tokens the pool holds. The embedded engine holds its weights
+and the KV cache of ``rollout.embedded_max_batch`` full-length sequences (Hugging Face's cache layout).
 
 Colocated GPUs take turns: with offload the peak is the larger of training (the trainer, plus the
 engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the trainer's state unless
