@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 
-.PHONY: run test test-all test-slow lint bench dry-run clean
+.PHONY: run test test-all test-slow lint bench mutate dry-run clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ lint: $(VENV)/.installed         ## ruff (rules in pyproject.toml; ruff comes wi
 
 bench: $(VENV)/.installed        ## algorithm table on the embedded default
 	$(PY) bench/algorithms.py $(ARGS)
+
+mutate: $(VENV)/.installed       ## mutation testing: bench/mutations.yaml one at a time, lists the survivors
+	$(PY) bench/mutate.py $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -491,3 +491,10 @@ def test_bool_mask_bf16_inputs_and_helpers():
     assert lp.grad.dtype == torch.bfloat16
     assert needs_ref(algo(kl_loss_coef=0.1)) and needs_ref(algo(kl_coef=0.1)) and not needs_ref(algo())
     assert needs_critic(algo(advantage_estimator="ppo")) and not needs_critic(algo())
+
+
+def test_whitening_an_equal_batch_gives_zeros_not_nan():
+    """REINFORCE++ on a batch where every sample got the same reward: variance 0, the eps keeps it finite."""
+    a = algo(advantage_estimator="reinforce_plus_plus_baseline", normalize_advantages=True, normalize_rewards=False)
+    adv, _ = compute_advantages(a, rewards=torch.tensor([1.0, 1.0]), loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
+    assert torch.equal(adv, torch.zeros(2, 4))

@@ -26,7 +26,6 @@ import pytest
 from rollout_harness import make_rollout
 from slime_hydra.config.schema import RewardConfig, RunConfig
 from slime_hydra.rewards import RewardError, compute_group_reward, compute_reward
-from slime_hydra.rollout.filters import DynamicFilterOutput
 from slime_hydra.rollout.generate import GenerateContext
 from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.rollout.train_data import train_data
@@ -224,7 +223,8 @@ def test_custom_reward_per_sample(hooks):
     assert ("rm", "RewardConfig") in hooks.CALLS  # rm(reward_cfg, sample)
     assert asyncio.run(compute_reward(reward_cfg({"_target_": "user_hooks.rm", "bonus": 0.5}), s)) == 1.5
     assert asyncio.run(compute_reward(reward_cfg("user_hooks.async_rm", key="acc"), s)) == {"acc": 1.0, "len": 1}
-    with pytest.raises(RewardError, match="custom reward user_hooks.rm_str: returned str, expected a number or a dict"):
+    with pytest.raises(RewardError, match="^custom reward user_hooks.rm_str: returned str for group 0, sample 0, "
+                                          "prompt '1='; expected a finite number or a dict$"):
         asyncio.run(compute_reward(reward_cfg("user_hooks.rm_str"), s))
 
 
@@ -285,9 +285,10 @@ def test_buffer_filter_wrong_return(hooks, spec, error, needle):
         m.source.get_samples(2)
 
 
-def test_a_context_and_sample_are_what_generate_gets():
-    """The default generate's own contract: ctx.encode has no special tokens added, and a sample
-    with a partial response continues with the budget left."""
+def test_default_generate_sends_plain_tokens_and_continues_a_partial_response_with_the_budget_left():
+    """The default generate's own contract: ctx.encode adds no special tokens, log-probs are asked
+    for, the answer's finish reason sets the status, and an aborted sample continues from its tokens
+    with the budget left."""
     from slime_hydra.data.tokenizer import builtin_tokenizer
     from slime_hydra.rollout.generate import generate
 
@@ -304,7 +305,8 @@ def test_a_context_and_sample_are_what_generate_gets():
     out = asyncio.run(generate(ctx, s, {"max_new_tokens": 4}))
     assert engine.payload["input_ids"] == ctx.encode("3815=") and engine.payload["return_logprob"] is True
     assert out.response == "9" and out.rollout_log_probs == [-0.3] and out.weight_versions == ["2"]
+    assert out.status == Status.COMPLETED
     out.status = Status.ABORTED
     asyncio.run(generate(ctx, out, {"max_new_tokens": 4}))
+    assert engine.payload["input_ids"] == ctx.encode("3815=") + [11]
     assert engine.payload["sampling_params"]["max_new_tokens"] == 3 and out.response_length == 2
-    assert isinstance(DynamicFilterOutput(True), DynamicFilterOutput)

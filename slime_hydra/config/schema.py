@@ -176,6 +176,7 @@ class ParallelismConfig:
     context_parallel: int = 1
     expert_parallel: int = 1
     sequence_parallel: bool = False
+    gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)
     # torch threads per process on CPU: processes share the cores, and OpenMP threads that
     # outnumber them spin against each other (measured: 25 ms -> 1.1 s for one engine batch).
     cpu_threads: int = 1

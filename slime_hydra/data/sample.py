@@ -24,7 +24,14 @@ class Status(str, enum.Enum):
     FAILED = "failed"
 
 
+# SGLang's finish reasons (a matched stop token or string, max_new_tokens, an abort): the only three
+# its /generate answers with, and the embedded engine speaks the same protocol.
 FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+class FinishReasonError(ValueError):
+    """An engine answer without one of SGLang's finish reasons: the protocol changed or an engine
+    speaks another one. Every sample would be affected, so it is raised, not counted."""
 
 
 @dataclass
@@ -66,13 +73,30 @@ class Sample:
             self.rollout_log_probs = []
         self.rollout_log_probs.extend(log_probs if trainable else [0.0] * len(tokens))
 
+    def identity(self) -> str:
+        """Which sample this is, for error messages: its group and index and the prompt's start."""
+        p: Any = self.prompt
+        if isinstance(p, list) and p and isinstance(p[-1], dict):  # chat messages: the last one
+            p = p[-1].get("content", "")
+        text = " ".join(str(p).split())
+        return f"group {self.group_index}, sample {self.index}, prompt {text[:60] + '...' * (len(text) > 60)!r}"
+
     def reward_value(self, key: Optional[str] = None) -> float:
+        """The scalar reward (``key`` picks it from a dict reward); a sample without one raises."""
         r = self.reward
         if isinstance(r, dict):
             if key is None:
-                raise ValueError(f"the reward is a dict {sorted(r)}; set reward.key to pick one")
+                raise ValueError(f"{self.identity()}: the reward is a dict {sorted(r)}; set reward.key to pick one")
+            if key not in r:
+                raise ValueError(f"{self.identity()}: reward.key={key!r} is not in its reward {sorted(r)}")
             r = r[key]
-        return float(r if r is not None else 0.0)
+        if r is None:
+            raise ValueError(f"{self.identity()}: has no reward (status {self.status.value}); a generate function "
+                             "that sets sample.reward must set a number")
+        try:
+            return float(r)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.identity()}: its reward {r!r} is not a number") from None
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
@@ -85,3 +109,19 @@ class Sample:
         s = cls(**{k: v for k, v in d.items() if k in names})
         s.status = Status(s.status)
         return s
+
+
+def finish_type(meta: Dict[str, Any], sample: Sample) -> str:
+    """The ``meta_info.finish_reason.type`` of an engine's /generate answer for ``sample``: stop,
+    length or abort. A missing or other finish reason raises FinishReasonError naming the sample."""
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else None
+    if kind not in FINISH_TO_STATUS:
+        raise FinishReasonError(f"{sample.identity()}: the engine answered finish_reason={reason!r}; expected a type "
+                                f"in {', '.join(FINISH_TO_STATUS)} (SGLang's /generate protocol)")
+    return kind
+
+
+def status_from_finish(meta: Dict[str, Any], sample: Sample) -> Status:
+    """``sample``'s status after an engine answer (see :func:`finish_type`)."""
+    return FINISH_TO_STATUS[finish_type(meta, sample)]

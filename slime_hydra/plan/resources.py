@@ -9,9 +9,10 @@ CPU "slot" ``{"CPU": 1}`` on CPU); colocated runs put trainers and engines on th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch.memory import TRAINER_MEMORY, MemoryEstimate, estimate
 
 TRAINER_SHARE = 0.4
 ENGINE_SHARE = 0.2
@@ -45,6 +46,7 @@ class ResourcePlan:
     data_parallel: int
     model_parallel: Dict[str, int] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    memory: Optional[MemoryEstimate] = None  # GPUs only
 
     @property
     def accelerator(self) -> str:
@@ -73,6 +75,8 @@ class ResourcePlan:
         lines.append(f"  engines: {len(self.engines)} x {len(self.engines[0].bundles) if self.engines else 0} {unit}")
         lines.append("  rollout manager: 1 actor outside the group (engines' router, data, rewards)")
         lines += [f"  {n}" for n in self.notes]
+        if self.memory is not None:
+            lines.append(self.memory.describe())
         return "\n".join(lines)
 
 
@@ -96,6 +100,9 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
         f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
         f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}",
     ]
-    return ResourcePlan(device=p.device, colocate=colocate, gpus_per_node=p.gpus_per_node,
+    plan = ResourcePlan(device=p.device, colocate=colocate, gpus_per_node=p.gpus_per_node,
                         bundles=[dict(bundle) for _ in range(n_bundles)], trainers=trainers, engines=engines,
                         engine_kind=r.engine, data_parallel=dp, model_parallel=mp, notes=notes)
+    if p.device == "cuda" and t.backend in TRAINER_MEMORY:
+        plan.memory = estimate(cfg, plan)
+    return plan

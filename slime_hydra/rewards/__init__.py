@@ -20,6 +20,7 @@ REWARD_TYPES = LazyRegistry("reward type", {
 __getattr__ = lazy_attributes(__name__, {
     "compute_group_reward": "hub",
     "compute_reward": "hub",
+    "drain_counters": "hub",
     "reward_type": "hub",
     "extract_answer": "math_answer",
     "math_equal": "math_answer",
@@ -32,6 +33,6 @@ __getattr__ = lazy_attributes(__name__, {
 })
 
 __all__ = [
-    "REWARD_TYPES", "RewardError", "aclose_shared_client", "compute_group_reward", "compute_reward",
+    "REWARD_TYPES", "RewardError", "aclose_shared_client", "compute_group_reward", "compute_reward", "drain_counters",
     "exact_reward", "extract_answer", "f1_reward", "math_equal", "math_reward", "remote_reward", "reward_type",
 ]

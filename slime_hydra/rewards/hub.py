@@ -5,25 +5,46 @@ One function per entry of :data:`slime_hydra.rewards.REWARD_TYPES`, each ``(cfg,
 with ``cfg`` the RewardConfig: ``exact``, ``math``, ``f1`` (built in, pure), ``remote`` (HTTP reward
 server) and ``custom`` (``reward.custom``: a hook ``rm(cfg, sample)``, or ``rm(cfg, samples) -> list``
 when ``reward.group``; sync or async).
+
+Failures: raise or count, never a silent default
+-------------------------------------------------
+This is the rule for rewards and for the samples of a rollout. A failure either raises with the
+sample's identity (``Sample.identity()``: group, index, the prompt's start), or is counted in the
+metric ``rollout/<what>_count`` and logged at WARNING on its first occurrence
+(:mod:`slime_hydra.rewards.counters`; the rollout manager adds ``drain_counters()`` to each rollout's
+metrics). It raises when the failure means a broken hook, config or protocol: it would recur on every
+sample, and a count would only delay the news while the run trains on garbage. It is counted when one
+sample's content caused it and the run is right to go on.
+
+- A custom or remote reward that raises, or returns None, NaN, or anything but a number or a dict;
+  a group reward with the wrong number of values: raise, naming the function and the sample.
+- A sample that reaches training without a reward, or whose dict reward lacks ``reward.key``:
+  raise (``Sample.reward_value``).
+- math_verify raising or running out of time on an answer: reward 0, counted
+  (``reward_verifier_error``, ``reward_verifier_timeout``): sympy raises on odd answers the model
+  wrote. A verifier that cannot check ``1/2 == 0.5`` (an API change) raises at its first use.
+- An engine answer whose finish reason is missing or not one of SGLang's (stop, length, abort):
+  raise (``rollout.sample.finish_type``): it is a protocol change and every sample would have it.
+- A sample a generate function marks ``Status.FAILED`` (its environment or tool broke): kept out of
+  the loss and counted (``rollout/failed_count``) by the conversion to training data.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import math as _math
 from typing import Any, Callable, Dict, List, Union
 
 from slime_hydra.data.sample import Sample
-from slime_hydra.rewards import REWARD_TYPES
-from slime_hydra.rewards.math_pool import math_reward_async
+from slime_hydra.rewards import REWARD_TYPES, counters
+from slime_hydra.rewards.math_pool import math_verdict_async
 from slime_hydra.rewards.remote import RewardError, remote_reward
 from slime_hydra.rewards.text import exact_reward, f1_reward
 from slime_hydra.utils.hooks import call_maybe_async, load_hook
 
-log = logging.getLogger(__name__)
-
 Reward = Union[float, Dict[str, Any]]
+drain_counters = counters.drain  # the rollout manager: metrics.update(drain_counters()) once per rollout
 
 _hooks: Dict[Any, Any] = {}
 
@@ -37,7 +58,7 @@ async def compute_reward(cfg: Any, sample: Sample) -> Reward:
     kind = reward_type(cfg, sample)
     if kind not in REWARD_TYPES:
         raise RewardError(f"unknown reward type {kind!r} (from sample.metadata['rm_type'] or reward.type); "
-                          f"expected one of {', '.join(REWARD_TYPES)}")
+                          f"expected one of {', '.join(REWARD_TYPES)} ({sample.identity()})")
     return await REWARD_TYPES[kind](cfg, sample)
 
 
@@ -51,7 +72,10 @@ async def f1(cfg: Any, sample: Sample) -> Reward:
 
 
 async def math(cfg: Any, sample: Sample) -> Reward:
-    return await math_reward_async(sample.response, sample.label)
+    score, failure = await math_verdict_async(sample.response, sample.label)
+    if failure is not None:
+        counters.count(failure[0], f"{sample.identity()}: {failure[1]}")
+    return score
 
 
 async def remote(cfg: Any, sample: Sample) -> Reward:
@@ -59,13 +83,18 @@ async def remote(cfg: Any, sample: Sample) -> Reward:
         raise RewardError("reward type 'remote' needs reward.url")
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
                "metadata": sample.metadata}
-    return await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    try:
+        value = await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    except RewardError as e:
+        raise RewardError(f"{e} ({sample.identity()})") from e
+    return _check(value, f"remote reward {cfg.url}", sample)
 
 
 async def custom(cfg: Any, sample: Sample) -> Reward:
     if cfg.group:
         raise RewardError("reward.group=true: the custom reward scores whole groups; use compute_group_reward")
-    return _check(await call_maybe_async(_custom_hook(cfg), cfg, sample), cfg)
+    who = f"custom reward {spec_name(cfg.custom)}"
+    return _check(await _call(who, sample, _custom_hook(cfg), cfg, sample), who, sample)
 
 
 # ---------------------------------------------------------------------------------------- groups
@@ -73,13 +102,24 @@ async def compute_group_reward(cfg: Any, samples: List[Sample]) -> List[Reward]:
     """The rewards of a group: one call of the group hook when ``reward.group`` and every sample is
     ``custom``, else ``compute_reward`` on each sample concurrently."""
     if cfg.group and samples and all(reward_type(cfg, s) == "custom" for s in samples):
-        out = await call_maybe_async(_custom_hook(cfg), cfg, samples)
+        who = f"group reward {spec_name(cfg.custom)}"
+        out = await _call(who, samples[0], _custom_hook(cfg), cfg, samples)
         if not isinstance(out, (list, tuple)) or len(out) != len(samples):
             got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
-            raise RewardError(f"group reward {spec_name(cfg.custom)}: expected a list of {len(samples)} rewards, "
-                              f"got {got}")
-        return [_check(x, cfg) for x in out]
+            raise RewardError(f"{who}: expected a list of {len(samples)} rewards, got {got} "
+                              f"(group {samples[0].group_index})")
+        return [_check(x, who, s) for x, s in zip(out, samples)]
     return list(await asyncio.gather(*(compute_reward(cfg, s) for s in samples)))
+
+
+async def _call(who: str, sample: Sample, hook: Callable, *args: Any) -> Any:
+    """A reward hook's result; its exception is raised again with the sample's identity."""
+    try:
+        return await call_maybe_async(hook, *args)
+    except RewardError:
+        raise
+    except Exception as e:
+        raise RewardError(f"{who} raised {type(e).__name__}: {e} ({sample.identity()})") from e
 
 
 def _custom_hook(cfg: Any) -> Callable:
@@ -116,10 +156,11 @@ def spec_name(spec: Any) -> str:
     return str(target or getattr(spec, "__qualname__", spec))
 
 
-def _check(value: Any, cfg: Any) -> Reward:
+def _check(value: Any, who: str, sample: Sample) -> Reward:
+    """A reward as returned by a hook or server: a finite number or a dict, else RewardError."""
     if isinstance(value, dict):
         return value
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and _math.isfinite(value):
         return float(value)
-    raise RewardError(f"custom reward {spec_name(cfg.custom)}: returned {type(value).__name__}, "
-                      f"expected a number or a dict")
+    got = repr(value) if isinstance(value, (int, float)) or value is None else type(value).__name__
+    raise RewardError(f"{who}: returned {got} for {sample.identity()}; expected a finite number or a dict")

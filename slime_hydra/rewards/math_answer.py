@@ -8,16 +8,22 @@ else the last number, or the ``$...$`` span around it when the last number sits 
 math_verify bounds parsing and comparison with ``signal.alarm``, which only works in the main thread
 (elsewhere it raises). So the timeouts are passed only there and are None (no limit) in other threads;
 the async reward runs this in worker processes, whose main thread keeps the limit (``math_pool``).
+
+Failures (the rule is in :mod:`slime_hydra.rewards.hub`): math_verify is called with
+``raise_on_error=True``, so its errors and timeouts reach us instead of its DEBUG log. An answer it
+raises on or runs out of time on scores 0 and is counted (``rollout/reward_verifier_error_count``,
+``rollout/reward_verifier_timeout_count``; sympy raises on odd answers, and one such answer must not
+stop a run). A verifier that cannot check ``1/2 == 0.5`` (an API change, a broken install) raises at
+its first use in each process instead: it would score every answer 0.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
-log = logging.getLogger(__name__)
+from slime_hydra.rewards import counters
 
 MAX_ANSWER_CHARS = 1000  # sympy on a huge expression can take minutes; such answers score 0
 # a leading minus is a sign only when it does not follow an operand ("5-3" ends with 3, not -3)
@@ -74,7 +80,8 @@ def _parse(ans: str, timeout: Optional[int]) -> List[Any]:
     if not cleaned:
         return []
     # The $...$ anchor makes math_verify read the whole string as LaTeX (\frac12, 5\text{ cm}).
-    return parse(f"${cleaned}$", parsing_timeout=timeout) or parse(cleaned, parsing_timeout=timeout)
+    return (parse(f"${cleaned}$", parsing_timeout=timeout, raise_on_error=True)
+            or parse(cleaned, parsing_timeout=timeout, raise_on_error=True))
 
 
 def _signal_timeout(timeout_s: Optional[int]) -> Optional[int]:
@@ -82,27 +89,85 @@ def _signal_timeout(timeout_s: Optional[int]) -> Optional[int]:
     return timeout_s if threading.current_thread() is threading.main_thread() else None
 
 
-def math_equal(answer: str, label: Any, timeout_s: Optional[int] = 5) -> bool:
-    """Is ``answer`` mathematically equal to ``label``? Never raises; a timeout counts as unequal."""
+def _equal(answer: str, label: Any, timeout: Optional[int]) -> bool:
+    """math_verify's verdict; raises what it raises (its TimeoutException included)."""
     from math_verify import verify
 
-    timeout = _signal_timeout(timeout_s)
-    try:
-        gold_text = str(label)
-        gold_text = last_boxed(gold_text) or gold_text
-        if len(answer) > MAX_ANSWER_CHARS or len(gold_text) > MAX_ANSWER_CHARS:
-            return False
-        gold, pred = _parse(gold_text, timeout), _parse(answer, timeout)
-        if not gold or not pred:
-            return _clean(answer) == _clean(gold_text) != ""
-        return bool(verify(gold, pred, timeout_seconds=timeout))
-    except Exception as e:  # sympy can raise nearly anything on odd input
-        log.debug("math_equal(%r, %r) failed: %s", answer, label, e)
+    gold_text = str(label)
+    gold_text = last_boxed(gold_text) or gold_text
+    if len(answer) > MAX_ANSWER_CHARS or len(gold_text) > MAX_ANSWER_CHARS:
         return False
+    gold, pred = _parse(gold_text, timeout), _parse(answer, timeout)
+    if not gold or not pred:
+        return _clean(answer) == _clean(gold_text) != ""
+    return bool(verify(gold, pred, timeout_seconds=timeout, raise_on_error=True))
+
+
+_verifier_checked = False
+
+
+def check_verifier() -> None:
+    """Raise unless math_verify finds ``1/2 == 0.5`` and ``1/2 != 0.6`` (once per process)."""
+    global _verifier_checked
+    if _verifier_checked:
+        return
+    try:
+        timeout = _signal_timeout(5)
+        ok = _equal(r"\frac{1}{2}", "0.5", timeout) and not _equal(r"\frac{1}{2}", "0.6", timeout)
+        why = "" if ok else "it got them wrong"
+    except BaseException as e:  # noqa: BLE001 - math_verify's TimeoutException is a BaseException
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        from importlib.metadata import version
+
+        raise RuntimeError(f"math reward: math_verify {version('math-verify')} cannot check 1/2 == 0.5 ({why}); its "
+                           "API or install is broken, and every math reward would be 0")
+    _verifier_checked = True
+
+
+Failure = Optional[Tuple[str, str]]  # (counter name, what happened), None when the check ran
+
+
+def math_verdict(response: str, label: Any, timeout_s: Optional[int] = 5) -> Tuple[float, Failure]:
+    """(1.0 when the extracted answer equals the label mathematically else 0.0, the failure if the
+    verifier raised or ran out of time). ``timeout_s`` (whole seconds) bounds each parse and
+    comparison when called in the main thread. Counts nothing: the caller does, where it knows the sample."""
+    from math_verify.errors import TimeoutException
+
+    check_verifier()
+    answer = extract_answer(response)
+    if answer is None:
+        return 0.0, None
+    what = f"answer {answer[:200]!r}, label {str(label)[:200]!r}"
+    try:
+        return (1.0 if _equal(answer, label, _signal_timeout(timeout_s)) else 0.0), None
+    except TimeoutException:
+        return 0.0, ("reward_verifier_timeout", f"math reward: math_verify ran over {timeout_s}s on {what}; scored 0")
+    except Exception as e:  # noqa: BLE001 - sympy can raise nearly anything on odd input
+        return 0.0, ("reward_verifier_error", f"math reward: math_verify raised {type(e).__name__}: {str(e)[:200]} "
+                                              f"on {what}; scored 0")
+
+
+def math_equal(answer: str, label: Any, timeout_s: Optional[int] = 5) -> bool:
+    """Is ``answer`` (already extracted) mathematically equal to ``label``? A verifier error or
+    timeout counts as unequal and is counted (see the module docstring)."""
+    from math_verify.errors import TimeoutException
+
+    check_verifier()
+    try:
+        return _equal(answer, label, _signal_timeout(timeout_s))
+    except TimeoutException:
+        counters.count("reward_verifier_timeout", f"math_equal: math_verify ran over {timeout_s}s on {answer[:200]!r}")
+    except Exception as e:  # noqa: BLE001
+        counters.count("reward_verifier_error", f"math_equal: math_verify raised {type(e).__name__}: {str(e)[:200]} "
+                                                f"on {answer[:200]!r}")
+    return False
 
 
 def math_reward(response: str, label: Any, timeout_s: Optional[int] = 5) -> float:
-    """1.0 when the extracted answer equals the label mathematically, else 0.0. ``timeout_s`` (whole
-    seconds) bounds each parse and comparison when called in the main thread."""
-    answer = extract_answer(response)
-    return 1.0 if answer is not None and math_equal(answer, label, timeout_s) else 0.0
+    """1.0 when the extracted answer equals the label mathematically, else 0.0 (see ``math_verdict``);
+    a verifier failure is counted here."""
+    score, failure = math_verdict(response, label, timeout_s)
+    if failure is not None:
+        counters.count(*failure)
+    return score

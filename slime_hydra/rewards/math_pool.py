@@ -5,6 +5,9 @@ a spinning thread would also hold the GIL against the rollout loop. In a worker 
 in that process's main thread, where math_verify's ``signal.alarm`` limits work; a worker that still
 overruns the backstop is killed and the pool replaced. Where processes cannot be started (e.g. inside a
 daemonic process) the check falls back to a thread, without a limit.
+
+Results come back as ``math_verdict``'s (reward, failure): the worker cannot count for the rollout
+manager, so the caller counts (a killed check is a ``reward_verifier_timeout``).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import logging
 import multiprocessing
 import os
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
-from slime_hydra.rewards.math_answer import math_reward
+from slime_hydra.rewards.math_answer import Failure, math_verdict
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +62,22 @@ def shutdown() -> None:
         _kill_pool(_pool)
 
 
-async def math_reward_async(response: str, label: Any) -> float:
-    """``math_reward`` in a worker process. At most WORKERS checks are submitted at once, so the
+async def math_verdict_async(response: str, label: Any) -> Tuple[float, Failure]:
+    """``math_verdict`` in a worker process. At most WORKERS checks are submitted at once, so the
     backstop counts running time, not time queued behind other answers."""
     loop = asyncio.get_running_loop()
     slots = _slots.get(loop) or _slots.setdefault(loop, asyncio.Semaphore(max(WORKERS, 1)))
     async with slots:
         pool = _get_pool()
         if pool is None:
-            return await asyncio.to_thread(math_reward, response, label)
-        job = functools.partial(math_reward, response, label, MATH_TIMEOUT_S)
+            return await asyncio.to_thread(math_verdict, response, label)
+        job = functools.partial(math_verdict, response, label, MATH_TIMEOUT_S)
         try:
             return await asyncio.wait_for(loop.run_in_executor(pool, job), BACKSTOP_S)
         except asyncio.TimeoutError:
-            log.warning("math reward: checking %r ran over %ss; killed, scored 0", response[-200:], BACKSTOP_S)
             _kill_pool(pool)
-            return 0.0
+            why = f"math reward: checking {response[-200:]!r} ran over {BACKSTOP_S}s; its worker was killed, scored 0"
+            return 0.0, ("reward_verifier_timeout", why)
         except concurrent.futures.process.BrokenProcessPool:
             _kill_pool(pool)  # a worker died (killed for another answer, or out of memory): retry once
             return await loop.run_in_executor(_get_pool(), job)

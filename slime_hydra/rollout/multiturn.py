@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, List, Optional
 
-from slime_hydra.rollout.sample import FINISH_TO_STATUS, Sample, Status
+from slime_hydra.rollout.sample import Sample, Status, finish_type
 
 Message = Dict[str, Any]
 
@@ -169,7 +169,7 @@ class ChatRollout:
             if finish == "length" and turn_left >= budget:
                 s.status = Status.TRUNCATED  # the whole response budget is spent
             else:
-                s.status = Status.COMPLETED if finish in ("stop", "length") else FINISH_TO_STATUS.get(finish, Status.FAILED)
+                s.status = Status.COMPLETED  # stop, or length at this turn's cap
         turn_ids = s.tokens[len(s.tokens) - (s.response_length - meta["turn_start"]):]
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         msg = self.parse(text)
@@ -197,7 +197,7 @@ class ChatRollout:
                                     text=self.tokenizer.decode(ids, skip_special_tokens=False))
         if "weight_version" in meta:
             self.sample.weight_versions.append(str(meta["weight_version"]))
-        return (meta.get("finish_reason") or {"type": "stop"})["type"]
+        return finish_type(meta, self.sample)
 
     def add_messages(self, messages: List[Message]) -> List[int]:
         """Append tool / environment / user messages (mask 0): their tokens are the template's

@@ -1,0 +1,456 @@
+"""Memory per GPU of a run, estimated from the config before anything starts.
+
+``estimate(cfg, plan)`` adds up what the trainer and the rollout engine hold on one GPU;
+``memory_problems(cfg, plan, gpu_memory_gib)`` turns an estimate that cannot fit into validation
+errors that carry the numbers. ``dry_run=true`` prints the estimate with the resource plan.
+
+Parameters are counted in closed form from ``model.arch`` (``param_count``; tests/test_memory.py
+checks it against the Hugging Face model built on the meta device for every preset): importing torch
+would add about 1.5 s to ``dry_run``.
+
+Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY``; P = parameters):
+
+- torch (``slime_hydra.train.torch_backend``): data parallel only, so every GPU holds everything:
+  float32 master weights 4P, float32 gradients 4P, AdamW's two moments 8P, DDP's gradient buckets
+  another 4P when there is more than one rank (torch's default ``gradient_as_bucket_view=False``; the
+  offloader does not move them), and the ``model.dtype`` copies of the weights that autocast caches
+  during a forward and backward (2P for bfloat16). PPO's critic adds the same again for the backbone.
+  The reference model is a host copy (2 x 4P of host memory per rank: the weights and a staging
+  buffer), not GPU memory.
+- megatron: ``model.dtype`` weights and float32 gradients sharded by TP x PP (routed experts by
+  EP x TP x PP, the expert tensor parallel size being Megatron's default, TP), and the distributed
+  optimizer's float32 master weights and moments (12 bytes a parameter) sharded further over the
+  trainer GPUs / (TP x PP) ranks of data x context parallel (experts: / (EP x TP x PP)). Activations:
+  split by TP (all of them with sequence parallel, else all but the per-hidden-unit part) and CP;
+  pipeline stage 0 holds PP micro-batches of layers / PP each, i.e. one micro-batch of every layer.
+
+Activations of one micro-batch: ``min(trainer.micro_batch_size, global_batch_size / data parallel)``
+samples of ``rollout.max_prompt_len + rollout.max_response_len`` tokens (every sample padded to the
+longest, the worst case; an unset ``max_prompt_len`` counts as 0 and the estimate says so). Bytes a
+token, per decoder layer, for the Hugging Face models under bfloat16 autocast with float32 master
+weights (``ACT_AUTOCAST``) and in one dtype (``ACT_FP32``, halved for bfloat16 throughout), measured
+with saved-tensor hooks on CPU (a fused attention kernel: no ``L x L`` scores):
+``a_h h + a_attn (q + kv) + a_f ffn`` with q, kv the query and key+value widths and ``a_attn`` higher
+with Qwen3's q/k norms; GLM-4's two extra norms add 12h; an MoE layer replaces the MLP's ``a_f ffn``
+with ``14h + 4 experts + top_k (16 ffn_moe + 17)`` plus the shared experts as an MLP; MLA counts its
+query, key and value widths at the plain rate plus 10 bytes per low-rank width. With gradient
+checkpointing a layer keeps only its input (4h on GPUs: the residual stream is float32) and one layer
+is recomputed at a time. The log-prob head (``train/batch.py``) holds the logits ([B, L, V] in the
+compute dtype) and per response token the gathered row, the float32 log-softmax and its exp
+(entropy): ``d V`` a position, ``(d + 8) V`` a response token, plus ``8 V`` for each token of one
+chunk (``LOGPROB_CHUNK``). Checked against one measured run: Qwen3-0.6B shape, one H200, micro-batch
+16 x 384 tokens, no checkpointing: 37.8 GiB peak measured (bench/measured/h200_gpu_components.json),
+35.3 GiB estimated.
+
+Engine, per GPU: SGLang takes ``mem_fraction_static`` of the GPU (``rollout.server_args``; when it is
+unset SGLang picks one from the GPU's size, and 0.9 stands in for it here) for its weights
+(``model.dtype``, split over ``gpus_per_engine``) and a KV cache pool that fills the rest of that
+fraction; the estimate reports how many tokens the pool holds. The embedded engine holds its weights
+and the KV cache of ``rollout.embedded_max_batch`` full-length sequences (Hugging Face's cache layout).
+
+Colocated GPUs take turns: with offload the peak is the larger of training (the trainer, plus the
+engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the trainer's state unless
+``offload_train`` moves it to the host); without offload the two add up.
+
+Not counted: the CUDA context, NCCL buffers, allocator fragmentation, SGLang's activations and CUDA
+graphs (outside ``mem_fraction_static``), quantized weights (``server_args.quantization``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from slime_hydra.config.schema import ArchConfig, RunConfig
+    from slime_hydra.launch.plan import ResourcePlan
+
+GIB = 2 ** 30
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+KV_CACHE_DTYPE_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1, "fp4_e2m1": 0.5, "bfloat16": 2, "float16": 2, "float32": 4}
+SGLANG_MEM_FRACTION_DEFAULT = 0.9
+LOGPROB_CHUNK = 4096  # slime_hydra.train.batch.response_log_probs processes this many positions at once
+
+# Activation bytes per token of one decoder layer (see the module docstring). "h": per hidden unit,
+# "attn_norm"/"attn": per query + key/value width with / without Qwen3's q/k RMSNorm, "ffn": per MLP unit.
+ACT_AUTOCAST = {"h": 26, "attn_norm": 10, "attn": 4, "ffn": 8, "const": 8}
+ACT_FP32 = {"h": 24, "attn_norm": 16, "attn": 8, "ffn": 16, "const": 8}
+ACT_EXTRA_NORMS = 12  # GLM-4's post_self_attn / post_mlp norms, per hidden unit
+ACT_MOE = {"h": 14, "expert": 4, "routed_ffn": 16, "routed": 17}
+ACT_MLA_LOW_RANK = 10
+ACT_BASE = 8  # per hidden unit, outside the layers (embedding output, final norm)
+
+
+def _bytes(dtype: str) -> int:
+    return DTYPE_BYTES[dtype]
+
+
+# ------------------------------------------------------------------------------------ parameters
+@dataclass
+class ParamCount:
+    total: int
+    experts: int  # routed experts' weights (expert parallelism shards these)
+    lm_head: int  # an untied output layer (0 when tied to the embeddings)
+
+    @property
+    def dense(self) -> int:
+        return self.total - self.experts
+
+
+def _head_dim(a: "ArchConfig") -> int:
+    return a.head_dim or a.hidden_size // a.num_heads
+
+
+def _is_mla(a: "ArchConfig") -> bool:
+    return a.type == "deepseek_v3"
+
+
+def _attention_params(a: "ArchConfig") -> int:
+    h, nh = a.hidden_size, a.num_heads
+    if _is_mla(a):
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank:
+            q = h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * nh * qk + a.attention_bias * a.q_lora_rank
+        else:
+            q = h * nh * qk
+        kv_a = a.kv_lora_rank + a.qk_rope_head_dim
+        kv = (h * kv_a + a.attention_bias * kv_a + a.kv_lora_rank
+              + a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim))
+        return q + kv + nh * a.v_head_dim * h + a.attention_bias * h
+    hd = _head_dim(a)
+    q, kv = nh * hd, a.num_kv_heads * hd
+    n = 2 * h * q + 2 * h * kv
+    if a.type == "qwen2" or a.attention_bias:  # Qwen2 always has q/k/v biases
+        n += q + 2 * kv
+    if a.attention_bias and a.type in ("qwen3", "qwen3_moe", "llama"):  # and these an o_proj bias
+        n += h
+    if a.type in ("qwen3", "qwen3_moe"):
+        n += 2 * hd  # q_norm, k_norm
+    return n
+
+
+def _moe_layers(a: "ArchConfig") -> int:
+    if not a.num_experts:
+        return 0
+    return a.num_layers - (a.first_k_dense_layers if a.type == "deepseek_v3" else 0)
+
+
+def param_count(a: "ArchConfig") -> ParamCount:
+    """Parameters of the Hugging Face model that ``checkpoint.hf.hf_config(a)`` builds."""
+    h = a.hidden_size
+    norms = (4 if a.type == "glm4" else 2) * h
+    dense_mlp = 3 * h * a.intermediate_size
+    n_moe = _moe_layers(a)
+    routed = a.num_experts * 3 * h * (a.moe_intermediate_size or 0)
+    shared = 3 * h * (a.moe_intermediate_size or 0) * a.num_shared_experts
+    moe_mlp = a.num_experts * h + routed + shared  # router, routed and shared experts
+    layers = a.num_layers * (_attention_params(a) + norms) + (a.num_layers - n_moe) * dense_mlp + n_moe * moe_mlp
+    lm_head = 0 if a.tie_word_embeddings else a.vocab_size * h
+    return ParamCount(total=a.vocab_size * h + layers + h + lm_head, experts=n_moe * routed, lm_head=lm_head)
+
+
+# ------------------------------------------------------------------------------------ activations
+def _layer_act_bytes(a: "ArchConfig", table: Dict[str, float], moe: bool) -> Tuple[float, float]:
+    """Bytes one token keeps for the backward pass in one decoder layer (see the module docstring),
+    as (per-hidden-unit part, the rest): tensor parallelism splits the rest, and the first part only
+    with sequence parallelism."""
+    h, nh = a.hidden_size, a.num_heads
+    if _is_mla(a):
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        low_rank = (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim
+        attn = table["attn"] * nh * (2 * qk + a.v_head_dim) + ACT_MLA_LOW_RANK * low_rank
+    else:
+        width = (a.num_heads + a.num_kv_heads) * _head_dim(a)
+        attn = (table["attn_norm"] if a.type in ("qwen3", "qwen3_moe") else table["attn"]) * width
+    hidden = table["h"] * h + table["const"] + (ACT_EXTRA_NORMS * h if a.type == "glm4" else 0)
+    if not moe:
+        return hidden, attn + table["ffn"] * a.intermediate_size
+    fm = a.moe_intermediate_size or 0
+    routed = a.num_experts_per_tok * (ACT_MOE["routed_ffn"] * fm + ACT_MOE["routed"])
+    shared = table["ffn"] * fm * a.num_shared_experts
+    return hidden + ACT_MOE["h"] * h, attn + ACT_MOE["expert"] * a.num_experts + routed + shared
+
+
+@dataclass
+class MicroBatchShape:
+    samples: int
+    prompt_len: int
+    response_len: int
+
+    @property
+    def positions(self) -> int:
+        return self.samples * (self.prompt_len + self.response_len)
+
+    @property
+    def response_tokens(self) -> int:
+        return self.samples * self.response_len
+
+
+def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
+    """The largest micro-batch a trainer rank runs: its share of an optimiser step, at most
+    ``trainer.micro_batch_size`` samples, each padded to a full-length sequence."""
+    t, r = cfg.trainer, cfg.rollout
+    per_rank_step = max(1, (t.global_batch_size or r.batch_size * r.n_samples_per_prompt) // max(data_parallel, 1))
+    return MicroBatchShape(min(t.micro_batch_size, per_rank_step), r.max_prompt_len or 0, r.max_response_len)
+
+
+def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
+                     residual_bytes: int, checkpointing: bool, tensor_parallel: int = 1,
+                     sequence_parallel: bool = False) -> Dict[str, float]:
+    """Peak activation bytes of one micro-batch's forward and backward: the decoder layers (and the
+    embedding output and final norm) and the log-prob head (logits, log-softmax), as the torch backend
+    computes them; with tensor parallelism, Megatron's split (vocab-parallel logits)."""
+    table = ACT_AUTOCAST if autocast else {k: v * compute_bytes / 4 for k, v in ACT_FP32.items()}
+    tp = tensor_parallel
+    h_split = tp if sequence_parallel else 1
+
+    def per_layer(moe: bool) -> float:
+        hidden, rest = _layer_act_bytes(a, table, moe)
+        return hidden / h_split + rest / tp
+
+    n_moe = _moe_layers(a)
+    dense_layer, moe_layer = per_layer(False), (per_layer(True) if n_moe else 0.0)
+    if checkpointing:  # each layer keeps its input; one layer at a time is recomputed in full
+        per_token = a.num_layers * residual_bytes * a.hidden_size / h_split + max(dense_layer, moe_layer)
+    else:
+        per_token = (a.num_layers - n_moe) * dense_layer + n_moe * moe_layer
+    layers = (per_token + ACT_BASE * a.hidden_size / h_split) * mb.positions
+    head = a.vocab_size / tp * (compute_bytes * mb.positions + (compute_bytes + 8) * mb.response_tokens
+                                + 8 * min(LOGPROB_CHUNK, mb.response_tokens))
+    return {"layers": layers, "logits": head}
+
+
+# ------------------------------------------------------------------------------------ trainers
+@dataclass
+class TrainerMemory:
+    """Bytes per trainer GPU by part, what ``offload_train`` moves off the GPU while engines generate,
+    and host memory per trainer rank by part. ``TRANSIENT`` parts exist only during a training step."""
+
+    gpu: Dict[str, float]
+    offloaded: Tuple[str, ...] = ()
+    host: Dict[str, float] = field(default_factory=dict)
+
+
+TRANSIENT = ("autocast_copies", "activations")
+
+
+def torch_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemory:
+    """The torch backend (see the module docstring)."""
+    a, p = cfg.model.arch, cfg.parallelism
+    n = param_count(a).total
+    gpu = p.device == "cuda"
+    compute = _bytes(cfg.model.dtype)
+    master = 4 if gpu else compute  # float32 master weights on GPUs; model.dtype throughout on CPU
+    critic = (n - param_count(a).lm_head) if cfg.algo.advantage_estimator == "ppo" else 0
+    autocast = gpu and compute < 4
+    acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
+                            residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing)
+    host = {"reference_copy": 2 * master * n} if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else {}
+    if p.colocate and p.offload_train and gpu:
+        host["offloaded_state"] = master * 3 * (n + critic)  # weights and Adam's moments; gradients are dropped
+    return TrainerMemory(
+        gpu={"weights": master * n, "grads": master * n, "adam": 2 * master * n, "critic": 4 * master * critic,
+             "ddp_buckets": master * (n + critic) if plan.data_parallel > 1 else 0,
+             "autocast_copies": compute * (n + critic) if autocast else 0,
+             "activations": acts["layers"] + acts["logits"]},
+        offloaded=("weights", "grads", "adam", "critic"),  # not DDP's buckets
+        host=host)
+
+
+def megatron_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemory:
+    """A Megatron-core trainer (see the module docstring); colocated, slime releases all of it."""
+    a, p = cfg.model.arch, cfg.parallelism
+    n = param_count(a)
+    tp, pp, cp, ep = p.tensor_parallel, p.pipeline_parallel, p.context_parallel, p.expert_parallel
+    dense, experts = n.dense / (tp * pp), n.experts / (ep * tp * pp)
+    dp_dense = max(1, p.trainer_gpus // (tp * pp))  # the distributed optimizer shards over data x context
+    dp_experts = max(1, p.trainer_gpus // (ep * tp * pp))
+    compute = _bytes(cfg.model.dtype)
+    critic = (n.total - n.lm_head) / n.total if cfg.algo.advantage_estimator == "ppo" else 0.0
+    mb = micro_batch_shape(cfg, plan.data_parallel)
+    # context parallel splits every sequence; pipeline stage 0 holds PP micro-batches of layers / PP each
+    mb = MicroBatchShape(mb.samples, mb.prompt_len // cp, mb.response_len // cp)
+    acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
+                            checkpointing=cfg.trainer.gradient_checkpointing, tensor_parallel=tp,
+                            sequence_parallel=p.sequence_parallel)
+    state = {"weights": compute * (dense + experts), "grads": 4 * (dense + experts),
+             "adam": 12 * (dense / dp_dense + experts / dp_experts)}
+    return TrainerMemory(gpu={**state, "critic": critic * sum(state.values()),
+                              "activations": acts["layers"] + acts["logits"]},
+                         offloaded=("weights", "grads", "adam", "critic"))
+
+
+# trainer.backend -> its memory per GPU; a new backend adds its function here
+TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "ResourcePlan"], TrainerMemory]] = {
+    "torch": torch_trainer_memory,
+    "megatron": megatron_trainer_memory,
+}
+
+
+# ------------------------------------------------------------------------------------ engines
+def kv_bytes_per_token(a: "ArchConfig", dtype_bytes: float, *, sglang: bool, tp: int = 1) -> float:
+    """KV cache bytes one token takes on one GPU. SGLang keeps MLA's compressed latent (whole on every
+    GPU) and splits key/value heads over its tensor parallel ranks (at least one head each); Hugging
+    Face's cache (the embedded engine) keeps MLA's full per-head keys and values."""
+    if _is_mla(a):
+        width = (a.kv_lora_rank + a.qk_rope_head_dim) if sglang else \
+            a.num_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim)
+        return a.num_layers * width * dtype_bytes
+    heads = max(1, a.num_kv_heads // tp) if sglang else a.num_kv_heads
+    return 2 * a.num_layers * heads * _head_dim(a) * dtype_bytes
+
+
+def mem_fraction_static(cfg: "RunConfig") -> float:
+    return float((cfg.rollout.server_args or {}).get("mem_fraction_static") or SGLANG_MEM_FRACTION_DEFAULT)
+
+
+def engine_memory(cfg: "RunConfig", gpu_bytes: float) -> Tuple[Dict[str, float], Optional[int]]:
+    """(bytes per engine GPU by part, tokens SGLang's KV pool holds per engine, or None)."""
+    a, r, p = cfg.model.arch, cfg.rollout, cfg.parallelism
+    sa = r.server_args or {}
+    dtype = str(sa.get("dtype")) if sa.get("dtype") not in (None, "auto") else cfg.model.dtype
+    elem = DTYPE_BYTES.get(dtype, 2)
+    weights = param_count(a).total * elem / p.gpus_per_engine
+    kv_elem = KV_CACHE_DTYPE_BYTES.get(str(sa.get("kv_cache_dtype")), elem)
+    if r.engine == "sglang":
+        pool = max(0.0, mem_fraction_static(cfg) * gpu_bytes - weights)
+        return {"weights": weights, "kv_cache": pool}, int(pool / kv_bytes_per_token(a, kv_elem, sglang=True,
+                                                                                    tp=p.gpus_per_engine))
+    seq = (r.max_prompt_len or 0) + r.max_response_len
+    kv = r.embedded_max_batch * seq * kv_bytes_per_token(a, kv_elem, sglang=False)
+    return {"weights": weights, "kv_cache": kv, "logits": r.embedded_max_batch * a.vocab_size * 4}, None
+
+
+# ------------------------------------------------------------------------------------ the estimate
+@dataclass
+class MemoryEstimate:
+    """GiB per GPU: what the trainer and the engine each hold on one of their GPUs, and the peak of
+    each kind of GPU (split: trainer and engine GPUs; colocated: one kind, in each phase)."""
+
+    backend: str
+    engine_kind: str
+    gpu_memory_gib: float
+    trainer: Dict[str, float]
+    engine: Dict[str, float]
+    gpus: Dict[str, float]  # "trainer GPU", "engine GPU" or "colocated GPU, training", "colocated GPU, rollout"
+    kv_cache_tokens: Optional[int] = None  # SGLang: tokens its KV pool holds per engine
+    host_per_node: Dict[str, float] = field(default_factory=dict)  # GiB of host memory the trainers pin
+    micro_batch: Optional[MicroBatchShape] = None
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def trainer_total(self) -> float:
+        return sum(self.trainer.values())
+
+    @property
+    def engine_total(self) -> float:
+        return sum(self.engine.values())
+
+    @property
+    def peak(self) -> float:
+        return max(self.gpus.values())
+
+    def describe(self) -> str:
+        mb = self.micro_batch
+        shape = f"; micro-batch {mb.samples} x {mb.prompt_len + mb.response_len} tokens" if mb else ""
+        kv = f" (~{self.kv_cache_tokens:,} tokens of KV cache per engine)" if self.kv_cache_tokens is not None else ""
+        lines = [f"Memory estimate, GiB per GPU ({self.backend} trainer{shape}; a GPU has {self.gpu_memory_gib:g})",
+                 f"  trainer: {self.trainer_total:.1f} = {_parts(self.trainer)}",
+                 f"  {self.engine_kind} engine: {self.engine_total:.1f} = {_parts(self.engine)}{kv}"]
+        for k, v in self.gpus.items():
+            lines.append(f"  {k}: {v:.1f}" + ("  DOES NOT FIT" if v > self.gpu_memory_gib else ""))
+        if self.host_per_node:
+            host = self.host_per_node
+            lines.append(f"  host memory per node: {sum(host.values()):.1f} = {_parts(host)}")
+        lines += [f"  {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+PART_NAMES = {"adam": "Adam", "ddp_buckets": "DDP buckets", "kv_cache": "KV cache"}
+
+
+def _parts(d: Dict[str, float]) -> str:
+    return ", ".join(f"{PART_NAMES.get(k, k.replace('_', ' '))} {v:.1f}" for k, v in d.items() if v)
+
+
+def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[float] = None) -> MemoryEstimate:
+    """Memory per GPU of ``cfg`` (resolved) laid out by ``plan`` (see the module docstring), on GPUs of
+    ``gpu_memory_gib`` (default ``parallelism.gpu_memory_gib``)."""
+    p = cfg.parallelism
+    gpu_gib = p.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
+    backend = cfg.trainer.backend
+    if backend not in TRAINER_MEMORY:
+        raise ValueError(f"trainer.backend: no memory estimate for {backend!r} (known: {', '.join(TRAINER_MEMORY)}); "
+                         "add its function to slime_hydra.launch.memory.TRAINER_MEMORY")
+    tm = TRAINER_MEMORY[backend](cfg, plan)
+    trainer = {k: v / GIB for k, v in tm.gpu.items()}
+    eng, kv_tokens = engine_memory(cfg, gpu_gib * GIB)
+    engine = {k: v / GIB for k, v in eng.items()}
+    train_total, engine_total = sum(trainer.values()), sum(engine.values())
+    if p.colocate:
+        state = sum(v for k, v in trainer.items() if k not in TRANSIENT and not (p.offload_train and k in tm.offloaded))
+        gpus = {"colocated GPU, training": train_total + (0.0 if p.offload_rollout else engine_total),
+                "colocated GPU, rollout": engine_total + state}
+    else:
+        gpus = {"trainer GPU": train_total, "engine GPU": engine_total}
+    ranks_per_node = min(p.trainer_gpus, p.gpus_per_node)
+    est = MemoryEstimate(backend=backend, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
+                         trainer=trainer, engine=engine, gpus=gpus, kv_cache_tokens=kv_tokens,
+                         host_per_node={k: ranks_per_node * v / GIB for k, v in tm.host.items()},
+                         micro_batch=micro_batch_shape(cfg, plan.data_parallel))
+    if cfg.rollout.max_prompt_len is None:
+        est.notes.append("(prompts count as 0 tokens: rollout.max_prompt_len is unset)")
+    return est
+
+
+def memory_problems(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: float) -> List[str]:
+    """Why ``cfg`` cannot fit on GPUs of ``gpu_memory_gib`` GiB, with the numbers; empty when it fits
+    (and on CPU, where nothing is estimated against a limit)."""
+    if cfg.parallelism.device != "cuda":
+        return []
+    if gpu_memory_gib <= 0:
+        return [f"parallelism.gpu_memory_gib: must be > 0, got {gpu_memory_gib:g}"]
+    est = estimate(cfg, plan, gpu_memory_gib)
+    out: List[str] = []
+    limit = f"> parallelism.gpu_memory_gib={gpu_memory_gib:g}"
+    eng = f"{est.engine_kind} engine {est.engine_total:.1f}"
+    for where, need in est.gpus.items():
+        if need <= gpu_memory_gib:
+            continue
+        if where in ("trainer GPU", "colocated GPU, training"):
+            with_engine = f"; {eng}" if need > est.trainer_total + 1e-9 else ""
+            out.append(f"parallelism: {where} needs ~{need:.0f} GiB (trainer: {_parts(est.trainer)}{with_engine}) "
+                       f"{limit}{_trainer_hint(cfg, est)}")
+        else:
+            rest = need - est.engine_total
+            held = f"; trainer state left on the GPU {rest:.1f}" if rest > 1e-9 else ""
+            out.append(f"parallelism: {where} needs ~{need:.0f} GiB ({est.engine_kind} engine: "
+                       f"{_parts(est.engine)}{held}) {limit}")
+    if cfg.rollout.engine == "sglang":
+        frac, e = mem_fraction_static(cfg), est.engine
+        seq = (cfg.rollout.max_prompt_len or 0) + cfg.rollout.max_response_len
+        if e["kv_cache"] <= 0:
+            out.append(f"rollout.server_args.mem_fraction_static: the engine's weights take {e['weights']:.1f} GiB "
+                       f"per GPU, more than {frac:g} x {gpu_memory_gib:g} GiB leaves for weights and KV cache; raise "
+                       "parallelism.gpus_per_engine")
+        elif est.kv_cache_tokens is not None and est.kv_cache_tokens < seq:
+            out.append(f"rollout.server_args.mem_fraction_static: the KV cache holds ~{est.kv_cache_tokens} tokens "
+                       f"per engine ({e['kv_cache']:.1f} GiB per GPU), less than one sequence of {seq} tokens; "
+                       "raise it or parallelism.gpus_per_engine")
+    return out
+
+
+def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
+    """What would shrink the trainer the most."""
+    state = sum(v for k, v in est.trainer.items() if k not in TRANSIENT)
+    if state > est.gpu_memory_gib:
+        where = ("the torch backend replicates them on every GPU; a sharding backend (megatron) is needed"
+                 if cfg.trainer.backend == "torch" else "shard them further: tensor, pipeline or expert parallel")
+        return f"; the weights, gradients and optimizer state alone take {state:.0f} GiB ({where})"
+    mb, tips = est.micro_batch, []
+    if mb is not None and mb.samples > 1:
+        tips.append(f"lower trainer.micro_batch_size (now {mb.samples} samples of up to "
+                    f"{mb.prompt_len + mb.response_len} tokens)")
+    if not cfg.trainer.gradient_checkpointing:
+        tips.append("set trainer.gradient_checkpointing=true")
+    return "; " + (" or ".join(tips) if tips else "shorten rollout.max_response_len")

@@ -1,0 +1,37 @@
+"""Failures a rollout survives, counted: each ``count(what, ...)`` adds one to the metric
+``rollout/<what>_count`` (per rollout: the rollout manager drains the counts into its metrics) and
+logs the first occurrence in this process at WARNING (later ones at DEBUG). Which failures are
+counted and which raise is decided in one place: the rule in :mod:`slime_hydra.rewards.hub`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Dict
+
+log = logging.getLogger("slime_hydra.rewards")
+
+_lock = threading.Lock()  # math rewards may be counted from worker threads (the no-process fallback)
+_counts: Counter = Counter()
+_warned: set = set()
+
+
+def count(what: str, message: str) -> None:
+    """One more ``what``; ``message`` (with the sample's identity) is logged at WARNING the first time."""
+    with _lock:
+        _counts[what] += 1
+        first = what not in _warned
+        _warned.add(what)
+    if first:
+        log.warning("%s (counted in rollout/%s_count; later ones are logged at DEBUG)", message, what)
+    else:
+        log.debug("%s", message)
+
+
+def drain() -> Dict[str, float]:
+    """The counts since the last drain, as metrics (``rollout/<what>_count``), and reset them."""
+    with _lock:
+        out = {f"rollout/{k}_count": float(v) for k, v in sorted(_counts.items())}
+        _counts.clear()
+    return out
