@@ -1,4 +1,4 @@
-"""The memory estimate of the plan (slime_hydra/launch/memory.py): parameter counts against the
+"""The memory estimate of the plan (slime_hydra/plan/memory.py): parameter counts against the
 Hugging Face models, activation bytes against saved-tensor measurements, the whole trainer against
 a measured H200 run, and the layouts it refuses or lets through."""
 
@@ -13,8 +13,8 @@ import torch
 
 from conftest import resolved
 from slime_hydra.checkpoint.hf import hf_config
-from slime_hydra.launch import memory as M
-from slime_hydra.launch.plan import make_plan
+from slime_hydra.plan import memory as M
+from slime_hydra.plan.resources import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
@@ -224,3 +224,12 @@ def test_gpu_memory_must_be_positive_and_sizes_the_kv_pool():
     assert M.memory_problems(cfg, make_plan(cfg), 0.0) == ["parallelism.gpu_memory_gib: must be > 0, got 0"]
     small, big = M.estimate(cfg, make_plan(cfg), 80.0), M.estimate(cfg, make_plan(cfg), 140.0)
     assert big.engine["kv_cache"] - small.engine["kv_cache"] == pytest.approx(0.7 * 60)
+
+
+def test_validation_refuses_a_layout_that_cannot_fit_before_anything_starts():
+    from slime_hydra.launch.validate import validate
+
+    too_big = resolved(["model=qwen3_30b_a3b", "rollout=sglang", "parallelism=colocate_8gpu", "data=jsonl",
+                       f"data.path={ROOT / 'tests/fixtures/tiny.jsonl'}", "eval.datasets=[]"])
+    problems = validate(too_big)
+    assert problems and all(p.startswith("parallelism: ") and "GiB" in p for p in problems), problems

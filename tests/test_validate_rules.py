@@ -14,8 +14,10 @@ from slime_hydra.launch.validate import check, validate
 
 TINY = ROOT / "tests/fixtures/tiny.jsonl"
 FILE_DATA = ["data=jsonl", f"data.path={TINY}", "eval.datasets=[]"]
-SGLANG_SPLIT = ["model=qwen3_4b", "rollout=sglang", "parallelism=split_4_4", *FILE_DATA]
-SGLANG_COLOCATED = ["model=qwen3_4b", "rollout=sglang", "parallelism=colocate_8gpu", *FILE_DATA]
+# the Qwen3-4B trainer fits an H200 with one sample per micro-batch and gradient checkpointing (plan/memory.py)
+FITS = ["trainer.micro_batch_size=1", "trainer.gradient_checkpointing=true"]
+SGLANG_SPLIT = ["model=qwen3_4b", "rollout=sglang", "parallelism=split_4_4", *FILE_DATA, *FITS]
+SGLANG_COLOCATED = ["model=qwen3_4b", "rollout=sglang", "parallelism=colocate_8gpu", *FILE_DATA, *FITS]
 TINY_FILE_DATA = ["data=jsonl", "rollout.max_response_len=8"]  # the tiny model on your data (64 positions)
 
 

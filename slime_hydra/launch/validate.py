@@ -17,6 +17,8 @@ from slime_hydra.config import ConfigError, RunConfig, load, resolve
 from slime_hydra.data import rules as data_rules
 from slime_hydra.launch import rules as launch_rules
 from slime_hydra.logging import rules as logging_rules
+from slime_hydra.plan.memory import memory_problems
+from slime_hydra.plan.resources import make_plan
 from slime_hydra.rewards import rules as reward_rules
 from slime_hydra.rollout import rules as rollout_rules
 from slime_hydra.sync import rules as sync_rules
@@ -29,8 +31,13 @@ RULES = [checkpoint_rules, launch_rules, trainer_rules, algorithm_rules, rollout
 
 
 def validate(cfg: RunConfig) -> List[str]:
-    """Every rule, every violation. ``cfg`` must already be resolved."""
-    return [problem for component in RULES for problem in component.check(cfg)]
+    """Every rule, every violation. ``cfg`` must already be resolved. When the rules pass, the resource
+    plan's memory estimate must fit ``parallelism.gpu_memory_gib`` (the plan needs a valid layout)."""
+    problems = [problem for component in RULES for problem in component.check(cfg)]
+    if not problems:
+        plan = make_plan(cfg)
+        problems = memory_problems(cfg, plan, cfg.parallelism.gpu_memory_gib)
+    return problems
 
 
 def check(cfg: DictConfig | RunConfig) -> RunConfig:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.launch.memory import TRAINER_MEMORY, MemoryEstimate, estimate
+from slime_hydra.plan.memory import TRAINER_MEMORY, MemoryEstimate, estimate
 
 TRAINER_SHARE = 0.4
 ENGINE_SHARE = 0.2

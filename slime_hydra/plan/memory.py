@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import ArchConfig, RunConfig
-    from slime_hydra.launch.plan import ResourcePlan
+    from slime_hydra.plan.resources import ResourcePlan
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -301,7 +301,12 @@ def kv_bytes_per_token(a: "ArchConfig", dtype_bytes: float, *, sglang: bool, tp:
 
 
 def mem_fraction_static(cfg: "RunConfig") -> float:
-    return float((cfg.rollout.server_args or {}).get("mem_fraction_static") or SGLANG_MEM_FRACTION_DEFAULT)
+    """SGLang's share of a GPU for weights and KV cache (a value that is no number is sglang's parser's to
+    refuse; the estimate then uses the default)."""
+    try:
+        return float((cfg.rollout.server_args or {}).get("mem_fraction_static") or SGLANG_MEM_FRACTION_DEFAULT)
+    except (TypeError, ValueError):
+        return SGLANG_MEM_FRACTION_DEFAULT
 
 
 def engine_memory(cfg: "RunConfig", gpu_bytes: float) -> Tuple[Dict[str, float], Optional[int]]:
@@ -381,7 +386,7 @@ def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[fl
     backend = cfg.trainer.backend
     if backend not in TRAINER_MEMORY:
         raise ValueError(f"trainer.backend: no memory estimate for {backend!r} (known: {', '.join(TRAINER_MEMORY)}); "
-                         "add its function to slime_hydra.launch.memory.TRAINER_MEMORY")
+                         "add its function to slime_hydra.plan.memory.TRAINER_MEMORY")
     tm = TRAINER_MEMORY[backend](cfg, plan)
     trainer = {k: v / GIB for k, v in tm.gpu.items()}
     eng, kv_tokens = engine_memory(cfg, gpu_gib * GIB)
