@@ -34,8 +34,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, 
 
 import torch
 
-from slime_hydra.train.megatron.model import family, moe_layers, padded_vocab_size
-from slime_hydra.train.megatron.spec import HAVE_TE
+from slime_hydra.train.megatron.families import family, moe_layers, padded_vocab_size
 
 # TP split kinds of a megatron parameter
 COL, ROW, GLU, REP, VOCAB = "col", "row", "glu", "rep", "vocab"
@@ -66,6 +65,9 @@ class Layout:
 
     @classmethod
     def from_hf(cls, hf, tp: int = 1, te: Optional[bool] = None) -> "Layout":
+        """``te``: Transformer Engine module names (None: whether the spec uses TE, i.e. it is importable)."""
+        if te is None:
+            from slime_hydra.train.megatron.spec import HAVE_TE as te
         fam = family(hf)
         moe = tuple(moe_layers(hf))
         return cls(
@@ -80,7 +82,7 @@ class Layout:
             post_norms=fam == "glm4", mla=fam == "deepseek_v3",
             q_lora=fam == "deepseek_v3" and hf.q_lora_rank is not None,
             shared_experts=fam == "deepseek_v3" and bool(hf.n_shared_experts),
-            expert_bias=fam == "deepseek_v3", te=HAVE_TE if te is None else te,
+            expert_bias=fam == "deepseek_v3", te=te,
         )
 
 

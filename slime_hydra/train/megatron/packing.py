@@ -27,10 +27,10 @@ def token_budget_micro_batches(lengths: Sequence[int], max_tokens: int, min_micr
     for i, n in enumerate(lengths):
         if n > max_tokens:
             raise ValueError(f"sample {i} has {n} tokens, more than the micro-batch token budget {max_tokens}")
-    if min_micro_batches > len(lengths):
-        raise ValueError(f"{len(lengths)} samples cannot fill {min_micro_batches} micro-batches")
     if not lengths:
         return []
+    if min_micro_batches > len(lengths):
+        raise ValueError(f"{len(lengths)} samples cannot fill {min_micro_batches} micro-batches")
     k = max(min_micro_batches, _first_fit_bins(lengths, max_tokens))
     while True:
         parts = _balanced(lengths, k, max_tokens)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import math
 from typing import List, Optional
@@ -44,8 +45,7 @@ from megatron.core.transformer.transformer_layer import (
 )
 
 try:  # Transformer Engine: used when importable
-    import transformer_engine  # noqa: F401
-
+    importlib.import_module("transformer_engine")
     HAVE_TE = True
 except ImportError:
     HAVE_TE = False
