@@ -177,3 +177,44 @@ def test_unsupported_configs_are_named():
     with pytest.raises(KeyError, match="no tensor 'model.layers.0.input_layernorm.weight'"):
         hf_to_megatron({}, Layout.from_hf(tiny_hf_config("qwen3")), Shard(layers=(0,), pre_process=False,
                                                                             post_process=False))
+
+
+def test_virtual_pipeline_and_uneven_stages_follow_megatron():
+    """Chunks of the interleaved schedule (PP = 2 x VPP = 2 of 8 layers) and uneven first/last stages
+    get megatron's layers; only the very first chunk embeds and only the very last one has the head."""
+    from slime_hydra.train.megatron.model import Parallel, transformer_config
+
+    hf = tiny_hf_config("qwen3")
+    config = transformer_config(hf, Parallel(pp=2, vpp=2), dtype=torch.float32, overrides={"num_layers": 8})
+    chunks = {(p, v): stage_shard(config, pp_rank=p, vp_stage=v) for p in (0, 1) for v in (0, 1)}
+    assert {k: s.layers for k, s in chunks.items()} == {(0, 0): (0, 1), (1, 0): (2, 3), (0, 1): (4, 5),
+                                                       (1, 1): (6, 7)}
+    assert [k for k, s in chunks.items() if s.pre_process] == [(0, 0)]
+    assert [k for k, s in chunks.items() if s.post_process] == [(1, 1)]
+    uneven = transformer_config(hf, Parallel(pp=3), dtype=torch.float32,
+                                overrides={"num_layers": 7, "num_layers_in_first_pipeline_stage": 1,
+                                           "num_layers_in_last_pipeline_stage": 2})
+    assert [stage_shard(uneven, pp_rank=p).layers for p in range(3)] == [(0,), (1, 2, 3, 4), (5, 6)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformer_engine_names_round_trip(family):
+    """With Transformer Engine the norms fuse into the next linear and experts are grouped: every
+    parameter gets a distinct TE name, which maps back."""
+    from slime_hydra.train.megatron.convert import from_te_name, megatron_params, te_name
+
+    layout = Layout.from_hf(tiny_hf_config(family), te=False)
+    seen = set()
+    for name, _ in megatron_params(layout):
+        if not name.startswith("decoder.layers."):
+            continue
+        layer, suffix = int(name.split(".")[2]), name.split(".", 3)[3]
+        te = te_name(suffix, layout, layer)
+        assert from_te_name(te) == suffix and (layer, te) not in seen
+        seen.add((layer, te))
+    if family == "qwen3":
+        assert te_name("input_layernorm.weight", layout, 0) == "self_attention.linear_qkv.layer_norm_weight"
+        assert te_name("pre_mlp_layernorm.weight", layout, 0) == "mlp.linear_fc1.layer_norm_weight"
+    if family == "qwen3_moe":
+        assert te_name("pre_mlp_layernorm.weight", layout, 0) == "pre_mlp_layernorm.weight"
+        assert te_name("mlp.experts.local_experts.3.linear_fc2.weight", layout, 0) == "mlp.experts.linear_fc2.weight3"

@@ -140,6 +140,13 @@ class SDPAttention(MegatronModule):
         return torch.cat(outs, dim=0)
 
 
+def packed_attention_path(device: torch.device, dtype: torch.dtype) -> str:
+    """Which kernel ``SDPAttention`` runs for packed (THD) sequences on ``device`` / ``dtype``."""
+    if device.type == "cuda" and _varlen_attn() is not None and dtype in (torch.float16, torch.bfloat16):
+        return "torch.nn.attention.varlen.varlen_attn (FlashAttention)"
+    return "scaled_dot_product_attention, one call per sequence"
+
+
 def _varlen_call(varlen, q, k, v, cu_q, cu_k, max_q, max_k, scale):
     """Call torch's varlen flash attention across its signature changes (torch 2.10: ``is_causal``;
     later: ``window_size``, ``scale`` and ``enable_gqa``). Flash needs equal q/k/v head dims and, in
