@@ -23,7 +23,7 @@ Agreement (two GPUs):
     torchrun --nproc_per_node 2 bench/megatron_gpu.py --compare --shape qwen3_0_6b
 
 builds the model at TP = 1 (random weights), exports it to Hugging Face tensors, loads those into
-TP = 2 and PP = 2 models through the converter, and compares the log-probs of one packed batch with
+TP = 2 (with and without sequence parallelism) and PP = 2 models through the converter, and compares the log-probs of one packed batch with
 TP = 1's (and with the transformers model's): the bf16 differences are printed; the TP = 2 and PP = 2
 exports must return the weights bit for bit.
 """
@@ -122,11 +122,13 @@ def throughput(args) -> dict:
 
     from slime_hydra.train.megatron.logprobs import packed_response_log_probs
     from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
+    from slime_hydra.train.megatron import spec
     from slime_hydra.train.megatron.spec import packed_attention_path, resolve_attention_impl
 
     init_distributed()
     parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(args.seed)
+    spec.USE_VARLEN = not args.no_varlen
     hf = hf_config(args.shape)
     overrides = {}
     if args.recompute != "none":
@@ -229,11 +231,13 @@ def compare(args) -> dict:
     hf = hf_config(args.shape)
     batch = random_micro_batches(1, args.tokens, args.sample_lengths, hf.vocab_size, args.seed)[0].to("cuda")
     result, reference, hf_state = {}, None, None
-    for tp, pp in [(1, 1), (2, 1), (1, 2)]:
+    for tp, pp, sp in [(1, 1, False), (2, 1, False), (2, 1, True), (1, 2, False)]:
+        name = f"tp{tp}_pp{pp}" + ("_sp" if sp else "")
         parallel_state.initialize_model_parallel(tp, pp)
         model_parallel_cuda_manual_seed(args.seed)
-        config = transformer_config(hf, Parallel(tp=tp, pp=pp), dtype=torch.bfloat16)
-        pp_rank, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
+        config = transformer_config(hf, Parallel(tp=tp, pp=pp, sequence_parallel=sp), dtype=torch.bfloat16)
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
         model = build_gpt_model(hf, config, attention=args.attention, pre_process=pp_rank == 0,
                                 post_process=pp_rank == pp - 1).cuda().eval()
         shard = stage_shard(config, tp_rank=tp_rank, pp_rank=pp_rank)
@@ -246,7 +250,7 @@ def compare(args) -> dict:
             load_hf_weights([model], hf_state, layout, [shard])
             back = export_hf_state(model_chunks_state([model], [shard]), layout, **groups)
             exact = set(back) == set(hf_state) and all(torch.equal(back[k], hf_state[k]) for k in hf_state)
-            result[f"tp{tp}_pp{pp}_export_bit_exact"] = exact
+            result[f"{name}_export_bit_exact"] = exact
         lp = _log_probs(model, batch, hf.vocab_size, groups["tp_group"], pp)
         holder = [lp]
         dist.broadcast_object_list(holder, src=dist.get_world_size() - 1 if pp > 1 else 0)
@@ -255,8 +259,8 @@ def compare(args) -> dict:
             reference = lp
         else:
             diff = (lp - reference).abs()
-            result[f"tp{tp}_pp{pp}_logprob_max_abs_diff"] = round(diff.max().item(), 5)
-            result[f"tp{tp}_pp{pp}_logprob_mean_abs_diff"] = round(diff.mean().item(), 6)
+            result[f"{name}_logprob_max_abs_diff"] = round(diff.max().item(), 5)
+            result[f"{name}_logprob_mean_abs_diff"] = round(diff.mean().item(), 6)
         del model
         torch.cuda.empty_cache()
         parallel_state.destroy_model_parallel()
@@ -292,6 +296,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--attention", default="auto", help="auto | sdpa | te")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--no-varlen", action="store_true", help="packed attention: one SDPA call per sequence")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--compare", action="store_true", help="the 2-GPU TP / PP log-prob comparison")
     p.add_argument("--out", help="also write the result as JSON here")

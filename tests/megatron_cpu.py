@@ -110,32 +110,41 @@ _NO_STREAM = object.__new__(_NoStream)
 
 
 @contextlib.contextmanager
-def megatron_on_cpu():
-    """A one-process gloo group, megatron's parallel state with TP = PP = 1, and megatron's CUDA
-    assumptions pointed at the CPU; all undone on exit."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
+def cuda_on_cpu():
+    """megatron's CUDA assumptions pointed at the CPU, undone on exit."""
     mp = pytest.MonkeyPatch()
     mp.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
     mp.setattr(torch.cuda, "Stream", _NoStream)
     mp.setattr(torch.cuda, "current_stream", lambda *a, **k: _NO_STREAM)
     mp.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
     try:
         yield
     finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
         mp.undo()
 
 
-def megatron_model(hf_config, **overrides):
-    """A float32 megatron GPTModel for ``hf_config`` (TP = PP = 1) with the SDPA spec, in eval mode."""
-    from slime_hydra.train.megatron.model import build_gpt_model, transformer_config
+@contextlib.contextmanager
+def megatron_on_cpu():
+    """A one-process gloo group and megatron's parallel state with TP = PP = 1, on the CPU."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    with cuda_on_cpu():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        parallel_state.initialize_model_parallel(1, 1)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def megatron_model(hf_config, tp: int = 1, **overrides):
+    """A float32 megatron GPTModel for ``hf_config`` (this process's TP rank, PP = 1) with the SDPA
+    spec, in eval mode."""
+    from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
 
     # torch.compile'd fusions cost seconds of compilation on CPU and compute the same thing
     overrides = {"bias_activation_fusion": False, "bias_dropout_fusion": False, **overrides}
-    tc = transformer_config(hf_config, dtype=torch.float32, cpu_init=True, overrides=overrides)
+    tc = transformer_config(hf_config, Parallel(tp=tp), dtype=torch.float32, cpu_init=True, overrides=overrides)
     return build_gpt_model(hf_config, tc, attention="sdpa", pp_rank=0).eval()

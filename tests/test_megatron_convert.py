@@ -131,7 +131,8 @@ def test_tp2_qkv_shard_holds_whole_query_groups(checkpoints):
     """A TP rank's fused QKV rows are its query groups' q, k and v (megatron's interleaved layout)."""
     hf_model, _, tensors = checkpoints["qwen3"]
     layout = Layout.from_hf(hf_model.config, tp=2)
-    rank1 = hf_to_megatron(tensors, layout, Shard(tp_rank=1, tp_size=2))["decoder.layers.0.self_attention.linear_qkv.weight"]
+    rank1 = hf_to_megatron(tensors, layout, Shard(tp_rank=1, tp_size=2))
+    rank1 = rank1["decoder.layers.0.self_attention.linear_qkv.weight"]
     q, k, v = (tensors[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv")
     d = layout.head_dim  # 2 groups, 2 query heads each: rank 1 holds group 1
     assert torch.equal(rank1, torch.cat([q[2 * d:4 * d], k[d:2 * d], v[d:2 * d]]))

@@ -1,8 +1,8 @@
 """The collective parts on two real gloo ranks: vocab-parallel log-probs / entropy and their gradient
-with TP = 2, and the Hugging Face weight export gathered over TP = 2, PP = 2 and EP = 2.
+with TP = 2, the Hugging Face weight export gathered over TP = 2, PP = 2 and EP = 2, and megatron
+GPTModels at TP = 2 loaded from the converter's shards giving the Hugging Face model's log-probs.
 
-The ranks import only torch and the conversion code (no megatron-core, no transformers): the layouts
-and shards are worked out here, with megatron's own pipeline split."""
+Layouts, shards and the expected log-probs are worked out here and handed to the ranks."""
 
 from __future__ import annotations
 
@@ -54,7 +54,34 @@ def _export(rank: int, group, cases) -> None:
             assert torch.equal(got[name], ck[name]), (family, name)
 
 
-def _worker(rank: int, port: int, cases) -> None:
+def _megatron_tp2(rank: int, models) -> None:
+    """TP = 2 megatron models (row/column-parallel linears, vocab-parallel embedding and head) on the
+    converter's shards: the packed batch's response log-probs are the HF model's."""
+    from megatron.core import parallel_state
+
+    from slime_hydra.train.megatron.convert import Shard
+    from slime_hydra.train.megatron.logprobs import packed_response_log_probs
+    from slime_hydra.train.megatron.weights import load_hf_weights
+    from tests.megatron_cpu import cuda_on_cpu, megatron_model
+
+    with cuda_on_cpu():
+        parallel_state.initialize_model_parallel(2, 1)
+        try:
+            for family, hf_config, path, layout, batch, expected in models:
+                model = megatron_model(hf_config, tp=2)
+                load_hf_weights([model], path, layout, [Shard(tp_rank=rank, tp_size=2)])
+                with torch.no_grad():
+                    out = model(batch.input_ids, batch.position_ids, None,
+                                packed_seq_params=batch.packed_seq_params())
+                    lp, _ = packed_response_log_probs(out, batch, vocab_size=hf_config.vocab_size,
+                                                      tp_group=parallel_state.get_tensor_model_parallel_group())
+                assert out.shape[-1] == layout.padded_vocab_size // 2
+                assert (lp - expected).abs().max() < 1e-4, (family, (lp - expected).abs().max())
+        finally:
+            parallel_state.destroy_model_parallel()
+
+
+def _worker(rank: int, port: int, cases, models) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -63,8 +90,18 @@ def _worker(rank: int, port: int, cases) -> None:
         group = dist.new_group([0, 1])
         _logprobs_tp2(rank, group)
         _export(rank, group, cases)
+        _megatron_tp2(rank, models)
     finally:
         dist.destroy_process_group()
+
+
+def _hf_response_log_probs(model, seqs, resp) -> torch.Tensor:
+    out = []
+    with torch.no_grad():
+        for s, r in zip(seqs, resp):
+            logp = torch.log_softmax(model(torch.tensor([s])).logits[0], -1)
+            out.append(logp[len(s) - r - 1:len(s) - 1].gather(-1, torch.tensor(s[len(s) - r:])[:, None])[:, 0])
+    return torch.cat(out)
 
 
 def test_two_ranks(tmp_path):
@@ -73,9 +110,10 @@ def test_two_ranks(tmp_path):
 
     from slime_hydra.train.megatron.convert import Layout, stage_shard
     from slime_hydra.train.megatron.model import Parallel, transformer_config
+    from slime_hydra.train.megatron.packing import pack
     from tests.megatron_cpu import free_port, saved_checkpoint, tiny_hf_model
 
-    cases = []
+    cases, models = [], []
     for family, sizes in [("qwen3", dict(tp=2)), ("glm4", dict(tp=2)), ("llama", dict(pp=2)),
                           ("qwen3_moe", dict(ep=2)), ("deepseek_v3", dict(pp=2))]:
         model = tiny_hf_model(family)
@@ -86,4 +124,10 @@ def test_two_ranks(tmp_path):
         shards = [stage_shard(config, tp_rank=r % tp, ep_rank=r % ep, pp_rank=r % pp) for r in (0, 1)]
         groups = [f"{k}_group" for k, n in (("tp", tp), ("pp", pp), ("ep", ep)) if n > 1]
         cases.append((family, path, Layout.from_hf(model.config, tp=tp), shards, groups))
-    mp.spawn(_worker, args=(free_port(), cases), nprocs=2, join=True)
+        if family in ("qwen3", "glm4", "deepseek_v3"):
+            torch.manual_seed(2)
+            seqs = [torch.randint(0, model.config.vocab_size, (n,)).tolist() for n in (9, 6)]
+            batch = pack(seqs, [4, 2], [0, 1], pad_to_multiple=2)
+            models.append((family, model.config, path, Layout.from_hf(model.config, tp=2), batch,
+                           _hf_response_log_probs(model, seqs, [4, 2])))
+    mp.spawn(_worker, args=(free_port(), cases, models), nprocs=2, join=True)

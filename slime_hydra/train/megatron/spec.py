@@ -61,6 +61,9 @@ except ImportError:
         _moe_utils.te_general_gemm = None
 
 ATTENTION_IMPLS = ("auto", "sdpa", "te")
+# Packed (THD) sequences on CUDA go through torch's varlen flash kernel when it exists; False: one SDPA
+# call per sequence (a switch for measurements and for torch builds whose varlen kernel misbehaves).
+USE_VARLEN = True
 
 
 class RMSNorm(torch.nn.Module):
@@ -126,7 +129,7 @@ class SDPAttention(MegatronModule):
         """[t, h, d] packed sequences, boundaries in ``cu_seqlens``: one flash call on CUDA, else a loop."""
         cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
         cu_k = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else params.cu_seqlens_kv
-        varlen = _varlen_attn()
+        varlen = _varlen_attn() if USE_VARLEN else None
         if q.is_cuda and varlen is not None and q.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
             return _varlen_call(varlen, q, k, v, cu_q, cu_k, params.max_seqlen_q, params.max_seqlen_kv,
                                 self.softmax_scale)
@@ -142,7 +145,8 @@ class SDPAttention(MegatronModule):
 
 def packed_attention_path(device: torch.device, dtype: torch.dtype) -> str:
     """Which kernel ``SDPAttention`` runs for packed (THD) sequences on ``device`` / ``dtype``."""
-    if device.type == "cuda" and _varlen_attn() is not None and dtype in (torch.float16, torch.bfloat16):
+    if USE_VARLEN and device.type == "cuda" and _varlen_attn() is not None and dtype in (torch.float16,
+                                                                                         torch.bfloat16):
         return "torch.nn.attention.varlen.varlen_attn (FlashAttention)"
     return "scaled_dot_product_attention, one call per sequence"
 
