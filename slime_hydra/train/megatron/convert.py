@@ -382,16 +382,25 @@ def full_megatron_tensor(hf: Mapping[str, torch.Tensor], layout: Layout, name: s
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
-def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: Layout, shard: Shard = Shard()) -> Dict[str, torch.Tensor]:
-    """The ``state_dict`` (local names) of one model chunk, built from a full HF state dict (a dict, or
-    ``HFCheckpoint`` which reads only the tensors asked for)."""
-    out = {}
+def iter_hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: Layout,
+                        shard: Shard = Shard()) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(local name, tensor) of one model chunk, one parameter at a time, built from a full HF state
+    dict (a dict, or ``HFCheckpoint``, which reads only the tensors asked for)."""
     for name, source in megatron_params(layout, shard):
         split, expert = split_kind(layout, name)
         rank, size = shard.etp if expert else (shard.tp_rank, shard.tp_size)
-        out[to_local(name, layout, shard)] = split_tp(full_megatron_tensor(hf, layout, name, source), split,
-                                                      rank, size).contiguous()
-    return out
+        full = full_megatron_tensor(hf, layout, name, source)
+        yield to_local(name, layout, shard), split_tp(full, split, rank, size).contiguous()
+
+
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: Layout, shard: Shard = Shard()) -> Dict[str, torch.Tensor]:
+    """The ``state_dict`` (local names) of one model chunk."""
+    return dict(iter_hf_to_megatron(hf, layout, shard))
+
+
+def local_names(layout: Layout, shard: Shard = Shard()) -> List[str]:
+    """The ``state_dict`` keys of one model chunk (``_extra_state`` entries aside)."""
+    return [to_local(name, layout, shard) for name, _ in megatron_params(layout, shard)]
 
 
 # ---------------------------------------------------------------------------- megatron -> HF

@@ -16,6 +16,7 @@ which megatron-core 0.16 has no slot for: they ride on the output projections
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -114,7 +115,8 @@ class SDPAttention(MegatronModule):
         if attention_bias is not None:
             raise ValueError("SDPAttention takes no attention bias")
         dropout = self.dropout_p if self.training else 0.0
-        with get_cuda_rng_tracker().fork() if dropout > 0 and not self.config.sequence_parallel else _nullctx():
+        fork = dropout > 0 and not self.config.sequence_parallel  # as megatron's own core attention
+        with get_cuda_rng_tracker().fork() if fork else contextlib.nullcontext():
             if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
                 return self._packed(query, key, value, packed_seq_params, dropout)
             # [s, b, h, d] -> [b, h, s, d]
@@ -152,8 +154,8 @@ def packed_attention_path(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def _varlen_call(varlen, q, k, v, cu_q, cu_k, max_q, max_k, scale):
-    """Call torch's varlen flash attention across its signature changes (torch 2.10: ``is_causal``;
-    later: ``window_size``, ``scale`` and ``enable_gqa``). Flash needs equal q/k/v head dims and, in
+    """Call torch's varlen flash attention across its signature changes (first ``is_causal``; later
+    ``window_size``, ``scale`` and ``enable_gqa``). Flash needs equal q/k/v head dims and, in
     the older signature, equal head counts: v is zero-padded and k/v heads repeated where needed."""
     params = inspect.signature(varlen).parameters
     dv = v.shape[-1]
@@ -175,14 +177,6 @@ def _varlen_call(varlen, q, k, v, cu_q, cu_k, max_q, max_k, scale):
     else:  # the kernel's default scale is 1/sqrt(d): fold ours into q
         out = varlen(q * (scale * math.sqrt(q.shape[-1])), k, v, cu_q, cu_k, int(max_q), int(max_k), **kw)
     return out[..., :dv]
-
-
-class _nullctx:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 @functools.cache

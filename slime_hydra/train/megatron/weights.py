@@ -26,7 +26,8 @@ from slime_hydra.train.megatron.convert import (
     VOCAB,
     buckets,
     gather_tp,
-    hf_to_megatron,
+    iter_hf_to_megatron,
+    local_names,
     megatron_to_hf,
     split_kind,
     to_global,
@@ -47,17 +48,18 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 def load_hf_weights(model_chunks: Sequence[torch.nn.Module], hf: Union[str, Mapping[str, torch.Tensor]],
                     layout: Layout, shards: Sequence[Shard]) -> None:
     """Copy a Hugging Face checkpoint (a directory or a name -> tensor mapping) into each model chunk.
-    Each rank reads only its shard's tensors. Call it before the optimizer copies the parameters."""
+    Each rank reads only its shard's tensors, one at a time. Call it before the optimizer copies the
+    parameters (its float32 main weights start from them)."""
     source = HFCheckpoint(hf) if isinstance(hf, str) else hf
     for chunk, shard in zip(model_chunks, shards):
         own = unwrap(chunk).state_dict()
-        want = hf_to_megatron(source, layout, shard)
+        want = set(local_names(layout, shard))
         have = {k for k in own if not k.endswith("_extra_state")}
-        if have != set(want):
-            raise ValueError(f"conversion and model disagree: model-only {sorted(have - set(want))[:5]}, "
-                             f"conversion-only {sorted(set(want) - have)[:5]}")
+        if have != want:
+            raise ValueError(f"conversion and model disagree: model-only {sorted(have - want)[:5]}, "
+                             f"conversion-only {sorted(want - have)[:5]}")
         with torch.no_grad():
-            for k, t in want.items():
+            for k, t in iter_hf_to_megatron(source, layout, shard):
                 if own[k].shape != t.shape:
                     raise ValueError(f"{k}: model shape {tuple(own[k].shape)}, converted {tuple(t.shape)}")
                 own[k].copy_(t)
