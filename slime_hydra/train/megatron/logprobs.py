@@ -1,0 +1,114 @@
+"""Log-probs and entropy of chosen tokens from vocab-parallel logits, chunked.
+
+With tensor parallelism each rank holds the logits of its slice of the vocabulary. As in megatron's
+``vocab_parallel_cross_entropy``, the softmax statistics are reduced across the TP group (max, then
+sum of exponentials, the chosen token's logit, and for the entropy the sum of p * logit): two
+all-reduces of ``[rows]`` vectors, whatever the chunking. Float32 is used only ``chunk`` rows at a
+time, in the forward and in the backward (which recomputes the softmax from the saved logits), so no
+full-vocabulary float32 tensor of the whole batch ever exists. Columns past the true vocabulary (the
+padding of ``model.padded_vocab_size``) are excluded, so the log-probs equal the Hugging Face model's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+def _chunk_rows(vocab_local: int, chunk_bytes: int) -> int:
+    return max(1, chunk_bytes // max(1, 4 * 3 * vocab_local))  # about three float32 temporaries per row
+
+
+def _allreduce(t: torch.Tensor, op, group) -> torch.Tensor:
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+class _VocabParallelLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy):
+        rows = logits.shape[0]
+        dev = logits.device
+        in_range = (targets >= vocab_start) & (targets < vocab_start + n_valid)
+        local_t = torch.where(in_range, targets - vocab_start, 0)
+        # pass 1: row maxima
+        m = torch.full((rows,), float("-inf"), device=dev)
+        if n_valid:
+            for s in range(0, rows, chunk):
+                m[s:s + chunk] = logits[s:s + chunk, :n_valid].float().amax(-1) * inv_temp
+        _allreduce(m, dist.ReduceOp.MAX, group)
+        # pass 2: sum exp, the chosen logit, sum exp * logit
+        stats = torch.zeros(3, rows, device=dev)
+        if n_valid:
+            for s in range(0, rows, chunk):
+                x = logits[s:s + chunk, :n_valid].float() * inv_temp
+                e = torch.exp(x - m[s:s + chunk, None])
+                stats[0, s:s + chunk] = e.sum(-1)
+                stats[1, s:s + chunk] = x.gather(-1, local_t[s:s + chunk, None])[:, 0] * in_range[s:s + chunk]
+                if with_entropy:
+                    stats[2, s:s + chunk] = (e * x).sum(-1)
+        _allreduce(stats, dist.ReduceOp.SUM, group)
+        lse = m + torch.log(stats[0])
+        logp = stats[1] - lse
+        entropy = lse - stats[2] / stats[0] if with_entropy else None
+        ctx.save_for_backward(logits, local_t, in_range, lse, entropy if with_entropy else lse)
+        ctx.args = (inv_temp, n_valid, chunk, with_entropy)
+        return (logp, entropy) if with_entropy else (logp, torch.zeros_like(logp))
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        logits, local_t, in_range, lse, entropy = ctx.saved_tensors
+        inv_temp, n_valid, chunk, with_entropy = ctx.args
+        grad = torch.zeros_like(logits)
+        rows = logits.shape[0]
+        for s in range(0, rows, chunk):
+            if not n_valid:
+                break
+            sl = slice(s, s + chunk)
+            x = logits[sl, :n_valid].float() * inv_temp
+            p = torch.exp(x - lse[sl, None])
+            dx = -p * g_logp[sl, None]
+            dx.scatter_add_(-1, local_t[sl, None], (g_logp[sl] * in_range[sl])[:, None])
+            if with_entropy and g_ent is not None:
+                # dH/dx_k = -p_k (log p_k + H)
+                dx -= g_ent[sl, None] * p * (x - lse[sl, None] + entropy[sl, None])
+            grad[sl, :n_valid] = (dx * inv_temp).to(grad.dtype)
+        return grad, None, None, None, None, None, None, None
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_size: Optional[int] = None,
+                             temperature: float = 1.0, tp_group=None, with_entropy: bool = False,
+                             chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """log softmax(logits / temperature)[target] and, if asked, the entropy of that distribution, per row.
+
+    logits: [R, V_local], this TP rank's contiguous slice of the (padded) vocabulary, rank r holding
+    columns ``[r * V_local, (r + 1) * V_local)``; targets: [R] global token ids; vocab_size: the true
+    vocabulary (columns past it are padding); tp_group: the tensor-parallel group (None: no TP).
+    Returns float32 [R] tensors; differentiable with respect to ``logits``."""
+    v_local = logits.shape[-1]
+    rank = dist.get_rank(group=tp_group) if tp_group is not None and dist.get_world_size(tp_group) > 1 else 0
+    start = rank * v_local
+    vocab_size = v_local * (dist.get_world_size(tp_group) if tp_group is not None else 1) \
+        if vocab_size is None else vocab_size
+    n_valid = max(0, min(v_local, vocab_size - start))
+    chunk = _chunk_rows(v_local, chunk_bytes)
+    logp, ent = _VocabParallelLogProbs.apply(logits, targets, 1.0 / temperature, start, n_valid, tp_group, chunk,
+                                             with_entropy)
+    return logp, (ent if with_entropy else None)
+
+
+def packed_response_log_probs(output: torch.Tensor, batch, *, vocab_size: int, temperature: float = 1.0,
+                              tp_group=None, with_entropy: bool = False,
+                              chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probs (and entropies) of a ``packing.PackedBatch``'s response tokens from the model's
+    vocab-parallel output ``[T, 1, V_local]`` (or ``[1, T, V_local]``): flat ``[R]`` tensors in
+    ``batch`` order; ``batch.per_sample`` lays them out ``[B, T]``."""
+    flat = output.reshape(-1, output.shape[-1]) if output.shape[1] == 1 else output[0]
+    rows = flat.index_select(0, batch.logit_index)
+    return vocab_parallel_log_probs(rows, batch.targets, vocab_size=vocab_size, temperature=temperature,
+                                    tp_group=tp_group, with_entropy=with_entropy, chunk_bytes=chunk_bytes)

@@ -1,0 +1,78 @@
+"""Packed micro-batches by token budget, and chunked log-probs (single process; the TP = 2 case is in
+test_megatron_distributed.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from slime_hydra.train.megatron.logprobs import vocab_parallel_log_probs
+from slime_hydra.train.megatron.packing import pack, pack_micro_batches, token_budget_micro_batches
+
+
+def test_micro_batches_fit_the_budget_and_are_few_and_balanced():
+    rng = random.Random(0)
+    lengths = [rng.randint(50, 900) for _ in range(200)]
+    budget = 2048
+    groups = token_budget_micro_batches(lengths, budget)
+    assert sorted(i for g in groups for i in g) == list(range(200))
+    loads = [sum(lengths[i] for i in g) for g in groups]
+    assert max(loads) <= budget
+    lower_bound = -(-sum(lengths) // budget)
+    assert len(groups) <= lower_bound + 2, (len(groups), lower_bound)
+    assert max(loads) - min(loads) <= max(lengths)  # balanced to within one sample
+    assert all(g == sorted(g) for g in groups) and [g[0] for g in groups] == sorted(g[0] for g in groups)
+
+
+def test_micro_batch_edge_cases():
+    assert token_budget_micro_batches([], 10) == []
+    assert token_budget_micro_batches([3, 3, 3], 10) == [[0, 1, 2]]
+    assert len(token_budget_micro_batches([3, 3, 3], 10, min_micro_batches=3)) == 3  # equal counts across DP
+    with pytest.raises(ValueError, match="sample 1 has 11 tokens, more than the micro-batch token budget 10"):
+        token_budget_micro_batches([3, 11], 10)
+    with pytest.raises(ValueError, match="2 samples cannot fill 3 micro-batches"):
+        token_budget_micro_batches([3, 3], 10, min_micro_batches=3)
+
+
+def test_pack_layout():
+    tokens = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
+    b = pack(tokens, [2, 1, 3], [2, 0], loss_masks=[[1, 0], None, None], pad_to_multiple=4)
+    assert b.input_ids.tolist() == [[9, 10, 11, 12, 1, 2, 3, 4, 5, 0, 0, 0]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2]]
+    assert b.cu_seqlens.tolist() == [0, 4, 9, 12] and b.cu_seqlens.dtype == torch.int32 and b.max_seqlen == 5
+    # response tokens 10, 11, 12 (positions 1-3) are predicted at positions 0-2; 4, 5 at 6, 7
+    assert b.logit_index.tolist() == [0, 1, 2, 6, 7] and b.targets.tolist() == [10, 11, 12, 4, 5]
+    assert b.loss_mask.tolist() == [1, 1, 1, 1, 0]
+    assert b.per_sample(torch.arange(5.0), width=4).tolist() == [[0, 1, 2, 0], [3, 4, 0, 0]]
+    with pytest.raises(ValueError, match="sample 0: response length 5 for 5 tokens"):
+        pack(tokens, [5], [0])
+
+
+def test_pack_micro_batches_from_rollout_data():
+    data = {"tokens": [[1] * n for n in (5, 7, 3, 6)], "response_lengths": [2, 3, 1, 2],
+            "loss_masks": [None, [1, 1, 0], None, None]}
+    mbs = pack_micro_batches(data, [0, 1, 2, 3], max_tokens=12, pad_to_multiple=2)
+    assert sorted(i for mb in mbs for i in mb.indices) == [0, 1, 2, 3]
+    assert all(mb.num_tokens <= 12 and mb.num_tokens % 2 == 0 for mb in mbs)
+
+
+def test_log_probs_match_log_softmax_and_skip_padding():
+    torch.manual_seed(0)
+    rows, vocab = 50, 90
+    logits = (torch.randn(rows, 128) * 3).to(torch.bfloat16)
+    logits[:, vocab:] = 30  # padding columns: would dominate the softmax if they were counted
+    targets = torch.randint(0, vocab, (rows,))
+    x = logits.clone().requires_grad_(True)
+    lp, ent = vocab_parallel_log_probs(x, targets, vocab_size=vocab, temperature=0.9, with_entropy=True,
+                                       chunk_bytes=4 * 3 * 128 * 7)
+    assert lp.dtype == torch.float32 and lp.shape == (rows,)
+    (lp.sum() + 0.5 * ent.sum()).backward()
+    ref_x = logits.float().clone().requires_grad_(True)
+    ref = torch.log_softmax(ref_x[:, :vocab] / 0.9, -1)
+    ref_lp, ref_ent = ref.gather(-1, targets[:, None])[:, 0], -(ref.exp() * ref).sum(-1)
+    (ref_lp.sum() + 0.5 * ref_ent.sum()).backward()
+    assert (lp - ref_lp).abs().max() < 1e-4 and (ent - ref_ent).abs().max() < 1e-4
+    assert x.grad.dtype == torch.bfloat16 and x.grad[:, vocab:].abs().max() == 0
+    assert (x.grad.float() - ref_x.grad).abs().max() < 1e-2  # bf16 gradient of an fp32 computation
