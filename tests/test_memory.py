@@ -224,3 +224,10 @@ def test_gpu_memory_must_be_positive_and_sizes_the_kv_pool():
     assert M.memory_problems(cfg, make_plan(cfg), 0.0) == ["parallelism.gpu_memory_gib: must be > 0, got 0"]
     small, big = M.estimate(cfg, make_plan(cfg), 80.0), M.estimate(cfg, make_plan(cfg), 140.0)
     assert big.engine["kv_cache"] - small.engine["kv_cache"] == pytest.approx(0.7 * 60)
+
+
+def test_a_mem_fraction_static_that_is_not_a_number_is_reported_not_raised():
+    cfg = resolved(["experiment=qwen3_4b_grpo_math", "rollout.server_args.mem_fraction_static=abc"])
+    plan = make_plan(cfg)  # plans are made of configs not yet validated too (engine commands, tests)
+    assert "(rollout.server_args.mem_fraction_static is not a number: the engine counts 0.9)" in plan.describe()
+    assert "rollout.server_args.mem_fraction_static: 'abc' is not a number" in M.memory_problems(cfg, plan, 140.0)
