@@ -82,6 +82,8 @@ ACT_BASE = 8  # per hidden unit, outside the layers (embedding output, final nor
 
 
 def _bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"model.dtype: no byte size for {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
     return DTYPE_BYTES[dtype]
 
 
