@@ -233,3 +233,10 @@ def test_validation_refuses_a_layout_that_cannot_fit_before_anything_starts():
                        f"data.path={ROOT / 'tests/fixtures/tiny.jsonl'}", "eval.datasets=[]"])
     problems = validate(too_big)
     assert problems and all(p.startswith("parallelism: ") and "GiB" in p for p in problems), problems
+
+
+def test_a_mem_fraction_static_that_is_not_a_number_is_reported_not_raised():
+    cfg = resolved(["experiment=qwen3_4b_grpo_math", "rollout.server_args.mem_fraction_static=abc"])
+    plan = make_plan(cfg)  # plans are made of configs not yet validated too (engine commands, tests)
+    assert "(rollout.server_args.mem_fraction_static is not a number: the engine counts 0.9)" in plan.describe()
+    assert "rollout.server_args.mem_fraction_static: 'abc' is not a number" in M.memory_problems(cfg, plan, 140.0)

@@ -82,6 +82,8 @@ ACT_BASE = 8  # per hidden unit, outside the layers (embedding output, final nor
 
 
 def _bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"model.dtype: no byte size for {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
     return DTYPE_BYTES[dtype]
 
 
@@ -300,13 +302,16 @@ def kv_bytes_per_token(a: "ArchConfig", dtype_bytes: float, *, sglang: bool, tp:
     return 2 * a.num_layers * heads * _head_dim(a) * dtype_bytes
 
 
-def mem_fraction_static(cfg: "RunConfig") -> float:
-    """SGLang's share of a GPU for weights and KV cache (a value that is no number is sglang's parser's to
-    refuse; the estimate then uses the default)."""
-    try:
-        return float((cfg.rollout.server_args or {}).get("mem_fraction_static") or SGLANG_MEM_FRACTION_DEFAULT)
-    except (TypeError, ValueError):
+def mem_fraction_static(cfg: "RunConfig") -> Optional[float]:
+    """``rollout.server_args.mem_fraction_static`` (the default when unset); None when it is not a
+    number (``memory_problems`` reports it; SGLang's own parser rejects it too)."""
+    value = (cfg.rollout.server_args or {}).get("mem_fraction_static")
+    if value is None:
         return SGLANG_MEM_FRACTION_DEFAULT
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def engine_memory(cfg: "RunConfig", gpu_bytes: float) -> Tuple[Dict[str, float], Optional[int]]:
@@ -318,7 +323,7 @@ def engine_memory(cfg: "RunConfig", gpu_bytes: float) -> Tuple[Dict[str, float],
     weights = param_count(a).total * elem / p.gpus_per_engine
     kv_elem = KV_CACHE_DTYPE_BYTES.get(str(sa.get("kv_cache_dtype")), elem)
     if r.engine == "sglang":
-        pool = max(0.0, mem_fraction_static(cfg) * gpu_bytes - weights)
+        pool = max(0.0, (mem_fraction_static(cfg) or SGLANG_MEM_FRACTION_DEFAULT) * gpu_bytes - weights)
         return {"weights": weights, "kv_cache": pool}, int(pool / kv_bytes_per_token(a, kv_elem, sglang=True,
                                                                                     tp=p.gpus_per_engine))
     seq = (r.max_prompt_len or 0) + r.max_response_len
@@ -405,6 +410,9 @@ def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[fl
                          micro_batch=micro_batch_shape(cfg, plan.data_parallel))
     if cfg.rollout.max_prompt_len is None:
         est.notes.append("(prompts count as 0 tokens: rollout.max_prompt_len is unset)")
+    if cfg.rollout.engine == "sglang" and mem_fraction_static(cfg) is None:
+        est.notes.append(f"(rollout.server_args.mem_fraction_static is not a number: the engine counts "
+                         f"{SGLANG_MEM_FRACTION_DEFAULT:g})")
     return est
 
 
@@ -434,7 +442,10 @@ def memory_problems(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: floa
     if cfg.rollout.engine == "sglang":
         frac, e = mem_fraction_static(cfg), est.engine
         seq = (cfg.rollout.max_prompt_len or 0) + cfg.rollout.max_response_len
-        if e["kv_cache"] <= 0:
+        if frac is None:
+            out.append(f"rollout.server_args.mem_fraction_static: "
+                       f"{cfg.rollout.server_args['mem_fraction_static']!r} is not a number")
+        elif e["kv_cache"] <= 0:
             out.append(f"rollout.server_args.mem_fraction_static: the engine's weights take {e['weights']:.1f} GiB "
                        f"per GPU, more than {frac:g} x {gpu_memory_gib:g} GiB leaves for weights and KV cache; raise "
                        "parallelism.gpus_per_engine")
