@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List
 
 from slime_hydra.rollout.client import GenerateClient
-from slime_hydra.rollout.sample import FINISH_TO_STATUS, Sample, Status
+from slime_hydra.rollout.sample import Sample, Status, status_from_finish
 
 
 @dataclass
@@ -65,7 +65,7 @@ def apply_output(sample: Sample, out: Dict[str, Any]) -> Sample:
     if not pairs and out.get("output_ids"):
         raise ValueError("the engine returned no output_token_logprobs; generate with return_logprob=true")
     sample.append_response(ids, [float(p[0]) for p in pairs], trainable=True, text=out.get("text", ""))
-    sample.status = FINISH_TO_STATUS.get(meta["finish_reason"]["type"], Status.FAILED) if meta.get("finish_reason") else Status.COMPLETED
+    sample.status = status_from_finish(meta, sample)  # an unknown or missing finish reason raises
     if "weight_version" in meta:  # not in the manager's own abort answers (no engine ran)
         sample.weight_versions.append(str(meta["weight_version"]))
     return sample

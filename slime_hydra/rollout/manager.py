@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import ray
 
+from slime_hydra.rewards.counters import drain as drain_counters
 from slime_hydra.rollout.client import GenerateClient
 from slime_hydra.rollout.data_state import DataState
 from slime_hydra.rollout.evaluate import Evaluator, load_eval_sets
@@ -88,6 +89,7 @@ class RolloutManager:
         groups, rollout_metrics = check_rollout_output(out, r.batch_size, r.n_samples_per_prompt, where)
         samples = [s for g in groups for s in g]
         data, metrics = train_data(samples, cfg.algo, r.n_samples_per_prompt, cfg.reward.key)
+        metrics.update(drain_counters())  # rollout/<failure>_count: verifier errors, FAILED samples
         metrics.update(rollout_metrics)
         metrics.update(agent_metrics(samples, "rollout/"))
         metrics["perf/rollout_time"] = time.perf_counter() - t0
@@ -95,7 +97,9 @@ class RolloutManager:
         return [ray.put(part) for part in parts], metrics
 
     def eval(self) -> Dict[str, Any]:
-        return self._run(self.fleet.watched(self.evaluator.run()))
+        out = self._run(self.fleet.watched(self.evaluator.run()))
+        out.update({k.replace("rollout/", "eval/", 1): v for k, v in drain_counters().items()})
+        return out
 
     # ---------------------------------------------------------------- colocated memory, state
     def offload(self) -> None:

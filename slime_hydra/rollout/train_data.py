@@ -25,12 +25,22 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
       ``algo`` by ``rewards_for_estimator``: normalised per group (mean, and std with
       ``algo.normalize_std``) for group estimators with ``algo.normalize_rewards``, else raw;
     - ``loss_masks``: the sample's mask, all ones when it has none, all zeros for a
-      ``remove_sample`` (kept for the group's statistics, not trained on);
-    - ``rollout_log_probs``: the engine's, zeros for a sample without them."""
+      ``remove_sample`` (kept for the group's statistics, not trained on) and for a sample its generate
+      function marked ``Status.FAILED`` (counted in ``rollout/failed_count``, WARNING once);
+    - ``rollout_log_probs``: the engine's, one per response token; a sample with response tokens and
+      none raises (the log-prob gap guard, TIS and ``use_rollout_logprobs`` read them), naming it."""
     import torch
 
+    from slime_hydra.rewards import counters
     from slime_hydra.train.algorithms import rewards_for_estimator
 
+    for s in samples:
+        if s.response_length and len(s.rollout_log_probs or ()) != s.response_length:
+            raise ValueError(f"{s.identity()}: {len(s.rollout_log_probs or ())} rollout log-probs for "
+                             f"{s.response_length} response tokens; a generate function must keep one per token "
+                             "(Sample.append_response with the engine's output_token_logprobs)")
+        if s.status == Status.FAILED:
+            counters.count("failed", f"{s.identity()}: marked FAILED by the generate function; kept out of the loss")
     n = n_samples_per_prompt
     raw = torch.tensor([s.reward_value(reward_key) for s in samples], dtype=torch.float32)
     rewards = rewards_for_estimator(algo, raw, n)
@@ -38,11 +48,11 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
     data = {
         "tokens": [s.tokens for s in samples],
         "response_lengths": lens,
-        "loss_masks": [[0] * s.response_length if s.remove_sample else (s.loss_mask or [1] * s.response_length)
-                       for s in samples],
+        "loss_masks": [[0] * s.response_length if s.remove_sample or s.status == Status.FAILED
+                       else (s.loss_mask or [1] * s.response_length) for s in samples],
         "rewards": rewards.tolist(),
         "raw_rewards": raw.tolist(),
-        "rollout_log_probs": [s.rollout_log_probs or [0.0] * s.response_length for s in samples],
+        "rollout_log_probs": [list(s.rollout_log_probs or ()) for s in samples],
         "group_indices": [s.group_index for s in samples],
         "truncated": [s.status == Status.TRUNCATED for s in samples],
     }

@@ -66,7 +66,6 @@ def test_dict_rewards_use_the_reward_key():
 def test_masks_log_probs_and_fields():
     ss = samples()
     ss[1].loss_mask = None  # no mask: all ones
-    ss[1].rollout_log_probs = None  # no log-probs: zeros
     ss[2].remove_sample = True  # in the group's statistics, not in the loss
     ss[4].loss_mask = [0, 1]  # e.g. a tool token, then a model token
     ss[4].rollout_log_probs = [0.0, -0.25]
@@ -75,13 +74,31 @@ def test_masks_log_probs_and_fields():
     assert data["response_lengths"] == [1, 2, 3, 1, 2, 3, 1, 2]
     assert data["tokens"][2] == [5, 6, 7, 8, 8, 8]
     assert data["loss_masks"] == [[1], [1, 1], [0, 0, 0], [1], [0, 1], [1, 1, 1], [1], [1, 1]]
-    assert data["rollout_log_probs"] == [[-0.5], [0.0, 0.0], [-0.5] * 3, [-0.5], [0.0, -0.25], [-0.5] * 3, [-0.5],
+    assert data["rollout_log_probs"] == [[-0.5], [-0.5] * 2, [-0.5] * 3, [-0.5], [0.0, -0.25], [-0.5] * 3, [-0.5],
                                          [-0.5] * 2]
     assert data["group_indices"] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert data["truncated"] == [False] * 5 + [True] + [False] * 2
     assert data["rewards"][2] == 0.0  # removed, yet its reward stays in the data
     assert sorted(data) == sorted(["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards",
                                    "rollout_log_probs", "group_indices", "truncated"])
+
+
+def test_a_sample_without_its_log_probs_raises_naming_it():
+    ss = samples()
+    ss[1].rollout_log_probs = None
+    with pytest.raises(ValueError, match=r"group 0, sample 1, .*0 rollout log-probs for 2 response tokens"):
+        train_data(ss, algo(normalize_rewards=False), 4)
+
+
+def test_a_failed_sample_is_kept_out_of_the_loss_and_counted():
+    from slime_hydra.rewards import counters
+
+    counters.drain()
+    ss = samples()
+    ss[3].status = Status.FAILED
+    data, _ = train_data(ss, algo(normalize_rewards=False), 4)
+    assert data["loss_masks"][3] == [0]
+    assert counters.drain() == {"rollout/failed_count": 1.0}
 
 
 def test_metrics():
