@@ -84,14 +84,18 @@ def test_valid_combinations(overrides):
 
 
 # --------------------------------------------------------------- the collection loop, no engine
-def scripted(correct_groups: set, *, fail_group: int = -1, version: str = "0"):
+def scripted(correct_groups: set, *, version: str = "0", hold: frozenset = frozenset()):
     """A generate function: samples of the groups in ``correct_groups`` alternate right / wrong
-    answers (nonzero std), the others are all wrong (zero std)."""
+    answers (nonzero std), the others are all wrong (zero std). Groups in ``hold`` finish only once
+    the rollout is being aborted (as engines answer in-flight requests then)."""
 
     async def generate(ctx, s: Sample, sp: Dict[str, Any], evaluation: bool = False) -> Sample:
         await asyncio.sleep(0.001 * (s.index % 7))  # finish out of order
-        if s.group_index == fail_group:
-            raise RuntimeError("generate failed")
+        while s.group_index in hold and not ctx.aborting:
+            await asyncio.sleep(0.001)
+        if s.group_index in hold:
+            s.status = Status.ABORTED
+            return s
         right = s.group_index in correct_groups and s.index % 2 == 0
         s.tokens = ctx.encode(s.prompt) + [1]
         s.append_response([1], [-0.5], text=s.label if right else "x")
@@ -104,32 +108,35 @@ def scripted(correct_groups: set, *, fail_group: int = -1, version: str = "0"):
 def test_dynamic_filter_over_samples_until_enough_groups_pass():
     m = make_rollout(["algo=dapo", "rollout.batch_size=3", "rollout.n_samples_per_prompt=4",
                       "rollout.over_sampling_batch_size=4"])
-    m.set_generate(scripted({1, 4, 6, 9}))  # group indices are handed out 0, 1, 2, ...
+    # group indices are handed out 0, 1, 2, ...; group 7 is still generating when 6 fills the batch
+    m.set_generate(scripted({1, 4, 6, 9}, hold=frozenset({7})))
     groups, metrics = m.run()
     assert [g[0].group_index for g in groups] == [1, 4, 6]  # in data order
     assert all(len({s.reward for s in g}) == 2 for g in groups)
     assert metrics["rollout/sampled_groups"] == 8  # two pulls of 4
-    assert metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == metrics["rollout/dynamic_filter/dropped_groups"]
-    assert 4 <= metrics["rollout/dynamic_filter/dropped_groups"] <= 5  # 0 2 3 5 (and 7 if it finished first)
-    assert metrics["rollout/generated_zero_std_ratio"] == pytest.approx(
-        metrics["rollout/dynamic_filter/dropped_groups"] / (3 + metrics["rollout/dynamic_filter/dropped_groups"]))
+    assert metrics["rollout/dynamic_filter/dropped_groups"] == metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == 4
+    assert metrics["rollout/aborted_groups"] == 1 and metrics["rollout/unused_groups"] == 0  # 0 2 3 5 dropped, 7 cut off
+    assert metrics["rollout/generated_zero_std_ratio"] == metrics["rollout/dynamic_filter/dropped_ratio"] == 4 / 7
     assert m.source.buffer == []  # no partial rollout: left-overs are discarded
 
 
-def test_keep_when_insufficient_and_the_sampling_cap():
+def test_zero_std_groups_fill_the_batch_when_dropping_needs_another_round_or_the_cap_is_hit():
     m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
                       "rollout.dynamic_filter=slime_hydra.rollout.filters.nonzero_reward_std_with_fallback"])
     m.set_generate(scripted(set()))  # every group is zero-std
     groups, metrics = m.run()
-    assert len(groups) == 2 and metrics["rollout/dynamic_filter/fallback_groups"] >= 1
-    assert metrics["rollout/sampled_groups"] <= 4
+    # dropping either group would need another sampling round: both are kept, nothing more is pulled
+    assert [g[0].group_index for g in groups] == [0, 1]
+    assert metrics["rollout/dynamic_filter/fallback_groups"] == 2 and metrics["rollout/sampled_groups"] == 2
+    assert metrics["rollout/dynamic_filter/dropped_groups"] == 0
 
     m = make_rollout(["algo=dapo", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
                       "rollout.max_sampled_groups=6"])
     m.set_generate(scripted({3}))
     groups, metrics = m.run()
-    assert [g[0].group_index for g in groups][0] == 3 or 3 in [g[0].group_index for g in groups]
-    assert len(groups) == 2 and metrics["rollout/sampled_groups"] == 6
+    # only group 3 passes; after 6 sampled groups the first rejected one (0) fills the batch
+    assert [g[0].group_index for g in groups] == [0, 3]
+    assert metrics["rollout/sampled_groups"] == 6 and metrics["rollout/dynamic_filter/dropped_groups"] == 5
     assert metrics["rollout/dynamic_filter/fallback_groups"] == 1
 
 
@@ -146,11 +153,31 @@ def test_custom_filter_hook_async_with_bound_kwargs(tmp_path, monkeypatch):
     assert metrics["rollout/dynamic_filter/drop_filtered"] >= 1
 
 
-def test_errors_stop_the_rollout_and_cancel_the_rest():
+def test_an_error_in_one_sample_cancels_every_sample_still_running():
+    started, cancelled = [], []
+
+    async def generate(ctx, s: Sample, sp, evaluation=False):
+        if s.group_index == 2 and not any(g == 2 for g, _ in started):  # the first of group 2's samples
+            started.append((2, "failed"))
+            await asyncio.sleep(0.05)  # every other sample has started
+            raise RuntimeError("generate failed")
+        started.append((s.group_index, s.index))
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append((s.group_index, s.index))
+            raise
+
     m = make_rollout(["rollout.batch_size=4", "rollout.n_samples_per_prompt=2"])
-    m.set_generate(scripted({0, 1, 2, 3}, fail_group=2))
+    m.set_generate(generate)
     with pytest.raises(RuntimeError, match="generate failed"):
-        m.run()
+        asyncio.run(asyncio.wait_for(m.collect(), 30))  # a sample left running would hang the rollout
+    started.remove((2, "failed"))
+    assert len(started) == 7 and sorted(cancelled) == sorted(started)  # its sibling in group 2 and the other groups
+
+
+def test_a_stale_weight_version_stops_the_rollout():
+    m = make_rollout(["rollout.batch_size=4", "rollout.n_samples_per_prompt=2"])
     m.set_generate(scripted({0, 1, 2, 3}, version="7"))
     with pytest.raises(RuntimeError, match=r"rollout 8: .* weight version\(s\) \['7'\], expected 8"):
         m.run(rollout_id=8, weight_version="8")
