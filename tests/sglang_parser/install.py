@@ -34,7 +34,7 @@ ROOT = HERE.parents[1]
 DEFAULT_DIR = ROOT / ".cache" / "sglang-parser"
 STUBS = HERE / "stubs"
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = "0.5.17"
 PINS = [
     f"sglang=={SGLANG_VERSION}",
     # imported by sglang at module level (sglang/utils.py, sglang/srt/utils/common.py, server_args.py)
@@ -45,6 +45,17 @@ PINS = [
     "ipython==9.18.1",  # sglang/utils.py: from IPython.display import HTML, display
     "traitlets==5.16.1",  # IPython's
     "pygments==2.21.0",  # IPython's (pytest brings one too)
+    # sglang 0.5.17 registers configs (qwen3_asr) that transformers >= 5.17 already has: it takes the
+    # transformers of the GPU bundle (../shared/tools/sglang-bundle.sh), with the tokenizers and hub it accepts
+    "transformers==5.12.1",
+    "tokenizers==0.22.2",
+    "huggingface-hub==1.33.0",
+    "openai==2.6.1",  # sglang 0.5.17's server_args imports its OpenAI protocol types
+    "jiter==0.19.0",  # openai's
+    "partial-json-parser==0.2.1.1.post7",  # sglang 0.5.17: its function-call parsers, imported by server_args
+    "xgrammar==0.2.1",  # sglang 0.5.17: a function-call parser imports its StructuralTag
+    "apache-tvm-ffi==0.1.11",  # xgrammar's
+    "sentencepiece==0.2.1",  # sglang 0.5.17: its InternVL config, imported by server_args
 ]
 
 
@@ -127,7 +138,8 @@ def install(dir: Path = DEFAULT_DIR, quiet: bool = True) -> Path:
         except subprocess.CalledProcessError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.copytree(STUBS / "triton", tmp / "triton")
+        for stub in sorted(d for d in STUBS.iterdir() if d.is_dir()):
+            shutil.copytree(stub, tmp / stub.name)
         (tmp / ".installed.json").write_text(json.dumps(_fingerprint(), indent=1))
         shutil.rmtree(site, ignore_errors=True)
         os.replace(tmp, site)
