@@ -2,15 +2,16 @@
 
     python tests/sglang_parser/install.py [--dir DIR]      # prints the folder to put on PYTHONPATH
 
-sglang (39 MB wheel) pins torch, transformers and GPU kernels that cannot run on CPU machines, so it goes
-in with ``--no-deps`` into ``<dir>/site`` (git-ignored, default ``.cache/sglang-parser``), with the few small
-packages its import needs and a stand-in for triton (``stubs/triton``, instead of triton's 1 GB). torch,
-transformers and the rest come from the project's environment. With ``<dir>/site`` on the path,
-``from sglang.srt.server_args import ServerArgs`` works and ``ServerArgs.add_cli_args`` builds the real
-parser. Use it in a separate process: importing sglang patches transformers and sets cache variables.
+sglang pins torch, transformers and GPU kernels that cannot run on CPU machines, so it goes in with
+``--no-deps`` into ``<dir>/site`` (git-ignored, default ``.cache/sglang-parser``), with the packages its
+``server_args`` imports (``PINS``; sglang 0.5.17 imports far more at module level than 0.5.23 did) and
+stand-ins for triton and torchvision (``stubs/``). torch and the rest come from the project's environment.
+With ``<dir>/site`` on the path, ``from sglang.srt.server_args import ServerArgs`` works and
+``ServerArgs.add_cli_args`` builds the real parser. Use it in a separate process: importing sglang
+patches transformers and sets environment variables, and ``<dir>/site`` holds its own transformers.
 
-Exact versions, binary wheels only; a stamp file makes a second run a no-op. Measured on the 2-core
-CPU machines: install 3 s from PyPI (43 MB of downloads), 139 MB on disk; the import takes 4-9 s.
+Exact versions, binary wheels only; a stamp file makes a second run a no-op. Measured on the 2-core CPU
+machines (shared with other jobs): install 10-21 s from PyPI, 288 MB on disk; the import takes 13-22 s.
 """
 
 from __future__ import annotations
