@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from conftest import CONF, resolved
-from sglang_parser import SglangParser
-from sglang_parser.install import PINS, index_reachable, install
+from sglang_parser import start_parser
 
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
@@ -31,17 +30,7 @@ from slime_hydra.rollout.fleet import engine_specs
 
 @pytest.fixture(scope="module")
 def sglang():
-    try:
-        site = install()
-    except subprocess.CalledProcessError as e:
-        reachable, where = index_reachable()
-        if not reachable:
-            reason = f"sglang's parser is not installed and the package index is unreachable: {where}"
-            warnings.warn(reason)
-            pytest.skip(reason)
-        pytest.fail(f"pip install {' '.join(PINS)} failed although {where} is reachable:\n{(e.stderr or '')[-4000:]}")
-    parser = SglangParser(site)
-    assert parser.info["version"] == PINS[0].split("==")[1], parser.info
+    parser = start_parser()
     yield parser
     parser.close()
 
