@@ -1,8 +1,8 @@
 """Trainer -> engines weight push over SGLang's weight-update endpoints.
 
-One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, send
-the Hugging Face-named tensors in buckets, check every engine reports the new weight version,
-continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
+One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, flush the
+engines' prefix caches, send the Hugging Face-named tensors in buckets, check every engine reports the
+new weight version, continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
 than train against a stale policy.
 
 Transports (``sync.transport``):
@@ -113,6 +113,7 @@ class WeightSender:
         t0, nbytes, v = time.perf_counter(), 0, str(version)
         try:
             self._all("/pause_generation", lambda i: {"mode": "in_place"})
+            self._flush_caches()
             if self.kind == "disk":
                 nbytes = self._push_disk(list(named), v)
             else:
@@ -131,6 +132,21 @@ class WeightSender:
         if stale:
             raise WeightSyncError(f"weights did not arrive: engines report versions {stale}, expected {v}")
         return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0}
+
+    def _flush_caches(self, timeout_s: float = 60.0) -> None:
+        """Empty every engine's prefix cache before the weights change: its KV was computed with the old
+        weights (slime flushes here too). An engine refuses while a request still runs on it, so ask
+        again until it agrees."""
+        deadline = time.monotonic() + timeout_s
+        for e in self.endpoints:
+            while True:
+                try:
+                    control(e.url, "/flush_cache", timeout=30)
+                    break
+                except EngineError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
 
     def _push_distributed(self, bucket: List[Tuple[str, torch.Tensor]], v: str) -> None:
         body = {"names": [n for n, _ in bucket], "dtypes": [transport.dtype_to_str(t.dtype) for _, t in bucket],
