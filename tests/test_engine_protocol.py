@@ -273,3 +273,231 @@ def test_seeded_sampling_draws_from_the_distribution(engine):
     assert 0.5 * (freq - probs.double()).abs().sum() < 0.02
     top3 = set(probs.topk(3).indices.tolist())
     assert set(_first_tokens(engine, 500, top_k=3)) == top3
+
+
+# ------------------------------------------------------------------ SGLang 0.5.17 as the reference
+# Each test below pins one behaviour of the embedded server to what SGLang 0.5.17's own server does
+# (sglang/srt/entrypoints/http_server.py, sglang/srt/managers/io_struct.py and tokenizer_manager.py).
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}  # FINISH_ABORT().to_json()
+
+
+def test_weight_version_endpoints_are_gone(engine_url):
+    """0.5.17 answers both old paths with FastAPI's 404 ``{"detail": ...}``; the version is in /model_info."""
+    for path in ("/get_weight_version", "/weight_version"):
+        r = httpx.get(engine_url + path)
+        assert r.status_code == 404 and "/model_info" in r.json()["detail"]
+
+
+def test_model_info_has_sglang_fields(engine_url):
+    info = httpx.get(engine_url + "/model_info").json()
+    assert set(info) == {"model_path", "tokenizer_path", "is_generation", "preferred_sampling_params", "weight_version",
+                         "has_image_understanding", "has_audio_understanding", "model_type", "architectures"}
+    assert info["has_image_understanding"] is False and info["weight_version"] == weight_version(engine_url)
+
+
+def test_generate_meta_info_as_sglang(engine_url, tiny_ckpt):
+    """With return_logprob: (logprob, token id, None) triples, no prompt log-probs (logprob_start_len -1),
+    their count; with return_text_in_logprobs the third element is the token's text."""
+    body = {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+    meta = gen(engine_url, body)[1]["meta_info"]
+    assert {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens",
+            "completion_tokens", "cached_tokens", "input_token_logprobs", "output_token_logprobs",
+            "output_token_logprobs_length"} <= set(meta)
+    assert meta["input_token_logprobs"] == [] and meta["output_token_logprobs_length"] == 4
+    assert all(x is None for _, _, x in meta["output_token_logprobs"])
+    out = gen(engine_url, {**body, "return_text_in_logprobs": True})[1]
+    tok = AutoTokenizer.from_pretrained(tiny_ckpt)
+    assert [x for _, _, x in out["meta_info"]["output_token_logprobs"]] == [tok.decode([t]) for t in out["output_ids"]]
+    assert "output_token_logprobs" not in gen(engine_url, {**body, "return_logprob": False})[1]["meta_info"]
+
+
+def test_sampling_params_as_sglang_reads_them(engine_url):
+    """null means the default; SGLang's verify() ranges; unknown keys and sampling features the
+    embedded engine does not have are refused (400), not ignored."""
+    ok = {"max_new_tokens": 2, "temperature": None, "top_p": None, "top_k": None, "stop": None,
+          "stop_token_ids": None, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "json_schema": None}
+    assert gen(engine_url, {"input_ids": PROMPT, "sampling_params": ok})[0] == 200
+    for bad, needle in [({"top_k": 0}, "top_k"), ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+                        ({"min_p": 1.5}, "min_p"), ({"temperature": -0.5}, "temperature"),
+                        ({"no_such_param": 1}, "no_such_param"), ({"repetition_penalty": 1.2}, "repetition_penalty"),
+                        ({"regex": "[0-9]+"}, "regex")]:
+        code, out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": bad})
+        assert code == 400 and needle in out["error"]["message"], (bad, out)
+
+
+def _paused_requests(engine_url, bodies):
+    """Send ``bodies`` while generation is paused; returns their futures (nothing runs yet)."""
+    import time
+
+    control(engine_url, "/pause_generation", {"mode": "in_place"})
+    pool = concurrent.futures.ThreadPoolExecutor(len(bodies))
+    futs = [pool.submit(gen, engine_url, b) for b in bodies]
+    time.sleep(0.5)
+    assert not any(f.done() for f in futs)
+    return pool, futs
+
+
+def test_abort_request_by_rid_reaches_waiting_requests(engine_url):
+    """/abort_request answers an empty 200; a rid aborts that request, or every sample of a request with
+    n > 1, waiting or running; other requests go on; an empty rid aborts nothing."""
+    sp = {"max_new_tokens": 3, "ignore_eos": True}
+    pool, futs = _paused_requests(engine_url, [{"input_ids": PROMPT, "rid": "one", "sampling_params": sp},
+                                               {"input_ids": PROMPT, "rid": "many", "sampling_params": {**sp, "n": 2}},
+                                               {"input_ids": PROMPT, "rid": "other", "sampling_params": sp}])
+    try:
+        for rid in ("one", "many", ""):
+            r = httpx.post(engine_url + "/abort_request", json={"rid": rid})
+            assert r.status_code == 200 and r.content == b""
+        control(engine_url, "/continue_generation", {})
+        one, many, other = [f.result() for f in futs]
+    finally:
+        pool.shutdown()
+    assert one[1]["meta_info"]["finish_reason"] == ABORTED and one[1]["output_ids"] == []
+    assert [o["meta_info"]["finish_reason"] for o in many[1]] == [ABORTED, ABORTED]
+    assert other[1]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+
+
+def test_update_weight_version_aborts_by_default(engine_url):
+    """UpdateWeightVersionReqInput.abort_all_requests defaults to true."""
+    before = weight_version(engine_url)
+    pool, futs = _paused_requests(engine_url, [{"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}}])
+    try:
+        out = control(engine_url, "/update_weight_version", {"new_version": "v-test"})
+        control(engine_url, "/continue_generation", {})
+        assert futs[0].result()[1]["meta_info"]["finish_reason"] == ABORTED
+    finally:
+        pool.shutdown()
+        control(engine_url, "/update_weight_version", {"new_version": before})
+    assert out == {"success": True, "message": "Weight version updated to v-test", "new_version": "v-test"}
+
+
+def test_pause_generation_modes(engine_url):
+    r = httpx.post(engine_url + "/pause_generation", json={"mode": "freeze"})
+    assert r.status_code == 400 and "in_place" in r.json()["error"]["message"]
+    for mode in ("retract", "in_place", "abort"):
+        assert control(engine_url, "/pause_generation", {"mode": mode}) == {
+            "message": "Generation paused successfully.", "status": "ok"}
+        control(engine_url, "/continue_generation", {"torch_empty_cache": True})
+    assert gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}})[0] == 200
+
+
+def test_legacy_load_and_flush_answers(engine_url):
+    loads = httpx.get(engine_url + "/get_load").json()
+    assert isinstance(loads, list) and set(loads[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens",
+                                                         "num_pending_tokens", "ts_tic"}
+    assert httpx.post(engine_url + "/flush_cache").text.startswith("Cache flushed.\n")
+
+
+def test_update_weights_from_tensor_load_formats(engine_url, tiny_ckpt):
+    """None and "direct": a list of (name, tensor); "flattened_bucket": SGLang's bytes bucket; another
+    format, or a payload with classes SGLang's SafeUnpickler refuses, is a 400 and changes nothing."""
+    import pathlib
+
+    from slime_hydra.sync import transport
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    model = _scaled_weights(tiny_ckpt, 1.25)
+    named = [(k, v.contiguous()) for k, v in model.state_dict().items()]
+    body = {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+
+    def check_policy(m):
+        out = gen(engine_url, body)[1]
+        engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(engine, recompute(m, PROMPT, out["output_ids"]))) < 1e-4
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+    try:
+        for fmt, payload in [(None, named), ("direct", named),
+                             ("flattened_bucket", transport.flattened_bucket(named, torch.device("cpu")))]:
+            control(engine_url, "/update_weights_from_tensor", {"serialized_named_tensors": [transport.serialize(payload)],
+                                                                "load_format": fmt, "weight_version": f"fmt-{fmt}"})
+            assert weight_version(engine_url) == f"fmt-{fmt}"
+            check_policy(model)
+            control(engine_url, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [transport.serialize(list(original.state_dict().items()))]})
+            check_policy(original)
+        for fmt, payload, needle in [("npz", named, "Unknown load_format"),
+                                     (None, [("x", pathlib.Path("/tmp"))], "pathlib")]:
+            with pytest.raises(EngineError, match=needle):
+                control(engine_url, "/update_weights_from_tensor", {
+                    "serialized_named_tensors": [transport.serialize(payload)], "load_format": fmt,
+                    "weight_version": "refused"})
+            assert weight_version(engine_url) != "refused"
+    finally:
+        control(engine_url, "/update_weights_from_tensor", {
+            "serialized_named_tensors": [transport.serialize(list(original.state_dict().items()))],
+            "weight_version": "0"})
+
+
+def test_update_weights_from_disk_answer(engine_url, tiny_ckpt):
+    out = control(engine_url, "/update_weights_from_disk", {"model_path": tiny_ckpt, "weight_version": "0"})
+    assert out["success"] is True and out["num_paused_requests"] == 0
+
+
+def test_tied_lm_head_is_pushed_once(engine_url, tiny_ckpt, tmp_path):
+    """The torch backend names the tied embedding once (SGLang's loaders warn for lm_head.weight and tie
+    it themselves); the embedded engine ties it too, so the pushed policy lands whole."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "train"))
+    from tiny_trainer import backend, config
+
+    be = backend(config(), tiny_ckpt)
+    assert be.model.config.tie_word_embeddings
+    with torch.no_grad():
+        be.model.get_input_embeddings().weight.mul_(1.5)
+    names = [n for n, _ in be.hf_weights()]
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    sender = WeightSender("tensor", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
+    try:
+        sender.push(be.hf_weights(), version=21)
+        out = gen(engine_url, {"input_ids": PROMPT, "return_logprob": True,
+                               "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})[1]
+        engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(engine, recompute(be.model.eval(), PROMPT, out["output_ids"]))) < 1e-4
+        original = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+        sender.push(list(original.state_dict().items()), version=0)
+    finally:
+        sender.close()
+
+
+# --------------------------------------------- the trainer's wire format, read by SGLang's own code
+@pytest.fixture(scope="module")
+def sglang():
+    from sglang_parser import start_parser
+
+    parser = start_parser()
+    yield parser
+    parser.close()
+
+
+def test_sglang_reads_the_tensor_payload(sglang):
+    """SGLang 0.5.17's MultiprocessingSerializer (its SafeUnpickler) and FlattenedTensorBucket read what
+    the sender sends, flattened and as a list (CPU tensors here: the CUDA path is the same pickle with a
+    CUDA handle, bench/sglang_gpu.sh)."""
+    from slime_hydra.sync import transport
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    g = torch.Generator().manual_seed(0)
+    named = [("model.embed_tokens.weight", torch.randn(7, 4, generator=g).to(torch.bfloat16)),
+             ("model.norm.weight", torch.randn(4, generator=g).to(torch.bfloat16)),
+             ("model.layers.0.mlp.up_proj.weight", torch.randn(3, 5, generator=g).to(torch.bfloat16))]
+    expected = [[n, list(t.shape), str(t.dtype), float(t.double().sum())] for n, t in named]
+    bucket = transport.flattened_bucket(named, torch.device("cpu"))
+    assert sglang.read_tensor_payload(transport.serialize(bucket), "flattened_bucket") == expected
+    assert sglang.read_tensor_payload(transport.serialize(named), None) == expected
+
+
+def test_distributed_bucket_is_sglang_layout(sglang):
+    """The flattened broadcast has the byte layout SGLang's receiver allocates (uint8, tensors end to end):
+    a bf16 bucket of N elements is 2N bytes, not N elements."""
+    from slime_hydra.sync import transport
+
+    shapes = [[7, 4], [4], [3, 5]]
+    names = ["a", "b", "c"]
+    mine = transport.bucket_metadata([(n, torch.bfloat16, s) for n, s in zip(names, shapes)])
+    theirs = sglang.bucket_layout(names, ["bfloat16"] * 3, shapes)
+    assert theirs["dtype"] == "torch.uint8" and theirs["numel"] == mine[-1].end_idx == 2 * (28 + 4 + 15)
+    assert theirs["entries"] == [[m.name, m.start_idx, m.end_idx] for m in mine]
+    flat = transport.flatten([torch.ones(s, dtype=torch.bfloat16) for s in shapes], torch.device("cpu"))
+    assert flat.dtype == torch.uint8 and flat.numel() == theirs["numel"]

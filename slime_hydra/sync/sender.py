@@ -1,18 +1,23 @@
 """Trainer -> engines weight push over SGLang's weight-update endpoints.
 
-One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, send
-the Hugging Face-named tensors in buckets, check every engine reports the new weight version,
-continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
+One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, flush the
+engines' prefix caches, send the Hugging Face-named tensors in buckets, check every engine reports the
+new weight version, continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
 than train against a stale policy.
 
 Transports (``sync.transport``):
 - ``distributed``: engines join a process group with the trainer (NCCL on GPUs, gloo on CPU); each
-  bucket is announced with ``/update_weights_from_distributed`` and broadcast from rank 0. For
-  engines on their own GPUs.
-- ``tensor``: colocated engines map the trainer's memory: ``/update_weights_from_tensor`` with
-  serialized handles (CUDA IPC; shared memory on CPU). Each bucket is one fresh flat buffer that
-  is dropped after the engine has copied it (never reused: the engine may still be reading it).
+  bucket is announced with ``/update_weights_from_distributed`` and broadcast from rank 0 as one
+  flattened buffer (``load_format="flattened_bucket"``). For engines on their own GPUs.
+- ``tensor``: colocated engines map the trainer's memory: ``/update_weights_from_tensor`` with a
+  serialized handle of one flattened bucket (CUDA IPC; shared memory on CPU). Each bucket is one
+  fresh buffer that is dropped after the engine has copied it (never reused: the engine may still be
+  reading it).
 - ``disk``: a Hugging Face safetensors directory and ``/update_weights_from_disk``.
+
+The weights come from the trainer backend's ``hf_weights``, which names each storage once: a tied
+LM head travels as the embedding it shares (SGLang's loaders tie it; a second copy under
+``lm_head.weight`` is an unknown parameter to them).
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ class WeightSender:
         t0, nbytes, v = time.perf_counter(), 0, str(version)
         try:
             self._all("/pause_generation", lambda i: {"mode": "in_place"})
+            self._flush_caches()
             if self.kind == "disk":
                 nbytes = self._push_disk(list(named), v)
             else:
@@ -127,13 +133,27 @@ class WeightSender:
             raise WeightSyncError(f"weights did not arrive: engines report versions {stale}, expected {v}")
         return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0}
 
+    def _flush_caches(self, timeout_s: float = 60.0) -> None:
+        """Empty every engine's prefix cache before the weights change: its KV was computed with the old
+        weights (slime flushes here too). An engine refuses while a request still runs on it, so ask
+        again until it agrees."""
+        deadline = time.monotonic() + timeout_s
+        for e in self.endpoints:
+            while True:
+                try:
+                    control(e.url, "/flush_cache", timeout=30)
+                    break
+                except EngineError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
     def _push_distributed(self, bucket: List[Tuple[str, torch.Tensor]], v: str) -> None:
-        tensors = [t.detach().to(self.device) for _, t in bucket]
-        body = {"names": [n for n, _ in bucket], "dtypes": [transport.dtype_to_str(t.dtype) for t in tensors],
-                "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_NAME, "flush_cache": False,
+        body = {"names": [n for n, _ in bucket], "dtypes": [transport.dtype_to_str(t.dtype) for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket], "group_name": GROUP_NAME, "flush_cache": False,
                 "weight_version": v, "load_format": "flattened_bucket"}
         futs = [self.pool.submit(control, e.url, "/update_weights_from_distributed", body) for e in self.endpoints]
-        transport.broadcast_send(self.group, tensors, flattened=True)
+        transport.broadcast_send(self.group, [t for _, t in bucket], flattened=True, device=self.device)
         for f in futs:
             f.result()
 
@@ -141,16 +161,14 @@ class WeightSender:
         # A fresh buffer on the device, never reused (the engine may still read it after answering).
         # Colocated trainers push while offloaded: their weights are on CPU and travel one bucket
         # at a time to the GPU, where the engine maps them over CUDA IPC (slime does the same).
-        flat = torch.cat([t.detach().reshape(-1).to(self.device) for _, t in bucket])
-        named, offset = [], 0
-        for name, t in bucket:
-            named.append((name, flat[offset:offset + t.numel()].view(t.shape)))
-            offset += t.numel()
-        blob = transport.serialize(named)
+        payload = transport.flattened_bucket(bucket, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the copies land before the engine reads
+        blob = transport.serialize(payload)
         self._all("/update_weights_from_tensor",
                   lambda i: {"serialized_named_tensors": [blob] * self.endpoints[i].gpus, "flush_cache": False,
-                             "weight_version": v})
-        del named, flat
+                             "weight_version": v, "load_format": "flattened_bucket"})
+        del payload
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()
 

@@ -1,23 +1,35 @@
-"""The wire formats of weight sync, shared by the trainer (sender) and the embedded engine (receiver).
+"""The wire formats of weight sync, shared by the trainer (sender) and the embedded engine (receiver),
+as SGLang 0.5.17 reads them.
 
 - Process groups for ``update_weights_from_distributed``: a *separate* torch.distributed group that
   joins the trainer's rank 0 (rank 0) with every engine GPU (ranks 1..N), made the way SGLang makes
   it (``rendezvous`` on ``tcp://addr:port``, a ``PrefixStore`` keyed by the group name, then
   ``_new_process_group_helper``), so the trainer side interoperates with real SGLang servers. It
   does not touch the default process group. Backend: nccl on GPUs, gloo on CPU.
+- Flattened buckets (``load_format="flattened_bucket"``): SGLang's ``FlattenedTensorBucket`` lays the
+  tensors of a bucket end to end as *bytes* (uint8, ``start_idx``/``end_idx`` in bytes), over NCCL and
+  over CUDA IPC alike. A bucket holds one dtype here, so every tensor's byte offset is aligned for it.
 - Tensor handles for ``update_weights_from_tensor``: SGLang's ``MultiprocessingSerializer`` format,
-  base64 of a ``ForkingPickler`` dump of a list of (name, tensor) pairs, so a colocated receiver maps
-  the sender's memory instead of copying it through HTTP (CUDA IPC on GPUs; shared-memory files on
-  CPU, with torch's ``file_system`` sharing strategy).
+  base64 of a ``ForkingPickler`` dump, so a colocated receiver maps the sender's memory instead of
+  copying it through HTTP (CUDA IPC on GPUs; shared-memory files on CPU, with torch's ``file_system``
+  sharing strategy). As SGLang's ``monkey_patch_torch_reductions``, a CUDA handle names its GPU by
+  UUID, not by index: the trainer and the engine number the GPUs differently (Ray gives the trainer
+  only its own GPU). The receiver reads with SGLang's ``SafeUnpickler`` rules: classes of builtins,
+  ``types``, ``collections``, torch and multiprocessing only, so a payload the real server would
+  refuse fails here too. A flattened bucket's metadata are ``types.SimpleNamespace`` records with
+  the fields of SGLang's ``FlattenedTensorMetadata`` (the trainer does not import sglang).
 """
 
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import math
+import pickle
+import types
 from datetime import timedelta
-from typing import Iterable, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -57,12 +69,13 @@ def destroy_group(group) -> None:
     dist.destroy_process_group(group)
 
 
-def broadcast_send(group, tensors: Sequence[torch.Tensor], flattened: bool = False) -> None:
+def broadcast_send(group, tensors: Sequence[torch.Tensor], flattened: bool = False,
+                   device: torch.device | None = None) -> None:
     """Trainer side: broadcast ``tensors`` from rank 0 of ``group``: each in order, or (SGLang's
-    ``load_format="flattened_bucket"``, tensors of one dtype) concatenated into one buffer, one
-    broadcast (gloo: 36 small tensors took 20 ms one by one, measured)."""
+    ``load_format="flattened_bucket"``) their bytes end to end in one buffer on ``device`` (default:
+    the first tensor's), one broadcast (gloo: 36 small tensors took 20 ms one by one, measured)."""
     if flattened:
-        dist.broadcast(torch.cat([t.detach().reshape(-1) for t in tensors]), src=0, group=group)
+        dist.broadcast(flatten(tensors, device or tensors[0].device), src=0, group=group)
         return
     works = [dist.broadcast(t.contiguous(), src=0, group=group, async_op=True) for t in tensors]
     for w in works:
@@ -78,35 +91,117 @@ def receive_broadcast(group, dtypes: Sequence[str], shapes: Sequence[Sequence[in
         for w in works:
             w.wait()
         return bufs
-    if len(set(map(dtype_from_str, dtypes))) > 1:
-        raise ValueError(f"a flattened bucket holds one dtype, got {sorted(set(map(str, dtypes)))}")
-    numels = [math.prod(s) for s in shapes]
-    flat = torch.empty(sum(numels), dtype=dtype_from_str(dtypes[0]), device=device)
+    metadata = bucket_metadata([(str(i), dtype_from_str(d), s) for i, (d, s) in enumerate(zip(dtypes, shapes))])
+    flat = torch.empty(metadata[-1].end_idx if metadata else 0, dtype=torch.uint8, device=device)
     dist.broadcast(flat, src=0, group=group)
-    return [part.view(list(s)) for part, s in zip(flat.split(numels), shapes)]
+    return [t for _, t in unflatten(flat, metadata)]
+
+
+# -------------------------------------------------------------------------- flattened buckets
+def bucket_metadata(entries: Sequence[Tuple[str, torch.dtype, Sequence[int]]]) -> List[types.SimpleNamespace]:
+    """(name, dtype, shape) -> SGLang's FlattenedTensorMetadata fields, byte offsets end to end."""
+    out, offset = [], 0
+    for name, dtype, shape in entries:
+        nbytes = math.prod(shape) * dtype.itemsize
+        out.append(types.SimpleNamespace(name=name, shape=torch.Size(shape), dtype=dtype, start_idx=offset,
+                                         end_idx=offset + nbytes, numel=nbytes))
+        offset += nbytes
+    return out
+
+
+def flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The tensors' bytes end to end in one fresh uint8 buffer on ``device`` (one allocation; each
+    tensor is copied in, from the host if it was offloaded)."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    offset = 0
+    for t, n in zip(tensors, sizes):
+        flat[offset:offset + n].copy_(t.detach().contiguous().view(-1).view(torch.uint8), non_blocking=True)
+        offset += n
+    return flat
+
+
+def unflatten(flat: torch.Tensor, metadata: Sequence[Any]) -> List[Tuple[str, torch.Tensor]]:
+    """SGLang's FlattenedTensorBucket.reconstruct_tensors: views into ``flat``."""
+    return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
+
+
+def flattened_bucket(named: Sequence[Tuple[str, torch.Tensor]], device: torch.device) -> Dict[str, Any]:
+    """The payload SGLang's ``update_weights_from_tensor(load_format="flattened_bucket")`` reads."""
+    metadata = bucket_metadata([(n, t.dtype, t.shape) for n, t in named])
+    return {"flattened_tensor": flatten([t for _, t in named], device), "metadata": metadata}
 
 
 # --------------------------------------------------------------------------- tensor handles
 def serialize(obj) -> str:
-    """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True)."""
+    """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True), with CUDA handles naming
+    their GPU by UUID (SGLang's patched torch reductions)."""
     from multiprocessing.reduction import ForkingPickler
 
     buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)
+    pickler = ForkingPickler(buf)
+    pickler.dispatch_table[torch.Tensor] = _reduce_tensor
+    pickler.dispatch_table[torch.nn.Parameter] = _reduce_tensor
+    pickler.dump(obj)
     return base64.b64encode(buf.getvalue()).decode("utf-8")
 
 
 def deserialize(data: str | bytes):
-    from multiprocessing.reduction import ForkingPickler
-
+    """SGLang's MultiprocessingSerializer.deserialize: its SafeUnpickler's rules, GPUs named by UUID."""
     if isinstance(data, str):
-        data = base64.b64decode(data)
-    return ForkingPickler.loads(data)
+        data = base64.b64decode(data, validate=True)
+    return _SafeUnpickler(io.BytesIO(data)).load()
+
+
+def _device_index(name: str) -> int:
+    return list(inspect.signature(_reductions().rebuild_cuda_tensor).parameters).index(name)
+
+
+def _reductions():
+    from torch.multiprocessing import reductions
+
+    return reductions
+
+
+def _reduce_tensor(t: torch.Tensor):
+    fn, args = _reductions().reduce_tensor(t)
+    if fn is _reductions().rebuild_cuda_tensor:
+        i = _device_index("storage_device")
+        args = (*args[:i], str(torch.cuda.get_device_properties(args[i]).uuid), *args[i + 1:])
+    return fn, args
+
+
+def _rebuild_cuda_tensor(*args):
+    i = _device_index("storage_device")
+    device = args[i]
+    if isinstance(device, str):
+        by_uuid = {str(torch.cuda.get_device_properties(d).uuid): d for d in range(torch.cuda.device_count())}
+        if device not in by_uuid:
+            raise RuntimeError(f"a CUDA handle names GPU {device}, which this process does not see")
+        args = (*args[:i], by_uuid[device], *args[i + 1:])
+    return _reductions().rebuild_cuda_tensor(*args)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """SGLang 0.5.17's SafeUnpickler (sglang/srt/utils/common.py), for what a weight payload holds."""
+
+    ALLOWED = ("builtins.", "collections.", "copyreg.", "functools.", "itertools.", "operator.", "types.",
+               "weakref.", "torch.", "multiprocessing.resource_sharer.", "multiprocessing.reduction.")
+    DENIED = {("builtins", "eval"), ("builtins", "exec"), ("builtins", "compile"), ("types", "CodeType"),
+              ("types", "FunctionType")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"):
+            return _rebuild_cuda_tensor
+        if (module, name) in self.DENIED or not any((module + ".").startswith(p) for p in self.ALLOWED):
+            raise pickle.UnpicklingError(f"weight payloads may not load {module}.{name} (SGLang's SafeUnpickler "
+                                         "refuses it too)")
+        return super().find_class(module, name)
 
 
 def buckets(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
     """Group (name, tensor) pairs into lists of at most ``bucket_bytes`` (a larger tensor goes alone)
-    and of one dtype each, so that each list flattens into one buffer."""
+    and of one dtype each (a flattened bucket's byte offsets then suit every tensor's dtype)."""
     cur: List[Tuple[str, torch.Tensor]] = []
     size, dtype = 0, None
     for name, t in named:

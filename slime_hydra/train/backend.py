@@ -174,7 +174,8 @@ class TrainerBackend(ABC):
     def hf_weights(self) -> Iterator[Tuple[str, "torch.Tensor"]]:
         """The full, unsharded weights in Hugging Face names and ``model.dtype``, one tensor at a
         time, on the rank that pushes them; ranks that do not push iterate it too (a sharded backend
-        gathers as it goes) and get nothing."""
+        gathers as it goes) and get nothing. Tied weights come once, under the name a checkpoint
+        stores (``model.embed_tokens.weight``, not ``lm_head.weight``)."""
 
     @abstractmethod
     def offload(self) -> None:

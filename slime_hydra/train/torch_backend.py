@@ -157,15 +157,21 @@ class TorchBackend(TrainerBackend):
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
 
-    def _named_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+    def _named_weights(self, on_device: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
         """Hugging Face names -> tensors in ``model.dtype``, as the engines load them (cast one at a
-        time, so a push never holds a second copy of the model)."""
-        for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach().to(self.compute_dtype)
+        time, so a push never holds a second copy of the model). Each storage once: a tied LM head is
+        the embedding, which the engines tie as they load it (SGLang warns "Parameter lm_head.weight not
+        found" for a second copy; the cast would hide that the two are one). ``on_device``: offloaded
+        weights are copied from their pinned host buffers and cast on the device, not on the host."""
+        for name, tensor in self._unique_state().items():
+            tensor = tensor.detach()
+            if on_device:
+                tensor = tensor.to(self.device, non_blocking=True)
+            yield name, tensor.to(self.compute_dtype)
 
     def hf_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         if self.pushes_weights:
-            yield from self._named_weights()
+            yield from self._named_weights(on_device=True)
 
     def offload(self) -> None:
         """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host

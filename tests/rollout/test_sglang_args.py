@@ -1,9 +1,10 @@
 """SGLang server command lines, checked by sglang's own ServerArgs parser.
 
 SGLang cannot run on the CPU machines, but its argument parser can: the ``sglang`` fixture installs it once
-into ``.cache/sglang-parser`` (tests/sglang_parser/install.py: sglang 0.5.23 with --no-deps, a few small
-packages, a triton stand-in; about 3 s and 144 MB) and imports it in a worker process. The tests are skipped
-only when the package index cannot be reached; any other installation failure fails them.
+into ``.cache/sglang-parser`` (tests/sglang_parser/install.py: sglang 0.5.17, the version the project pins
+for GPUs, with --no-deps, the small packages its server_args imports, stand-ins for triton and torchvision)
+and imports it in a worker process. The tests are skipped only when the package index cannot be reached;
+any other installation failure fails them.
 """
 
 from __future__ import annotations
@@ -19,28 +20,17 @@ import pytest
 import yaml
 
 from conftest import CONF, resolved
-from sglang_parser import SglangParser
-from sglang_parser.install import PINS, index_reachable, install
+from sglang_parser import start_parser
 
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
-from slime_hydra.rollout.engines.sglang import MANAGED_SERVER_ARGS
+from slime_hydra.rollout.engines.sglang import MANAGED_SERVER_ARGS, PREFILL_GRAPH_KEYS, SglangEngine
 from slime_hydra.rollout.fleet import engine_specs
 
 
 @pytest.fixture(scope="module")
 def sglang():
-    try:
-        site = install()
-    except subprocess.CalledProcessError as e:
-        reachable, where = index_reachable()
-        if not reachable:
-            reason = f"sglang's parser is not installed and the package index is unreachable: {where}"
-            warnings.warn(reason)
-            pytest.skip(reason)
-        pytest.fail(f"pip install {' '.join(PINS)} failed although {where} is reachable:\n{(e.stderr or '')[-4000:]}")
-    parser = SglangParser(site)
-    assert parser.info["version"] == PINS[0].split("==")[1], parser.info
+    parser = start_parser()
     yield parser
     parser.close()
 
@@ -113,8 +103,9 @@ def test_multi_node_engine_command_parses(sglang):
 @pytest.mark.parametrize("override, message", [
     ("rollout.server_args.mem_fraction_static=abc", "argument --mem-fraction-static: invalid float value: 'abc'"),
     ("+rollout.server_args.no_such_option=1", "unrecognized arguments: --no-such-option 1"),
-    # gone in 0.5.23; argparse takes it for an abbreviation of two newer flags
-    ("+rollout.server_args.cuda_graph_max_bs=256", "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode"),
+    # gone since sglang 0.4; argparse takes it for an abbreviation of two newer flags
+    ("+rollout.server_args.disable_flashinfer=true",
+     "ambiguous option: --disable-flashinfer could match --disable-flashinfer-autotune"),
     ("+rollout.server_args.attention_backend=warp_drive", "argument --attention-backend: invalid choice: 'warp_drive'"),
 ])
 def test_sglang_rejects_bad_pass_through(sglang, override, message):
@@ -142,22 +133,28 @@ def test_embedded_engine_takes_sglang_flag_names(sglang):
 
 @pytest.mark.parametrize("override, expected", [
     ("rollout.server_args.mem_fraction_static=abc",
-     "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.23)"),
-    ("+rollout.server_args.cuda_graph_max_bs=256",
-     "rollout.server_args.cuda_graph_max_bs: not a ServerArgs option of sglang 0.5.23 (no --cuda-graph-max-bs); "
-     "did you mean cuda_graph_max_bs_decode or cuda_graph_max_bs_prefill?"),
+     "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.17)"),
+    ("+rollout.server_args.disable_flashinfer=true",
+     "rollout.server_args.disable_flashinfer: not a ServerArgs option of sglang 0.5.17 (no --disable-flashinfer); "
+     "did you mean disable_flashinfer_autotune?"),
+    ("+rollout.server_args.cuda_graph_max_bs_decoding=64",
+     "rollout.server_args.cuda_graph_max_bs_decoding: not a ServerArgs option of sglang 0.5.17 "
+     "(no --cuda-graph-max-bs-decoding); did you mean cuda_graph_max_bs_decode"),
     ("+rollout.server_args.kv_cache_dtype=fp7", "rollout.server_args.kv_cache_dtype: argument --kv-cache-dtype: invalid choice: 'fp7'"),
     ("+rollout.server_args.tensor_parallel_size=2",
      "rollout.server_args.tensor_parallel_size: --tensor-parallel-size is sglang's alias of tp_size, set by slime_hydra"),
-    ("+rollout.server_args.enable_tf32_matmul=false",
-     "rollout.server_args.enable_tf32_matmul: false is left off the command line, which keeps sglang's default (None); "
-     "write no_enable_tf32_matmul: true for --no-enable-tf32-matmul"),
+    ("+rollout.server_args.dllm_fdfo=false",
+     "rollout.server_args.dllm_fdfo: false is left off the command line, which keeps sglang's default (True); "
+     "write no_dllm_fdfo: true for --no-dllm-fdfo"),
     ("+rollout.server_args.context_length=false", "rollout.server_args.context_length: false is left off the command line"),
     ("+rollout.server_args.disable_radix_cache=1", "rollout.server_args.disable_radix_cache: unrecognized arguments: 1"),
     # accepted
-    ("+rollout.server_args.no_enable_tf32_matmul=true", None),
+    ("+rollout.server_args.no_dllm_fdfo=true", None),
+    ("+rollout.server_args.enable_tf32_matmul=false", None),
     ("+rollout.server_args.disable_radix_cache=false", None),
     ("+rollout.server_args.cuda_graph_bs_decode=[1,2,4,8]", None),
+    ("+rollout.server_args.cuda_graph_max_bs=64", None),  # 0.5.17: a deprecated alias of cuda_graph_max_bs_decode
+    ("+rollout.server_args.disable_prefill_cuda_graph=false", None),
     ("+rollout.server_args.context_length=32k", None),
     ("+rollout.server_args.json_model_override_args={rope_theta: 10000}", None),
 ])
@@ -199,6 +196,50 @@ def test_validation_in_the_driver_checks_in_a_child_process(sglang, monkeypatch)
     errs = validate(resolved(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
                               "rollout.server_args.mem_fraction_static=abc", "+rollout.server_args.disable_radix_cache=true"]))
     assert [e for e in errs if e.startswith("rollout.server_args")] == [
-        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.23)"]
+        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.17)"]
     assert "sglang" not in sys.modules and "triton" not in sys.modules
     assert dict(os.environ) == env
+
+
+def test_validation_needs_no_model_config(sglang):
+    """Validation parses flags only: a model path that is a hub id (no network here) or a missing
+    folder does not turn every server_args key into "couldn't connect to huggingface.co" (seen with
+    sglang 0.5.17, whose ServerArgs constructor reads the model's config)."""
+    for model in ("model=qwen3_4b", "model.path=/nonexistent/checkpoint"):
+        errs = sglang.validate(["rollout=sglang", "parallelism=1gpu", "model=qwen3_0_6b", model,
+                                "+rollout.server_args.attention_backend=triton",
+                                "+rollout.server_args.sampling_backend=pytorch"])
+        assert [e for e in errs if e.startswith("rollout.server_args")] == [], errs
+
+
+def test_colocated_engines_turn_off_the_prefill_cuda_graph(sglang):
+    """With the memory saver, SGLang gets --disable-prefill-cuda-graph unless server_args chooses a
+    prefill graph itself; split engines keep SGLang's default. Every key that counts as a choice is
+    one of this sglang's flags."""
+    flags = set(sglang.options()["flags"])
+    assert {to_flags({key: 1})[0] for key in PREFILL_GRAPH_KEYS} <= flags
+    (colocated, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b"])
+    assert sglang.parse(colocated[3:], ["enable_memory_saver", "disable_prefill_cuda_graph"]) == {
+        "enable_memory_saver": True, "disable_prefill_cuda_graph": True}
+    (split, *_) = engine_commands(["rollout=sglang", "parallelism=split_4_4", "model=qwen3_4b"])
+    assert sglang.parse(split[3:], ["enable_memory_saver", "disable_prefill_cuda_graph"]) == {
+        "enable_memory_saver": False, "disable_prefill_cuda_graph": False}
+    (chosen, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
+                                    "+rollout.server_args.cuda_graph_backend_prefill=tc_piecewise"])
+    assert sglang.parse(chosen[3:], ["disable_prefill_cuda_graph", "cuda_graph_backend_prefill"]) == {
+        "disable_prefill_cuda_graph": False, "cuda_graph_backend_prefill": "tc_piecewise"}
+
+
+def test_decode_cuda_graphs_follow_the_rollout_concurrency(sglang):
+    (cmd, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "rollout.concurrency=64"])
+    assert sglang.parse(cmd[3:], ["cuda_graph_max_bs_decode"]) == {"cuda_graph_max_bs_decode": 64}
+
+
+def test_memory_saver_cuda_graph_is_off(monkeypatch):
+    """torch_memory_saver pauses CUDA graphs only in its preload hook mode; SGLang asserts otherwise."""
+    monkeypatch.delenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", raising=False)
+    spec = ServerSpec(engine="sglang", model_path="m", tokenizer_path="m", dtype="bfloat16", device="cuda", gpus=1,
+                      seed=0, memory_saver=True)
+    assert SglangEngine(spec).env()["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "false"
+    monkeypatch.setenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "true")  # the environment wins
+    assert SglangEngine(spec).env()["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "true"

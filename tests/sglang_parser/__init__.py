@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .install import ROOT
+from .install import PINS, ROOT, index_reachable, install
 
 
 class SglangParser:
@@ -67,6 +67,16 @@ class SglangParser:
         """``slime_hydra.launch.validate.validate`` of the composed config, with sglang importable."""
         return self.request("validate", overrides=list(overrides))
 
+    def read_tensor_payload(self, payload: str, load_format: Optional[str] = None) -> List[list]:
+        """[[name, shape, dtype, sum]] of what SGLang's TP worker would load from one
+        ``serialized_named_tensors`` entry of ``/update_weights_from_tensor``."""
+        return self.request("read_tensor_payload", payload=payload, load_format=load_format)
+
+    def bucket_layout(self, names: List[str], dtypes: List[str], shapes: List[List[int]]) -> Dict[str, Any]:
+        """{"numel", "dtype", "entries": [[name, start, end]]} of the buffer SGLang receives for one
+        flattened ``/update_weights_from_distributed`` bucket."""
+        return self.request("bucket_layout", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes])
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -77,3 +87,25 @@ class SglangParser:
                 self.proc.wait()
         self.log.close()
         os.unlink(self.log.name)
+
+
+def start_parser() -> SglangParser:
+    """The pinned sglang's parser in a worker process, installed first if need be: what the ``sglang``
+    fixtures of the tests yield. Skips the test only when the package index cannot be reached; any
+    other installation failure fails it."""
+    import warnings
+
+    import pytest
+
+    try:
+        site = install()
+    except subprocess.CalledProcessError as e:
+        reachable, where = index_reachable()
+        if not reachable:
+            reason = f"sglang's parser is not installed and the package index is unreachable: {where}"
+            warnings.warn(reason)
+            pytest.skip(reason)
+        pytest.fail(f"pip install {' '.join(PINS)} failed although {where} is reachable:\n{(e.stderr or '')[-4000:]}")
+    parser = SglangParser(site)
+    assert parser.info["version"] == PINS[0].split("==")[1], parser.info
+    return parser

@@ -2,15 +2,16 @@
 
     python tests/sglang_parser/install.py [--dir DIR]      # prints the folder to put on PYTHONPATH
 
-sglang (39 MB wheel) pins torch, transformers and GPU kernels that cannot run on CPU machines, so it goes
-in with ``--no-deps`` into ``<dir>/site`` (git-ignored, default ``.cache/sglang-parser``), with the few small
-packages its import needs and a stand-in for triton (``stubs/triton``, instead of triton's 1 GB). torch,
-transformers and the rest come from the project's environment. With ``<dir>/site`` on the path,
-``from sglang.srt.server_args import ServerArgs`` works and ``ServerArgs.add_cli_args`` builds the real
-parser. Use it in a separate process: importing sglang patches transformers and sets cache variables.
+sglang pins torch, transformers and GPU kernels that cannot run on CPU machines, so it goes in with
+``--no-deps`` into ``<dir>/site`` (git-ignored, default ``.cache/sglang-parser``), with the packages its
+``server_args`` imports (``PINS``; sglang 0.5.17 imports far more at module level than 0.5.23 did) and
+stand-ins for triton and torchvision (``stubs/``). torch and the rest come from the project's environment.
+With ``<dir>/site`` on the path, ``from sglang.srt.server_args import ServerArgs`` works and
+``ServerArgs.add_cli_args`` builds the real parser. Use it in a separate process: importing sglang
+patches transformers and sets environment variables, and ``<dir>/site`` holds its own transformers.
 
-Exact versions, binary wheels only; a stamp file makes a second run a no-op. Measured on the 2-core
-CPU machines: install 3 s from PyPI (43 MB of downloads), 139 MB on disk; the import takes 4-9 s.
+Exact versions, binary wheels only; a stamp file makes a second run a no-op. Measured on the 2-core CPU
+machines (shared with other jobs): install 10-21 s from PyPI, 288 MB on disk; the import takes 13-22 s.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ROOT = HERE.parents[1]
 DEFAULT_DIR = ROOT / ".cache" / "sglang-parser"
 STUBS = HERE / "stubs"
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = "0.5.17"
 PINS = [
     f"sglang=={SGLANG_VERSION}",
     # imported by sglang at module level (sglang/utils.py, sglang/srt/utils/common.py, server_args.py)
@@ -45,6 +46,17 @@ PINS = [
     "ipython==9.18.1",  # sglang/utils.py: from IPython.display import HTML, display
     "traitlets==5.16.1",  # IPython's
     "pygments==2.21.0",  # IPython's (pytest brings one too)
+    # sglang 0.5.17 registers configs (qwen3_asr) that transformers >= 5.17 already has: it takes the
+    # transformers of the GPU bundle (../shared/tools/sglang-bundle.sh), with the tokenizers and hub it accepts
+    "transformers==5.12.1",
+    "tokenizers==0.22.2",
+    "huggingface-hub==1.33.0",
+    "openai==2.6.1",  # sglang 0.5.17's server_args imports its OpenAI protocol types
+    "jiter==0.19.0",  # openai's
+    "partial-json-parser==0.2.1.1.post7",  # sglang 0.5.17: its function-call parsers, imported by server_args
+    "xgrammar==0.2.1",  # sglang 0.5.17: a function-call parser imports its StructuralTag
+    "apache-tvm-ffi==0.1.11",  # xgrammar's
+    "sentencepiece==0.2.1",  # sglang 0.5.17: its InternVL config, imported by server_args
 ]
 
 
@@ -127,7 +139,8 @@ def install(dir: Path = DEFAULT_DIR, quiet: bool = True) -> Path:
         except subprocess.CalledProcessError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.copytree(STUBS / "triton", tmp / "triton")
+        for stub in sorted(d for d in STUBS.iterdir() if d.is_dir()):
+            shutil.copytree(stub, tmp / stub.name)
         (tmp / ".installed.json").write_text(json.dumps(_fingerprint(), indent=1))
         shutil.rmtree(site, ignore_errors=True)
         os.replace(tmp, site)

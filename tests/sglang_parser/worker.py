@@ -2,7 +2,8 @@
 requests, one JSON object a line on stdin -> one on stdout. Started by ``SglangParser`` (__init__.py).
 
 Requests: {"op": "options"} | {"op": "check", "argv": [...]} | {"op": "parse", "argv": [...], "dests": [...]}
-| {"op": "validate", "overrides": [...]}.
+| {"op": "validate", "overrides": [...]} | {"op": "read_tensor_payload", "payload": str, "load_format": ...}
+| {"op": "bucket_layout", "names": [...], "dtypes": [...], "shapes": [...]}.
 Replies: {"ok": <result>} or {"error": <traceback>}. The first line says {"ready": {...}} or {"error": ...}.
 """
 
@@ -40,6 +41,38 @@ def _parse(argv, dests) -> dict:
     return {d: getattr(ns, d) for d in dests}
 
 
+def _read_tensor_payload(payload: str, load_format):
+    """What SGLang's TP worker makes of one ``update_weights_from_tensor`` payload (tp_worker.py
+    ``_deserialize_own_rank``, weight_updater.py ``update_weights_from_tensor``), up to the model's
+    load_weights: [[name, shape, dtype, sum]] of the tensors it would load."""
+    from sglang.srt.utils.common import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
+
+    monkey_patch_torch_reductions()
+    data = MultiprocessingSerializer.deserialize(payload)
+    if load_format == "flattened_bucket":
+        meta = [FlattenedTensorMetadata(name=m.name, shape=m.shape, dtype=m.dtype, start_idx=m.start_idx,
+                                        end_idx=m.end_idx, numel=m.numel) for m in data["metadata"]]
+        named = FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=meta).reconstruct_tensors()
+    else:
+        named = list(data)
+    return [[n, list(t.shape), str(t.dtype), float(t.double().sum())] for n, t in named]
+
+
+def _bucket_layout(names, dtypes, shapes):
+    """The flattened buffer SGLang receives over ``update_weights_from_distributed(load_format=
+    "flattened_bucket")`` (weight_updater.py ``_update_bucketed_weights_from_distributed``)."""
+    import torch
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    bucket = FlattenedTensorBucket(named_tensors=[(n, torch.empty(s, dtype=getattr(torch, d)))
+                                                  for n, d, s in zip(names, dtypes, shapes)])
+    flat = bucket.get_flattened_tensor()
+    return {"numel": flat.numel(), "dtype": str(flat.dtype),
+            "entries": [[m.name, m.start_idx, m.end_idx] for m in bucket.get_metadata()]}
+
+
 def _validate(overrides):
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import resolved
@@ -71,7 +104,9 @@ def main() -> None:
 
     ops = {"options": lambda r: _options(), "check": lambda r: check_with_sglang(r["argv"]),
            "parse": lambda r: _parse(r["argv"], r["dests"]),
-           "validate": lambda r: _validate(r["overrides"])}
+           "validate": lambda r: _validate(r["overrides"]),
+           "read_tensor_payload": lambda r: _read_tensor_payload(r["payload"], r.get("load_format")),
+           "bucket_layout": lambda r: _bucket_layout(r["names"], r["dtypes"], r["shapes"])}
     for line in sys.stdin:
         req = json.loads(line)
         try:

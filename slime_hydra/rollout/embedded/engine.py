@@ -9,6 +9,7 @@ memory release never interleave.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -23,9 +24,19 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
+# SGLang 0.5.17's sampling parameters that the embedded engine does not implement: accepted at their
+# default value (what SGLang does then), refused otherwise rather than silently ignored.
+UNSUPPORTED_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                        "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
+                        "structural_tag": None, "logit_bias": None}
+# SGLang's, with no effect on a whole (non-streamed) answer here
+IGNORED_SAMPLING = ("n", "stream_interval", "custom_params")
+
+
 @dataclass
 class SamplingParams:
-    """SGLang's sampling parameters (the subset the embedded engine implements)."""
+    """SGLang's sampling parameters (sglang/srt/sampling/sampling_params.py), the subset the embedded
+    engine implements, checked as SGLang's ``verify`` checks them."""
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
@@ -43,18 +54,38 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "SamplingParams":
-        d = dict(d or {})
-        known = {k: d.pop(k) for k in list(d) if k in cls.__dataclass_fields__}
-        if isinstance(known.get("stop"), str):
-            known["stop"] = [known["stop"]]
-        if d:
-            log.debug("ignoring unsupported sampling params %s", sorted(d))
-        sp = cls(**known)
+        """As SGLang reads a request's ``sampling_params``: a null value means the default, an unknown
+        key is an error (400)."""
+        d = {k: v for k, v in (d or {}).items() if v is not None and k not in IGNORED_SAMPLING}
+        unknown = sorted(k for k in d if k not in cls.__dataclass_fields__ and k not in UNSUPPORTED_SAMPLING)
+        if unknown:
+            raise ValueError(f"unknown sampling params {unknown}")
+        unsupported = sorted(k for k, default in UNSUPPORTED_SAMPLING.items() if k in d and d.pop(k) != default)
+        if unsupported:
+            raise ValueError(f"the embedded engine does not implement the sampling params {unsupported}")
+        if isinstance(d.get("stop"), str):
+            d["stop"] = [d["stop"]]
+        sp = cls(**d)
         if sp.sampling_seed is not None and (isinstance(sp.sampling_seed, bool) or not isinstance(sp.sampling_seed, int)):
             raise ValueError(f"sampling_seed must be an integer, got {sp.sampling_seed!r}")
-        if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.max_new_tokens < 0:
-            raise ValueError(f"bad sampling params: temperature={sp.temperature} top_p={sp.top_p} max_new_tokens={sp.max_new_tokens}")
+        sp.verify()
         return sp
+
+    def verify(self) -> None:
+        """SGLang's SamplingParams.verify, for the fields here."""
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            raise ValueError(f"temperature must be a non-negative finite number, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.top_k < 1 and self.top_k != -1:
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], got "
+                             f"{self.min_new_tokens}.")
 
 
 @dataclass
@@ -63,8 +94,14 @@ class Request:
     params: SamplingParams
     rid: str
     return_logprob: bool = False
+    return_text_in_logprobs: bool = False
+    parent: Optional[str] = None  # the rid of the request with n > 1 (or of the batch) this one belongs to
     epoch: int = 0  # the server's abort epoch when the request arrived (abort_all bumps it)
     aborted: bool = False
+
+
+# SGLang's FINISH_ABORT().to_json(), what an aborted request's finish_reason reads
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 
 
 class MemoryReleased(RuntimeError):
@@ -254,7 +291,7 @@ class EmbeddedEngine:
                 if finish[i] is not None:
                     continue
                 if r.aborted or is_aborted(r):
-                    finish[i] = {"type": "abort", "message": "aborted by request"}
+                    finish[i] = ABORTED
                     continue
                 t = int(tokens[i])
                 out_ids[i].append(t)
@@ -291,14 +328,19 @@ class EmbeddedEngine:
         text = self.tokenizer.decode(shown, skip_special_tokens=p.skip_special_tokens)
         if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
             text = text[: len(text) - len(finish["matched"])] if text.endswith(finish["matched"]) else text
-        meta: Dict[str, Any] = {
+        meta: Dict[str, Any] = {  # SGLang 0.5.17's meta_info (tokenizer_manager.py) without its timings
             "id": r.rid,
             "finish_reason": finish,
             "prompt_tokens": len(r.input_ids),
+            "weight_version": self.weight_version,
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
             "completion_tokens": len(ids),
             "cached_tokens": 0,
-            "weight_version": self.weight_version,
         }
-        if r.return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids)]
+        if r.return_logprob:  # (logprob, token id, token text or None); no prompt log-probs (logprob_start_len -1)
+            texts = ([self.tokenizer.decode([t]) for t in ids] if r.return_text_in_logprobs else [None] * len(ids))
+            meta["input_token_logprobs"] = []
+            meta["output_token_logprobs"] = [[lp, t, x] for lp, t, x in zip(lps, ids, texts)]
+            meta["output_token_logprobs_length"] = len(ids)
         return {"text": text, "output_ids": ids, "meta_info": meta}

@@ -5,6 +5,10 @@
 The command line uses SGLang's flag names, so the engine actor launches either server the same way.
 Every model operation (generation, weight updates, memory release) runs on one worker thread;
 concurrent ``/generate`` requests are gathered into batches there.
+
+The reference for every endpoint, field and answer is SGLang 0.5.17's own server
+(sglang/srt/entrypoints/http_server.py, the request types of sglang/srt/managers/io_struct.py):
+tests/test_engine_protocol.py checks the embedded side against what that server does.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from slime_hydra.rollout.embedded.engine import EmbeddedEngine, MemoryReleased, Request, SamplingParams
@@ -50,6 +54,7 @@ class Worker:
         self.max_wait_s = max_wait_s
         self.jobs: "queue.Queue[tuple]" = queue.Queue()
         self.running: Dict[str, Request] = {}
+        self.pending_reqs: Dict[int, Request] = {}  # every /generate request not answered yet
         self.resumed = threading.Event()
         self.resumed.set()
         self.abort_epoch = 0
@@ -60,8 +65,25 @@ class Worker:
     async def submit(self, kind: str, payload: Any) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if kind == "generate":
+            self.pending_reqs[id(payload)] = payload
         self.jobs.put((kind, payload, loop, fut, time.monotonic()))
-        return await fut
+        try:
+            return await fut
+        finally:
+            if kind == "generate":
+                self.pending_reqs.pop(id(payload), None)
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        """SGLang's abort, of running and waiting requests alike: all of them (``abort_all``), the one
+        with id ``rid``, or every sample of the request ``rid`` with n > 1 (or of the batch ``rid``).
+        An empty ``rid`` without abort_all aborts nothing."""
+        if abort_all:
+            self.abort_epoch += 1
+        elif rid:
+            for r in list(self.pending_reqs.values()):
+                if rid in (r.rid, r.parent):
+                    r.aborted = True
 
     def pending(self) -> int:
         return self.jobs.qsize()
@@ -132,8 +154,8 @@ def _ok(message: str, **extra) -> JSONResponse:
     return JSONResponse({"success": True, "message": message, **extra})
 
 
-def _fail(message: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message}, status_code=status)
+def _fail(message: str, status: int = 400, **extra) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message, **extra}, status_code=status)
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
@@ -181,18 +203,18 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
     @route("/abort_request", methods=("POST",))
     async def abort_request(req: HTTPRequest):
         data = await body(req)
-        if data.get("abort_all"):
-            worker.abort_epoch += 1
-        elif data.get("rid") in worker.running:
-            worker.running[data["rid"]].aborted = True
-        return JSONResponse(None)
+        worker.abort(data.get("rid") or "", bool(data.get("abort_all")))
+        return Response(status_code=200)
 
     @route("/pause_generation", methods=("POST",))
     async def pause_generation(req: HTTPRequest):
         data = await body(req)
-        worker.resumed.clear()
-        if data.get("mode", "abort") == "abort":
-            worker.abort_epoch += 1
+        mode = data.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return _error(f"mode must be one of 'abort', 'retract', 'in_place', got {mode!r}")
+        worker.resumed.clear()  # retract and in_place: the running batch finishes, the next waits
+        if mode == "abort":
+            worker.abort(abort_all=True)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     @route("/continue_generation", methods=("POST",))
@@ -203,8 +225,9 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
     @route("/flush_cache", methods=("GET", "POST"))
     async def flush_cache(req: HTTPRequest):
         if worker.running:
-            return PlainTextResponse("Cache not flushed: requests are running.\n", status_code=400)
-        return PlainTextResponse("Cache flushed.\n")
+            return PlainTextResponse("Flush cache failed.\n", status_code=400)
+        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                 "running or waiting requests, the operation will not be performed.)\n")
 
     # ---------------------------------------------------------------------------------- health
     @route("/health")
@@ -235,34 +258,46 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
         return JSONResponse({"model_path": engine.model_path, "tokenizer_path": server_args.get("tokenizer_path"),
                              "is_generation": True, "preferred_sampling_params": None,
                              "weight_version": engine.weight_version,
+                             "has_image_understanding": False, "has_audio_understanding": False,
                              "model_type": engine.model.config.model_type,
                              "architectures": getattr(engine.model.config, "architectures", None)})
 
-    @route("/get_weight_version")
-    async def get_weight_version(req: HTTPRequest):  # as SGLang 0.5.17 answers it
-        return JSONResponse({"error": "deprecated. Please use '/model_info' instead."}, status_code=404)
+    @route("/get_weight_version", "/weight_version")
+    async def get_weight_version(req: HTTPRequest):  # as SGLang 0.5.17 answers it (FastAPI's HTTPException)
+        return JSONResponse({"detail": "Endpoint '/get_weight_version' or '/weight_version' is deprecated. "
+                                       "Please use '/model_info' instead."}, status_code=404)
 
     @route("/update_weight_version", methods=("POST",))
     async def update_weight_version(req: HTTPRequest):
         data = await body(req)
+        if data.get("abort_all_requests", True):
+            worker.abort(abort_all=True)
         engine.weight_version = str(data["new_version"])
         return _ok(f"Weight version updated to {engine.weight_version}", new_version=engine.weight_version)
 
-    @route("/v1/loads", "/get_load")
-    async def loads(req: HTTPRequest):
-        load = {"dp_rank": 0, "num_running_reqs": len(worker.running), "num_waiting_reqs": worker.pending(),
+    def load() -> Dict[str, Any]:
+        return {"dp_rank": 0, "num_running_reqs": len(worker.running), "num_waiting_reqs": worker.pending(),
                 "num_reqs": len(worker.running) + worker.pending()}
-        return JSONResponse({"timestamp": time.time(), "version": VERSION, "loads": [load]})
+
+    @route("/v1/loads")
+    async def loads(req: HTTPRequest):
+        return JSONResponse({"timestamp": time.time(), "version": VERSION, "loads": [load()]})
+
+    @route("/get_load")
+    async def get_load(req: HTTPRequest):  # SGLang's deprecated shim: one flat record per data-parallel rank
+        now = load()
+        return JSONResponse([{"dp_rank": 0, "num_reqs": now["num_reqs"], "num_waiting_reqs": now["num_waiting_reqs"],
+                              "num_tokens": 0, "num_pending_tokens": 0, "ts_tic": time.perf_counter()}])
 
     # ---------------------------------------------------------------------------- weights, memory
-    async def weight_call(fn: Callable[[], Any], what: str, version: Optional[str]):
+    async def weight_call(fn: Callable[[], Any], what: str, version: Optional[str], **extra):
         try:
             await call(fn)
         except Exception as e:  # noqa: BLE001 - reported to the trainer, which fails the run
             log.exception("%s failed", what)
-            return _fail(f"Failed to {what}: {e}")
+            return _fail(f"Failed to {what}: {e}", **extra)
         msg = f"Succeeded to {what}."
-        return _ok(msg + (f" Weight version updated to {version}." if version is not None else ""))
+        return _ok(msg + (f" Weight version updated to {version}." if version is not None else ""), **extra)
 
     @route("/init_weights_update_group", methods=("POST",))
     async def init_weights_update_group(req: HTTPRequest):
@@ -290,6 +325,8 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
     async def update_weights_from_distributed(req: HTTPRequest):
         d = await body(req)
         version = d.get("weight_version")
+        if d.get("abort_all_requests"):
+            worker.abort(abort_all=True)
         return await weight_call(
             lambda: engine.update_from_distributed(d["names"], d["dtypes"], d["shapes"],
                                                    d.get("group_name", "weight_update_group"), version,
@@ -300,20 +337,32 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
     async def update_weights_from_tensor(req: HTTPRequest):
         d = await body(req)
         version = d.get("weight_version")
+        if d.get("abort_all_requests"):
+            worker.abort(abort_all=True)
 
-        def load():
-            named = transport.deserialize(d["serialized_named_tensors"][0])
-            engine.load_weights(list(named), version)
+        def load_tensors():
+            # SGLang: TP rank i reads entry i (this engine is one rank); load_format None or "direct": a list
+            # of (name, tensor); "flattened_bucket": {"flattened_tensor": bytes, "metadata": [...]}
+            payload = transport.deserialize(d["serialized_named_tensors"][0])
+            fmt = d.get("load_format")
+            if fmt == "flattened_bucket":
+                named = transport.unflatten(payload["flattened_tensor"], payload["metadata"])
+            elif fmt in (None, "direct"):
+                named = list(payload)
+            else:
+                raise ValueError(f"Unknown load_format={fmt}")
+            engine.load_weights(named, version)
 
-        return await weight_call(load, "update weights from tensor", version)
+        return await weight_call(load_tensors, "update weights from tensor", version)
 
     @route("/update_weights_from_disk", methods=("POST",))
     async def update_weights_from_disk(req: HTTPRequest):
         d = await body(req)
         version = d.get("weight_version")
-        resp = await weight_call(lambda: engine.update_from_disk(d["model_path"], version),
-                                 "update weights from disk", version)
-        return resp
+        if d.get("abort_all_requests"):
+            worker.abort(abort_all=True)
+        return await weight_call(lambda: engine.update_from_disk(d["model_path"], version),
+                                 "update weights from disk", version, num_paused_requests=0)
 
     @route("/release_memory_occupation", methods=("GET", "POST"))
     async def release_memory_occupation(req: HTTPRequest):
@@ -353,16 +402,19 @@ def _parse_generate(data: Dict[str, Any], engine: EmbeddedEngine, epoch: int):
         raise ValueError(f"{len(sps)} sampling_params for {len(prompts)} prompts")
     n = int(sps[0].get("n", 1) if sps else 1)
     rid = data.get("rid")
-    rids = rid if isinstance(rid, list) else [f"{rid}_{i}" if rid and (batch or n > 1) else rid for i in range(len(prompts))]
+    rids = rid if isinstance(rid, list) else [f"{rid}_{i}" if rid and batch else rid for i in range(len(prompts))]
     logprob = bool(data.get("return_logprob", False))
+    logprob_text = bool(data.get("return_text_in_logprobs", False))
     reqs = []
+    parent = rid if isinstance(rid, str) and rid else None
     for ids, p, r in zip(prompts, sps, rids):
         if not ids or not all(isinstance(t, int) and 0 <= t < engine.vocab_size for t in ids):
             raise ValueError(f"input_ids must be non-empty token ids in [0, {engine.vocab_size})")
         params = SamplingParams.from_dict(p)
-        for _ in range(n):
-            reqs.append(Request(list(ids), params, rid=(r if n == 1 and r else f"req-{next(_RIDS)}"),
-                                return_logprob=logprob, epoch=epoch))
+        for k in range(n):
+            child = (r if n == 1 else f"{r}_{k}") if r else f"req-{next(_RIDS)}"
+            reqs.append(Request(list(ids), params, rid=child, return_logprob=logprob,
+                                return_text_in_logprobs=logprob_text, parent=parent, epoch=epoch))
     return batch or n > 1, reqs
 
 

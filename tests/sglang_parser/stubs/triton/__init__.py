@@ -39,6 +39,19 @@ class _Placeholder:
         return (object,)
 
 
+class _Driver:
+    @property
+    def active(self):  # what triton says on a machine without a GPU; sglang then assumes a CPU device
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+
+class _Runtime(_Placeholder):
+    driver = _Driver()
+
+
+runtime = _Runtime()  # sglang 0.5.17 asks triton.runtime.driver.active for the device at import time
+
+
 def __getattr__(name):
     if name.startswith("__"):  # module dunders (__file__, __path__, ...) must stay real or absent
         raise AttributeError(name)
