@@ -15,11 +15,12 @@ is that of the sum of the shares over micro-batches and ranks, as the interface 
 Reference model (``needs_ref``): a pinned CPU copy of this rank's local shards, swapped into the model
 for the reference pass through a CPU staging copy of the policy's own (as the torch backend does).
 
-Offload (colocated engines): DDP's parameter and gradient buffers (``_ParamAndGradBuffer.offload_to_cpu``:
-the bf16 weights go to a pinned host copy, the gradient storage is freed and zeroed on return; with
-``use_distributed_optimizer=false`` there is no parameter buffer and the parameters are moved one by one)
-and the optimizer's float32 main weights and Adam moments (``MegatronOptimizer.offload_to_cpu``).
-Small buffers (rotary tables) stay.
+Offload (colocated engines): DDP's parameter buffer goes to a pinned host copy that the parameters
+point at meanwhile (the driver pushes weights while the trainer is offloaded; with
+``use_distributed_optimizer=false`` there is no parameter buffer and the parameters move one by one), the
+gradient buffers' storage is freed (``_ParamAndGradBuffer.offload_to_cpu``; zeroed on return), and the
+optimizer's float32 main weights and Adam moments move to the host (``MegatronOptimizer.offload_to_cpu``,
+pageable memory). Small buffers (rotary tables) stay.
 
 Checkpoints: ``hf/`` (sharded safetensors with an index, config and tokenizer) and, per rank,
 ``megatron/rank_XXXXX.pt`` (the rank's model shards, the optimizer's main weights and Adam state, the
@@ -183,7 +184,9 @@ class MegatronBackend(TrainerBackend):
         self.ref_state = self._cpu_copy() if needs_ref else None
         self._backup = self._cpu_copy() if needs_ref else None
         self._offloaded = False
-        self._host_params: Dict[int, torch.Tensor] = {}
+        self._host: Dict[int, torch.Tensor] = {}  # id(buffer or parameter) -> its pinned host copy
+        self._views: Dict[int, torch.Tensor] = {}  # id(parameter) -> its view of the GPU buffer, while offloaded
+        self._param_bytes: Dict[int, int] = {}
 
     # ------------------------------------------------------------------------------ layout
     @property
@@ -261,6 +264,10 @@ class MegatronBackend(TrainerBackend):
         from slime_hydra.train.megatron.weights import export_hf_weights, model_chunks_state
 
         chunks = model_chunks_state(self.chunks, self.shards)
+        if self._offloaded and any(g is not None for g in (self.tp_group, self.pp_group, self.ep_group)):
+            # offloaded weights are on the host; the gathers run over NCCL: bring this rank's shards back
+            chunks = [({k: v.to(self.device) if torch.is_tensor(v) else v for k, v in st.items()}, sh)
+                      for st, sh in chunks]
         for bucket in export_hf_weights(chunks, self.layout, bucket_bytes=DEFAULT_BUCKET_BYTES,
                                         tp_group=self.tp_group, pp_group=self.pp_group, ep_group=self.ep_group,
                                         etp_group=self.etp_group):
@@ -273,18 +280,31 @@ class MegatronBackend(TrainerBackend):
             yield from c.buffers + c.expert_parallel_buffers
 
     def offload(self) -> None:
+        """Weights to pinned host memory (the parameters point at it, so :meth:`hf_weights` still reads
+        them), gradient buffers freed, optimizer state (main weights, Adam moments) to the host."""
         if not self.cuda or self._offloaded:
             return
         torch.cuda.synchronize()
-        dist_opt = self.ddp_config.use_distributed_optimizer
         for b in self._buffers():
-            b.offload_to_cpu(move_params=dist_opt, move_grads=True)
-        if not dist_opt:  # no parameter buffer: the parameters themselves
-            for p in self._params():
-                host = self._host_params.get(id(p))
+            if b.param_data is not None:  # the distributed optimizer's contiguous parameter buffer
+                host = self._host.get(id(b))
                 if host is None:
-                    host = self._host_params[id(p)] = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
-                host.copy_(p.data, non_blocking=True)
+                    host = self._host[id(b)] = torch.empty(b.param_data.shape, dtype=b.param_data.dtype,
+                                                           pin_memory=True)
+                host.copy_(b.param_data)
+                for p in b.params:
+                    start, end, _ = b.param_index_map[p]
+                    self._views[id(p)] = p.data
+                    p.data = host[start:end].view(p.shape)
+                self._param_bytes[id(b)] = b.param_data.untyped_storage().size()
+                b.param_data.untyped_storage().resize_(0)
+            b.offload_to_cpu(move_params=False, move_grads=True)
+        if not self.ddp_config.use_distributed_optimizer:  # no parameter buffer: the parameters one by one
+            for p in self._params():
+                host = self._host.get(id(p))
+                if host is None:
+                    host = self._host[id(p)] = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+                host.copy_(p.data)
                 p.data = host
         self.opt.offload_to_cpu()
         torch.cuda.synchronize()
@@ -294,10 +314,14 @@ class MegatronBackend(TrainerBackend):
     def onload(self) -> None:
         if not self.cuda or not self._offloaded:
             return
-        dist_opt = self.ddp_config.use_distributed_optimizer
         for b in self._buffers():
-            b.reload_from_cpu(move_params=dist_opt, move_grads=True)
-        if not dist_opt:
+            if b.param_data is not None:
+                b.param_data.untyped_storage().resize_(self._param_bytes[id(b)])
+                b.param_data.copy_(self._host[id(b)], non_blocking=True)
+                for p in b.params:
+                    p.data = self._views.pop(id(p))
+            b.reload_from_cpu(move_params=False, move_grads=True)
+        if not self.ddp_config.use_distributed_optimizer:
             for p in self._params():
                 p.data = p.data.to(self.device, non_blocking=True)
         self.opt.restore_from_cpu()
