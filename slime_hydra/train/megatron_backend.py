@@ -399,7 +399,11 @@ class MegatronBackend(TrainerBackend):
         with self.swapped_in(self.ref_state):
             return self._log_probs(mbs, temperature)
 
-    def train_step(self, mbs: Sequence[PackedMicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
+    def accumulate_grads(self, mbs: Sequence[PackedMicroBatch], temperature: float,
+                         loss_fn: PolicyLossFn) -> Dict[str, float]:
+        """Zeroed gradients, then forward and backward over ``mbs`` (reduced over data-parallel ranks
+        into DDP's ``main_grad`` buffers); returns the loss function's metrics summed over this rank's
+        micro-batches (empty off the last pipeline stage)."""
         for c in self.chunks:
             c.train()
             c.zero_grad_buffer()
@@ -410,15 +414,18 @@ class MegatronBackend(TrainerBackend):
             loss, metrics = loss_fn(mb.indices, lp, ent)
             return loss * scale, {k: v.detach() for k, v in metrics.items()}
 
-        reduced = self._forward_backward(mbs, temperature, loss_of, forward_only=False)
-        _, grad_norm, _ = self.opt.step()
-        self.steps_done += 1
-        self._set_lr()
         sums: Dict[str, float] = {}
-        for metrics in reduced or []:
+        for metrics in self._forward_backward(mbs, temperature, loss_of, forward_only=False) or []:
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        return StepResult(grad_norm=float(grad_norm or 0.0), metrics=sums)
+        return sums
+
+    def train_step(self, mbs: Sequence[PackedMicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
+        metrics = self.accumulate_grads(mbs, temperature, loss_fn)
+        _, grad_norm, _ = self.opt.step()  # clips to algo.clip_grad; the norm is over all model-parallel ranks
+        self.steps_done += 1
+        self._set_lr()
+        return StepResult(grad_norm=float(grad_norm or 0.0), metrics=metrics)
 
     # ---------------------------------------------------------------------------- checkpoints
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:

@@ -77,6 +77,9 @@ def _check_megatron(cfg: RunConfig) -> List[str]:
     errs: List[str] = []
     t, p, arch = cfg.trainer, cfg.parallelism, cfg.model.arch
     choice(errs, "trainer.recompute", t.recompute, RECOMPUTE)
+    if p.device != "cuda":
+        errs.append("parallelism.device: the megatron backend needs GPUs (megatron-core's DDP, optimizer and "
+                    "schedules assume CUDA); use parallelism.device=cuda or trainer=torch")
     if t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1:
         errs.append(f"trainer.max_tokens_per_micro_batch: must be >= 1 or null, got {t.max_tokens_per_micro_batch}")
     if p.context_parallel > 1:
