@@ -175,6 +175,7 @@ class ParallelismConfig:
     pipeline_parallel: int = 1
     context_parallel: int = 1
     expert_parallel: int = 1
+    virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
     sequence_parallel: bool = False
     gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)
     # torch threads per process on CPU: processes share the cores, and OpenMP threads that
@@ -254,6 +255,11 @@ class TrainerConfig:
     save_interval: int = 50  # rollouts; the last step is always saved
     keep_checkpoints: int = 2
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
+    # megatron backend only (trainer=megatron):
+    max_tokens_per_micro_batch: Optional[int] = None  # packed-token budget per micro-batch; None: micro_batch_size
+    recompute: str = "none"  # activation recompute: none | selective | full
+    use_distributed_optimizer: bool = True  # Adam state and main weights sharded over data-parallel ranks
+    megatron: Dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig fields, passed through
 
 
 # ---------------------------------------------------------------------------------------- sync

@@ -270,10 +270,14 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMe
     compute = _bytes(cfg.model.dtype)
     critic = (n.total - n.lm_head) / n.total if cfg.algo.advantage_estimator == "ppo" else 0.0
     mb = micro_batch_shape(cfg, plan.data_parallel)
+    budget = cfg.trainer.max_tokens_per_micro_batch
+    if budget is not None:  # packed micro-batches: as many full-length samples as the token budget holds
+        mb = MicroBatchShape(min(mb.samples, max(1, budget // max(1, mb.prompt_len + mb.response_len))),
+                             mb.prompt_len, mb.response_len)
     # context parallel splits every sequence; pipeline stage 0 holds PP micro-batches of layers / PP each
     mb = MicroBatchShape(mb.samples, mb.prompt_len // cp, mb.response_len // cp)
     acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
-                            checkpointing=cfg.trainer.gradient_checkpointing, tensor_parallel=tp,
+                            checkpointing=cfg.trainer.recompute != "none", tensor_parallel=tp,
                             sequence_parallel=p.sequence_parallel)
     state = {"weights": compute * (dense + experts), "grads": 4 * (dense + experts),
              "adam": 12 * (dense / dp_dense + experts / dp_experts)}

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 # trainer.backend -> "module:Class", imported only when a trainer rank starts
 BACKENDS: Dict[str, str] = {
     "torch": "slime_hydra.train.torch_backend:TorchBackend",
+    "megatron": "slime_hydra.train.megatron_backend:MegatronBackend",
 }
 
 

@@ -44,6 +44,8 @@ def check(cfg: RunConfig) -> List[str]:
     if t.backend == "torch" and (mp > 1 or p.expert_parallel > 1):
         errs.append("parallelism.tensor_parallel: the torch trainer backend is data-parallel only; "
                     "tensor/pipeline/context/expert parallel sizes must be 1")
+    if t.backend == "megatron":
+        errs.extend(_check_megatron(cfg))
     errs.extend(_check_batches(cfg, data_parallel=max(p.trainer_gpus // mp, 1)))
     return errs
 
@@ -64,4 +66,34 @@ def _check_batches(cfg: RunConfig, data_parallel: int) -> List[str]:
     if t.global_batch_size % data_parallel:
         errs.append(f"trainer.global_batch_size: {t.global_batch_size} is not divisible by the data-parallel size "
                     f"{data_parallel}")
+    return errs
+
+
+RECOMPUTE = ["none", "selective", "full"]
+
+
+def _check_megatron(cfg: RunConfig) -> List[str]:
+    """The megatron backend's own fields, and what it does not do (yet)."""
+    errs: List[str] = []
+    t, p, arch = cfg.trainer, cfg.parallelism, cfg.model.arch
+    choice(errs, "trainer.recompute", t.recompute, RECOMPUTE)
+    if p.device != "cuda":
+        errs.append("parallelism.device: the megatron backend needs GPUs (megatron-core's DDP, optimizer and "
+                    "schedules assume CUDA); use parallelism.device=cuda or trainer=torch")
+    if t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1:
+        errs.append(f"trainer.max_tokens_per_micro_batch: must be >= 1 or null, got {t.max_tokens_per_micro_batch}")
+    if p.context_parallel > 1:
+        errs.append("parallelism.context_parallel: the megatron backend does not split sequences over context "
+                    "parallel ranks yet (our attention spec has no context parallelism); use 1")
+    vpp = p.virtual_pipeline_parallel
+    if vpp is not None:
+        if vpp < 1 or p.pipeline_parallel < 2:
+            errs.append(f"parallelism.virtual_pipeline_parallel: {vpp} needs pipeline_parallel > 1 and a value >= 1 "
+                        "(null: off)")
+        elif arch.num_layers % (p.pipeline_parallel * vpp):
+            errs.append(f"parallelism.virtual_pipeline_parallel: pipeline_parallel x virtual = "
+                        f"{p.pipeline_parallel * vpp} does not divide num_layers={arch.num_layers}")
+    if t.gradient_checkpointing:
+        errs.append("trainer.gradient_checkpointing: the torch backend's switch; with trainer=megatron use "
+                    "trainer.recompute=selective|full")
     return errs

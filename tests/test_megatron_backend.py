@@ -1,0 +1,153 @@
+"""The megatron trainer backend on CPU (gloo, TP = PP = 1, float32): construction through megatron's DDP
+and distributed optimizer, log-probs equal to the torch backend's on the same checkpoint, and the
+weights it would push equal to the checkpoint's bit for bit. megatron's DDP and schedules assume CUDA,
+so the CUDA calls are pointed at the CPU by ``tests/megatron_cpu.py`` (tests only); a training step
+needs a GPU (``bench/megatron_run.sh``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import contextlib
+
+from torch.overrides import TorchFunctionMode
+
+import megatron_cpu
+from megatron_cpu import saved_checkpoint, tiny_hf_model  # skips without megatron
+
+from conftest import resolved
+from train.tiny_trainer import fake_rollout
+
+
+class _CudaTensorsOnCpu(TorchFunctionMode):
+    """megatron's optimizer makes its loss-scale tensors with ``device='cuda'``: make them on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_on_cpu():
+    with megatron_cpu.cuda_on_cpu(), _CudaTensorsOnCpu():
+        yield
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("qwen3"))
+    weights = saved_checkpoint(tiny_hf_model("qwen3"), path)
+    return path, weights
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return resolved(["trainer=megatron", "algo.kl_loss_coef=0.1", "trainer.max_tokens_per_micro_batch=20",
+                     "trainer.use_distributed_optimizer=false"])  # the distributed one checks for CUDA tensors
+
+
+@pytest.fixture(scope="module")
+def backend(ckpt, cfg):
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from slime_hydra.train.backend import load_backend
+
+    with cuda_on_cpu():
+        be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+                                      parallelism=cfg.parallelism, model_path=ckpt[0], rank=0, world_size=1,
+                                      device=torch.device("cpu"))
+        try:
+            yield be
+        finally:
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def test_layout_on_one_rank(backend):
+    assert (backend.dp_rank, backend.dp_size, backend.pushes_weights, backend.reports_metrics) == (0, 1, True, True)
+    assert backend.critic is None
+
+
+def test_micro_batches_keep_row_order_within_the_token_budget(backend):
+    data = fake_rollout(8)
+    mbs = backend.micro_batches(data, list(range(8)), 3)
+    assert [i for mb in mbs for i in mb.indices] == list(range(8))
+    assert len(mbs) > 1 and all(mb.packed.num_tokens <= 20 for mb in mbs)
+
+
+def test_log_probs_equal_the_torch_backends(backend, ckpt, cfg):
+    from slime_hydra.train.torch_backend import TorchBackend
+
+    data = fake_rollout(8)
+    rows, T = list(range(8)), max(data["response_lengths"])
+    torch_cfg = resolved(["algo.kl_loss_coef=0.1"])
+    tb = TorchBackend(model=torch_cfg.model, algo=torch_cfg.algo, trainer=torch_cfg.trainer,
+                      parallelism=torch_cfg.parallelism, model_path=ckpt[0], rank=0, world_size=1,
+                      device=torch.device("cpu"))
+    want = tb.log_probs(tb.micro_batches(data, rows, T), 0.7)
+    with cuda_on_cpu():
+        mbs = backend.micro_batches(data, rows, T)
+        got = backend.log_probs(mbs, 0.7)
+        ref = backend.log_probs(mbs, 0.7, reference=True)
+    assert got.shape == want.shape == (8, T) and got.dtype == torch.float32
+    mask = torch.tensor([[t < r for t in range(T)] for r in data["response_lengths"]])
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref, got, atol=0, rtol=0)  # nothing trained yet: the reference is the policy
+    assert (got[~mask] == 0).all()  # zero past each response (the torch backend leaves them unmasked)
+
+
+def test_hf_weights_round_trip_bit_for_bit(backend, ckpt):
+    with cuda_on_cpu():
+        got = dict(backend.hf_weights())
+    weights = ckpt[1]
+    assert set(got) == set(weights) - {"lm_head.weight"} or set(got) == set(weights)
+    for k, v in got.items():
+        assert v.dtype == torch.float32 and torch.equal(v, weights[k]), k
+
+
+def test_export_hf_loads_in_transformers(backend, ckpt, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    with cuda_on_cpu():
+        backend.export_hf(str(tmp_path / "hf"), None)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ckpt[1][k]), k
+
+
+def _policy_loss(data, T):
+    """A loss of both log-probs and entropies, as a share of a two-micro-batch step."""
+    mask = torch.tensor([[float(t < r) for t in range(T)] for r in data["response_lengths"]])
+    weights = torch.linspace(-1.0, 1.0, len(data["tokens"]))
+
+    def loss_fn(idx, lp, ent):
+        m = mask[list(idx)]
+        loss = ((lp * weights[list(idx), None] - 0.01 * ent) * m).sum() / mask.sum()
+        return loss, {"loss": loss.detach()}
+
+    return loss_fn
+
+
+def test_gradients_match_the_torch_backend(backend, ckpt, cfg):
+    """The same loss through both backends: the same gradient norm (megatron's optimizer step itself
+    asserts CUDA tensors, so the step stops at the accumulated ``main_grad`` buffers here)."""
+    from slime_hydra.train.torch_backend import TorchBackend
+
+    data = fake_rollout(8)
+    rows, T = list(range(8)), max(data["response_lengths"])
+    torch_cfg = resolved(["algo.kl_loss_coef=0.1", "trainer.micro_batch_size=3", "algo.clip_grad=1e9"])
+    tb = TorchBackend(model=torch_cfg.model, algo=torch_cfg.algo, trainer=torch_cfg.trainer,
+                      parallelism=torch_cfg.parallelism, model_path=ckpt[0], rank=0, world_size=1,
+                      device=torch.device("cpu"))
+    want = tb.train_step(tb.micro_batches(data, rows, T), 0.7, _policy_loss(data, T))
+    with cuda_on_cpu():
+        mbs = backend.micro_batches(data, rows, T)
+        metrics = backend.accumulate_grads(mbs, 0.7, _policy_loss(data, T))
+    norm = sum(float(p.main_grad.double().pow(2).sum()) for p in backend._params()) ** 0.5
+    assert len(mbs) > 1 and norm > 0
+    assert abs(norm - want.grad_norm) < 1e-5 * want.grad_norm, (norm, want.grad_norm)
+    assert abs(metrics["loss"] - want.metrics["loss"]) < 1e-6
