@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.sync.sender import Endpoint, WeightSender, WeightSyncError, save_config_and_tokenizer
 from slime_hydra.train.batch import make_micro_batch, response_log_probs
+from slime_hydra.utils.http import EngineError, control, weight_version
 
 PROMPT = [5, 12, 3, 9, 4, 12]  # token ids of the builtin:digits vocabulary
 
@@ -54,10 +54,11 @@ def test_greedy_is_deterministic_and_length_finish(engine_url):
 
 
 def test_stop_token_and_zero_tokens(engine_url):
-    greedy = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})[1]
+    greedy = gen(engine_url, {"input_ids": PROMPT,
+                              "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})[1]
     first = greedy["output_ids"][0]
-    out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0,
-                                                                    "stop_token_ids": [first], "no_stop_trim": True}})[1]
+    out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0, "stop_token_ids": [first], "no_stop_trim": True}})[1]
     assert out["output_ids"] == [first] and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
     out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})[1]
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
@@ -68,7 +69,8 @@ def test_logprobs_match_trainer_recompute(engine_url, tiny_ckpt):
     model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
     for temperature in (1.0, 0.7):
         outs = gen(engine_url, {"input_ids": [PROMPT] * 8, "return_logprob": True,
-                                "sampling_params": {"max_new_tokens": 8, "temperature": temperature, "ignore_eos": True}})[1]
+                                "sampling_params": {"max_new_tokens": 8, "temperature": temperature,
+                                                    "ignore_eos": True}})[1]
         for out in outs:
             engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
             mine = recompute(model, PROMPT, out["output_ids"], temperature)
@@ -409,8 +411,9 @@ def test_update_weights_from_tensor_load_formats(engine_url, tiny_ckpt):
     try:
         for fmt, payload in [(None, named), ("direct", named),
                              ("flattened_bucket", transport.flattened_bucket(named, torch.device("cpu")))]:
-            control(engine_url, "/update_weights_from_tensor", {"serialized_named_tensors": [transport.serialize(payload)],
-                                                                "load_format": fmt, "weight_version": f"fmt-{fmt}"})
+            control(engine_url, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [transport.serialize(payload)], "load_format": fmt,
+                "weight_version": f"fmt-{fmt}"})
             assert weight_version(engine_url) == f"fmt-{fmt}"
             check_policy(model)
             control(engine_url, "/update_weights_from_tensor", {

@@ -32,8 +32,8 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
-from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.sync import transport
+from slime_hydra.utils.http import EngineError, control, weight_version
 
 log = logging.getLogger(__name__)
 GROUP_NAME = "slime_hydra_weights"
