@@ -504,3 +504,16 @@ def test_distributed_bucket_is_sglang_layout(sglang):
     assert theirs["entries"] == [[m.name, m.start_idx, m.end_idx] for m in mine]
     flat = transport.flatten([torch.ones(s, dtype=torch.bfloat16) for s in shapes], torch.device("cpu"))
     assert flat.dtype == torch.uint8 and flat.numel() == theirs["numel"]
+
+
+def test_disk_push_of_a_version_pushed_before(engine_url, tiny_ckpt, tmp_path):
+    """A resumed run pushes its step's version again: the directory of that version is replaced."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+    sender = WeightSender("disk", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
+    sender.connect()
+    try:
+        for _ in range(2):
+            sender.push(list(model.state_dict().items()), version=0)
+    finally:
+        sender.close()
+    assert [d for d in os.listdir(tmp_path) if d.startswith("weights_v")] == ["weights_v000000"]

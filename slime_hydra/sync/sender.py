@@ -193,6 +193,7 @@ class WeightSender:
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         for f in os.listdir(os.path.join(self.disk_dir, "config")):  # config and tokenizer, copied in connect()
             shutil.copy(os.path.join(self.disk_dir, "config", f), tmp)
+        shutil.rmtree(out, ignore_errors=True)  # this version pushed before (a resumed run pushes its step again)
         os.replace(tmp, out)
         self._all("/update_weights_from_disk", lambda i: {"model_path": out, "weight_version": v, "flush_cache": False})
         for old in os.listdir(self.disk_dir):
