@@ -11,7 +11,7 @@ if [ ! -d /tmp/sglang-site/site/sglang ]; then
 fi
 export PYTHONPATH=/tmp/sglang-site/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ls .gpu-extra/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-extra/*.whl || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu-extra/*.whl || return 1
   export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 python3 -c "import sglang, sglang_router, ray, hydra, torch, transformers; \

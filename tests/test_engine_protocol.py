@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.sync.sender import Endpoint, WeightSender, WeightSyncError, save_config_and_tokenizer
 from slime_hydra.train.batch import make_micro_batch, response_log_probs
+from slime_hydra.utils.http import EngineError, control, weight_version
 
 PROMPT = [5, 12, 3, 9, 4, 12]  # token ids of the builtin:digits vocabulary
 
@@ -54,10 +54,11 @@ def test_greedy_is_deterministic_and_length_finish(engine_url):
 
 
 def test_stop_token_and_zero_tokens(engine_url):
-    greedy = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})[1]
+    greedy = gen(engine_url, {"input_ids": PROMPT,
+                              "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})[1]
     first = greedy["output_ids"][0]
-    out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0,
-                                                                    "stop_token_ids": [first], "no_stop_trim": True}})[1]
+    out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0, "stop_token_ids": [first], "no_stop_trim": True}})[1]
     assert out["output_ids"] == [first] and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
     out = gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})[1]
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
@@ -68,7 +69,8 @@ def test_logprobs_match_trainer_recompute(engine_url, tiny_ckpt):
     model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
     for temperature in (1.0, 0.7):
         outs = gen(engine_url, {"input_ids": [PROMPT] * 8, "return_logprob": True,
-                                "sampling_params": {"max_new_tokens": 8, "temperature": temperature, "ignore_eos": True}})[1]
+                                "sampling_params": {"max_new_tokens": 8, "temperature": temperature,
+                                                    "ignore_eos": True}})[1]
         for out in outs:
             engine = [p[0] for p in out["meta_info"]["output_token_logprobs"]]
             mine = recompute(model, PROMPT, out["output_ids"], temperature)
@@ -409,8 +411,9 @@ def test_update_weights_from_tensor_load_formats(engine_url, tiny_ckpt):
     try:
         for fmt, payload in [(None, named), ("direct", named),
                              ("flattened_bucket", transport.flattened_bucket(named, torch.device("cpu")))]:
-            control(engine_url, "/update_weights_from_tensor", {"serialized_named_tensors": [transport.serialize(payload)],
-                                                                "load_format": fmt, "weight_version": f"fmt-{fmt}"})
+            control(engine_url, "/update_weights_from_tensor", {
+                "serialized_named_tensors": [transport.serialize(payload)], "load_format": fmt,
+                "weight_version": f"fmt-{fmt}"})
             assert weight_version(engine_url) == f"fmt-{fmt}"
             check_policy(model)
             control(engine_url, "/update_weights_from_tensor", {
@@ -501,3 +504,16 @@ def test_distributed_bucket_is_sglang_layout(sglang):
     assert theirs["entries"] == [[m.name, m.start_idx, m.end_idx] for m in mine]
     flat = transport.flatten([torch.ones(s, dtype=torch.bfloat16) for s in shapes], torch.device("cpu"))
     assert flat.dtype == torch.uint8 and flat.numel() == theirs["numel"]
+
+
+def test_disk_push_of_a_version_pushed_before(engine_url, tiny_ckpt, tmp_path):
+    """A resumed run pushes its step's version again: the directory of that version is replaced."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+    sender = WeightSender("disk", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
+    sender.connect()
+    try:
+        for _ in range(2):
+            sender.push(list(model.state_dict().items()), version=0)
+    finally:
+        sender.close()
+    assert [d for d in os.listdir(tmp_path) if d.startswith("weights_v")] == ["weights_v000000"]

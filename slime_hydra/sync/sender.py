@@ -32,8 +32,8 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
-from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.sync import transport
+from slime_hydra.utils.http import EngineError, control, weight_version
 
 log = logging.getLogger(__name__)
 GROUP_NAME = "slime_hydra_weights"
@@ -115,7 +115,7 @@ class WeightSender:
             self._all("/pause_generation", lambda i: {"mode": "in_place"})
             self._flush_caches()
             if self.kind == "disk":
-                nbytes = self._push_disk(list(named), v)
+                nbytes = self._push_disk(named, v)
             else:
                 for bucket in transport.buckets(named, self.bucket_bytes):
                     nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
@@ -172,21 +172,28 @@ class WeightSender:
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()
 
-    def _push_disk(self, named: List[Tuple[str, torch.Tensor]], v: str) -> int:
+    def _push_disk(self, named: Iterable[Tuple[str, torch.Tensor]], v: str) -> int:
         from safetensors.torch import save_file
 
         out = os.path.join(self.disk_dir, f"weights_v{int(v):06d}")
         tmp = out + ".tmp"
         os.makedirs(tmp, exist_ok=True)
-        seen, tensors = set(), {}
-        for name, t in named:  # tied weights share storage; safetensors wants each storage once
-            key = (t.data_ptr(), t.numel())
-            if key not in seen:
+        seen, held, tensors = set(), [], {}
+        for name, t in named:
+            # Host tensors that share storage (tied weights of a state dict) go once: safetensors wants each
+            # storage once. They stay referenced here, so an address cannot come back for another tensor;
+            # device tensors are copied to the host one at a time and their memory may be reused at once.
+            if t.device.type == "cpu":
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+                if key in seen:
+                    continue
                 seen.add(key)
-                tensors[name] = t.detach().cpu().contiguous()
+                held.append(t)
+            tensors[name] = t.detach().cpu().contiguous()
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         for f in os.listdir(os.path.join(self.disk_dir, "config")):  # config and tokenizer, copied in connect()
             shutil.copy(os.path.join(self.disk_dir, "config", f), tmp)
+        shutil.rmtree(out, ignore_errors=True)  # this version pushed before (a resumed run pushes its step again)
         os.replace(tmp, out)
         self._all("/update_weights_from_disk", lambda i: {"model_path": out, "weight_version": v, "flush_cache": False})
         for old in os.listdir(self.disk_dir):

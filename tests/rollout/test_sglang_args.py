@@ -10,9 +10,7 @@ any other installation failure fails them.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import List
 
@@ -21,7 +19,6 @@ import yaml
 
 from conftest import CONF, resolved
 from sglang_parser import start_parser
-
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
 from slime_hydra.rollout.engines.sglang import MANAGED_SERVER_ARGS, PREFILL_GRAPH_KEYS, SglangEngine
@@ -44,7 +41,8 @@ def _yaml(group: str):
 CUDA_PARALLELISM = [name for name, y in _yaml("parallelism") if y.get("device") == "cuda"]
 HUB_MODELS = [name for name, y in _yaml("model") if y.get("path")]
 SGLANG_EXPERIMENTS = [name for name, y in _yaml("experiment")
-                      if any(isinstance(d, dict) and d.get("override /rollout") == "sglang" for d in y.get("defaults", []))
+                      if any(isinstance(d, dict) and d.get("override /rollout") == "sglang"
+                             for d in y.get("defaults", []))
                       or (y.get("rollout") or {}).get("engine") == "sglang"]
 COMBOS = ([["rollout=sglang", f"parallelism={p}", "model=qwen3_4b"] for p in CUDA_PARALLELISM]
           + [["rollout=sglang", "parallelism=colocate_8gpu", f"model={m}"] for m in HUB_MODELS if m != "qwen3_4b"]
@@ -133,21 +131,26 @@ def test_embedded_engine_takes_sglang_flag_names(sglang):
 
 @pytest.mark.parametrize("override, expected", [
     ("rollout.server_args.mem_fraction_static=abc",
-     "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.17)"),
+     "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' "
+     "(sglang 0.5.17)"),
     ("+rollout.server_args.disable_flashinfer=true",
      "rollout.server_args.disable_flashinfer: not a ServerArgs option of sglang 0.5.17 (no --disable-flashinfer); "
      "did you mean disable_flashinfer_autotune?"),
     ("+rollout.server_args.cuda_graph_max_bs_decoding=64",
      "rollout.server_args.cuda_graph_max_bs_decoding: not a ServerArgs option of sglang 0.5.17 "
      "(no --cuda-graph-max-bs-decoding); did you mean cuda_graph_max_bs_decode"),
-    ("+rollout.server_args.kv_cache_dtype=fp7", "rollout.server_args.kv_cache_dtype: argument --kv-cache-dtype: invalid choice: 'fp7'"),
+    ("+rollout.server_args.kv_cache_dtype=fp7",
+     "rollout.server_args.kv_cache_dtype: argument --kv-cache-dtype: invalid choice: 'fp7'"),
     ("+rollout.server_args.tensor_parallel_size=2",
-     "rollout.server_args.tensor_parallel_size: --tensor-parallel-size is sglang's alias of tp_size, set by slime_hydra"),
+     "rollout.server_args.tensor_parallel_size: --tensor-parallel-size is sglang's alias of tp_size, set by "
+     "slime_hydra"),
     ("+rollout.server_args.dllm_fdfo=false",
      "rollout.server_args.dllm_fdfo: false is left off the command line, which keeps sglang's default (True); "
      "write no_dllm_fdfo: true for --no-dllm-fdfo"),
-    ("+rollout.server_args.context_length=false", "rollout.server_args.context_length: false is left off the command line"),
-    ("+rollout.server_args.disable_radix_cache=1", "rollout.server_args.disable_radix_cache: unrecognized arguments: 1"),
+    ("+rollout.server_args.context_length=false",
+     "rollout.server_args.context_length: false is left off the command line"),
+    ("+rollout.server_args.disable_radix_cache=1",
+     "rollout.server_args.disable_radix_cache: unrecognized arguments: 1"),
     # accepted
     ("+rollout.server_args.no_dllm_fdfo=true", None),
     ("+rollout.server_args.enable_tf32_matmul=false", None),
@@ -194,9 +197,11 @@ def test_validation_in_the_driver_checks_in_a_child_process(sglang, monkeypatch)
     monkeypatch.syspath_prepend(str(sglang.site))
     env = dict(os.environ)
     errs = validate(resolved(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
-                              "rollout.server_args.mem_fraction_static=abc", "+rollout.server_args.disable_radix_cache=true"]))
+                              "rollout.server_args.mem_fraction_static=abc",
+                              "+rollout.server_args.disable_radix_cache=true"]))
     assert [e for e in errs if e.startswith("rollout.server_args")] == [
-        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' (sglang 0.5.17)"]
+        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' "
+        "(sglang 0.5.17)"]
     assert "sglang" not in sys.modules and "triton" not in sys.modules
     assert dict(os.environ) == env
 

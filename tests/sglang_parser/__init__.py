@@ -103,7 +103,7 @@ def start_parser() -> SglangParser:
         reachable, where = index_reachable()
         if not reachable:
             reason = f"sglang's parser is not installed and the package index is unreachable: {where}"
-            warnings.warn(reason)
+            warnings.warn(reason, stacklevel=2)
             pytest.skip(reason)
         pytest.fail(f"pip install {' '.join(PINS)} failed although {where} is reachable:\n{(e.stderr or '')[-4000:]}")
     parser = SglangParser(site)

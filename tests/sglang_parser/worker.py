@@ -76,7 +76,6 @@ def _bucket_layout(names, dtypes, shapes):
 def _validate(overrides):
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import resolved
-
     from slime_hydra.launch.validate import validate
 
     return validate(resolved(overrides))

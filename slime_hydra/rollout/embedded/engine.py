@@ -66,7 +66,8 @@ class SamplingParams:
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
         sp = cls(**d)
-        if sp.sampling_seed is not None and (isinstance(sp.sampling_seed, bool) or not isinstance(sp.sampling_seed, int)):
+        seed = sp.sampling_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"sampling_seed must be an integer, got {sp.sampling_seed!r}")
         sp.verify()
         return sp
@@ -129,7 +130,8 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------------------ model state
     def _load(self, path: str) -> torch.nn.Module:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype or "auto", trust_remote_code=self.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype or "auto",
+                                                     trust_remote_code=self.trust_remote_code)
         return model.to(self.device).eval()
 
     def named_parameters(self) -> Dict[str, torch.Tensor]:
@@ -153,7 +155,8 @@ class EmbeddedEngine:
     def update_from_disk(self, model_path: str, version: Optional[str] = None) -> None:
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=self.trust_remote_code)
         if config.model_type != self.model.config.model_type:
-            raise ValueError(f"{model_path} is a {config.model_type} model, the engine serves {self.model.config.model_type}")
+            raise ValueError(f"{model_path} is a {config.model_type} model, the engine serves "
+                             f"{self.model.config.model_type}")
         fresh = self._load(model_path)
         self.load_weights(list(fresh.state_dict().items()), version)
         self.model_path = model_path
@@ -162,10 +165,12 @@ class EmbeddedEngine:
                    group_name: str, backend: str) -> None:
         if group_name in self.groups:
             raise ValueError(f"weights-update group {group_name!r} already exists")
-        self.groups[group_name] = transport.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
+        self.groups[group_name] = transport.init_group(master_address, master_port, rank_offset, world_size,
+                                                       group_name, backend)
 
     def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
-                                group_name: str, version: Optional[str] = None, load_format: Optional[str] = None) -> None:
+                                group_name: str, version: Optional[str] = None,
+                                load_format: Optional[str] = None) -> None:
         """One bucket broadcast by the trainer: tensor by tensor, or with ``load_format="flattened_bucket"``
         (as SGLang) one buffer of one dtype that holds them all."""
         if load_format not in (None, "flattened_bucket"):
@@ -173,7 +178,8 @@ class EmbeddedEngine:
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weights-update group {group_name!r}; call /init_weights_update_group first")
-        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device, flattened=load_format == "flattened_bucket")
+        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device,
+                                           flattened=load_format == "flattened_bucket")
         self.load_weights(list(zip(names, bufs)), version)
 
     def destroy_group(self, group_name: str) -> None:
@@ -211,7 +217,8 @@ class EmbeddedEngine:
         """One uniform in [0, 1) per row, in float64: a seeded request's from its own stream (so what
         it samples does not depend on the other requests in the batch or on their order), the others'
         from the engine's generator."""
-        free = iter(torch.rand(sum(g is None for g in streams), dtype=torch.float64, generator=self.cpu_generator).tolist())
+        n_free = sum(g is None for g in streams)
+        free = iter(torch.rand(n_free, dtype=torch.float64, generator=self.cpu_generator).tolist())
         return torch.tensor([next(free) if g is None else torch.rand(1, dtype=torch.float64, generator=g).item()
                              for g in streams], dtype=torch.float64)
 
@@ -260,7 +267,8 @@ class EmbeddedEngine:
         return torch.Generator().manual_seed(mixed)
 
     @torch.no_grad()
-    def generate(self, reqs: List[Request], is_aborted: Callable[[Request], bool] = lambda r: r.aborted) -> List[Dict[str, Any]]:
+    def generate(self, reqs: List[Request],
+                 is_aborted: Callable[[Request], bool] = lambda r: r.aborted) -> List[Dict[str, Any]]:
         """Generate for a batch of requests; returns SGLang-shaped outputs in the same order.
         ``is_aborted`` is polled after every decode step."""
         if "weights" in self.released:
@@ -275,16 +283,19 @@ class EmbeddedEngine:
             if r.params.max_new_tokens == 0:
                 finish[i] = {"type": "length", "length": 0}
         plen = max(len(r.input_ids) for r in reqs)
-        ids = torch.tensor([[self.pad_id] * (plen - len(r.input_ids)) + list(r.input_ids) for r in reqs], device=self.device)
-        mask = torch.tensor([[0] * (plen - len(r.input_ids)) + [1] * len(r.input_ids) for r in reqs], device=self.device)
+        ids = torch.tensor([[self.pad_id] * (plen - len(r.input_ids)) + list(r.input_ids) for r in reqs],
+                           device=self.device)
+        mask = torch.tensor([[0] * (plen - len(r.input_ids)) + [1] * len(r.input_ids) for r in reqs],
+                            device=self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache, step_ids, step_pos = None, ids, pos
         streams = [self._stream(r) for r in reqs]
         max_new = max(r.params.max_new_tokens for r in reqs)
-        for step in range(max_new):
+        for _ in range(max_new):
             if all(f is not None for f in finish):
                 break
-            o = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True)
+            o = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
+                           use_cache=True)
             cache = o.past_key_values
             tokens, lps = self._sample(o.logits[:, -1, :], reqs, streams)
             for i, r in enumerate(reqs):

@@ -247,7 +247,8 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
     def info() -> Dict[str, Any]:
         return {**server_args, "weight_version": engine.weight_version, "version": VERSION,
                 "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "disaggregation_mode": "null",
-                "released_tags": sorted(engine.released), "internal_states": [{"max_batch": max_batch, "recent_batches": list(worker.recent)}]}
+                "released_tags": sorted(engine.released),
+                "internal_states": [{"max_batch": max_batch, "recent_batches": list(worker.recent)}]}
 
     @route("/server_info", "/get_server_info")
     async def server_info(req: HTTPRequest):
@@ -433,14 +434,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s [engine:%(process)d] %(message)s")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s [engine:%(process)d] %(message)s")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     torch.multiprocessing.set_sharing_strategy("file_system")
     device = args.device if args.device == "cpu" else f"cuda:{args.base_gpu_id}"
     if args.device != "cpu":
         torch.cuda.set_device(args.base_gpu_id)  # NCCL weight-update groups use the current device
-    engine = EmbeddedEngine(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed, args.trust_remote_code)
+    engine = EmbeddedEngine(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed,
+                            args.trust_remote_code)
     app = build_app(engine, {k: v for k, v in vars(args).items()}, args.max_running_requests)
     log.info("embedded engine serving %s on %s:%d (pid %d)", args.model_path, args.host, args.port, os.getpid())
     # A long keep-alive: the router pools connections across rollouts, and idle gaps (training)
