@@ -325,6 +325,10 @@ class MegatronBackend(TrainerBackend):
             for p in self._params():
                 p.data = p.data.to(self.device, non_blocking=True)
         self.opt.restore_from_cpu()
+        for o in self._inner_optimizers():  # restore_from_cpu moves Adam's step counts too: torch wants them on CPU
+            for st in o.optimizer.state.values():
+                if torch.is_tensor(st.get("step")) and st["step"].is_cuda:
+                    st["step"] = st["step"].cpu()
         torch.cuda.synchronize()
         self._offloaded = False
 
@@ -459,7 +463,6 @@ class MegatronBackend(TrainerBackend):
         flush()
         with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
-        self.hf.torch_dtype = self.model_cfg.dtype
         self.hf.save_pretrained(out_dir)
         gen = os.path.join(self.model_path, "generation_config.json")
         if os.path.isfile(gen):
