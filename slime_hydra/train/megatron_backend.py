@@ -94,8 +94,11 @@ class MegatronBackend(TrainerBackend):
     def __init__(self, *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig,
                  parallelism: ParallelismConfig, model_path: str, rank: int, world_size: int, device: torch.device):
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from transformers import AutoConfig
 
@@ -394,7 +397,8 @@ class MegatronBackend(TrainerBackend):
             out = buf.cpu()
         return out
 
-    def log_probs(self, mbs: Sequence[PackedMicroBatch], temperature: float, *, reference: bool = False) -> torch.Tensor:
+    def log_probs(self, mbs: Sequence[PackedMicroBatch], temperature: float, *,
+                  reference: bool = False) -> torch.Tensor:
         if not reference:
             return self._log_probs(mbs, temperature)
         if self.ref_state is None:
