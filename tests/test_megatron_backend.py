@@ -1,23 +1,23 @@
 """The megatron trainer backend on CPU (gloo, TP = PP = 1, float32): construction through megatron's DDP
-and distributed optimizer, log-probs equal to the torch backend's on the same checkpoint, and the
-weights it would push equal to the checkpoint's bit for bit. megatron's DDP and schedules assume CUDA,
-so the CUDA calls are pointed at the CPU by ``tests/megatron_cpu.py`` (tests only); a training step
-needs a GPU (``bench/megatron_run.sh``)."""
+and optimizer (the non-distributed one: the distributed optimizer asserts CUDA tensors), packed
+micro-batches in row order, log-probs equal to the torch backend's on the same checkpoint, gradients of
+the same loss with the same norm (the loss scaling), and the weights it pushes and exports equal to the
+checkpoint's bit for bit. megatron's DDP and schedules assume CUDA, so the CUDA calls are pointed at
+the CPU here (``tests/megatron_cpu.py`` and ``_CudaTensorsOnCpu``, tests only); the optimizer step and
+the whole run need a GPU (``bench/megatron_run.sh``)."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import contextlib
 
-from torch.overrides import TorchFunctionMode
-
 import megatron_cpu
+import pytest
+import torch
 from megatron_cpu import saved_checkpoint, tiny_hf_model  # skips without megatron
+from torch.overrides import TorchFunctionMode
+from train.tiny_trainer import fake_rollout
 
 from conftest import resolved
-from train.tiny_trainer import fake_rollout
 
 
 class _CudaTensorsOnCpu(TorchFunctionMode):

@@ -31,8 +31,9 @@ def test_megatron_config_composes_with_its_defaults():
 
 @pytest.mark.parametrize("overrides", [
     ["parallelism=1gpu"],
-    ["parallelism=colocate_8gpu", "parallelism.gpus_per_engine=1", "parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2",
-     "parallelism.virtual_pipeline_parallel=2", "trainer.recompute=full", "+trainer.megatron.apply_rope_fusion=false"],
+    ["parallelism=colocate_8gpu", "parallelism.gpus_per_engine=1", "parallelism.tensor_parallel=2",
+     "parallelism.pipeline_parallel=2", "parallelism.virtual_pipeline_parallel=2", "trainer.recompute=full",
+     "+trainer.megatron.apply_rope_fusion=false"],
 ])
 def test_model_parallel_megatron_layouts_are_valid(overrides):
     assert errors([*MEGATRON, *overrides]) == []

@@ -94,8 +94,11 @@ class MegatronBackend(TrainerBackend):
     def __init__(self, *, model: ModelConfig, algo: AlgoConfig, trainer: TrainerConfig,
                  parallelism: ParallelismConfig, model_path: str, rank: int, world_size: int, device: torch.device):
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from transformers import AutoConfig
 
@@ -325,6 +328,10 @@ class MegatronBackend(TrainerBackend):
             for p in self._params():
                 p.data = p.data.to(self.device, non_blocking=True)
         self.opt.restore_from_cpu()
+        for o in self._inner_optimizers():  # restore_from_cpu moves Adam's step counts too: torch wants them on CPU
+            for st in o.optimizer.state.values():
+                if torch.is_tensor(st.get("step")) and st["step"].is_cuda:
+                    st["step"] = st["step"].cpu()
         torch.cuda.synchronize()
         self._offloaded = False
 
@@ -390,7 +397,8 @@ class MegatronBackend(TrainerBackend):
             out = buf.cpu()
         return out
 
-    def log_probs(self, mbs: Sequence[PackedMicroBatch], temperature: float, *, reference: bool = False) -> torch.Tensor:
+    def log_probs(self, mbs: Sequence[PackedMicroBatch], temperature: float, *,
+                  reference: bool = False) -> torch.Tensor:
         if not reference:
             return self._log_probs(mbs, temperature)
         if self.ref_state is None:
@@ -459,7 +467,6 @@ class MegatronBackend(TrainerBackend):
         flush()
         with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
-        self.hf.torch_dtype = self.model_cfg.dtype
         self.hf.save_pretrained(out_dir)
         gen = os.path.join(self.model_path, "generation_config.json")
         if os.path.isfile(gen):
