@@ -14,6 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch.lease import TOKEN_ENV
 from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
     """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down."""
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **cfg.cluster.env_vars}
+    if TOKEN_ENV in os.environ:  # marks the run's processes on every node (launch/lease.py)
+        env[TOKEN_ENV] = os.environ[TOKEN_ENV]
     if plan.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(cfg.parallelism.cpu_threads))
     if cfg.cluster.address:

@@ -18,10 +18,11 @@ from typing import Any, Dict, List
 
 import ray
 
-from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, save_checkpoint
+from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, remove_partial, save_checkpoint
 from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, ray_cluster
+from slime_hydra.launch.lease import RunLease
 from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.logging.metrics import RunLogger
 
@@ -33,8 +34,19 @@ def periodic(step: int, interval: int, last: int) -> bool:
 
 
 def train(cfg: RunConfig, plan: ResourcePlan) -> Dict[str, Any]:
+    """The whole run. A run directory has one driver at a time, and a driver that was killed leaves
+    nothing behind for long: the next start in its run directory kills its leftover processes
+    (``RunLease``) and removes its half-written checkpoint."""
     t_start = time.perf_counter()
-    model_path = initial_checkpoint(cfg.model, cfg.output_dir)
+    with RunLease(cfg.output_dir):
+        partial = remove_partial(cfg.output_dir)
+        if partial:
+            log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
+        model_path = initial_checkpoint(cfg.model, cfg.output_dir)
+        return _train(cfg, plan, model_path, t_start)
+
+
+def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float) -> Dict[str, Any]:
     with ray_cluster(cfg, plan):
         pg = create_placement_group(plan)
         from slime_hydra.rollout.manager import RolloutManager
@@ -66,7 +78,7 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
         start = meta["step"]
         carry_history(ckpt, run_dir, start)
         log.info("resumed from %s at step %d", ckpt, start)
-    logger = RunLogger(cfg, num_rollout, start)
+    logger = RunLogger(cfg, num_rollout, start, keep_until=start if ckpt else None)
     try:
         return _steps(cfg, manager, trainers, model_path, logger, start, num_rollout, t_start)
     finally:
@@ -110,21 +122,21 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
             version = step
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
         t_sync = time.perf_counter() - t2
-        if periodic(step, cfg.trainer.save_interval, num_rollout):
-            # the data position after rollout `step` (an async run has already started the next one)
-            state = ray.get(manager.state_dict.remote(step))
-            save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
         if cfg.eval.datasets and periodic(step, cfg.eval.interval, num_rollout):
             evals = _eval(manager, logger, step)
             metrics.update(evals)
-        if not is_async and step < num_rollout:
-            next_rollout = manager.generate.remote(step, version)
         step_time = time.perf_counter() - t0
         metrics.update({"perf/step_time": step_time, "perf/rollout_wait_time": t_rollout, "perf/train_time": t_train,
                         "perf/weight_sync_time": t_sync,
                         "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
-        logger.log(step, metrics)
+        logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
         logger.progress(metrics)
+        if periodic(step, cfg.trainer.save_interval, num_rollout):
+            # the data position after rollout `step` (an async run has already started the next one)
+            state = ray.get(manager.state_dict.remote(step))
+            save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
+        if not is_async and step < num_rollout:
+            next_rollout = manager.generate.remote(step, version)
 
     summary = summarize(logger.history, num_rollout, time.perf_counter() - t_start, run_dir)
     logger.finish(summary)

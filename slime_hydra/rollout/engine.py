@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Optional
 
+from slime_hydra.logging.secrets import redact_argv
 from slime_hydra.rollout.engines import ServerSpec, make_engine
 from slime_hydra.utils.proc import free_port, kill_tree, node_ip, spawn, tail, wait_http
 
@@ -41,9 +42,12 @@ class EngineActor:
 
     def start(self) -> Optional[str]:
         """Start the server; node 0 returns its URL once /health_generate answers (which needs
-        every node), the other nodes return None once their process runs."""
+        every node), the other nodes return None once their process runs. Called again after the
+        server failed (fault tolerance), it starts a new process on the same GPUs (and a new port)."""
         import ray
 
+        if self.proc is not None:
+            self.kill()
         host = node_ip()
         port = free_port(host)
         gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
@@ -54,7 +58,7 @@ class EngineActor:
         for name in engine.unset_env:
             os.environ.pop(name, None)
         with open(self.log_path, "a") as f:
-            f.write("$ " + " ".join(cmd) + "\n")
+            f.write("$ " + " ".join(redact_argv(cmd)) + "\n")
         self.proc = spawn(cmd, self.log_path, env)
         if self.spec.node_rank > 0:
             return None
@@ -73,3 +77,11 @@ class EngineActor:
     def stop(self) -> None:
         kill_tree(self.proc)
         self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group at once (a hung or frozen server ignores SIGTERM)."""
+        kill_tree(self.proc, timeout=0)
+        self.proc = None
+
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None else None
