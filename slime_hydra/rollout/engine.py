@@ -48,12 +48,9 @@ class EngineActor:
 
         if self.proc is not None:
             self.kill()
-        host = node_ip()
-        port = free_port(host)
-        gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
-        base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
+        host, port = node_ip(), free_port(node_ip())
+        cmd = self.command(host, port)
         engine = make_engine(self.spec)
-        cmd = engine.command(host, port, base_gpu, nccl_port=free_port(host))
         env = engine.env()
         for name in engine.unset_env:
             os.environ.pop(name, None)
@@ -65,6 +62,16 @@ class EngineActor:
         self.url = f"http://{host}:{port}"
         wait_http(self.url + "/health_generate", self.proc, self.startup_timeout, self.log_path)
         return self.url
+
+    def command(self, host: Optional[str] = None, port: int = 0):
+        """The server's command line on this node (``start`` runs it): its address, its first GPU as
+        Ray assigned it, and for an engine spanning nodes its node rank and the address of node 0."""
+        import ray
+
+        host = host or node_ip()
+        gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
+        base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
+        return make_engine(self.spec).command(host, port, base_gpu, nccl_port=free_port(host))
 
     def failure(self) -> Optional[str]:
         """None while the server runs (or before it starts, or after stop()); else how it ended."""

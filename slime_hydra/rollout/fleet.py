@@ -162,6 +162,11 @@ class EngineFleet:
         from slime_hydra.rollout.router import Router
         from slime_hydra.utils.proc import node_ip
 
+        if self.ft is not None:
+            # the requests of a failed engine come back to the client, which re-queues (and counts)
+            # them once an engine serves; the router's own retries would resend them unseen, or
+            # to the same dead worker while it is still registered
+            cfg = replace(cfg, args={"disable_retries": True, **cfg.args})
         self.router = Router(cfg, node_ip(), log_path)
         for url in self.urls:
             self.router.add_worker(url)
@@ -194,6 +199,8 @@ class EngineFleet:
 
         watched = [(e, a, log_path) for e in self.engines if e.state == SERVING
                    for a, log_path in zip(e.actors, e.logs)]
+        if not watched:
+            return []
         refs = [a.failure.remote() for _, a, _ in watched]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ENGINE_POLL_S)
         out: List[Tuple[EngineHandle, str]] = []
