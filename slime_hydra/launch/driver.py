@@ -121,7 +121,7 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
         t2 = time.perf_counter()
         if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
             if is_async and step < num_rollout:
-                ray.wait([next_rollout])  # never change weights under a running rollout
+                wait_or_stalled(next_rollout, manager, ft)  # never change weights under a running rollout
             sync = push_weights(manager, trainers, step, colocate, ft)
             version = step
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
@@ -219,6 +219,19 @@ def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> N
     if limit is not None and gap is not None and gap > limit and on_policy:
         raise RuntimeError(f"step {step}: |rollout - trainer| log-prob gap {gap:.3g} > sync.max_logprob_diff={limit}: "
                            "the engines do not run the trainer's weights")
+
+
+def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:
+    """Until the rollout is done, or (fault tolerance) it cannot go on without a weight push: every
+    engine failed, and the restarted ones wait for weights; the push then brings this step's
+    weights, and the manager generates the rollout again with them (``WeightsChanged``)."""
+    if not fault_tolerance:
+        ray.wait([rollout])
+        return
+    while not ray.wait([rollout], timeout=1.0)[0]:
+        if ray.get(manager.stalled.remote()):
+            log.warning("every engine failed during the rollout; pushing the new weights to the restarted ones")
+            return
 
 
 def check_staleness(cfg: RunConfig, metrics: Dict[str, float], step: int) -> None:

@@ -51,6 +51,15 @@ SERVING, RESTARTING, AWAITING_WEIGHTS = "serving", "restarting", "awaiting_weigh
 RESTART_WINDOW_S = 3600.0  # rollout.max_engine_restarts_per_hour counts restarts within this window
 
 
+class WeightsChanged(RuntimeError):
+    """Every engine failed during a rollout and came back with newer weights (an async run, whose
+    trainers had moved on): the rollout is generated again from its start with ``version``."""
+
+    def __init__(self, version: int):
+        super().__init__(f"the engines now run weights v{version}")
+        self.version = version
+
+
 @dataclass
 class FaultTolerance:
     """``rollout.fault_tolerance`` and its settings (``rollout.health_check_*``, the restart budget)."""
@@ -112,6 +121,8 @@ class EngineFleet:
         self._last_out = -math.inf  # when the last failed engine had left the router
         self._check: Optional[asyncio.Future] = None
         self._restarting: Dict[int, asyncio.Future] = {}
+        self.version: Optional[int] = None  # the weights the serving engines run (the last push)
+        self.rollout_version: Optional[int] = None  # the weights the running rollout asked for
 
     @classmethod
     def start(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
@@ -400,8 +411,13 @@ class EngineFleet:
     async def rejoined(self, version: int) -> List[int]:
         """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine)."""
         joined = await asyncio.to_thread(self.weights_pushed, version)
+        self.version = version
         self._update_serving()
         return joined
+
+    def stalled(self) -> bool:
+        """No engine serves, and a restarted one waits for weights: a rollout cannot go on before a push."""
+        return not any(e.state == SERVING for e in self.engines) and self.awaiting_weights()
 
     async def requeue(self, sent_at: float) -> bool:
         """The generate client's question about a request sent at ``sent_at`` (monotonic) that
@@ -418,6 +434,8 @@ class EngineFleet:
             await self._serving.wait()
         if self.fatal is not None:
             raise self.fatal
+        if None not in (self.version, self.rollout_version) and self.version != self.rollout_version:
+            raise WeightsChanged(self.version)
         return True
 
     def _failed_since(self, sent_at: float) -> bool:

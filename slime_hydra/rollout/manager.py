@@ -27,7 +27,7 @@ import ray
 from slime_hydra.rollout.client import GenerateClient
 from slime_hydra.rollout.data_state import DataState
 from slime_hydra.rollout.evaluate import Evaluator, load_eval_sets
-from slime_hydra.rollout.fleet import EngineFleet, FaultTolerance, engine_specs
+from slime_hydra.rollout.fleet import EngineFleet, FaultTolerance, WeightsChanged, engine_specs
 from slime_hydra.rollout.rollout_fn import build_rollout_context, check_rollout_output, load_rollout_function
 from slime_hydra.rollout.sampling import agent_metrics
 from slime_hydra.rollout.train_data import split_by_rank, train_data
@@ -83,6 +83,11 @@ class RolloutManager:
         return self.fleet.endpoints() if self.fleet.awaiting_weights() else None
 
     @ray.method(concurrency_group=FLEET_GROUP)
+    def stalled(self) -> bool:
+        """No engine serves and a restarted one waits for weights (an async run pushes them now)."""
+        return self.fleet.stalled()
+
+    @ray.method(concurrency_group=FLEET_GROUP)
     def weight_endpoints(self) -> List[Dict[str, Any]]:
         """Before a weight push: the engines running now (those that died since the last rollout
         are taken out, and restart, first)."""
@@ -105,7 +110,18 @@ class RolloutManager:
         cfg, r = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
         self.data_state.rollout_starts(rollout_id)  # for a checkpoint taken meanwhile
-        out = self._run(self.fleet.watched(self.rollout_fn(self.ctx, rollout_id, str(weight_version))))
+        start_state = self.data_state.state_dict(rollout_id)
+        while True:
+            self.fleet.rollout_version = weight_version
+            try:
+                out = self._run(self.fleet.watched(self.rollout_fn(self.ctx, rollout_id, str(weight_version))))
+                break
+            except WeightsChanged as e:  # every engine failed; they came back with the trainer's newer weights
+                log.warning("rollout %d: %s; generating it again from its start", rollout_id, e)
+                self.data_state.load_state_dict(start_state)
+                weight_version = e.version
+            finally:
+                self.fleet.rollout_version = None
         where = "rollout.rollout_function" + (f" {spec_name(r.rollout_function)!r}" if r.rollout_function else "")
         groups, rollout_metrics = check_rollout_output(out, r.batch_size, r.n_samples_per_prompt, where)
         samples = [s for g in groups for s in g]

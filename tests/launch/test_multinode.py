@@ -62,6 +62,7 @@ def run_layout(cfg, plan, pg, tmp_path):
     """Trainers and engines on their bundles, a weight push from trainer to engines, one generation."""
     model_path = initial_checkpoint(cfg.model, str(tmp_path))
     trainers = TrainerGroup(cfg, plan, pg, model_path)
+    (tmp_path / "logs").mkdir()
     fleet = EngineFleet.start(engine_specs(cfg, plan, model_path), plan, pg, str(tmp_path / "logs"), 300,
                               RouterConfig(enabled=False))
     try:
