@@ -91,10 +91,15 @@ def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
             named = os.path.join(ckpt_root(base), f.read().strip())
         if os.path.exists(os.path.join(named, "meta.json")):
             return named
-        log.warning("checkpoints/latest names %s, which is incomplete; taking the newest complete checkpoint", named)
-    done = complete_checkpoints(base)
-    if done:
-        return os.path.join(ckpt_root(base), done[-1])
+        done = complete_checkpoints(base)
+        if done:
+            log.warning("checkpoints/latest names %s, which is incomplete; taking the newest complete checkpoint, %s",
+                        named, done[-1])
+            return os.path.join(ckpt_root(base), done[-1])
+        if resume == "auto":
+            raise FileNotFoundError(f"trainer.resume=auto: checkpoints/latest names {named}, which has no meta.json "
+                                    "(an incomplete or deleted checkpoint), and no complete checkpoint is left")
+        return named  # config validation names it
     if resume == "auto":
         return None
     raise FileNotFoundError(f"trainer.resume: {resume!r} holds no checkpoint (no meta.json, no checkpoints/latest)")

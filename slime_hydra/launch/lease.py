@@ -7,7 +7,8 @@ driver marks every process of its run: it puts a fresh token in its own environm
 the local Ray cluster, the router and the engine servers) and in the Ray runtime environment (for
 workers on other nodes), and records the token with its pid in ``<run dir>/driver.json``. The next
 start in that run directory (a resume) kills whatever still carries the token on this machine.
-A driver still alive there is an error: two drivers must not write one run directory.
+A driver still alive there is an error: two drivers must not write one run directory. A driver
+that ends normally kills what of its run is still running after Ray's shutdown.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ def _start_time(pid: int) -> Optional[str]:
     return None if fields[0] == "Z" else fields[19]
 
 
+def _parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
 def processes_with_token(token: str) -> List[int]:
     """Live processes (not zombies) of this machine whose environment holds ``TOKEN_ENV=token``."""
     needle = f"{TOKEN_ENV}={token}".encode()
@@ -53,16 +63,17 @@ def processes_with_token(token: str) -> List[int]:
     return out
 
 
-def reap(token: str, timeout: float = 10.0) -> List[int]:
-    """SIGKILL every process carrying ``token``; returns their pids once they are gone."""
-    pids = processes_with_token(token)
+def reap(token: str, timeout: float = 10.0, spare_children: bool = False) -> List[int]:
+    """SIGKILL every process carrying ``token`` (``spare_children``: but this process's own children,
+    such as wandb's service finishing its files); returns their pids once they are gone."""
+    pids = [p for p in processes_with_token(token) if not (spare_children and _parent(p) == os.getpid())]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout
-    while processes_with_token(token) and time.monotonic() < deadline:
+    while set(pids) & set(processes_with_token(token)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return pids
 
@@ -85,6 +96,10 @@ class RunLease:
         return self
 
     def __exit__(self, *exc) -> None:
+        # Ray is shut down by now; its agents can take long to notice (seconds under load): end them
+        late = reap(self.token, timeout=5.0, spare_children=True)
+        if late:
+            log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
         os.environ.pop(TOKEN_ENV, None)
         try:
             os.remove(self.path)

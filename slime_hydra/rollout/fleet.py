@@ -483,8 +483,8 @@ class EngineFleet:
     def shutdown(self) -> None:
         import ray
 
-        for task in self._restarting.values():
-            task.cancel()
+        for task in self._restarting.values():  # on the manager's event loop, not this thread's
+            task.get_loop().call_soon_threadsafe(task.cancel)
         if self.router is not None:
             for u in self.urls:
                 try:

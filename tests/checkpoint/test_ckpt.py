@@ -55,6 +55,9 @@ def test_latest_naming_a_missing_checkpoint_falls_back_to_the_newest_complete_on
     save_checkpoint(run, 4, trainer_files, {}, keep=3)
     os.remove(tmp_path / "checkpoints" / "step_000004" / "meta.json")  # a checkpoint deleted by hand, in part
     assert find_checkpoint("auto", run) == str(tmp_path / "checkpoints" / "step_000002")
+    os.remove(tmp_path / "checkpoints" / "step_000002" / "meta.json")
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint is left"):
+        find_checkpoint("auto", run)
     assert find_checkpoint("auto", str(tmp_path / "empty")) is None
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
         find_checkpoint(str(tmp_path / "empty"), run)
