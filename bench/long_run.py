@@ -1,8 +1,9 @@
-"""A long embedded run, watched for leaks: the resident memory (RSS, psutil) of the driver, the
-trainer, the engine, the router, the rollout manager and Ray's own processes, sampled every few
-seconds, and the step time from metrics.jsonl. After a warm-up (the first fifth of the steps) both
-must stay flat: memory within 5 % and the median step time within 10 % between the window just
-after the warm-up and the last tenth of the run.
+"""A long embedded run, watched for leaks: the memory of the driver, the trainer, the engine, the
+router, the rollout manager and Ray's own processes (psutil: RSS, and USS, the memory private to a
+process, which is where a leak grows; RSS also moves with shared pages the kernel reclaims under
+memory pressure), sampled every few seconds, and the step time from metrics.jsonl. After a warm-up
+(the first fifth of the steps) neither may grow: memory by at most 5 % and the median step time by
+at most 10 %, between the window just after the warm-up and the last tenth of the run.
 
     python bench/long_run.py                       # 500 steps of the default (about 11 min on 2 idle cores)
     python bench/long_run.py --steps 100 -- rollout.batch_size=8   # extra Hydra overrides after "--"
@@ -49,16 +50,20 @@ def group_of(proc: psutil.Process) -> str:
 
 
 def sample(tag: str) -> Dict[str, float]:
-    """RSS in MiB per group, over this run's processes (they carry the tag in their environment)."""
-    rss = {g: 0.0 for g in GROUPS}
+    """RSS and USS in MiB per group (``<group>_rss``, ``<group>_uss``), over this run's processes
+    (they carry the tag in their environment)."""
+    out = {f"{g}_{kind}": 0.0 for g in GROUPS for kind in ("rss", "uss")}
     for proc in psutil.process_iter():
         try:
             if proc.environ().get(TAG_ENV) != tag:
                 continue
-            rss[group_of(proc)] += proc.memory_info().rss / 2**20
+            mem = proc.memory_full_info()
+            group = group_of(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return rss
+        out[f"{group}_rss"] += mem.rss / 2**20
+        out[f"{group}_uss"] += mem.uss / 2**20
+    return out
 
 
 def read_steps(path: Path) -> List[dict]:
@@ -72,10 +77,12 @@ def window(samples: List[dict], lo: float, hi: float, key: str) -> List[float]:
 
 
 def analyse(samples: List[dict], rows: List[dict], steps: int) -> dict:
+    """Growth of each memory series and of the step time, from the window after the warm-up to the
+    end; only growth counts against the tolerance (memory that shrinks is no leak)."""
     warm, tail = steps // 5, steps - max(steps // 10, 1)
     early = (warm, warm + max(steps // 10, 1))
     out = {"warm_up_steps": warm, "early_window": list(early), "late_window": [tail, steps + 1], "groups": {}}
-    for g in GROUPS:
+    for g in [f"{g}_{kind}" for g in GROUPS for kind in ("rss", "uss")]:
         a, b = window(samples, *early, g), window(samples, tail, steps + 1, g)
         if not a or not b or statistics.mean(a) == 0:
             continue
@@ -102,7 +109,7 @@ def report(result: dict, steps: int, overrides: List[str], wall_s: float) -> str
              f"steps) and over steps {result['late_window'][0]}-{steps}; step time: medians over the same windows.",
              "", "| what | early | late | growth | within |", "| --- | --- | --- | --- | --- |"]
     for g, v in result["groups"].items():
-        lines.append(f"| {g} RSS | {v['early_mib']} MiB | {v['late_mib']} MiB | {v['growth']:+.1%} | "
+        lines.append(f"| {g.replace('_', ' ').replace('rss', 'RSS').replace('uss', 'USS')} | {v['early_mib']} MiB | {v['late_mib']} MiB | {v['growth']:+.1%} | "
                      f"{'yes' if v['ok'] else 'NO'} (5 %) |")
     if "step_time" in result:
         v = result["step_time"]
