@@ -1,17 +1,29 @@
 """Run checkpoints: ``<run dir>/checkpoints/step_000050/{hf/, trainer.pt, data_state.json, meta.json}``.
 
-A checkpoint is written into ``step_N.tmp`` and renamed when complete, then ``checkpoints/latest``
-is replaced atomically; an interrupted save leaves the previous checkpoint as the latest one."""
+Crash-safe: a checkpoint is written into ``step_N.tmp``, its files are flushed to disk, and only then
+is the directory renamed to ``step_N`` (``meta.json``, written last, marks it complete) and
+``checkpoints/latest`` replaced atomically (a temp file, fsync, ``os.replace``). A process killed at
+any moment of a save leaves the previous checkpoint untouched and ``latest`` naming a complete one;
+the half-written ``step_N.tmp`` is removed by the next save or resume.
+
+Test hook: with ``SLIME_HYDRA_TEST_PAUSE_IN_SAVE=<step>:<seconds>`` set, the save of that step
+creates the file ``step_N.tmp/PAUSED`` once the trainer's files are written, then sleeps that long
+before completing, so that a test can kill the run inside a save (tests/launch/test_kill_resume.py).
+Nothing else reads it."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from slime_hydra.logging.metrics import write_json_atomic
+
+log = logging.getLogger(__name__)
+PAUSE_ENV = "SLIME_HYDRA_TEST_PAUSE_IN_SAVE"
 
 
 def ckpt_root(run_dir: str) -> str:
@@ -27,27 +39,67 @@ def save_checkpoint(run_dir: str, step: int, write: Callable[[str], None], data_
     os.makedirs(tmp)
     write(tmp)  # trainer: hf/ and trainer.pt
     write_json_atomic(os.path.join(tmp, "data_state.json"), data_state)
+    pause_step, _, seconds = os.environ.get(PAUSE_ENV, "").partition(":")
+    if pause_step and int(pause_step) == step:
+        open(os.path.join(tmp, "PAUSED"), "w").close()
+        time.sleep(float(seconds))
+        os.remove(os.path.join(tmp, "PAUSED"))
     write_json_atomic(os.path.join(tmp, "meta.json"), {"step": step, "time": time.time()})
-    shutil.rmtree(final, ignore_errors=True)
+    _fsync_tree(tmp)
+    if os.path.exists(final):  # saved before by a run that was killed before it named it latest
+        shutil.rmtree(final)
     os.replace(tmp, final)
-    with open(os.path.join(root, "latest.tmp"), "w") as f:
-        f.write(os.path.basename(final))
-    os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
-    done = sorted(d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp"))
-    for old in done[:-keep]:
-        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+    _fsync_dir(root)
+    _write_atomic(os.path.join(root, "latest"), os.path.basename(final))
+    latest = os.path.basename(final)
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        if old != latest:
+            shutil.rmtree(os.path.join(root, old), ignore_errors=True)
     return final
 
 
+def complete_checkpoints(run_dir: str) -> List[str]:
+    """Names of the complete checkpoints (those with meta.json), oldest first."""
+    root = ckpt_root(run_dir)
+    if not os.path.isdir(root):
+        return []
+    return sorted(d for d in os.listdir(root)
+                  if d.startswith("step_") and not d.endswith(".tmp") and os.path.exists(os.path.join(root, d, "meta.json")))
+
+
+def remove_partial(run_dir: str) -> List[str]:
+    """Delete the half-written checkpoints (``step_N.tmp``) of a run that was killed while saving."""
+    root = ckpt_root(run_dir)
+    partial = [d for d in os.listdir(root) if d.endswith(".tmp")] if os.path.isdir(root) else []
+    for d in partial:
+        path = os.path.join(root, d)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    return partial
+
+
 def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
-    """``resume``: "auto" (this run dir's latest, if any), a checkpoint dir, or a run dir."""
+    """``resume``: "auto" (this run dir's latest, if any), a checkpoint dir, or a run dir.
+
+    ``latest`` names the newest complete checkpoint; should it name one that is gone or incomplete
+    (deleted by hand), the newest complete one is taken instead."""
     base = run_dir if resume == "auto" else os.path.expanduser(resume)
     if os.path.exists(os.path.join(base, "meta.json")):
         return base
     latest = os.path.join(ckpt_root(base), "latest")
     if os.path.exists(latest):
         with open(latest) as f:
-            return os.path.join(ckpt_root(base), f.read().strip())
+            named = os.path.join(ckpt_root(base), f.read().strip())
+        if os.path.exists(os.path.join(named, "meta.json")):
+            return named
+        done = complete_checkpoints(base)
+        if done:
+            log.warning("checkpoints/latest names %s, which is incomplete; taking the newest complete checkpoint, %s",
+                        named, done[-1])
+            return os.path.join(ckpt_root(base), done[-1])
+        if resume == "auto":
+            raise FileNotFoundError(f"trainer.resume=auto: checkpoints/latest names {named}, which has no meta.json "
+                                    "(an incomplete or deleted checkpoint), and no complete checkpoint is left")
+        return named  # config validation names it
     if resume == "auto":
         return None
     raise FileNotFoundError(f"trainer.resume: {resume!r} holds no checkpoint (no meta.json, no checkpoints/latest)")
@@ -59,3 +111,34 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     with open(os.path.join(path, "data_state.json")) as f:
         meta["data_state"] = json.load(f)
     return meta
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_tree(top: str) -> None:
+    """Flush every file under ``top`` and the directories themselves, so the rename that publishes
+    the checkpoint can never reach the disk before its contents (a power cut, not only a kill)."""
+    for dirpath, _, files in os.walk(top):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(dirpath)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

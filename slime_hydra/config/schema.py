@@ -154,6 +154,13 @@ class RolloutConfig:
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
     startup_timeout_s: float = 600.0
     router: RouterConfig = field(default_factory=RouterConfig)
+    # Fault tolerance (slime's --use-fault-tolerance): while a rollout or eval runs, an engine whose
+    # process exits or whose /health_generate does not answer within health_check_timeout_s is taken
+    # out of the router and restarted; its requests go to the others. Off: an engine death stops the run.
+    fault_tolerance: bool = False
+    health_check_interval_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    max_engine_restarts_per_hour: int = 3  # per engine; one more is an error naming it
 
 
 # --------------------------------------------------------------------------------- parallelism
@@ -252,6 +259,9 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     mode: str = "sync"  # sync | async (one-step off-policy; requires colocate=false)
     update_weights_interval: int = 1
+    # async: the most training steps a sample's weights may lag the trainer (trainer version minus
+    # the sample's weight version, rollout/staleness_max); more stops the run
+    max_staleness: int = 1
     save_interval: int = 50  # rollouts; the last step is always saved
     keep_checkpoints: int = 2
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)

@@ -14,15 +14,26 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch.lease import TOKEN_ENV
+from slime_hydra.utils.proc import HOST_ENV
 from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
 
 log = logging.getLogger(__name__)
+LOCAL_HOST = "127.0.0.1"
 
 
 @contextlib.contextmanager
 def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
-    """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down."""
+    """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down.
+
+    A local cluster is one machine: Ray and every server of the run listen on 127.0.0.1 only. A
+    joined cluster may span machines: servers listen on their node's address (Ray's view of it)."""
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **cfg.cluster.env_vars}
+    if TOKEN_ENV in os.environ:  # marks the run's processes on every node (launch/lease.py)
+        env[TOKEN_ENV] = os.environ[TOKEN_ENV]
+    local = not cfg.cluster.address
+    if local:  # every server of the run (engines, router, weight-update groups) on the loopback address
+        env[HOST_ENV] = os.environ[HOST_ENV] = LOCAL_HOST
     if plan.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(cfg.parallelism.cpu_threads))
     if cfg.cluster.address:
@@ -33,12 +44,17 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
         need = len(plan.bundles) + 2
         num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, need)
         gpus = sum(b.get("GPU", 0) for b in plan.bundles) if plan.device == "cuda" else 0
+        # one machine: Ray, the engines, the router and the weight-update groups all on the loopback
+        # address (utils.proc.node_ip reads Ray's node address), reachable from no other host
         ray.init(num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard, log_to_driver=False,
-                 logging_level=logging.WARNING, runtime_env={"env_vars": env}, num_gpus=gpus)
+                 logging_level=logging.WARNING, runtime_env={"env_vars": env}, num_gpus=gpus,
+                 _node_ip_address=LOCAL_HOST)
     try:
         yield
     finally:
         ray.shutdown()
+        if local:
+            os.environ.pop(HOST_ENV, None)
 
 
 def create_placement_group(plan: ResourcePlan, timeout_s: float = 600.0):
@@ -54,6 +70,27 @@ def create_placement_group(plan: ResourcePlan, timeout_s: float = 600.0):
             remove_placement_group(pg)
             raise TimeoutError(f"the cluster cannot place {len(plan.bundles)} bundles of {plan.bundles[0]} "
                                f"(available: {avail}); check parallelism.* against the cluster")
+
+
+def placed(plan: ResourcePlan, pg) -> ResourcePlan:
+    """The plan on the bundles where Ray put them. The plan numbers its bundles node by node (bundle
+    ``b`` on node ``b // gpus_per_node``: trainers and engines side by side, an engine's GPUs on
+    one node), but PACK promises no order across nodes; so the plan's bundle ``b`` becomes the
+    ``b``-th bundle in the order (node, then index), nodes taken in the order of their first bundle."""
+    from dataclasses import replace
+
+    from ray.util import placement_group_table
+
+    nodes = placement_group_table(pg)["bundles_to_node_id"]
+    nodes = [nodes[i] for i in range(len(plan.bundles))]
+    first: Dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        first.setdefault(node, i)
+    order = sorted(range(len(nodes)), key=lambda i: (first[nodes[i]], i))
+    if order == list(range(len(nodes))):
+        return plan
+    return replace(plan, trainers=[replace(t, bundle=order[t.bundle]) for t in plan.trainers],
+                   engines=[replace(e, bundles=[order[b] for b in e.bundles]) for e in plan.engines])
 
 
 @dataclass
@@ -111,6 +148,7 @@ class TrainerGroup:
                           runtime_env={"env_vars": env}, **share).remote(t.rank, world, model_path, **parts)
             for t in plan.trainers
         ]
+        self.connected: List[str] = []  # the engine URLs the weight push goes to
         master = ray.get(self.actors[0].master_address.remote())
         self.layout = rank_layout(ray.get([a.init.remote(master) for a in self.actors]), plan.data_parallel)
 
@@ -122,6 +160,13 @@ class TrainerGroup:
 
     def connect(self, endpoints) -> None:
         self._all("connect", endpoints)
+        self.connected = [e["url"] for e in endpoints]
+
+    def reconnect(self, endpoints) -> None:
+        """After an engine restarted (fault tolerance): close the weight sender (its weight-update
+        group has a fixed set of members) and connect to ``endpoints``, the engines running now."""
+        self._all("shutdown")
+        self.connect(endpoints)
 
     def train(self, data_refs: List[Any], temperature: float, max_response_len: int) -> Dict[str, float]:
         """One rollout's training: ``data_refs`` holds one share per data-parallel rank (the rollout

@@ -18,10 +18,11 @@ from typing import Any, Dict, List
 
 import ray
 
-from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, save_checkpoint
+from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, remove_partial, save_checkpoint
 from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, ray_cluster
+from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed, ray_cluster
+from slime_hydra.launch.lease import RunLease
 from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.logging.metrics import RunLogger
 
@@ -33,13 +34,26 @@ def periodic(step: int, interval: int, last: int) -> bool:
 
 
 def train(cfg: RunConfig, plan: ResourcePlan) -> Dict[str, Any]:
+    """The whole run. A run directory has one driver at a time, and a driver that was killed leaves
+    nothing behind for long: the next start in its run directory kills its leftover processes
+    (``RunLease``) and removes its half-written checkpoint."""
     t_start = time.perf_counter()
-    model_path = initial_checkpoint(cfg.model, cfg.output_dir)
+    with RunLease(cfg.output_dir):
+        partial = remove_partial(cfg.output_dir)
+        if partial:
+            log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
+        model_path = initial_checkpoint(cfg.model, cfg.output_dir)
+        return _train(cfg, plan, model_path, t_start)
+
+
+def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float) -> Dict[str, Any]:
     with ray_cluster(cfg, plan):
         pg = create_placement_group(plan)
-        from slime_hydra.rollout.manager import RolloutManager
+        plan = placed(plan, pg)
+        from slime_hydra.rollout.manager import FLEET_GROUP, RolloutManager
 
-        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(cfg, plan, pg, model_path)
+        manager = ray.remote(num_cpus=0, concurrency_groups={FLEET_GROUP: 1})(RolloutManager).remote(
+            cfg, plan, pg, model_path)
         trainers = TrainerGroup(cfg, plan, pg, model_path)
         try:
             return _loop(cfg, manager, trainers, model_path, t_start)
@@ -66,7 +80,7 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
         start = meta["step"]
         carry_history(ckpt, run_dir, start)
         log.info("resumed from %s at step %d", ckpt, start)
-    logger = RunLogger(cfg, num_rollout, start)
+    logger = RunLogger(cfg, num_rollout, start, keep_until=start if ckpt else None)
     try:
         return _steps(cfg, manager, trainers, model_path, logger, start, num_rollout, t_start)
     finally:
@@ -76,10 +90,11 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
 def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, logger: RunLogger, start: int,
            num_rollout: int, t_start: float) -> Dict[str, Any]:
     colocate, run_dir, is_async = cfg.parallelism.colocate, cfg.output_dir, cfg.trainer.mode == "async"
+    ft = cfg.rollout.fault_tolerance
     trainers.connect(ray.get(manager.endpoints.remote()))
     if colocate:  # the engines start awake; push_weights expects them asleep, as after a training step
         ray.get(manager.offload.remote())
-    sync = push_weights(manager, trainers, start, colocate)
+    sync = push_weights(manager, trainers, start, colocate, ft)
     log.info("weights v%d pushed to the engines (%.2fs over %s)", start, sync["seconds"], cfg.sync.transport)
 
     evals: Dict[str, float] = {}
@@ -90,7 +105,7 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
     next_rollout = manager.generate.remote(start, version) if start < num_rollout else None
     for step in range(start + 1, num_rollout + 1):
         t0 = time.perf_counter()
-        data_refs, metrics = ray.get(next_rollout)
+        data_refs, metrics = wait_rollout(next_rollout, manager, trainers, version, ft and not is_async)
         t_rollout = time.perf_counter() - t0
         if is_async and step < num_rollout:
             next_rollout = manager.generate.remote(step, version)  # overlaps with training below
@@ -102,46 +117,77 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         t_train = time.perf_counter() - t1
         check_logprob_gap(cfg, metrics, step)
+        check_staleness(cfg, metrics, step)
         t2 = time.perf_counter()
         if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
             if is_async and step < num_rollout:
-                ray.wait([next_rollout])  # never change weights under a running rollout
-            sync = push_weights(manager, trainers, step, colocate)
+                wait_or_stalled(next_rollout, manager, ft)  # never change weights under a running rollout
+            sync = push_weights(manager, trainers, step, colocate, ft)
             version = step
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
         t_sync = time.perf_counter() - t2
-        if periodic(step, cfg.trainer.save_interval, num_rollout):
-            # the data position after rollout `step` (an async run has already started the next one)
-            state = ray.get(manager.state_dict.remote(step))
-            save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
         if cfg.eval.datasets and periodic(step, cfg.eval.interval, num_rollout):
             evals = _eval(manager, logger, step)
             metrics.update(evals)
-        if not is_async and step < num_rollout:
-            next_rollout = manager.generate.remote(step, version)
         step_time = time.perf_counter() - t0
         metrics.update({"perf/step_time": step_time, "perf/rollout_wait_time": t_rollout, "perf/train_time": t_train,
                         "perf/weight_sync_time": t_sync,
                         "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
-        logger.log(step, metrics)
+        logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
         logger.progress(metrics)
+        if periodic(step, cfg.trainer.save_interval, num_rollout):
+            # the data position after rollout `step` (an async run has already started the next one)
+            state = ray.get(manager.state_dict.remote(step))
+            save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
+        if not is_async and step < num_rollout:
+            next_rollout = manager.generate.remote(step, version)
 
     summary = summarize(logger.history, num_rollout, time.perf_counter() - t_start, run_dir)
     logger.finish(summary)
     return summary
 
 
-def push_weights(manager, trainers: TrainerGroup, version: int, colocate: bool) -> Dict[str, float]:
+def push_weights(manager, trainers: TrainerGroup, version: int, colocate: bool,
+                 fault_tolerance: bool = False) -> Dict[str, float]:
     """Trainer -> engines, weight version ``version``. Colocated (the engines asleep, the trainer
     awake): the trainer sleeps, the engines take back memory for their weights only, the push, then
-    the engines' KV cache, so that two copies of the weights plus a KV cache never share a GPU."""
+    the engines' KV cache, so that two copies of the weights plus a KV cache never share a GPU.
+
+    With fault tolerance, the push goes to the engines running now: when engines have failed or
+    restarted since the last push, the trainers reconnect first (a weight-update group has a fixed
+    set of members), and afterwards the restarted engines take requests again."""
+    if fault_tolerance:
+        endpoints = ray.get(manager.weight_endpoints.remote())
+        if [e["url"] for e in endpoints] != trainers.connected:
+            trainers.reconnect(endpoints)
     if colocate:
         trainers.offload()
         ray.get(manager.onload_weights.remote())
     sync = trainers.update_weights(version)
     if colocate:
         ray.get(manager.onload_kv.remote())
+    if fault_tolerance:
+        ray.get(manager.weights_pushed.remote(version))
     return sync
+
+
+def wait_rollout(rollout, manager, trainers: TrainerGroup, version: int, restore_engines: bool):
+    """The rollout's result. ``restore_engines`` (fault tolerance in a synchronous run, whose trainers
+    are idle meanwhile and hold the rollout's weights): an engine restarted during the rollout gets
+    those weights at once and serves the rest of it, instead of waiting for the next step (and a
+    rollout whose every engine failed can finish at all)."""
+    if not restore_engines:
+        return ray.get(rollout)
+    while True:
+        ready, _ = ray.wait([rollout], timeout=1.0)
+        if ready:
+            return ray.get(rollout)
+        endpoints = ray.get(manager.awaiting_weights.remote())
+        if endpoints:
+            trainers.reconnect(endpoints)
+            trainers.update_weights(version)
+            joined = ray.get(manager.weights_pushed.remote(version))
+            log.warning("engine(s) %s restarted mid-rollout, got weights v%d and serve again", joined, version)
 
 
 def summarize(history: List[Dict[str, Any]], num_rollout: int, wall_s: float, run_dir: str) -> Dict[str, Any]:
@@ -173,6 +219,29 @@ def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> N
     if limit is not None and gap is not None and gap > limit and on_policy:
         raise RuntimeError(f"step {step}: |rollout - trainer| log-prob gap {gap:.3g} > sync.max_logprob_diff={limit}: "
                            "the engines do not run the trainer's weights")
+
+
+def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:
+    """Until the rollout is done, or (fault tolerance) it cannot go on without a weight push: every
+    engine failed, and the restarted ones wait for weights; the push then brings this step's
+    weights, and the manager generates the rollout again with them (``WeightsChanged``)."""
+    if not fault_tolerance:
+        ray.wait([rollout])
+        return
+    while not ray.wait([rollout], timeout=1.0)[0]:
+        if ray.get(manager.stalled.remote()):
+            log.warning("every engine failed during the rollout; pushing the new weights to the restarted ones")
+            return
+
+
+def check_staleness(cfg: RunConfig, metrics: Dict[str, float], step: int) -> None:
+    """``trainer.max_staleness`` (async runs): stop when a sample's weights lag the trainer by more
+    training steps than allowed."""
+    lag = metrics.get("rollout/staleness_max")
+    if cfg.trainer.mode == "async" and lag is not None and lag > cfg.trainer.max_staleness:
+        raise RuntimeError(f"step {step}: a sample was generated by weights {lag:g} training steps older than the "
+                           f"trainer's, more than trainer.max_staleness={cfg.trainer.max_staleness} (raise it, or "
+                           "lower trainer.update_weights_interval)")
 
 
 def carry_history(ckpt: str, run_dir: str, step: int) -> None:

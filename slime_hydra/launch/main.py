@@ -29,8 +29,9 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
         print("config is valid (dry_run=true: nothing started)")
         return None
     os.makedirs(output_dir, exist_ok=True)
-    resolved = OmegaConf.structured(cfg)
-    OmegaConf.save(resolved, os.path.join(output_dir, "config.yaml.tmp"))
+    from slime_hydra.logging.secrets import redacted_config
+
+    OmegaConf.save(OmegaConf.create(redacted_config(cfg)), os.path.join(output_dir, "config.yaml.tmp"))
     os.replace(os.path.join(output_dir, "config.yaml.tmp"), os.path.join(output_dir, "config.yaml"))
     log.info("run directory: %s", output_dir)
     log.info("%s", plan.describe())

@@ -70,6 +70,12 @@ def _check_loop(cfg: RunConfig) -> List[str]:
         errs.append(f"trainer.update_weights_interval: must be >= 1, got {t.update_weights_interval}")
     if t.update_weights_interval > 1 and t.mode != "async":
         errs.append("trainer.update_weights_interval: > 1 only makes sense with trainer.mode=async")
+    if t.max_staleness < 0:
+        errs.append(f"trainer.max_staleness: must be >= 0, got {t.max_staleness}")
+    elif t.mode == "async" and t.update_weights_interval > t.max_staleness:
+        errs.append(f"trainer.max_staleness: {t.max_staleness} < trainer.update_weights_interval="
+                    f"{t.update_weights_interval}: an async run's samples lag the trainer by up to "
+                    "update_weights_interval steps")
     if t.save_interval < 0 or cfg.eval.interval < 0:
         errs.append("trainer.save_interval: intervals must be >= 0")
     return errs

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import sys
+import uuid
 from typing import Any, Dict, List, Optional
 
 from tqdm import tqdm
@@ -29,14 +30,34 @@ def wandb_mode(setting: str) -> Optional[str]:
     return None if setting == "disabled" else setting
 
 
+def wandb_run_id(run_dir: str, resuming: bool) -> "tuple[str, Optional[str]]":
+    """(run id, wandb's resume mode): a resumed run reuses the id stored in the run directory
+    (``resume="allow"``: continue that wandb run); a new run makes and stores a new id."""
+    path = os.path.join(run_dir, "wandb_run_id")
+    if resuming and os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip(), "allow"
+    run_id = uuid.uuid4().hex[:8]  # wandb's own ids are 8 characters of [a-z0-9]
+    with open(path + ".tmp", "w") as f:
+        f.write(run_id)
+    os.replace(path + ".tmp", path)
+    return run_id, None
+
+
 class RunLogger:
-    def __init__(self, cfg, total_steps: int, start_step: int = 0):
+    """``keep_until``: resuming from the checkpoint of that step, so the rows of metrics.jsonl after
+    it (written by the run that was stopped or killed after the checkpoint) are dropped and will be
+    written again; None: a new run, any old rows are dropped. The wandb run id is kept in the run
+    directory (``wandb_run_id``), so a resumed run continues the same wandb run."""
+
+    def __init__(self, cfg, total_steps: int, start_step: int = 0, keep_until: Optional[int] = None):
         self.cfg, self.dir = cfg, cfg.output_dir
         self.path = os.path.join(self.dir, "metrics.jsonl")
         self.history: List[Dict[str, Any]] = []
         if os.path.exists(self.path):  # resuming in the same run directory
             with open(self.path) as f:
-                self.history = [r for r in map(json.loads, f) if r.get("step", -1) <= start_step]
+                rows = [json.loads(line) for line in f if line.strip()]
+            self.history = [r for r in rows if keep_until is not None and r.get("step", -1) <= keep_until]
             with open(self.path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.history)
             os.replace(self.path + ".tmp", self.path)
@@ -45,12 +66,14 @@ class RunLogger:
         mode = wandb_mode(cfg.logging.wandb_mode) if cfg.logging.wandb else None
         if mode:
             import wandb
-            from omegaconf import OmegaConf
+
+            from slime_hydra.logging.secrets import redacted_config
 
             os.environ.setdefault("WANDB_SILENT", "true")
+            run_id, resume = wandb_run_id(self.dir, resuming=cfg.trainer.resume is not None)
             self.wandb = wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
                                     name=cfg.run_name, dir=self.dir, mode=mode, tags=list(cfg.logging.wandb_tags),
-                                    config=OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+                                    config=redacted_config(cfg), id=run_id, resume=resume)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not cfg.logging.progress)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Awaitable, Callable, Dict, Optional
 
 from slime_hydra.utils.http import EngineError
 
@@ -28,7 +29,8 @@ class GenerateClient:
     rollout (256 tiny requests: 2-7 s with httpx, 0.2-0.35 s with aiohttp, same server)."""
 
     def __init__(self, base_url: str, concurrency: int, retries: int = 60, retry_interval: float = 1.0,
-                 read_timeout: float = READ_TIMEOUT_S):
+                 read_timeout: float = READ_TIMEOUT_S,
+                 requeue: Optional[Callable[[float], Awaitable[bool]]] = None):
         import aiohttp
 
         self.base_url = base_url.rstrip("/")
@@ -36,6 +38,9 @@ class GenerateClient:
         self.retries = retries
         self.retry_interval = retry_interval
         self.read_timeout = read_timeout
+        # fault tolerance (EngineFleet.requeue): asked about a failed request (with the monotonic time
+        # it was sent); True: its engine failed, it is sent again once an engine serves (not a retry)
+        self.requeue = requeue
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
                                           timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
                                                                         sock_read=read_timeout))
@@ -44,8 +49,10 @@ class GenerateClient:
         import aiohttp
 
         last: Any = None
+        attempt = 0
         async with self.sem:
-            for attempt in range(self.retries + 1):
+            while True:
+                sent = time.monotonic()
                 try:
                     async with self.http.post(self.base_url + path, json=payload) as r:
                         if r.status < 400:
@@ -59,9 +66,13 @@ class GenerateClient:
                                       f"({e!r})") from e
                 except aiohttp.ClientError as e:
                     last = repr(e)
-                if attempt < self.retries:
-                    log.warning("POST %s%s failed (%s); retry %d/%d", self.base_url, path, last, attempt + 1, self.retries)
-                    await asyncio.sleep(self.retry_interval)
+                if self.requeue is not None and await self.requeue(sent):
+                    continue
+                if attempt >= self.retries:
+                    break
+                attempt += 1
+                log.warning("POST %s%s failed (%s); retry %d/%d", self.base_url, path, last, attempt, self.retries)
+                await asyncio.sleep(self.retry_interval)
         raise EngineError(f"POST {self.base_url}{path} failed after {self.retries} retries: {last}")
 
     async def aclose(self) -> None:

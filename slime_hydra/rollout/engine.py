@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Optional
 
+from slime_hydra.logging.secrets import redact_argv
 from slime_hydra.rollout.engines import ServerSpec, make_engine
 from slime_hydra.utils.proc import free_port, kill_tree, node_ip, spawn, tail, wait_http
 
@@ -41,26 +42,36 @@ class EngineActor:
 
     def start(self) -> Optional[str]:
         """Start the server; node 0 returns its URL once /health_generate answers (which needs
-        every node), the other nodes return None once their process runs."""
+        every node), the other nodes return None once their process runs. Called again after the
+        server failed (fault tolerance), it starts a new process on the same GPUs (and a new port)."""
         import ray
 
-        host = node_ip()
-        port = free_port(host)
-        gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
-        base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
+        if self.proc is not None:
+            self.kill()
+        host, port = node_ip(), free_port(node_ip())
+        cmd = self.command(host, port)
         engine = make_engine(self.spec)
-        cmd = engine.command(host, port, base_gpu, nccl_port=free_port(host))
         env = engine.env()
         for name in engine.unset_env:
             os.environ.pop(name, None)
         with open(self.log_path, "a") as f:
-            f.write("$ " + " ".join(cmd) + "\n")
+            f.write("$ " + " ".join(redact_argv(cmd)) + "\n")
         self.proc = spawn(cmd, self.log_path, env)
         if self.spec.node_rank > 0:
             return None
         self.url = f"http://{host}:{port}"
         wait_http(self.url + "/health_generate", self.proc, self.startup_timeout, self.log_path)
         return self.url
+
+    def command(self, host: Optional[str] = None, port: int = 0):
+        """The server's command line on this node (``start`` runs it): its address, its first GPU as
+        Ray assigned it, and for an engine spanning nodes its node rank and the address of node 0."""
+        import ray
+
+        host = host or node_ip()
+        gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
+        base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
+        return make_engine(self.spec).command(host, port, base_gpu, nccl_port=free_port(host))
 
     def failure(self) -> Optional[str]:
         """None while the server runs (or before it starts, or after stop()); else how it ended."""
@@ -73,3 +84,11 @@ class EngineActor:
     def stop(self) -> None:
         kill_tree(self.proc)
         self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group at once (a hung or frozen server ignores SIGTERM)."""
+        kill_tree(self.proc, timeout=0)
+        self.proc = None
+
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None else None

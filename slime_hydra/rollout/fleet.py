@@ -3,8 +3,21 @@
 It starts the engines through their Ray actors (``EngineFleet.start``), registers them with
 sglang-router, watches their health (``dead_engines``, ``watched``), aborts their requests, releases
 and resumes their memory (colocated runs), and names their URLs for the trainer's weight push
-(``endpoints``). ``engines`` is the one list of live engines and ``dead_engines`` the one health
-check, so restarting a dead engine belongs here too.
+(``endpoints``).
+
+Without fault tolerance an engine that dies fails the rollout within ``ENGINE_POLL_S``. With it
+(``rollout.fault_tolerance``, :class:`FaultTolerance`), while a rollout or an eval runs (when the
+engines are awake), an engine whose process exits or whose ``/health_generate`` gets no answer
+within the deadline is taken out: removed from the router, its process group SIGKILLed (a frozen
+process ignores anything else), and restarted in the background on the same GPUs by its Ray actor
+(a new actor on the same bundles if the actor died). Its requests fail at the router; the generate
+client asks :meth:`EngineFleet.requeue` and sends them again once an engine serves (the same
+request with the same ``sampling_seed``: nothing is generated twice into a sample, nothing lost).
+A restarted engine runs the initial checkpoint, so it takes no traffic until the driver has pushed
+the current weights to it (``awaiting_weights`` -> the trainers reconnect and push ->
+``weights_pushed`` registers it). The driver does that at its next weight push, or at once in a
+synchronous run whose trainers are idle while the rollout waits (see ``launch/driver.py``). A
+restart budget per engine turns a crash loop into an error naming the engine and its log's tail.
 
 A fleet can also be built from engines that something else started (``EngineFleet([EngineHandle(0, url)])``,
 no Ray): then it has no actors to watch, and the HTTP calls work as in a run.
@@ -14,12 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from slime_hydra.utils.http import EngineError, control
+from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.utils.proc import tail
 
@@ -31,6 +47,33 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINE_POLL_S = 1.0  # how often rollouts and evals check that every engine still runs
+SERVING, RESTARTING, AWAITING_WEIGHTS = "serving", "restarting", "awaiting_weights"
+RESTART_WINDOW_S = 3600.0  # rollout.max_engine_restarts_per_hour counts restarts within this window
+
+
+class WeightsChanged(RuntimeError):
+    """Every engine failed during a rollout and came back with newer weights (an async run, whose
+    trainers had moved on): the rollout is generated again from its start with ``version``."""
+
+    def __init__(self, version: int):
+        super().__init__(f"the engines now run weights v{version}")
+        self.version = version
+
+
+@dataclass
+class FaultTolerance:
+    """``rollout.fault_tolerance`` and its settings (``rollout.health_check_*``, the restart budget)."""
+
+    health_check_interval_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    max_restarts_per_hour: int = 3
+
+    @classmethod
+    def from_config(cls, rollout) -> Optional["FaultTolerance"]:
+        if not rollout.fault_tolerance:
+            return None
+        return cls(rollout.health_check_interval_s, rollout.health_check_timeout_s,
+                   rollout.max_engine_restarts_per_hour)
 
 
 def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> List[List[ServerSpec]]:
@@ -56,16 +99,35 @@ class EngineHandle:
     gpus: int = 1
     actors: List[Any] = field(default_factory=list)
     logs: List[str] = field(default_factory=list)
+    state: str = SERVING
+    restarts: List[float] = field(default_factory=list)  # monotonic times of its restarts (the budget)
 
 
 class EngineFleet:
-    def __init__(self, engines: List[EngineHandle], router: Optional["Router"] = None):
+    def __init__(self, engines: List[EngineHandle], router: Optional["Router"] = None,
+                 fault_tolerance: Optional[FaultTolerance] = None):
         self.engines = engines
         self.router = router
+        self.ft = fault_tolerance
+        # engine rank -> new Ray actors for it on its bundles (set by start(); restarts of dead actors)
+        self.launch: Optional[Callable[[int], List[Any]]] = None
+        self.memory = "awake"  # awake | released | weights (colocated runs: what the engines hold)
+        self.counters: Counter = Counter()  # engine_restarts, requeued_requests: read by take_counters()
+        self.fatal: Optional[EngineError] = None  # the restart budget is spent: every later call raises it
+        self._lock = threading.Lock()  # memory state vs a restart that finishes meanwhile
+        self._serving = asyncio.Event()  # some engine takes requests (fault tolerance)
+        self._serving.set()
+        self._taking_out = 0  # failed engines being removed from the router right now
+        self._last_out = -math.inf  # when the last failed engine had left the router
+        self._check: Optional[asyncio.Future] = None
+        self._restarting: Dict[int, asyncio.Future] = {}
+        self.version: Optional[int] = None  # the weights the serving engines run (the last push)
+        self.rollout_version: Optional[int] = None  # the weights the running rollout asked for
 
     @classmethod
     def start(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
-              startup_timeout_s: float, router: "RouterConfig") -> "EngineFleet":
+              startup_timeout_s: float, router: "RouterConfig",
+              fault_tolerance: Optional[FaultTolerance] = None) -> "EngineFleet":
         """Start one engine per entry of ``specs`` (its specs per node) on the plan's engine slots of
         placement group ``pg``, all at once, then the router (``router.enabled``) with every engine."""
         import ray
@@ -77,24 +139,29 @@ class EngineFleet:
         share = {"num_gpus": ENGINE_SHARE, "num_cpus": 0} if plan.device == "cuda" else {"num_cpus": ENGINE_SHARE}
         env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if plan.device == "cuda" else {}
         actor = ray.remote(EngineActor)
+
+        def launch(rank: int) -> List[Any]:
+            """Engine ``rank``'s actors: one per node it spans, on that node's first bundle; node 0 serves HTTP."""
+            slot, node_specs = plan.engines[rank], specs[rank]
+            node_bundles = [b for i, b in enumerate(slot.bundles) if i % plan.gpus_per_node == 0]
+            return [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=pg, placement_group_bundle_index=b),
+                        runtime_env={"env_vars": env}, **share).remote(spec, slot.rank, log_dir, startup_timeout_s)
+                    for b, spec in zip(node_bundles, node_specs)]
+
         engines: List[EngineHandle] = []
         for slot, node_specs in zip(plan.engines, specs):
-            # one actor per node the engine spans, on that node's first bundle; node 0 serves HTTP
-            node_bundles = [b for i, b in enumerate(slot.bundles) if i % plan.gpus_per_node == 0]
-            actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                          placement_group=pg, placement_group_bundle_index=b),
-                          runtime_env={"env_vars": env}, **share).remote(spec, slot.rank, log_dir, startup_timeout_s)
-                      for b, spec in zip(node_bundles, node_specs)]
-            if len(actors) > 1:
-                addr = ray.get(actors[0].reserve_dist_init_addr.remote())
-                ray.get([a.set_dist_init_addr.remote(addr) for a in actors])
+            actors = launch(slot.rank)
             engines.append(EngineHandle(slot.rank, url="", gpus=node_specs[0].gpus, actors=actors,
-                                  logs=[engine_log_path(log_dir, slot.rank, spec) for spec in node_specs]))
+                                        logs=[engine_log_path(log_dir, slot.rank, spec) for spec in node_specs]))
+        for e in engines:
+            join_nodes(e.actors)
         t0 = time.perf_counter()
         starts = [[a.start.remote() for a in e.actors] for e in engines]  # all engines start at once
         for e, refs in zip(engines, starts):
             e.url = ray.get(refs)[0]
-        fleet = cls(engines)
+        fleet = cls(engines, fault_tolerance=fault_tolerance)
+        fleet.launch = launch
         kind = specs[0][0].engine if specs else "no"
         log.info("%d %s engine(s) up in %.1fs: %s", len(engines), kind, time.perf_counter() - t0, fleet.urls)
         if router.enabled:
@@ -106,6 +173,11 @@ class EngineFleet:
         from slime_hydra.rollout.router import Router
         from slime_hydra.utils.proc import node_ip
 
+        if self.ft is not None:
+            # the requests of a failed engine come back to the client, which re-queues (and counts)
+            # them once an engine serves; the router's own retries would resend them unseen, or
+            # to the same dead worker while it is still registered
+            cfg = replace(cfg, args={"disable_retries": True, **cfg.args})
         self.router = Router(cfg, node_ip(), log_path)
         for url in self.urls:
             self.router.add_worker(url)
@@ -113,48 +185,75 @@ class EngineFleet:
     # ------------------------------------------------------------------------------- addresses
     @property
     def urls(self) -> List[str]:
-        return [e.url for e in self.engines]
+        """The engines that take requests."""
+        return [e.url for e in self.engines if e.state == SERVING]
 
     @property
     def base_url(self) -> str:
         """Where /generate goes: the router, or the one engine of a run without one (validation
         allows that only with exactly one engine)."""
-        return self.router.url if self.router is not None else self.urls[0]
+        return self.router.url if self.router is not None else self.engines[0].url
 
     def endpoints(self) -> List[Dict[str, Any]]:
-        """Where the trainer pushes weights: each engine's URL and GPU count."""
-        return [{"url": e.url, "gpus": e.gpus} for e in self.engines]
+        """Where the trainer pushes weights: each running engine's URL and GPU count (serving, or
+        restarted and waiting for the weights)."""
+        return [{"url": e.url, "gpus": e.gpus} for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)]
 
     # ---------------------------------------------------------------------------------- health
     def dead_engines(self) -> List[str]:
         """Why each dead engine died (an actor too busy to answer within ENGINE_POLL_S counts as alive)."""
+        return [reason for _, reason in self._exited()]
+
+    def _exited(self) -> List[Tuple[EngineHandle, str]]:
+        """The serving engines whose server process or Ray actor has ended, with how."""
         import ray
 
-        watched = [(a, log_path) for e in self.engines for a, log_path in zip(e.actors, e.logs)]
-        refs = [a.failure.remote() for a, _ in watched]
+        watched = [(e, a, log_path) for e in self.engines if e.state == SERVING
+                   for a, log_path in zip(e.actors, e.logs)]
+        if not watched:
+            return []
+        refs = [a.failure.remote() for _, a, _ in watched]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ENGINE_POLL_S)
-        out = []
-        for ref, (_, log_path) in zip(refs, watched):
-            if ref not in ready:
+        out: List[Tuple[EngineHandle, str]] = []
+        for ref, (e, _, log_path) in zip(refs, watched):
+            if ref not in ready or any(e is f for f, _ in out):
                 continue
             try:
                 failure = ray.get(ref)
             except ray.exceptions.ActorUnavailableError:  # unreachable for now, not dead
                 continue
-            except ray.exceptions.RayActorError as e:
+            except ray.exceptions.RayActorError as err:
                 name = os.path.basename(log_path).removesuffix(".log")
-                failure = f"{name}: its actor died ({e!r}); last lines of {log_path}:\n{tail(log_path)}"
+                failure = f"{name}: its actor died ({err!r}); last lines of {log_path}:\n{tail(log_path)}"
             if failure:
-                out.append(failure)
+                out.append((e, failure))
         return out
+
+    async def _unhealthy(self) -> List[Tuple[EngineHandle, str]]:
+        """The serving engines whose /health_generate (one real generation) fails or misses the deadline."""
+        timeout = self.ft.health_check_timeout_s
+
+        async def probe(e: EngineHandle) -> Optional[str]:
+            try:
+                await asyncio.to_thread(control, e.url, "/health_generate", method="GET", timeout=timeout)
+                return None
+            except EngineError as err:
+                return (f"engine {e.rank} ({e.url}) failed its health check (no answer from /health_generate "
+                        f"within rollout.health_check_timeout_s={timeout:g}s: {err}); last lines of "
+                        f"{e.logs[0] if e.logs else 'its log'}:\n{tail(e.logs[0]) if e.logs else ''}")
+
+        serving = [e for e in self.engines if e.state == SERVING]
+        reasons = await asyncio.gather(*(probe(e) for e in serving))
+        return [(e, r) for e, r in zip(serving, reasons) if r]
 
     async def watched(self, coro):
         """Await ``coro`` while watching the engines: if one dies, fail within ``ENGINE_POLL_S``
-        with its log's tail (its requests would otherwise retry for a minute, or hang)."""
+        with its log's tail (its requests would otherwise retry for a minute, or hang); with fault
+        tolerance, take it out and restart it instead (and check health every interval)."""
         work = asyncio.ensure_future(coro)
         if not any(e.actors for e in self.engines):
             return await work
-        watchdog = asyncio.ensure_future(self._watch())
+        watchdog = asyncio.ensure_future(self._watch() if self.ft is None else self._monitor())
         try:
             done, _ = await asyncio.wait({work, watchdog}, return_when=asyncio.FIRST_COMPLETED)
             if watchdog in done:
@@ -172,29 +271,220 @@ class EngineFleet:
             if dead:
                 raise EngineError("\n".join(dead))
 
+    async def _monitor(self) -> None:
+        """Fault tolerance: process exits every ENGINE_POLL_S, /health_generate every interval."""
+        next_probe = time.monotonic() + self.ft.health_check_interval_s
+        while True:
+            await asyncio.sleep(ENGINE_POLL_S)
+            probe = time.monotonic() >= next_probe
+            await self.check(probe)
+            if probe:
+                next_probe = time.monotonic() + self.ft.health_check_interval_s
+
+    async def check(self, probe: bool = False) -> None:
+        """Take out (and restart) every serving engine that has exited, or with ``probe`` that fails
+        its health check. Concurrent callers share one check. Raises once the restart budget is spent."""
+        if self.fatal is not None:
+            raise self.fatal
+        if self._check is None or self._check.done():
+            self._check = asyncio.ensure_future(self._check_engines(probe))
+        await asyncio.shield(self._check)
+
+    async def _check_engines(self, probe: bool) -> None:
+        failed = await asyncio.to_thread(self._exited)
+        if probe:
+            failed += [(e, r) for e, r in await self._unhealthy() if all(e is not f for f, _ in failed)]
+        for e, reason in failed:
+            await self._fail(e, reason)
+
+    async def _fail(self, e: EngineHandle, reason: str) -> None:
+        if e.state != SERVING:
+            return
+        e.state = RESTARTING
+        self._taking_out += 1
+        self._update_serving()
+        self.counters["engine_restarts"] += 1
+        try:
+            self._charge_restart(e, reason)
+            log.warning("%s\n-> taking engine %d out of the router and restarting it", reason, e.rank)
+            await asyncio.to_thread(self._take_out, e)
+        finally:
+            self._taking_out -= 1
+            self._last_out = time.monotonic()
+        self._restarting[e.rank] = asyncio.ensure_future(self._restart(e))
+
+    def _charge_restart(self, e: EngineHandle, reason: str) -> None:
+        """Count a restart of ``e`` against rollout.max_engine_restarts_per_hour; past it, fail the run."""
+        now = time.monotonic()
+        e.restarts = [t for t in e.restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(e.restarts) > self.ft.max_restarts_per_hour:
+            self.fatal = EngineError(f"engine {e.rank} failed {len(e.restarts)} times within an hour, more than "
+                                     f"rollout.max_engine_restarts_per_hour={self.ft.max_restarts_per_hour}; "
+                                     f"the last time:\n{reason}")
+            self._serving.set()  # wake the requests waiting for an engine: they raise the error
+            raise self.fatal
+
+    def _update_serving(self) -> None:
+        if any(e.state == SERVING for e in self.engines):
+            self._serving.set()
+        else:
+            self._serving.clear()
+
+    def _take_out(self, e: EngineHandle) -> None:
+        """Out of the router, then SIGKILL the server's processes (its requests then fail at the router)."""
+        import ray
+
+        if self.router is not None:
+            try:
+                self.router.remove_worker(e.url)
+            except Exception as err:  # noqa: BLE001 - the engine is restarted either way
+                log.warning("could not remove %s from the router: %s", e.url, err)
+        try:
+            ray.get([a.kill.remote() for a in e.actors], timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+            log.warning("engine %d: its actor is gone (%r); a new one takes its bundles", e.rank, err)
+            for a in e.actors:
+                ray.kill(a)
+            e.actors = []
+
+    async def _restart(self, e: EngineHandle) -> None:
+        """Start ``e`` again (a failed start counts against the budget too) until it runs or the budget is spent."""
+        while True:
+            try:
+                await asyncio.to_thread(self._start_again, e)
+                return
+            except Exception as err:  # noqa: BLE001 - reported below, and retried within the budget
+                reason = f"engine {e.rank} did not restart: {err}"
+                try:
+                    self._charge_restart(e, reason)
+                except EngineError:
+                    log.error("%s", self.fatal)
+                    return
+                log.warning("%s; trying again", reason)
+
+    def _start_again(self, e: EngineHandle) -> None:
+        import ray
+
+        if not e.actors:
+            e.actors = self.launch(e.rank)
+            join_nodes(e.actors)
+        elif len(e.actors) > 1:
+            join_nodes(e.actors)  # a fresh address for the nodes to meet
+        t0 = time.perf_counter()
+        url = ray.get([a.start.remote() for a in e.actors])[0]
+        with self._lock:  # in the memory state the others are in (colocated runs)
+            if self.memory != "awake":
+                control(url, "/release_memory_occupation", {"tags": None})
+            if self.memory == "weights":
+                control(url, "/resume_memory_occupation", {"tags": ["weights"]})
+            e.url = url
+            e.state = AWAITING_WEIGHTS
+        log.warning("engine %d restarted at %s in %.1fs; it takes requests once the current weights are pushed",
+                    e.rank, url, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------- restarted engines, requeue
+    def awaiting_weights(self) -> bool:
+        """Some restarted engine waits for the current weights (the driver then pushes them)."""
+        return any(e.state == AWAITING_WEIGHTS for e in self.engines)
+
+    def weights_pushed(self, version: int) -> List[int]:
+        """After a weight push of ``version``: the restarted engines that now run it join the router
+        and take requests. Returns their ranks."""
+        joined = []
+        for e in self.engines:
+            if e.state != AWAITING_WEIGHTS:
+                continue
+            try:
+                if weight_version(e.url) != str(version):
+                    continue  # restarted after the push began: the next push brings it in
+                if self.router is not None:
+                    self.router.add_worker(e.url)
+            except (EngineError, RuntimeError, TimeoutError, OSError) as err:
+                log.warning("engine %d could not rejoin (%s); it is checked again at the next rollout", e.rank, err)
+                continue
+            e.state = SERVING
+            joined.append(e.rank)
+        if joined:
+            log.warning("engine(s) %s run weights v%d and take requests again", joined, version)
+        return joined
+
+    async def rejoined(self, version: int) -> List[int]:
+        """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine)."""
+        joined = await asyncio.to_thread(self.weights_pushed, version)
+        self.version = version
+        self._update_serving()
+        return joined
+
+    def stalled(self) -> bool:
+        """No engine serves, and a restarted one waits for weights: a rollout cannot go on before a push."""
+        return not any(e.state == SERVING for e in self.engines) and self.awaiting_weights()
+
+    async def requeue(self, sent_at: float) -> bool:
+        """The generate client's question about a request sent at ``sent_at`` (monotonic) that
+        failed: was it on an engine that failed since, or is no engine serving? Then wait until
+        one serves, and the client sends it again (True). False: a plain failure, retried as usual."""
+        if self.ft is None:
+            return False
+        if not self._failed_since(sent_at):
+            await self.check()  # an engine killed a moment ago: its requests fail before the monitor looks
+        if not self._failed_since(sent_at) and self._serving.is_set():
+            return False
+        self.counters["requeued_requests"] += 1
+        while not self._serving.is_set():
+            await self._serving.wait()
+        if self.fatal is not None:
+            raise self.fatal
+        if None not in (self.version, self.rollout_version) and self.version != self.rollout_version:
+            raise WeightsChanged(self.version)
+        return True
+
+    def _failed_since(self, sent_at: float) -> bool:
+        return self._taking_out > 0 or sent_at <= self._last_out
+
+    def take_counters(self) -> Dict[str, float]:
+        """Restarts and re-queued requests since the last call, as rollout metrics."""
+        out = {f"rollout/{k}": float(self.counters[k]) for k in ("engine_restarts", "requeued_requests")}
+        self.counters.clear()
+        return out
+
     # ------------------------------------------------------------------------ requests, memory
     async def abort(self) -> None:
-        """Abort every request in flight on every engine (once: see ``GroupSampler.abort_and_drain``)."""
-        await asyncio.gather(*(asyncio.to_thread(control, u, "/abort_request", {"abort_all": True})
-                               for u in self.urls))
+        """Abort every request in flight on every engine (once: see ``GroupSampler.abort_and_drain``).
+        With fault tolerance, an engine that cannot answer is the monitor's business, not the abort's."""
+        results = await asyncio.gather(*(asyncio.to_thread(control, u, "/abort_request", {"abort_all": True})
+                                         for u in self.urls), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and self.ft is None:
+            raise errors[0]
+
+    def _running_urls(self) -> List[str]:
+        return [e.url for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)]
 
     def offload(self) -> None:
         """Release the engines' memory (after flushing their cache) while the trainer trains."""
-        for u in self.urls:
-            control(u, "/flush_cache")
-            control(u, "/release_memory_occupation", {"tags": None})
+        with self._lock:
+            for u in self._running_urls():
+                control(u, "/flush_cache")
+                control(u, "/release_memory_occupation", {"tags": None})
+            self.memory = "released"
 
     def onload_weights(self) -> None:
-        for u in self.urls:
-            control(u, "/resume_memory_occupation", {"tags": ["weights"]})
+        with self._lock:
+            for u in self._running_urls():
+                control(u, "/resume_memory_occupation", {"tags": ["weights"]})
+            self.memory = "weights"
 
     def onload_kv(self) -> None:
-        for u in self.urls:
-            control(u, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+        with self._lock:
+            for u in self._running_urls():
+                control(u, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+            self.memory = "awake"
 
     def shutdown(self) -> None:
         import ray
 
+        for task in self._restarting.values():  # on the manager's event loop, not this thread's
+            task.get_loop().call_soon_threadsafe(task.cancel)
         if self.router is not None:
             for u in self.urls:
                 try:
@@ -204,4 +494,16 @@ class EngineFleet:
             self.router.stop()
         actors = [a for e in self.engines for a in e.actors]
         if actors:
-            ray.get([a.stop.remote() for a in actors])
+            try:
+                ray.get([a.stop.remote() for a in actors])
+            except ray.exceptions.RayActorError:
+                pass
+
+
+def join_nodes(actors: List[Any]) -> None:
+    """An engine that spans nodes: node 0 reserves the address where the other nodes join it."""
+    import ray
+
+    if len(actors) > 1:
+        addr = ray.get(actors[0].reserve_dist_init_addr.remote())
+        ray.get([a.set_dist_init_addr.remote(addr) for a in actors])

@@ -8,7 +8,9 @@ driver. The parts are plain objects, each usable without Ray:
 - evaluation (``evaluate.py``) and the data position for checkpoints (``data_state.py``).
 
 Its async work (hundreds of concurrent /generate calls) runs on one event loop in a background
-thread; the actor's methods are plain synchronous calls for the driver.
+thread; the actor's methods are plain synchronous calls for the driver. The methods of concurrency
+group "fleet" (``FLEET_GROUP``) answer while a rollout runs: the driver asks whether a restarted
+engine waits for weights (fault tolerance) and tells when it has pushed them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from slime_hydra.rewards.counters import drain as drain_counters
 from slime_hydra.rollout.client import GenerateClient
 from slime_hydra.rollout.data_state import DataState
 from slime_hydra.rollout.evaluate import Evaluator, load_eval_sets
-from slime_hydra.rollout.fleet import EngineFleet, engine_specs
+from slime_hydra.rollout.fleet import EngineFleet, FaultTolerance, WeightsChanged, engine_specs
 from slime_hydra.rollout.rollout_fn import build_rollout_context, check_rollout_output, load_rollout_function
 from slime_hydra.rollout.sampling import agent_metrics
 from slime_hydra.rollout.train_data import split_by_rank, train_data
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RolloutManager", "engine_specs"]
+__all__ = ["RolloutManager", "engine_specs", "FLEET_GROUP"]
+FLEET_GROUP = "fleet"  # ray.remote(concurrency_groups={FLEET_GROUP: 1}) when the actor is created
 
 
 class RolloutManager:
@@ -52,10 +55,11 @@ class RolloutManager:
         r = cfg.rollout
         log_dir = os.path.join(cfg.output_dir, "logs")
         self.fleet = EngineFleet.start(engine_specs(cfg, plan, model_path), plan, pg, log_dir, r.startup_timeout_s,
-                                       r.router)
+                                       r.router, FaultTolerance.from_config(r))
         # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
         self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
-                                             r.router.request_timeout_secs))
+                                             r.router.request_timeout_secs,
+                                             self.fleet.requeue if r.fault_tolerance else None))
         tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
         self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
         self.rollout_fn = load_rollout_function(r.rollout_function)
@@ -70,8 +74,31 @@ class RolloutManager:
 
     # ------------------------------------------------------------------------------- info
     def endpoints(self) -> List[Dict[str, Any]]:
-        """Where the trainer pushes weights: each engine's URL and GPU count."""
+        """Where the trainer pushes weights: each running engine's URL and GPU count."""
         return self.fleet.endpoints()
+
+    # ------------------------------------------------------------- fault tolerance (any time)
+    @ray.method(concurrency_group=FLEET_GROUP)
+    def awaiting_weights(self) -> Optional[List[Dict[str, Any]]]:
+        """None, or (an engine restarted and waits for the current weights) the endpoints to push to."""
+        return self.fleet.endpoints() if self.fleet.awaiting_weights() else None
+
+    @ray.method(concurrency_group=FLEET_GROUP)
+    def stalled(self) -> bool:
+        """No engine serves and a restarted one waits for weights (an async run pushes them now)."""
+        return self.fleet.stalled()
+
+    @ray.method(concurrency_group=FLEET_GROUP)
+    def weight_endpoints(self) -> List[Dict[str, Any]]:
+        """Before a weight push: the engines running now (those that died since the last rollout
+        are taken out, and restart, first)."""
+        self._run(self.fleet.check())
+        return self.fleet.endpoints()
+
+    @ray.method(concurrency_group=FLEET_GROUP)
+    def weights_pushed(self, version: int) -> List[int]:
+        """The driver pushed ``version``: restarted engines that run it take requests again."""
+        return self._run(self.fleet.rejoined(version))
 
     def num_train_prompts(self) -> int:
         return len(self.ctx.source)
@@ -84,7 +111,18 @@ class RolloutManager:
         cfg, r = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
         self.data_state.rollout_starts(rollout_id)  # for a checkpoint taken meanwhile
-        out = self._run(self.fleet.watched(self.rollout_fn(self.ctx, rollout_id, str(weight_version))))
+        start_state = self.data_state.state_dict(rollout_id)
+        while True:
+            self.fleet.rollout_version = weight_version
+            try:
+                out = self._run(self.fleet.watched(self.rollout_fn(self.ctx, rollout_id, str(weight_version))))
+                break
+            except WeightsChanged as e:  # every engine failed; they came back with the trainer's newer weights
+                log.warning("rollout %d: %s; generating it again from its start", rollout_id, e)
+                self.data_state.load_state_dict(start_state)
+                weight_version = e.version
+            finally:
+                self.fleet.rollout_version = None
         where = "rollout.rollout_function" + (f" {spec_name(r.rollout_function)!r}" if r.rollout_function else "")
         groups, rollout_metrics = check_rollout_output(out, r.batch_size, r.n_samples_per_prompt, where)
         samples = [s for g in groups for s in g]
@@ -92,6 +130,9 @@ class RolloutManager:
         metrics.update(drain_counters())  # rollout/<failure>_count: verifier errors, FAILED samples
         metrics.update(rollout_metrics)
         metrics.update(agent_metrics(samples, "rollout/"))
+        metrics.update(staleness_metrics(samples, rollout_id))
+        if r.fault_tolerance:
+            metrics.update(self.fleet.take_counters())
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         parts = split_by_rank(data, self.data_parallel, cfg.trainer.global_batch_size)
         return [ray.put(part) for part in parts], metrics
@@ -127,6 +168,21 @@ class RolloutManager:
             pass
 
 
-async def _make_client(base: str, concurrency: int, read_timeout: float) -> GenerateClient:
+def staleness_metrics(samples: List[Any], trainer_version: int) -> Dict[str, float]:
+    """How many training steps each sample's weights lag the trainer that trains on it: rollout
+    ``r`` is trained by the trainer of version ``r`` (``r`` steps done). A sample made by several
+    weight versions (partial rollouts) counts its oldest. 0 in a synchronous run; 1 in an
+    asynchronous one (one step off-policy), more with ``update_weights_interval`` > 1."""
+    lags = []
+    for s in samples:
+        versions = [int(v) for v in s.weight_versions if str(v).lstrip("-").isdigit()]
+        if versions:
+            lags.append(trainer_version - min(versions))
+    if not lags:
+        return {}
+    return {"rollout/staleness_max": float(max(lags)), "rollout/staleness_mean": sum(lags) / len(lags)}
+
+
+async def _make_client(base: str, concurrency: int, read_timeout: float, requeue=None) -> GenerateClient:
     """On the manager's loop: the client's aiohttp session belongs to the loop it was made on."""
-    return GenerateClient(base, concurrency, read_timeout=read_timeout)
+    return GenerateClient(base, concurrency, read_timeout=read_timeout, requeue=requeue)

@@ -87,8 +87,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+HOST_ENV = "SLIME_HYDRA_HOST"  # set by launch.cluster for a one-machine cluster: 127.0.0.1
+
+
 def node_ip() -> str:
-    """This node's address as other nodes see it (Ray's view when Ray is up)."""
+    """The address this node's servers bind and others reach them at: ``$SLIME_HYDRA_HOST`` (the
+    loopback address on a one-machine cluster), else this node's address as Ray sees it."""
+    if os.environ.get(HOST_ENV):
+        return os.environ[HOST_ENV]
     try:
         import ray
 

@@ -1,5 +1,6 @@
-"""The driver's helpers that need no cluster: the log-prob gap guard, carrying metrics over when a
-checkpoint of another run is resumed in a new run directory, and the run summary."""
+"""The driver's helpers that need no cluster: the log-prob gap guard, the staleness bound of async
+runs, carrying metrics over when a checkpoint of another run is resumed in a new run directory, and
+the run summary."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 
 import pytest
 
-from conftest import resolved
-from slime_hydra.launch.driver import carry_history, check_logprob_gap, summarize
+from conftest import compose, resolved
+from slime_hydra.launch.driver import carry_history, check_logprob_gap, check_staleness, summarize
 
 
 def test_logprob_gap_guard_stops_sync_runs_only():
@@ -50,3 +51,22 @@ def test_summary_reads_the_first_and_last_evaluations():
                  "eval_reward_final": pytest.approx(0.7), "train_reward_first": 0.2, "train_reward_last": 0.7,
                  "max_logprob_abs_diff": 2e-7, "run_dir": "/runs/x"}
     assert summarize([], 0, 1.0, "/runs/y")["train_reward_first"] is None
+
+
+def test_staleness_is_measured_per_sample_and_bounded_in_async_runs():
+    from slime_hydra.config import ConfigError
+    from slime_hydra.data.sample import Sample
+    from slime_hydra.launch.validate import check
+    from slime_hydra.rollout.manager import staleness_metrics
+
+    samples = [Sample(weight_versions=["4"]), Sample(weight_versions=["3", "4"]), Sample(weight_versions=["5"]),
+               Sample(weight_versions=[])]  # aborted before its first token: no version
+    assert staleness_metrics(samples, 5) == {"rollout/staleness_max": 2.0, "rollout/staleness_mean": 1.0}
+    assert staleness_metrics([Sample()], 5) == {}
+    lag = {"rollout/staleness_max": 2.0}
+    with pytest.raises(RuntimeError, match=r"step 9: .* 2 training steps older .* trainer.max_staleness=1"):
+        check_staleness(resolved(["trainer.mode=async"]), lag, 9)
+    check_staleness(resolved(["trainer.mode=async", "trainer.max_staleness=2"]), lag, 9)
+    check_staleness(resolved([]), lag, 9)  # sync runs lag only through partial rollouts: reported, not bounded
+    with pytest.raises(ConfigError, match=r"trainer.max_staleness: 1 < trainer.update_weights_interval=2"):
+        check(compose(["trainer.mode=async", "trainer.update_weights_interval=2"]))

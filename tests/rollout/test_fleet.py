@@ -68,3 +68,55 @@ def test_offload_and_onload(engine_url):
     assert set(httpx.get(engine_url + "/server_info").json()["released_tags"]) & {"weights"} == set()
     fleet.onload_kv()
     assert httpx.get(engine_url + "/server_info").json()["released_tags"] == []
+
+
+def test_restart_budget_turns_a_crash_loop_into_an_error():
+    from slime_hydra.rollout.fleet import FaultTolerance
+    from slime_hydra.utils.http import EngineError
+
+    fleet = EngineFleet([EngineHandle(0, "http://a"), EngineHandle(1, "http://b")],
+                        fault_tolerance=FaultTolerance(max_restarts_per_hour=2))
+    e = fleet.engines[1]
+    fleet._charge_restart(e, "engine 1 exited with code -9; last lines of engine_1.log:\nCUDA error: out of memory")
+    fleet._charge_restart(e, "again")
+    e.restarts[0] -= 3600  # an hour ago: no longer counted
+    fleet._charge_restart(e, "again")
+    with pytest.raises(EngineError, match=r"engine 1 failed 3 times within an hour, more than "
+                                          r"rollout.max_engine_restarts_per_hour=2; the last time:\nboom"):
+        fleet._charge_restart(e, "boom")
+
+    async def requeue():
+        return await fleet.requeue(0.0)
+
+    with pytest.raises(EngineError, match="engine 1 failed 3 times"):  # every later request fails with it
+        asyncio.run(requeue())
+
+
+def test_requeue_only_requests_of_failed_engines():
+    """A request that failed while every engine serves is a plain failure (retried as usual); one
+    sent before an engine was taken out is sent again once an engine serves."""
+    import time
+
+    from slime_hydra.rollout.fleet import RESTARTING, FaultTolerance
+
+    fleet = EngineFleet([EngineHandle(0, "http://a"), EngineHandle(1, "http://b")], fault_tolerance=FaultTolerance())
+    assert EngineFleet([EngineHandle(0, "http://a")]).take_counters() == {
+        "rollout/engine_restarts": 0.0, "rollout/requeued_requests": 0.0}
+
+    async def scenario():
+        assert not await fleet.requeue(time.monotonic())
+        sent = time.monotonic()
+        for e in fleet.engines:  # both failed and were taken out
+            e.state = RESTARTING
+        fleet._last_out = time.monotonic()
+        fleet._update_serving()
+        waiting = asyncio.ensure_future(fleet.requeue(sent))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # no engine serves
+        fleet.engines[0].state = "serving"  # restarted and given the weights
+        fleet._update_serving()
+        return await asyncio.wait_for(waiting, 5)
+
+    assert asyncio.run(scenario()) is True
+    assert fleet.take_counters()["rollout/requeued_requests"] == 1.0
+    assert fleet.urls == ["http://a"] and fleet.endpoints() == [{"url": "http://a", "gpus": 1}]

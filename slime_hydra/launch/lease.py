@@ -1,0 +1,126 @@
+"""One driver per run directory, and no processes left over from a driver that was killed.
+
+A SIGKILLed driver cannot clean up. Most of what it started dies with it (Ray's local cluster shares
+its fate, the engine servers and the router die with their Ray actors), but not all: Ray 2.60
+leaves its dashboard and runtime-env agents running after the driver and raylet are gone. So the
+driver marks every process of its run: it puts a fresh token in its own environment (inherited by
+the local Ray cluster, the router and the engine servers) and in the Ray runtime environment (for
+workers on other nodes), and records the token with its pid in ``<run dir>/driver.json``. The next
+start in that run directory (a resume) kills whatever still carries the token on this machine.
+A driver still alive there is an error: two drivers must not write one run directory. A driver
+that ends normally kills what of its run is still running after Ray's shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import List, Optional
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "SLIME_HYDRA_RUN_TOKEN"
+LEASE_FILE = "driver.json"
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time in clock ticks since boot (tells a pid from a later reuse of it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def processes_with_token(token: str) -> List[int]:
+    """Live processes (not zombies) of this machine whose environment holds ``TOKEN_ENV=token``."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and int(pid) != os.getpid() and _start_time(int(pid)) is not None:
+            out.append(int(pid))
+    return out
+
+
+def reap(token: str, timeout: float = 10.0, spare_children: bool = False) -> List[int]:
+    """SIGKILL every process carrying ``token`` (``spare_children``: but this process's own children,
+    such as wandb's service finishing its files); returns their pids once they are gone."""
+    pids = [p for p in processes_with_token(token) if not (spare_children and _parent(p) == os.getpid())]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while set(pids) & set(processes_with_token(token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return pids
+
+
+class RunLease:
+    """``with RunLease(run_dir):`` around a driver's work (see the module docstring)."""
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(run_dir, LEASE_FILE)
+        self.token = uuid.uuid4().hex
+
+    def __enter__(self) -> "RunLease":
+        self._reap_previous()
+        os.environ[TOKEN_ENV] = self.token
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"pid": os.getpid(), "start_time": _start_time(os.getpid()), "host": socket.gethostname(),
+                       "token": self.token}, f)
+        os.replace(tmp, self.path)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # Ray is shut down by now; its agents can take long to notice (seconds under load): end them
+        late = reap(self.token, timeout=5.0, spare_children=True)
+        if late:
+            log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
+        os.environ.pop(TOKEN_ENV, None)
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _reap_previous(self) -> None:
+        try:
+            with open(self.path) as f:
+                prev = json.load(f)
+        except (FileNotFoundError, ValueError):
+            return
+        if prev.get("host") != socket.gethostname():
+            log.warning("%s was written by a driver on %s; its processes there cannot be checked from here",
+                        self.path, prev.get("host"))
+            return
+        alive = prev.get("start_time") is not None and _start_time(prev["pid"]) == prev["start_time"]
+        if alive and prev["pid"] != os.getpid():
+            raise RuntimeError(f"another driver (pid {prev['pid']}) is running in {os.path.dirname(self.path)}; "
+                               "stop it first, or use another run directory")
+        pids = reap(prev["token"])
+        if pids:
+            log.warning("killed %d leftover process(es) of the previous driver of this run directory (pid %d): %s",
+                        len(pids), prev["pid"], pids)

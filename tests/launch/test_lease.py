@@ -1,0 +1,50 @@
+"""One driver per run directory (slime_hydra/launch/lease.py): a live driver's directory is refused,
+and the processes a killed driver left behind are killed by the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, RunLease, _start_time, processes_with_token
+
+
+def record(run_dir, pid: int, token: str = "t0ken") -> None:
+    import socket
+
+    (run_dir / LEASE_FILE).write_text(json.dumps({"pid": pid, "start_time": _start_time(pid),
+                                                  "host": socket.gethostname(), "token": token}))
+
+
+def test_a_live_driver_keeps_its_run_directory(tmp_path):
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        record(tmp_path, other.pid)
+        with pytest.raises(RuntimeError, match=f"another driver \\(pid {other.pid}\\) is running in {tmp_path}"):
+            RunLease(str(tmp_path)).__enter__()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_leftovers_of_a_killed_driver_are_killed_and_the_lease_is_released(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    record(tmp_path, dead.pid, token="abc123")
+    leftover = subprocess.Popen(["sleep", "60"], env={**os.environ, TOKEN_ENV: "abc123"})
+    bystander = subprocess.Popen(["sleep", "60"], env={**os.environ, TOKEN_ENV: "abc1234"})
+    try:
+        assert processes_with_token("abc123") == [leftover.pid]
+        with RunLease(str(tmp_path)) as lease:
+            assert leftover.wait(timeout=10) == -9
+            assert bystander.poll() is None
+            assert os.environ[TOKEN_ENV] == lease.token
+            assert json.loads((tmp_path / LEASE_FILE).read_text())["pid"] == os.getpid()
+        assert TOKEN_ENV not in os.environ and not (tmp_path / LEASE_FILE).exists()
+    finally:
+        for p in (leftover, bystander):
+            p.kill()
+            p.wait()

@@ -1,0 +1,105 @@
+"""Fault tolerance (``rollout.fault_tolerance``, slime_hydra/rollout/fleet.py): two embedded engines
+behind the real router; one is SIGKILLed, or frozen with SIGSTOP, while it serves a rollout. The run
+finishes with every group it promised (the data position shows no prompt lost or repeated), and its
+metrics show the restart and the re-queued requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import ROOT
+from test_e2e import ENV, TAG, metrics
+
+pytestmark = pytest.mark.e2e
+BATCH, N, STEPS = 8, 8, 4
+ARGS = [f"trainer.num_rollout={STEPS}", "trainer.save_interval=0", f"rollout.batch_size={BATCH}",
+        f"rollout.n_samples_per_prompt={N}", "rollout.max_response_len=32", "parallelism.rollout_gpus=2",
+        "parallelism.gpus_per_node=3", "rollout.fault_tolerance=true", "rollout.health_check_interval_s=1",
+        "rollout.health_check_timeout_s=5", "eval.interval=0", "eval.before_train=false", "logging.progress=false",
+        "logging.wandb=false", "sync.max_logprob_diff=null"]
+
+
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+
+
+def engine_servers() -> dict:
+    """Running embedded servers of this module's runs: {pid: port}."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLIME_HYDRA_TEST_TAG={TAG}".encode() in env and b"slime_hydra.rollout.embedded.server" in cmd:
+            out[int(pid)] = int(cmd[cmd.index(b"--port") + 1])
+    return out
+
+
+def busy(port: int) -> bool:
+    try:
+        load = httpx.get(f"http://127.0.0.1:{port}/v1/loads", timeout=1).json()["loads"][0]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+    return load["num_reqs"] > 0
+
+
+@pytest.mark.parametrize("fault, overrides", [
+    ("kill", []),
+    pytest.param("stop", [], marks=pytest.mark.slow),
+    # the only engine of an async run: the rollout cannot go on until the trainers push, and they have
+    # moved on by a step, so the rollout is generated again with the newer weights
+    pytest.param("kill", ["parallelism.rollout_gpus=1", "trainer.mode=async"], marks=pytest.mark.slow, id="async-only")])
+def test_run_survives_an_engine_failure_mid_rollout(tmp_path, fault, overrides):
+    d = tmp_path / "run"
+    proc = start(d, *ARGS, *overrides)
+    victim = {}
+
+    def serving_a_rollout() -> bool:  # after the first step: the restarted engine must get trained weights
+        if not (d / "metrics.jsonl").exists() or not metrics(d):
+            return False
+        servers = engine_servers()
+        engines = 1 if "parallelism.rollout_gpus=1" in overrides else 2
+        for pid, port in sorted(servers.items())[engines - 1:]:  # the last engine
+            if len(servers) == engines and busy(port):
+                victim.update(pid=pid, port=port)
+                os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+                return True
+        return False
+
+    deadline = time.monotonic() + 300
+    while not serving_a_rollout():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "no rollout was caught in flight"
+        time.sleep(0.02)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-5000:]
+    rows = metrics(d)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["rollout/samples"] == BATCH * N for r in rows)
+    assert sum(r["rollout/engine_restarts"] for r in rows) == 1
+    assert sum(r["rollout/requeued_requests"] for r in rows) >= 1
+    if "trainer.mode=async" in overrides:  # one step off-policy, or none for the rollout generated again
+        assert max(r["rollout/staleness_max"] for r in rows) <= 1
+    rank = next(int(p.stem.split("_")[1]) for p in (d / "logs").glob("engine_*.log")
+                if f"--port {victim['port']} " in p.read_text().splitlines()[0])
+    log = (d / "logs" / "rollout_manager.log").read_text()
+    reason = "exited with code -9" if fault == "kill" else "failed its health check"
+    assert re.search(f"engine {rank} .*{reason}", log), log[-3000:]
+    assert f"engine {rank} restarted at" in log
+    state = json.loads((d / "checkpoints" / f"step_{STEPS:06d}" / "data_state.json").read_text())
+    assert state["next_group_index"] == STEPS * BATCH  # no prompt lost or repeated
+    assert json.loads((d / "summary.json").read_text())["steps"] == STEPS
+    assert victim["pid"] not in engine_servers()
