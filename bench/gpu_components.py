@@ -23,10 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def build_checkpoint(out: str, preset: str = "qwen3_0_6b") -> str:
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    from omegaconf import OmegaConf
 
     from slime_hydra.checkpoint.hf import hf_config
     from slime_hydra.config.schema import ArchConfig
@@ -60,9 +59,15 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
     g = torch.Generator().manual_seed(0)
 
     def reqs(n):
-        return [Request(torch.randint(2, eng.vocab_size, (prompt_len,), generator=g).tolist(),
-                        SamplingParams(max_new_tokens=new_tokens, ignore_eos=True), rid=str(i), return_logprob=True)
-                for i in range(n)]
+        return [
+            Request(
+                torch.randint(2, eng.vocab_size, (prompt_len,), generator=g).tolist(),  # noqa: F821 - deleted after use
+                SamplingParams(max_new_tokens=new_tokens, ignore_eos=True),
+                rid=str(i),
+                return_logprob=True,
+            )
+            for i in range(n)
+        ]
 
     eng.generate(reqs(8))  # warm-up
     sync(device)
@@ -74,8 +79,13 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
     del eng
     if device == "cuda":
         torch.cuda.empty_cache()
-    return {"batch": batch, "new_tokens": new_tokens, "seconds": dt, "tokens_per_s": toks / dt,
-            "ms_per_decode_step": 1000 * dt / new_tokens}
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "seconds": dt,
+        "tokens_per_s": toks / dt,
+        "ms_per_decode_step": 1000 * dt / new_tokens,
+    }
 
 
 def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int, preset: str, device: str) -> dict:
@@ -89,22 +99,50 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     GlobalHydra.instance().clear()
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        cfg = resolve(load(compose("config", overrides=[
-            f"model={preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
-            "parallelism=1gpu" if device == "cuda" else "parallelism=cpu", "data=jsonl", f"data.path={path}/config.json",
-            "eval.datasets=[]", f"rollout.batch_size={batch // 8}", "rollout.n_samples_per_prompt=8",
-            f"trainer.micro_batch_size={micro}", "algo.kl_loss_coef=0.04"])))
+        cfg = resolve(
+            load(
+                compose(
+                    "config",
+                    overrides=[
+                        f"model={preset}",
+                        f"model.path={path}",
+                        "model.tokenizer=null",
+                        "model.dtype=bfloat16",
+                        "parallelism=1gpu" if device == "cuda" else "parallelism=cpu",
+                        "data=jsonl",
+                        f"data.path={path}/config.json",
+                        "eval.datasets=[]",
+                        f"rollout.batch_size={batch // 8}",
+                        "rollout.n_samples_per_prompt=8",
+                        f"trainer.micro_batch_size={micro}",
+                        "algo.kl_loss_coef=0.04",
+                    ],
+                )
+            )
+        )
     cfg.output_dir = "/tmp"
     dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-    tr = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
-                      model_path=path, rank=0, world_size=1, device=dev)
+    tr = TorchBackend(
+        model=cfg.model,
+        algo=cfg.algo,
+        trainer=cfg.trainer,
+        parallelism=cfg.parallelism,
+        model_path=path,
+        rank=0,
+        world_size=1,
+        device=dev,
+    )
     rl = RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout)
     g = torch.Generator().manual_seed(0)
     vocab = min(1000, cfg.model.arch.vocab_size)
-    data = {"tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
-            "response_lengths": [resp_len] * batch, "loss_masks": [None] * batch,
-            "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
-            "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)]}
+    data = {
+        "tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
+        "response_lengths": [resp_len] * batch,
+        "loss_masks": [None] * batch,
+        "rewards": torch.randn(batch, generator=g).tolist(),
+        "raw_rewards": [0.0] * batch,
+        "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)],
+    }
     rl.train(data, temperature=1.0, max_response_len=resp_len)  # warm-up
     sync(device)
     if device == "cuda":
@@ -114,8 +152,14 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     sync(device)
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    out = {"batch": batch, "tokens": batch * (prompt_len + resp_len), "seconds": dt,
-           "tokens_per_s": batch * (prompt_len + resp_len) / dt, "peak_gib": peak, "grad_norm": m.get("grad_norm")}
+    out = {
+        "batch": batch,
+        "tokens": batch * (prompt_len + resp_len),
+        "seconds": dt,
+        "tokens_per_s": batch * (prompt_len + resp_len) / dt,
+        "peak_gib": peak,
+        "grad_norm": m.get("grad_norm"),
+    }
     named = tr.hf_weights()
     return out, tr, named
 
@@ -125,8 +169,9 @@ def bench_sync(path: str, named, tmpdir: str, device: str) -> dict:
     from slime_hydra.sync.sender import Endpoint, WeightSender
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
-    spec = ServerSpec(engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device=device,
-                      gpus=1, seed=0)
+    spec = ServerSpec(
+        engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device=device, gpus=1, seed=0
+    )
     port = free_port()
     log = os.path.join(tmpdir, "engine.log")
     proc = spawn(server_command(spec, "127.0.0.1", port, base_gpu_id=0), log)
@@ -174,9 +219,15 @@ def main() -> None:
         json.dump(res, f, indent=2)
     print(f"{res['gpu']}, {args.preset} shape, random weights, bf16")
     for e in res["engine"]:
-        print(f"engine decode  batch {e['batch']:>4}: {e['tokens_per_s']:>9.0f} tok/s  ({e['ms_per_decode_step']:.1f} ms/step)")
+        print(
+            f"engine decode  batch {e['batch']:>4}: {e['tokens_per_s']:>9.0f} tok/s  "
+            f"({e['ms_per_decode_step']:.1f} ms/step)"
+        )
     t = res["train"]
-    print(f"train rollout  {t['batch']} x {128 + args.new_tokens} tok: {t['seconds']:.2f} s  {t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB")
+    print(
+        f"train rollout  {t['batch']} x {128 + args.new_tokens} tok: {t['seconds']:.2f} s  "
+        f"{t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB"
+    )
     for k, s in res["sync"].items():
         print(f"weight push    {k:<8}: {s['seconds']:.3f} s for {s['GiB']:.2f} GiB ({s['GiB_per_s']:.1f} GiB/s)")
 

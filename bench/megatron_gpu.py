@@ -23,9 +23,9 @@ Agreement (two GPUs):
     torchrun --nproc_per_node 2 bench/megatron_gpu.py --compare --shape qwen3_0_6b
 
 builds the model at TP = 1 (random weights), exports it to Hugging Face tensors, loads those into
-TP = 2 (with and without sequence parallelism) and PP = 2 models through the converter, and compares the log-probs of one packed batch with
-TP = 1's (and with the transformers model's): the bf16 differences are printed; the TP = 2 and PP = 2
-exports must return the weights bit for bit.
+TP = 2 (with and without sequence parallelism) and PP = 2 models through the converter, and compares the
+log-probs of one packed batch with TP = 1's (and with the transformers model's): the bf16 differences are
+printed; the TP = 2 and PP = 2 exports must return the weights bit for bit.
 """
 
 from __future__ import annotations
@@ -53,18 +53,27 @@ def hf_config(shape: str):
     from transformers import AutoConfig
 
     arch = yaml.safe_load((ROOT / "conf" / "model" / f"{shape}.yaml").read_text())["arch"]
-    kw = dict(vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
-              intermediate_size=arch["intermediate_size"], num_hidden_layers=arch["num_layers"],
-              num_attention_heads=arch["num_heads"], num_key_value_heads=arch["num_kv_heads"],
-              max_position_embeddings=arch.get("max_position_embeddings", 32768),
-              rope_theta=arch.get("rope_theta", 1e6), rms_norm_eps=arch.get("rms_norm_eps", 1e-6),
-              tie_word_embeddings=arch.get("tie_word_embeddings", False),
-              attention_bias=arch.get("attention_bias", False))
+    kw = dict(
+        vocab_size=arch["vocab_size"],
+        hidden_size=arch["hidden_size"],
+        intermediate_size=arch["intermediate_size"],
+        num_hidden_layers=arch["num_layers"],
+        num_attention_heads=arch["num_heads"],
+        num_key_value_heads=arch["num_kv_heads"],
+        max_position_embeddings=arch.get("max_position_embeddings", 32768),
+        rope_theta=arch.get("rope_theta", 1e6),
+        rms_norm_eps=arch.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=arch.get("tie_word_embeddings", False),
+        attention_bias=arch.get("attention_bias", False),
+    )
     if arch.get("head_dim"):
         kw["head_dim"] = arch["head_dim"]
     if arch.get("num_experts"):
-        kw.update(num_experts=arch["num_experts"], num_experts_per_tok=arch["num_experts_per_tok"],
-                  moe_intermediate_size=arch["moe_intermediate_size"])
+        kw.update(
+            num_experts=arch["num_experts"],
+            num_experts_per_tok=arch["num_experts_per_tok"],
+            moe_intermediate_size=arch["moe_intermediate_size"],
+        )
     return AutoConfig.for_model(arch["type"], **kw)
 
 
@@ -120,9 +129,9 @@ def throughput(args) -> dict:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    from slime_hydra.train.megatron import spec
     from slime_hydra.train.megatron.logprobs import packed_response_log_probs
     from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
-    from slime_hydra.train.megatron import spec
     from slime_hydra.train.megatron.spec import packed_attention_path, resolve_attention_impl
 
     init_distributed()
@@ -137,13 +146,23 @@ def throughput(args) -> dict:
             overrides.update(recompute_method="uniform", recompute_num_layers=1)
     config = transformer_config(hf, Parallel(), dtype=torch.bfloat16, overrides=overrides)
     model = build_gpt_model(hf, config, attention=args.attention).cuda()
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
-                                               overlap_grad_reduce=False)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=True, overlap_grad_reduce=False
+    )
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
     config.finalize_model_grads_func = finalize_model_grads
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-6, weight_decay=0.1, bf16=True,
-                                                       params_dtype=torch.bfloat16, use_distributed_optimizer=True,
-                                                       clip_grad=1.0), [model])
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-6,
+            weight_decay=0.1,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=True,
+            clip_grad=1.0,
+        ),
+        [model],
+    )
     batches = random_micro_batches(args.micro_batches, args.tokens, args.sample_lengths, hf.vocab_size, args.seed)
     batches = [b.to("cuda") for b in batches]
     forward_backward = get_forward_backward_func()
@@ -165,8 +184,14 @@ def throughput(args) -> dict:
         t0 = time.perf_counter()
         model.zero_grad_buffer()
         optimizer.zero_grad()
-        forward_backward(forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
-                         num_microbatches=len(batches), seq_length=args.tokens, micro_batch_size=1)
+        forward_backward(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=[model],
+            num_microbatches=len(batches),
+            seq_length=args.tokens,
+            micro_batch_size=1,
+        )
         ok, grad_norm, _ = optimizer.step()
         torch.cuda.synchronize()
         if step >= args.warmup:
@@ -177,14 +202,21 @@ def throughput(args) -> dict:
     flops = 6.0 * matmul_params(hf) * tokens + attention_flops(hf, batches)
     impl = resolve_attention_impl(args.attention)
     result = dict(
-        shape=args.shape, params_b=round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
-        tokens_per_step=tokens, micro_batches=args.micro_batches, tokens_per_micro_batch=args.tokens,
-        sample_lengths=list(args.sample_lengths), recompute=args.recompute, median_step_s=round(step_s, 4),
-        tokens_per_s=round(tokens / step_s), tflops_per_s=round(flops / step_s / 1e12, 1),
+        shape=args.shape,
+        params_b=round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
+        tokens_per_step=tokens,
+        micro_batches=args.micro_batches,
+        tokens_per_micro_batch=args.tokens,
+        sample_lengths=list(args.sample_lengths),
+        recompute=args.recompute,
+        median_step_s=round(step_s, 4),
+        tokens_per_s=round(tokens / step_s),
+        tflops_per_s=round(flops / step_s / 1e12, 1),
         mfu=round(flops / step_s / 1e12 / PEAK_TFLOPS, 4),
         peak_memory_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
         attention=impl if impl == "te" else packed_attention_path(torch.device("cuda"), torch.bfloat16),
-        torch=torch.__version__, gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        gpu=torch.cuda.get_device_name(),
     )
     dist.destroy_process_group()
     return result
@@ -210,9 +242,15 @@ def _log_probs(model, batch, vocab, tp_group, pp: int):
         return out, loss_func
 
     with torch.no_grad():
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([batch]), model=[model],
-                                    num_microbatches=1, seq_length=batch.num_tokens, micro_batch_size=1,
-                                    forward_only=True)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([batch]),
+            model=[model],
+            num_microbatches=1,
+            seq_length=batch.num_tokens,
+            micro_batch_size=1,
+            forward_only=True,
+        )
     return got[0] if got else None
 
 
@@ -238,12 +276,19 @@ def compare(args) -> dict:
         config = transformer_config(hf, Parallel(tp=tp, pp=pp, sequence_parallel=sp), dtype=torch.bfloat16)
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        model = build_gpt_model(hf, config, attention=args.attention, pre_process=pp_rank == 0,
-                                post_process=pp_rank == pp - 1).cuda().eval()
+        model = (
+            build_gpt_model(
+                hf, config, attention=args.attention, pre_process=pp_rank == 0, post_process=pp_rank == pp - 1
+            )
+            .cuda()
+            .eval()
+        )
         shard = stage_shard(config, tp_rank=tp_rank, pp_rank=pp_rank)
         layout = Layout.from_hf(hf, tp=tp)
-        groups = dict(tp_group=parallel_state.get_tensor_model_parallel_group() if tp > 1 else None,
-                      pp_group=parallel_state.get_pipeline_model_parallel_group() if pp > 1 else None)
+        groups = dict(
+            tp_group=parallel_state.get_tensor_model_parallel_group() if tp > 1 else None,
+            pp_group=parallel_state.get_pipeline_model_parallel_group() if pp > 1 else None,
+        )
         if hf_state is None:  # TP = 1: its random weights, exported, are everyone's weights
             hf_state = export_hf_state(model_chunks_state([model], [shard]), layout)
         else:
@@ -290,8 +335,12 @@ def main() -> None:
     p.add_argument("--shape", default="qwen3_0_6b", help="a dense preset of conf/model/")
     p.add_argument("--tokens", type=int, default=4096, help="packed tokens per micro-batch")
     p.add_argument("--micro-batches", type=int, default=4)
-    p.add_argument("--sample-lengths", type=lambda s: tuple(int(x) for x in s.split(":")), default=(256, 4096),
-                   help="MIN:MAX tokens of the packed samples")
+    p.add_argument(
+        "--sample-lengths",
+        type=lambda s: tuple(int(x) for x in s.split(":")),
+        default=(256, 4096),
+        help="MIN:MAX tokens of the packed samples",
+    )
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--attention", default="auto", help="auto | sdpa | te")

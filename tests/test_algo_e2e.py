@@ -38,13 +38,25 @@ def test_ppo_critic_trains_checkpoints_and_resumes(tmp_path):
     d = tmp_path / "run"
     # one-token answers: a random policy is right on about 1 sample in 24 (not 1 in ~500 with the
     # end-of-sequence it needs otherwise), so every rollout of 512 samples has rewards to learn from
-    common = ["algo=ppo", "algo.num_critic_only_steps=2", "trainer.save_interval=3", "eval.interval=0",
-              "rollout.max_response_len=1"]
+    common = [
+        "algo=ppo",
+        "algo.num_critic_only_steps=2",
+        "trainer.save_interval=3",
+        "eval.interval=0",
+        "rollout.max_response_len=1",
+    ]
     run(d, *common, "trainer.num_rollout=6")
     rows = metrics(d)
     assert [r["step"] for r in rows] == list(range(7))
     for r in rows[1:]:
-        for key in ("value_loss", "value_clipfrac", "explained_variance", "values_mean", "critic_grad_norm", "critic_lr"):
+        for key in (
+            "value_loss",
+            "value_clipfrac",
+            "explained_variance",
+            "values_mean",
+            "critic_grad_norm",
+            "critic_lr",
+        ):
             assert f"train/{key}" in r, (r["step"], key)
         for key in ("value_loss", "value_clipfrac", "critic_grad_norm"):
             assert math.isfinite(r[f"train/{key}"]), (r["step"], key)
@@ -85,15 +97,20 @@ MIN_GAIN = 0.3
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_raises_heldout_reward(tmp_path, preset):
     d = tmp_path / preset
-    summary = run(d, f"algo={preset}", "trainer.num_rollout=150", "eval.interval=0", "trainer.save_interval=0",
-                  timeout=1800)
+    summary = run(
+        d, f"algo={preset}", "trainer.num_rollout=150", "eval.interval=0", "trainer.save_interval=0", timeout=1800
+    )
     gain = summary["eval_reward_final"] - summary["eval_reward_initial"]
     assert gain >= MIN_GAIN, summary
     rows = metrics(d)
     train = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
     assert sum(train[-10:]) > sum(train[:10]), "the training reward did not rise"
     if preset == "ppo":  # once rewards vary, the critic predicts them better than a constant
-        ev = [r["train/explained_variance"] for r in rows[-30:] if math.isfinite(r.get("train/explained_variance", math.nan))]
+        ev = [
+            r["train/explained_variance"]
+            for r in rows[-30:]
+            if math.isfinite(r.get("train/explained_variance", math.nan))
+        ]
         assert ev and sum(ev) / len(ev) > 0.0, ev
 
 
@@ -101,8 +118,14 @@ def test_preset_raises_heldout_reward(tmp_path, preset):
 def test_ppo_two_trainer_ranks(tmp_path):
     """PPO with two data-parallel trainer ranks (the actor and the critic both under DDP over gloo)."""
     d = tmp_path / "run"
-    summary = run(d, "algo=ppo", "parallelism.trainer_gpus=2", "parallelism.gpus_per_node=3", "trainer.num_rollout=4",
-                  "eval.interval=0")
+    summary = run(
+        d,
+        "algo=ppo",
+        "parallelism.trainer_gpus=2",
+        "parallelism.gpus_per_node=3",
+        "trainer.num_rollout=4",
+        "eval.interval=0",
+    )
     assert summary["steps"] == 4
     rows = metrics(d)
     for key in ("value_loss", "explained_variance", "critic_grad_norm", "pg_loss"):

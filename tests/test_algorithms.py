@@ -34,12 +34,21 @@ MASK = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
 
 
 def close(a, b, tol=1e-5):
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol)
+    return torch.allclose(
+        torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol
+    )
 
 
 # ----------------------------------------------------------------------------------- registries
 def test_registries_have_every_name():
-    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "gspo", "cispo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
+    assert set(ADVANTAGE_ESTIMATORS) == {
+        "grpo",
+        "gspo",
+        "cispo",
+        "ppo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+    }
     assert set(POLICY_LOSSES) == {"ppo_clip", "gspo", "cispo"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "low_var_kl"}
     assert REDUCTIONS == ("sample_mean", "token_mean", "token_sum")
@@ -103,8 +112,9 @@ def test_grpo_ignores_kl_coef_but_needs_ref():
     a = algo(advantage_estimator="grpo", kl_coef=0.1)
     with pytest.raises(ValueError):
         compute_advantages(a, rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
-    adv, _ = compute_advantages(a, rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4),
-                                ref_log_probs=torch.ones(2, 4))
+    adv, _ = compute_advantages(
+        a, rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4), ref_log_probs=torch.ones(2, 4)
+    )
     assert close(adv, MASK)
 
 
@@ -133,7 +143,9 @@ def _reference_reduce(kind, x, m, max_len):
 @pytest.mark.parametrize("kind", REDUCTIONS)
 def test_reducer_micro_batch_sums_equal_full_batch(kind):
     x = torch.randn(5, 6)
-    m = torch.tensor([[1.0, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0]])
+    m = torch.tensor(
+        [[1.0, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0]]
+    )
     x_pad = x.masked_fill(m == 0, float("nan"))  # padding garbage must not leak
     full = Reducer.for_step(kind, [m], max_len=8)
     assert full.num_samples == 5 and full.num_tokens == int(m.sum())
@@ -209,9 +221,13 @@ def test_asymmetric_clip_bounds():
     m = torch.ones(1, 2)
     red = Reducer("token_mean", 1, 2, 2)
     # eps_high 0.28 leaves 1.25 unclipped; eps_low 0.2 clips 0.75 -> 0.8 for A<0 (pessimistic term)
-    _, met = policy_loss(algo(eps_clip=0.2, eps_clip_high=0.28), red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=m)
+    _, met = policy_loss(
+        algo(eps_clip=0.2, eps_clip_high=0.28), red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=m
+    )
     assert close(met["pg_loss"], (-1.25 + 0.8) / 2) and close(met["pg_clipfrac"], 0.5)
-    _, met = policy_loss(algo(eps_clip=0.2, eps_clip_high=0.2), red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=m)
+    _, met = policy_loss(
+        algo(eps_clip=0.2, eps_clip_high=0.2), red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=m
+    )
     assert close(met["pg_loss"], (-1.2 + 0.8) / 2) and close(met["pg_clipfrac"], 1.0)
 
 
@@ -223,7 +239,9 @@ def test_entropy_and_kl_loss_terms_and_gradient():
     adv = torch.randn(2, 4) * MASK
     a = algo(entropy_coef=0.01, kl_loss_coef=0.04, kl_loss_type="low_var_kl")
     red = Reducer.for_step("sample_mean", [MASK], 4)
-    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, ref_log_probs=ref, entropy=ent)
+    loss, met = policy_loss(
+        a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, ref_log_probs=ref, entropy=ent
+    )
     lp2 = lp.detach().clone().requires_grad_(True)
     ent2 = ent.detach().clone().requires_grad_(True)
     pg = _ref_ppo_clip_loss(lp2, old, adv, MASK, 0.2, 0.2)
@@ -272,7 +290,9 @@ def test_gae_matches_hand_loop():
     old, ref = torch.randn(3, 6), torch.randn(3, 6)
     rewards = torch.tensor([1.0, -0.5, 2.0])
     a = algo(advantage_estimator="ppo", gamma=0.9, lambd=0.8, kl_coef=0.1, kl_loss_type="k1")
-    adv, ret = compute_advantages(a, rewards=rewards, loss_mask=mask, old_log_probs=old, ref_log_probs=ref, values=values)
+    adv, ret = compute_advantages(
+        a, rewards=rewards, loss_mask=mask, old_log_probs=old, ref_log_probs=ref, values=values
+    )
     exp_adv, exp_ret = _ref_gae(rewards, values, mask, old - ref, 0.1, 0.9, 0.8)
     assert close(adv, exp_adv) and close(ret, exp_ret)
     # gamma = lambda = 1 and V = 0: the advantage is the reward-to-go
@@ -283,7 +303,9 @@ def test_gae_matches_hand_loop():
 
 def test_ppo_needs_values():
     with pytest.raises(ValueError):
-        compute_advantages(algo(advantage_estimator="ppo"), rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4))
+        compute_advantages(
+            algo(advantage_estimator="ppo"), rewards=torch.ones(2), loss_mask=MASK, old_log_probs=torch.zeros(2, 4)
+        )
 
 
 # --------------------------------------------------------------------------------- REINFORCE++
@@ -292,7 +314,9 @@ def test_reinforce_plus_plus_discounted_returns():
     old = torch.tensor([[0.1, 0.2, 0.3, 5.0], [0.4, 5.0, 0.6, 5.0]])
     ref = torch.zeros(2, 4)
     a = algo(advantage_estimator="reinforce_plus_plus", kl_coef=0.5, kl_loss_type="k1", gamma=0.5)
-    adv, ret = compute_advantages(a, rewards=torch.tensor([1.0, 2.0]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
+    adv, ret = compute_advantages(
+        a, rewards=torch.tensor([1.0, 2.0]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref
+    )
     # sample 0: r = [-0.05, -0.1, -0.15 + 1]; G2 = 0.85, G1 = -0.1 + 0.425, G0 = -0.05 + 0.5 * 0.325
     # sample 1: r = [-0.2, 0 (masked), -0.3 + 2]; G2 = 1.7, G1 = 0.85 (masked out), G0 = -0.2 + 0.425
     assert close(adv, [[-0.05 + 0.1625, 0.325, 0.85, 0], [0.225, 0, 1.7, 0]])
@@ -304,11 +328,15 @@ def test_reinforce_plus_plus_baseline_and_whitening():
     old, ref = torch.zeros(2, 4), torch.zeros(2, 4)
     old[0, 0] = 0.2
     a = algo(advantage_estimator="reinforce_plus_plus_baseline", kl_coef=0.5, kl_loss_type="k1")
-    adv, ret = compute_advantages(a, rewards=torch.tensor([0.5, -0.5]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
+    adv, ret = compute_advantages(
+        a, rewards=torch.tensor([0.5, -0.5]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref
+    )
     assert close(adv, [[0.4, 0.5, 0.5, 0], [-0.5, -0.5, 0, 0]]) and close(ret, adv)
     # whitening: masked mean 0, unbiased masked variance 1, padding stays 0
     a.normalize_advantages = True
-    w, ret_w = compute_advantages(a, rewards=torch.tensor([0.5, -0.5]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
+    w, ret_w = compute_advantages(
+        a, rewards=torch.tensor([0.5, -0.5]), loss_mask=mask, old_log_probs=old, ref_log_probs=ref
+    )
     vals = w[mask.bool()]
     raw = adv[mask.bool()]
     assert close(vals, (raw - raw.mean()) / torch.sqrt(raw.var() + 1e-8))
@@ -351,8 +379,14 @@ def test_gspo_sequence_ratio_clips_whole_sequence():
     old = torch.zeros(1, 3)
     lp = torch.tensor([[0.3, 0.3, 0.3]], requires_grad=True)  # s = exp(0.3) > 1.04
     a = algo(policy_loss="gspo", eps_clip=0.03, eps_clip_high=0.04)
-    loss, met = policy_loss(a, Reducer("token_mean", 1, 3, 3), log_probs=lp, old_log_probs=old,
-                            advantages=torch.ones(1, 3), loss_mask=torch.ones(1, 3))
+    loss, met = policy_loss(
+        a,
+        Reducer("token_mean", 1, 3, 3),
+        log_probs=lp,
+        old_log_probs=old,
+        advantages=torch.ones(1, 3),
+        loss_mask=torch.ones(1, 3),
+    )
     assert close(met["pg_clipfrac"], 1.0) and close(loss, -1.04)
     (g,) = torch.autograd.grad(loss, lp)
     assert torch.all(g == 0)
@@ -384,12 +418,16 @@ def test_cispo_stop_gradient_semantics():
 # --------------------------------------------------------------------------------------- TIS
 def test_tis_clamps_weights_and_scales_loss():
     old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]))
-    rollout = old - torch.log(torch.tensor([[3.0, 0.5, 1.0, 9.0], [0.05, 1.5, 1.0, 9.0]]))  # tis = [3, .5, 1 | .05, 1.5]
+    rollout = old - torch.log(
+        torch.tensor([[3.0, 0.5, 1.0, 9.0], [0.05, 1.5, 1.0, 9.0]])
+    )  # tis = [3, .5, 1 | .05, 1.5]
     lp = old.clone().requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
     a = algo(use_tis=True, tis_clip=2.0, tis_clip_low=0.1)
     red = Reducer.for_step("sample_mean", [MASK], 4)
-    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, rollout_log_probs=rollout)
+    loss, met = policy_loss(
+        a, red, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=MASK, rollout_log_probs=rollout
+    )
     w = torch.tensor([[2.0, 0.5, 1.0, 0.0], [0.1, 1.5, 0.0, 0.0]])
     # ratio 1: pg_t = -A_t, times w_t
     expected = ((-(w * adv)[0, :3]).mean() + (-(w * adv)[1, :2]).mean()) / 2
@@ -408,10 +446,17 @@ def test_unbiased_kl_weights_kl_by_ratio():
     ref = torch.tensor([[0.0, 0.3]])
     a = algo(kl_loss_coef=1.0, kl_loss_type="k2", use_unbiased_kl=True)
     red = Reducer("token_mean", 1, 2, 2)
-    loss, met = policy_loss(a, red, log_probs=lp, old_log_probs=old, advantages=torch.zeros(1, 2),
-                            loss_mask=torch.ones(1, 2), ref_log_probs=ref)
+    loss, met = policy_loss(
+        a,
+        red,
+        log_probs=lp,
+        old_log_probs=old,
+        advantages=torch.zeros(1, 2),
+        loss_mask=torch.ones(1, 2),
+        ref_log_probs=ref,
+    )
     lp2 = lp.detach().clone().requires_grad_(True)
-    expected = ((torch.exp(lp2 - old) * (lp2 - ref) ** 2 / 2)).mean()
+    expected = (torch.exp(lp2 - old) * (lp2 - ref) ** 2 / 2).mean()
     assert close(met["kl_loss"], expected) and close(loss, expected)
     assert close(torch.autograd.grad(loss, lp)[0], torch.autograd.grad(expected, lp2)[0])
 
@@ -425,7 +470,9 @@ def test_policy_loss_micro_batches_sum_to_full_step(kind):
     lp = (old + 0.2 * torch.randn(B, T)).requires_grad_(True)
     adv, ent = torch.randn(B, T), torch.rand(B, T)
     a = algo(loss_reduction=kind, kl_loss_coef=0.1, entropy_coef=0.01, use_tis=True, eps_clip_c=3.0)
-    kw = dict(old_log_probs=old, advantages=adv, loss_mask=mask, ref_log_probs=ref, rollout_log_probs=rollout, entropy=ent)
+    kw = dict(
+        old_log_probs=old, advantages=adv, loss_mask=mask, ref_log_probs=ref, rollout_log_probs=rollout, entropy=ent
+    )
     full_red = Reducer.for_step(kind, [mask], max_len=T + 3)
     full, full_met = policy_loss(a, full_red, log_probs=lp, **kw)
     (g_full,) = torch.autograd.grad(full, lp)
@@ -439,7 +486,11 @@ def test_policy_loss_micro_batches_sum_to_full_step(kind):
             sums[k] = sums.get(k, 0.0) + v
     (g_split,) = torch.autograd.grad(total, lp)
     assert close(total, full) and close(g_split, g_full)
-    assert set(sums) == set(full_met) == {"pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss", "tis", "tis_clipfrac", "loss"}
+    assert (
+        set(sums)
+        == set(full_met)
+        == {"pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss", "tis", "tis_clipfrac", "loss"}
+    )
     for k in sums:
         assert close(sums[k], full_met[k]), k
     assert close(full_met["loss"], full_met["pg_loss"] - 0.01 * full_red(ent, mask) + 0.1 * full_met["kl_loss"])
@@ -484,8 +535,9 @@ def test_bool_mask_bf16_inputs_and_helpers():
 
     lp = torch.zeros(2, 4, dtype=torch.bfloat16, requires_grad=True)
     red = Reducer.for_step("sample_mean", [MASK.bool()], 4)
-    loss, _ = policy_loss(algo(), red, log_probs=lp, old_log_probs=torch.zeros(2, 4), advantages=MASK,
-                          loss_mask=MASK.bool())
+    loss, _ = policy_loss(
+        algo(), red, log_probs=lp, old_log_probs=torch.zeros(2, 4), advantages=MASK, loss_mask=MASK.bool()
+    )
     assert loss.dtype == torch.float32 and close(loss, -1.0)
     loss.backward()
     assert lp.grad.dtype == torch.bfloat16

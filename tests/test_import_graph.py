@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 import networkx as nx
-import pytest
 
 from conftest import ROOT
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.megatron_cpu import FAMILIES, megatron_model, megatron_on_cpu, saved_checkpoint, tiny_hf_config, \
-    tiny_hf_model
-
 from slime_hydra.train.megatron.convert import (  # noqa: E402  (after the importorskip in megatron_cpu)
     HFCheckpoint,
     Layout,
@@ -20,6 +17,14 @@ from slime_hydra.train.megatron.convert import (  # noqa: E402  (after the impor
     split_kind,
     stage_shard,
     to_global,
+)
+from tests.megatron_cpu import (
+    FAMILIES,
+    megatron_model,
+    megatron_on_cpu,
+    saved_checkpoint,
+    tiny_hf_config,
+    tiny_hf_model,
 )
 
 

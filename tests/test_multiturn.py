@@ -40,9 +40,15 @@ class ScriptedEngine:
         for _ in ids:
             lps.append(self.next_lp)
             self.next_lp -= 0.125
-        return {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "output_ids": ids,
-                "meta_info": {"output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)],
-                              "finish_reason": {"type": finish}, "weight_version": "3"}}
+        return {
+            "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+            "output_ids": ids,
+            "meta_info": {
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)],
+                "finish_reason": {"type": finish},
+                "weight_version": "3",
+            },
+        }
 
 
 def model_logprobs(sample: Sample) -> List[float]:
@@ -52,18 +58,29 @@ def model_logprobs(sample: Sample) -> List[float]:
 # ------------------------------------------------------------------ builtin:calc, the example
 def test_calc_template_groups_consecutive_tool_messages():
     tok = builtin_tokenizer("builtin:calc")
-    msgs = [{"role": "user", "content": "2*3-1"},
-            {"role": "assistant", "content": "", "tool_calls": [
+    msgs = [
+        {"role": "user", "content": "2*3-1"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
                 {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+2"}}},
-                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": ""}}}]},
-            {"role": "tool", "content": "3"}, {"role": "tool", "content": "5"}]
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": ""}}},
+            ],
+        },
+        {"role": "tool", "content": "3"},
+        {"role": "tool", "content": "5"},
+    ]
     whole = render(tok, msgs, add_generation_prompt=True)
     assert whole == "<user>2*3-1<assistant><call>1+2<call><eos><tool>3,5<assistant>"
     # rendering each tool message on its own gives different text: why masks come from diffs
     alone = "".join(render(tok, [m]) for m in msgs[2:])
     assert alone == "<tool>3<tool>5" != template_delta(tok, msgs[:2], msgs, add_generation_prompt=False) == "<tool>3,5"
     # diffs one message at a time agree with the whole conversation
-    assert "".join(template_delta(tok, msgs[:i], msgs[: i + 1], add_generation_prompt=False) for i in (2, 3)) == "<tool>3,5"
+    assert (
+        "".join(template_delta(tok, msgs[:i], msgs[: i + 1], add_generation_prompt=False) for i in (2, 3))
+        == "<tool>3,5"
+    )
 
 
 def test_calc_conversation_tokens_and_mask_match_the_template():
@@ -91,8 +108,9 @@ def test_calc_conversation_tokens_and_mask_match_the_template():
     assert final_answer(out) == "5" and calc_reward(None, out) == 1.0
     # the second request continued from the conversation so far, budget reduced by what was used
     second = engine.payloads[1]
-    assert second["input_ids"] == tok.encode("<user>2*3-1<assistant><call>1+2<call><eos><tool>3,5<assistant>",
-                                             add_special_tokens=False)
+    assert second["input_ids"] == tok.encode(
+        "<user>2*3-1<assistant><call>1+2<call><eos><tool>3,5<assistant>", add_special_tokens=False
+    )
     assert second["sampling_params"]["max_new_tokens"] == 40 - 11
 
 
@@ -101,15 +119,22 @@ def test_turn_cap_appends_the_templates_end_of_turn_masked():
     <eos> that closes its turn is appended with mask 0 before the tool message."""
     tok = builtin_tokenizer("builtin:calc")
     engine = ScriptedEngine(tok, [(["<call>"], "length"), (["4"], "length")])
-    s = asyncio.run(calc_generate(engine, Sample(prompt="37*48-1772", label="4"), {"max_new_tokens": 12},
-                                  turn_max_tokens=1))
+    s = asyncio.run(
+        calc_generate(engine, Sample(prompt="37*48-1772", label="4"), {"max_new_tokens": 12}, turn_max_tokens=1)
+    )
     assert s.response == "<call><eos><tool>4<assistant>4"
     assert s.loss_mask == [1, 0, 0, 0, 0, 1]
     assert s.status == Status.COMPLETED and calc_reward(None, s) == 1.0
     assert [p["sampling_params"]["max_new_tokens"] for p in engine.payloads] == [1, 1]
     # a guess without the tool is not rewarded (require_tool), unless asked
-    guess = asyncio.run(calc_generate(ScriptedEngine(tok, [(["4"], "length")]), Sample(prompt="37*48-1772", label="4"),
-                                      {"max_new_tokens": 12}, turn_max_tokens=1))
+    guess = asyncio.run(
+        calc_generate(
+            ScriptedEngine(tok, [(["4"], "length")]),
+            Sample(prompt="37*48-1772", label="4"),
+            {"max_new_tokens": 12},
+            turn_max_tokens=1,
+        )
+    )
     assert final_answer(guess) == "4" and calc_reward(None, guess) == 0.0
     assert calc_reward(None, guess, require_tool=False) == 1.0
 
@@ -152,7 +177,10 @@ def test_aborting_context_answers_without_an_engine():
     ctx = GenerateContext(cfg=None, tokenizer=tok, client=NoEngine(), aborting=True)
     s = asyncio.run(calc_generate(ctx, Sample(prompt="1+1", label="2"), {"max_new_tokens": 8}))
     assert s.status == Status.ABORTED and s.response_length == 0 and s.weight_versions == []
-    assert asyncio.run(ctx.post("/generate", {"input_ids": [[1], [2]]}))[1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert (
+        asyncio.run(ctx.post("/generate", {"input_ids": [[1], [2]]}))[1]["meta_info"]["finish_reason"]["type"]
+        == "abort"
+    )
 
 
 def test_calculator_tool_and_parser():
@@ -161,7 +189,10 @@ def test_calculator_tool_and_parser():
         assert calculate(bad) == "?", bad
     assert parse_turn("7<eos>") == {"role": "assistant", "content": "7"}
     msg = parse_turn("ok<call>1+1<call>")
-    assert msg["content"] == "ok" and [c["function"]["arguments"]["expression"] for c in msg["tool_calls"]] == ["1+1", ""]
+    assert msg["content"] == "ok" and [c["function"]["arguments"]["expression"] for c in msg["tool_calls"]] == [
+        "1+1",
+        "",
+    ]
     assert TOOLS[0]["function"]["name"] == "calculator"
 
 
@@ -173,12 +204,22 @@ QWEN_LIKE = (
     "{%- for m in messages %}"
     "{%- if m['role'] == 'tool' %}"
     "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
-    + NL + "<tool_response>" + NL + "{{ m['content'] }}" + NL + "</tool_response>"
+    + NL
+    + "<tool_response>"
+    + NL
+    + "{{ m['content'] }}"
+    + NL
+    + "</tool_response>"
     "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>" + NL + "{% endif %}"
     "{%- elif m['role'] == 'assistant' %}<|im_start|>assistant" + NL + "{{ m['content'] }}"
     "{%- for c in m.get('tool_calls', []) %}<tool_call>{{ c['function']['name'] }}</tool_call>{% endfor %}"
-    "<|im_end|>" + NL +
-    "{%- else %}<|im_start|>{{ m['role'] }}" + NL + "{{ m['content'] }}<|im_end|>" + NL + "{% endif %}"
+    "<|im_end|>"
+    + NL
+    + "{%- else %}<|im_start|>{{ m['role'] }}"
+    + NL
+    + "{{ m['content'] }}<|im_end|>"
+    + NL
+    + "{% endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant" + NL + "{% endif %}"
 )
@@ -214,8 +255,10 @@ def test_qwen_like_template_mask_is_the_diff_over_the_whole_conversation():
     share one user turn. Expected mask, found independently: 1 exactly on the characters between
     "<|im_start|>assistant\\n" and the end of the following "<|im_end|>" in the full rendering."""
     tok = qwen_like_tokenizer()
-    turns = [(chars("<tool_call>a</tool_call><tool_call>b</tool_call><|im_end|>"), "stop"),
-             (chars("x=1, y=2<|im_end|>"), "stop")]
+    turns = [
+        (chars("<tool_call>a</tool_call><tool_call>b</tool_call><|im_end|>"), "stop"),
+        (chars("x=1, y=2<|im_end|>"), "stop"),
+    ]
     engine = ScriptedEngine(tok, turns)
     sample = Sample(prompt=[{"role": "user", "content": "go"}])
     tools = [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "b"}}]
@@ -230,7 +273,10 @@ def test_qwen_like_template_mask_is_the_diff_over_the_whole_conversation():
 
     s = asyncio.run(agent())
     full = render(tok, s.metadata["messages"], tools=tools)
-    assert "<|im_start|>user\n<tool_response>\nx=1\n</tool_response>\n<tool_response>\ny=2\n</tool_response><|im_end|>" in full
+    assert (
+        "<|im_start|>user\n<tool_response>\nx=1\n</tool_response>\n<tool_response>\ny=2\n</tool_response><|im_end|>"
+        in full
+    )
     # the sequence is the template's (minus the final "\n" after the last turn, never needed)
     assert tok.decode(s.tokens, skip_special_tokens=False) == full[:-1]
     assert s.tokens == tok.encode(full[:-1], add_special_tokens=False)
@@ -248,5 +294,8 @@ def test_template_that_is_not_prefix_stable_is_an_error():
     tok = qwen_like_tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{{ messages | length }}"
     with pytest.raises(TemplateError, match="prefix-stable"):
-        template_delta(tok, [{"role": "user", "content": "a"}], [{"role": "user", "content": "a"},
-                                                                 {"role": "tool", "content": "b"}])
+        template_delta(
+            tok,
+            [{"role": "user", "content": "a"}],
+            [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
+        )

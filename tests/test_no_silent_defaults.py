@@ -11,8 +11,15 @@ import pytest
 
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.data.tokenizer import builtin_tokenizer
-from slime_hydra.rewards import RewardError, compute_group_reward, compute_reward, drain_counters, hub, math_pool
-from slime_hydra.rewards import math_answer
+from slime_hydra.rewards import (
+    RewardError,
+    compute_group_reward,
+    compute_reward,
+    drain_counters,
+    hub,
+    math_answer,
+    math_pool,
+)
 from slime_hydra.rollout.multiturn import ChatRollout
 from slime_hydra.rollout.sample import FinishReasonError, Sample, Status, finish_type, status_from_finish
 

@@ -11,9 +11,13 @@ import pytest
 from slime_hydra.utils.proc import kill_tree, spawn
 
 # The parent starts a child that ignores SIGTERM and writes its pid, then waits (or exits at once).
-CHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child', flush=True); time.sleep(600)"
-PARENT = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}]); "
-          "print('pid', c.pid, flush=True); time.sleep({wait})")
+CHILD = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child', flush=True); time.sleep(600)"
+)
+PARENT = (
+    "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+    "print('pid', c.pid, flush=True); time.sleep({wait})"
+)
 
 
 def running(pid: int) -> bool:

@@ -8,9 +8,17 @@ import pytest
 from omegaconf import OmegaConf
 
 from slime_hydra.config.schema import RewardConfig
-from slime_hydra.rewards import (RewardError, compute_group_reward, compute_reward, exact_reward, extract_answer,
-                                 f1_reward, math_reward)
-from slime_hydra.rewards import hub, math_pool
+from slime_hydra.rewards import (
+    RewardError,
+    compute_group_reward,
+    compute_reward,
+    exact_reward,
+    extract_answer,
+    f1_reward,
+    hub,
+    math_pool,
+    math_reward,
+)
 from slime_hydra.rollout.sample import Sample
 
 
@@ -142,7 +150,8 @@ def hooks_mod(tmp_path, monkeypatch):
             return "high"
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    import importlib, sys  # noqa: E401
+    import importlib  # noqa: E401
+    import sys
     sys.modules.pop("my_rm", None)
     monkeypatch.setattr(hub, "_hooks", {})  # a fresh module per test: forget hooks loaded before
     return importlib.import_module("my_rm")

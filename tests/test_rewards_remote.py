@@ -85,7 +85,12 @@ def test_number_and_payload(server):
     srv, url = server
     cfg = RewardConfig(type="exact", url=url + "/ok", timeout_s=2, max_retries=0)  # rm_type in metadata wins
     assert score(cfg, sample()) == 1.0 and score(cfg, sample("41")) == 0.0
-    assert srv.requests[0] == {"prompt": "q?", "response": "42", "label": "42", "metadata": {"rm_type": "remote", "k": 1}}
+    assert srv.requests[0] == {
+        "prompt": "q?",
+        "response": "42",
+        "label": "42",
+        "metadata": {"rm_type": "remote", "k": 1},
+    }
 
 
 def test_dict_answer(server):

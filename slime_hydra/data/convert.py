@@ -58,8 +58,10 @@ def detect_format(path: str) -> str:
         return "hf"
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext not in FORMATS:
-        raise ConvertError(f"{path}: cannot tell the format from {('.' + ext) if ext else 'a missing extension'}; "
-                           f"pass --format ({', '.join(FORMATS)})")
+        raise ConvertError(
+            f"{path}: cannot tell the format from {('.' + ext) if ext else 'a missing extension'}; "
+            f"pass --format ({', '.join(FORMATS)})"
+        )
     return ext
 
 
@@ -73,7 +75,10 @@ def _read_delimited(path: str, delimiter: str) -> Records:
             start = reader.line_num + 1
             for rec in reader:
                 if None in rec:
-                    yield f"line {start}", Reject(f"{len(columns) + len(rec[None])} fields, the header has {len(columns)}")
+                    yield (
+                        f"line {start}",
+                        Reject(f"{len(columns) + len(rec[None])} fields, the header has {len(columns)}"),
+                    )
                 else:
                     yield f"line {start}", rec
                 start = reader.line_num + 1
@@ -121,8 +126,9 @@ def _read_hf(path: str, split: Optional[str]) -> Records:
     try:
         import datasets
     except ImportError:
-        raise ConvertError("reading a saved dataset directory needs the `datasets` package "
-                           "(pip install 'slime_hydra[datasets]')") from None
+        raise ConvertError(
+            "reading a saved dataset directory needs the `datasets` package (pip install 'slime_hydra[datasets]')"
+        ) from None
     try:
         ds = datasets.load_from_disk(path)
     except Exception as e:
@@ -167,8 +173,15 @@ def label_text(v: Any) -> str:
     return str(v).strip() if isinstance(v, str) else str(v)
 
 
-def convert_record(rec: Any, *, input_col: str, label_col: Optional[str], metadata_cols: Sequence[str],
-                   chat: bool, system_prompt: Optional[str]) -> Dict[str, Any]:
+def convert_record(
+    rec: Any,
+    *,
+    input_col: str,
+    label_col: Optional[str],
+    metadata_cols: Sequence[str],
+    chat: bool,
+    system_prompt: Optional[str],
+) -> Dict[str, Any]:
     """One input record -> one output row; raises ``Reject`` with the reason."""
     if isinstance(rec, Reject):
         raise rec
@@ -178,8 +191,10 @@ def convert_record(rec: Any, *, input_col: str, label_col: Optional[str], metada
     if _missing(prompt):
         raise Reject("empty prompt" if input_col in rec else f"missing prompt column {input_col!r}")
     if isinstance(prompt, list):  # parquet / datasets give every message every struct field
-        prompt = [{k: v for k, v in m.items() if v is not None or k in ("role", "content")}
-                  if isinstance(m, dict) else m for m in prompt]
+        prompt = [
+            {k: v for k, v in m.items() if v is not None or k in ("role", "content")} if isinstance(m, dict) else m
+            for m in prompt
+        ]
     try:
         prompt = check_prompt(prompt, "", input_col)
     except DataError as e:
@@ -193,35 +208,55 @@ def convert_record(rec: Any, *, input_col: str, label_col: Optional[str], metada
         if _missing(rec.get(label_col)):
             raise Reject("missing label")
         out["label"] = label_text(rec[label_col])
-    out["metadata"] = {c: (None if _missing(rec.get(c)) and not isinstance(rec.get(c), str) else rec.get(c))
-                       for c in metadata_cols}
+    out["metadata"] = {
+        c: (None if _missing(rec.get(c)) and not isinstance(rec.get(c), str) else rec.get(c)) for c in metadata_cols
+    }
     return out
 
 
 # -------------------------------------------------------------------------------------- driver
-def convert(src: str, dst: str, *, input_col: str = "prompt", label_col: Optional[str] = "label",
-            metadata_cols: Sequence[str] = (), chat: bool = False, system_prompt: Optional[str] = None,
-            overwrite: bool = False, limit: Optional[int] = None, split: Optional[str] = None,
-            fmt: Optional[str] = None) -> Summary:
+def convert(
+    src: str,
+    dst: str,
+    *,
+    input_col: str = "prompt",
+    label_col: Optional[str] = "label",
+    metadata_cols: Sequence[str] = (),
+    chat: bool = False,
+    system_prompt: Optional[str] = None,
+    overwrite: bool = False,
+    limit: Optional[int] = None,
+    split: Optional[str] = None,
+    fmt: Optional[str] = None,
+) -> Summary:
     """Convert ``src`` to JSONL at ``dst``; raises ConvertError when nothing sensible can be written."""
     if os.path.exists(dst) and not overwrite:
         raise ConvertError(f"{dst}: exists; pass --overwrite to replace it")
     if system_prompt is not None and not chat:
-        raise ConvertError("--system-prompt needs --chat (a plain-text prompt has no system message; "
-                           "or set data.system_prompt with data.apply_chat_template=true at train time)")
+        raise ConvertError(
+            "--system-prompt needs --chat (a plain-text prompt has no system message; "
+            "or set data.system_prompt with data.apply_chat_template=true at train time)"
+        )
     if limit is not None and limit < 1:
         raise ConvertError(f"--limit must be >= 1, got {limit}")
     columns, records = read_records(src, fmt, split)
     needed = [c for c in (input_col, label_col, *metadata_cols) if c is not None]
     absent = [c for c in needed if c not in columns]
     if absent:
-        raise ConvertError(f"{src}: no column {', '.join(map(repr, absent))} "
-                           f"(columns: {', '.join(columns) or 'none'})")
+        raise ConvertError(f"{src}: no column {', '.join(map(repr, absent))} (columns: {', '.join(columns) or 'none'})")
     summary, rows = Summary(), []
     for loc, rec in records:
         try:
-            rows.append(convert_record(rec, input_col=input_col, label_col=label_col, metadata_cols=metadata_cols,
-                                       chat=chat, system_prompt=system_prompt))
+            rows.append(
+                convert_record(
+                    rec,
+                    input_col=input_col,
+                    label_col=label_col,
+                    metadata_cols=metadata_cols,
+                    chat=chat,
+                    system_prompt=system_prompt,
+                )
+            )
         except Reject as e:
             summary.rejected.append((loc, str(e)))
         if limit is not None and len(rows) >= limit:
@@ -270,11 +305,19 @@ def build_parser(prog: str = "slime-hydra-convert") -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "slime-hydra-convert") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
-        summary = convert(args.input, args.output, input_col=args.input_col,
-                          label_col=None if args.no_label else args.label_col,
-                          metadata_cols=[c.strip() for c in args.metadata_cols.split(",") if c.strip()],
-                          chat=args.chat, system_prompt=args.system_prompt, overwrite=args.overwrite,
-                          limit=args.limit, split=args.split, fmt=args.format)
+        summary = convert(
+            args.input,
+            args.output,
+            input_col=args.input_col,
+            label_col=None if args.no_label else args.label_col,
+            metadata_cols=[c.strip() for c in args.metadata_cols.split(",") if c.strip()],
+            chat=args.chat,
+            system_prompt=args.system_prompt,
+            overwrite=args.overwrite,
+            limit=args.limit,
+            split=args.split,
+            fmt=args.format,
+        )
     except (ConvertError, OSError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

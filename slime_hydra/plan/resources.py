@@ -57,16 +57,23 @@ class ResourcePlan:
 
     def describe(self) -> str:
         unit = "GPU" if self.device == "cuda" else "slot"
-        mode = "colocated: trainers and engines take turns on the same bundles" if self.colocate else "split: engines on their own bundles"
+        mode = (
+            "colocated: trainers and engines take turns on the same bundles"
+            if self.colocate
+            else "split: engines on their own bundles"
+        )
         res = ", ".join(f"{k}: {v:g}" for k, v in self.bundles[0].items()) if self.bundles else "-"
-        lines = [f"Resource plan ({self.device}, {mode})",
-                 f"  one placement group (PACK) of {len(self.bundles)} bundles of {{{res}}}",
-                 f"  {'bundle':>6}  {'node':>4}  {unit:>4}  actors"]
+        lines = [
+            f"Resource plan ({self.device}, {mode})",
+            f"  one placement group (PACK) of {len(self.bundles)} bundles of {{{res}}}",
+            f"  {'bundle':>6}  {'node':>4}  {unit:>4}  actors",
+        ]
         for b in range(len(self.bundles)):
             who = [f"trainer {t.rank} ({TRAINER_SHARE:g})" for t in self.trainers if t.bundle == b]
             for e in self.engines:
                 if b == e.lead:
-                    who.append(f"{self.engine_kind} engine {e.rank} ({ENGINE_SHARE:g}, {len(e.bundles)} {unit}{'s' * (len(e.bundles) > 1)})")
+                    gpus = f"{len(e.bundles)} {unit}{'s' * (len(e.bundles) > 1)}"
+                    who.append(f"{self.engine_kind} engine {e.rank} ({ENGINE_SHARE:g}, {gpus})")
                 elif b in e.bundles:
                     who.append(f"(engine {e.rank})")
             lines.append(f"  {b:>6}  {self.node_of(b):>4}  {b % self.gpus_per_node:>4}  {', '.join(who) or '-'}")
@@ -88,8 +95,10 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
     offset = 0 if colocate else p.trainer_gpus
     bundle = {"GPU": 1.0, "CPU": 1.0} if p.device == "cuda" else {"CPU": 1.0}
     trainers = [TrainerSlot(rank=r, bundle=r) for r in range(p.trainer_gpus)]
-    engines = [EngineSlot(rank=i, bundles=list(range(offset + i * p.gpus_per_engine, offset + (i + 1) * p.gpus_per_engine)))
-               for i in range(p.rollout_gpus // p.gpus_per_engine)]
+    engines = [
+        EngineSlot(rank=i, bundles=list(range(offset + i * p.gpus_per_engine, offset + (i + 1) * p.gpus_per_engine)))
+        for i in range(p.rollout_gpus // p.gpus_per_engine)
+    ]
     mp = {"tp": p.tensor_parallel, "pp": p.pipeline_parallel, "cp": p.context_parallel}
     dp = p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
     r, t = cfg.rollout, cfg.trainer
@@ -100,9 +109,18 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
         f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
         f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}",
     ]
-    plan = ResourcePlan(device=p.device, colocate=colocate, gpus_per_node=p.gpus_per_node,
-                        bundles=[dict(bundle) for _ in range(n_bundles)], trainers=trainers, engines=engines,
-                        engine_kind=r.engine, data_parallel=dp, model_parallel=mp, notes=notes)
+    plan = ResourcePlan(
+        device=p.device,
+        colocate=colocate,
+        gpus_per_node=p.gpus_per_node,
+        bundles=[dict(bundle) for _ in range(n_bundles)],
+        trainers=trainers,
+        engines=engines,
+        engine_kind=r.engine,
+        data_parallel=dp,
+        model_parallel=mp,
+        notes=notes,
+    )
     if p.device == "cuda" and t.backend in TRAINER_MEMORY:
         plan.memory = estimate(cfg, plan)
     return plan

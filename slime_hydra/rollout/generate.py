@@ -48,9 +48,15 @@ class GenerateContext:
 
 def aborted_output(payload: Dict[str, Any]) -> Any:
     """What an engine answers for a request aborted before its first token (one per prompt)."""
-    one = {"text": "", "output_ids": [],
-           "meta_info": {"finish_reason": {"type": "abort", "message": "rollout aborted"},
-                         "output_token_logprobs": [], "completion_tokens": 0}}
+    one = {
+        "text": "",
+        "output_ids": [],
+        "meta_info": {
+            "finish_reason": {"type": "abort", "message": "rollout aborted"},
+            "output_token_logprobs": [],
+            "completion_tokens": 0,
+        },
+    }
     ids = payload.get("input_ids")
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         return [dict(one) for _ in ids]
@@ -89,7 +95,9 @@ def seeded(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any]
     return {**sampling_params, "sampling_seed": sampling_seed(ctx.cfg.rollout.seed, rollout_id, sample.index)}
 
 
-async def generate(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False) -> Sample:
+async def generate(
+    ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False
+) -> Sample:
     """One completion for ``sample.prompt``; continues a partial response (aborted earlier)."""
     if not sample.tokens:
         sample.tokens = ctx.encode(sample.prompt) if isinstance(sample.prompt, str) else list(sample.prompt)
@@ -97,8 +105,12 @@ async def generate(ctx: GenerateContext, sample: Sample, sampling_params: Dict[s
     if remaining <= 0:
         sample.status = Status.TRUNCATED
         return sample
-    out = await ctx.post("/generate", {"input_ids": sample.tokens,
-                                       "sampling_params": {**seeded(ctx, sample, sampling_params, evaluation),
-                                                           "max_new_tokens": remaining},
-                                       "return_logprob": True})
+    out = await ctx.post(
+        "/generate",
+        {
+            "input_ids": sample.tokens,
+            "sampling_params": {**seeded(ctx, sample, sampling_params, evaluation), "max_new_tokens": remaining},
+            "return_logprob": True,
+        },
+    )
     return apply_output(sample, out)

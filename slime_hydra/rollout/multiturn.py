@@ -47,19 +47,36 @@ class TemplateError(ValueError):
     """The chat template does not render a conversation as an extension of its prefix."""
 
 
-def render(tokenizer: Any, messages: List[Message], *, tools: Optional[List[Dict[str, Any]]] = None,
-           add_generation_prompt: bool = False, chat_template_kwargs: Optional[Dict[str, Any]] = None) -> str:
+def render(
+    tokenizer: Any,
+    messages: List[Message],
+    *,
+    tools: Optional[List[Dict[str, Any]]] = None,
+    add_generation_prompt: bool = False,
+    chat_template_kwargs: Optional[Dict[str, Any]] = None,
+) -> str:
     """The chat template's text for ``messages`` (never tokenized here: diffs are taken on text)."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                         tokenize=False, **(chat_template_kwargs or {}))
+    text = tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **(chat_template_kwargs or {}),
+    )
     if not isinstance(text, str):  # pragma: no cover - depends on the transformers version
         raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected str")
     return text
 
 
-def template_delta(tokenizer: Any, before: List[Message], after: List[Message], *,
-                   tools: Optional[List[Dict[str, Any]]] = None, add_generation_prompt: bool = True,
-                   chat_template_kwargs: Optional[Dict[str, Any]] = None) -> str:
+def template_delta(
+    tokenizer: Any,
+    before: List[Message],
+    after: List[Message],
+    *,
+    tools: Optional[List[Dict[str, Any]]] = None,
+    add_generation_prompt: bool = True,
+    chat_template_kwargs: Optional[Dict[str, Any]] = None,
+) -> str:
     """The text the template adds for ``after[len(before):]``: ``render(after)`` minus
     ``render(before)`` (``before`` without a generation prompt, ``after`` with one by default)."""
     if after[: len(before)] != before:
@@ -70,8 +87,9 @@ def template_delta(tokenizer: Any, before: List[Message], after: List[Message], 
     if not b.startswith(a):
         raise TemplateError(
             "the chat template renders the conversation differently once messages are added (it is not "
-            f"prefix-stable), so their tokens cannot be appended:\n  before: ...{a[-120:]!r}\n  after:  ...{b[-160:]!r}")
-    return b[len(a):]
+            f"prefix-stable), so their tokens cannot be appended:\n  before: ...{a[-120:]!r}\n  after:  ...{b[-160:]!r}"
+        )
+    return b[len(a) :]
 
 
 def initial_messages(sample: Sample) -> List[Message]:
@@ -99,13 +117,22 @@ class ChatRollout:
     the model generated (otherwise the turn is counted in ``metadata["template_mismatch"]`` and
     the tokens stay as the model made them)."""
 
-    def __init__(self, tokenizer: Any, sample: Sample, *, messages: Optional[List[Message]] = None,
-                 tools: Optional[List[Dict[str, Any]]] = None, parse: Optional[Callable[[str], Message]] = None,
-                 chat_template_kwargs: Optional[Dict[str, Any]] = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        sample: Sample,
+        *,
+        messages: Optional[List[Message]] = None,
+        tools: Optional[List[Dict[str, Any]]] = None,
+        parse: Optional[Callable[[str], Message]] = None,
+        chat_template_kwargs: Optional[Dict[str, Any]] = None,
+    ):
         self.tokenizer, self.sample = tokenizer, sample
         self.parse = parse or (lambda text: plain_assistant(text, getattr(tokenizer, "eos_token", None)))
-        self.kw = dict(tools=tools if tools is not None else sample.metadata.get("tools"),
-                       chat_template_kwargs=chat_template_kwargs)
+        self.kw = dict(
+            tools=tools if tools is not None else sample.metadata.get("tools"),
+            chat_template_kwargs=chat_template_kwargs,
+        )
         meta = sample.metadata
         if "messages" in meta and sample.tokens:  # resuming a partial rollout
             if sample.status == Status.ABORTED:
@@ -139,8 +166,9 @@ class ChatRollout:
         return render(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, **self.kw)
 
     # -------------------------------------------------------------------------- the turns
-    async def assistant_turn(self, ctx: Any, sampling_params: Dict[str, Any],
-                             max_new_tokens: Optional[int] = None) -> Optional[Message]:
+    async def assistant_turn(
+        self, ctx: Any, sampling_params: Dict[str, Any], max_new_tokens: Optional[int] = None
+    ) -> Optional[Message]:
         """Generate (or, after an abort, continue) one assistant turn; append it to the
         conversation and return it. None when it was aborted (``status`` ABORTED, resumable) or
         no budget was left to start it (TRUNCATED); the budget is ``sampling_params
@@ -159,9 +187,14 @@ class ChatRollout:
         if turn_left <= 0:
             s.status = Status.COMPLETED  # aborted right at the turn's cap: the turn is complete
         else:
-            out = await ctx.post("/generate", {"input_ids": s.tokens,
-                                               "sampling_params": {**sampling_params, "max_new_tokens": turn_left},
-                                               "return_logprob": True})
+            out = await ctx.post(
+                "/generate",
+                {
+                    "input_ids": s.tokens,
+                    "sampling_params": {**sampling_params, "max_new_tokens": turn_left},
+                    "return_logprob": True,
+                },
+            )
             finish = self._append_model_tokens(out)
             if finish == "abort":
                 s.status = Status.ABORTED
@@ -170,7 +203,7 @@ class ChatRollout:
                 s.status = Status.TRUNCATED  # the whole response budget is spent
             else:
                 s.status = Status.COMPLETED  # stop, or length at this turn's cap
-        turn_ids = s.tokens[len(s.tokens) - (s.response_length - meta["turn_start"]):]
+        turn_ids = s.tokens[len(s.tokens) - (s.response_length - meta["turn_start"]) :]
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         msg = self.parse(text)
         before = self._render(self.messages, add_generation_prompt=True)
@@ -180,8 +213,8 @@ class ChatRollout:
         meta["num_turns"] += 1
         # what the template renders after the model's tokens to close the turn (masked, added
         # before the next messages); unknown if the template does not reproduce the model's text
-        if closed.startswith(before) and closed[len(before):].startswith(text):
-            meta["pending_suffix"] = closed[len(before) + len(text):]
+        if closed.startswith(before) and closed[len(before) :].startswith(text):
+            meta["pending_suffix"] = closed[len(before) + len(text) :]
         else:
             meta["pending_suffix"] = None
             meta["template_mismatch"] += 1
@@ -193,8 +226,12 @@ class ChatRollout:
         if not pairs and out.get("output_ids"):
             raise ValueError("the engine returned no output_token_logprobs; generate with return_logprob=true")
         ids = [int(p[1]) for p in pairs]
-        self.sample.append_response(ids, [float(p[0]) for p in pairs], trainable=True,
-                                    text=self.tokenizer.decode(ids, skip_special_tokens=False))
+        self.sample.append_response(
+            ids,
+            [float(p[0]) for p in pairs],
+            trainable=True,
+            text=self.tokenizer.decode(ids, skip_special_tokens=False),
+        )
         if "weight_version" in meta:
             self.sample.weight_versions.append(str(meta["weight_version"]))
         return finish_type(meta, self.sample)

@@ -21,8 +21,7 @@ def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Iterator[tor
         if id(p) not in seen:
             seen.add(id(p))
             yield p
-    for b in model.buffers():
-        yield b
+    yield from model.buffers()
     for state in opt.state.values():
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:

@@ -127,12 +127,12 @@ class RLTrainer:
                                 max_len=max_response_len)
 
             def value_loss(idx: Sequence[int], v: torch.Tensor):
-                return A.value_loss(algo, reducer, values=v, old_values=values[idx].to(v.device),
+                return A.value_loss(algo, reducer, values=v,  # noqa: B023 - called within this step old_values=values[idx].to(v.device),
                                     returns=returns[idx].to(v.device), loss_mask=loss_mask[idx].to(v.device))
 
             def policy_loss(idx: Sequence[int], lp: torch.Tensor, entropy: torch.Tensor):
                 return A.policy_loss(
-                    algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),
+                    algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),  # noqa: B023
                     advantages=adv[idx].to(lp.device), loss_mask=loss_mask[idx].to(lp.device),
                     ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
                     rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=entropy)

@@ -11,12 +11,18 @@ from typing import Any, Dict, List
 import pytest
 
 from conftest import resolved
+from rollout_harness import make_rollout
 from slime_hydra.launch.validate import validate
-from slime_hydra.rollout.filters import (DynamicFilterOutput, NONZERO_REWARD_STD, as_filter_output, dynamic_filter_spec,
-                                         nonzero_reward_std, nonzero_reward_std_with_fallback)
+from slime_hydra.rollout.filters import (
+    NONZERO_REWARD_STD,
+    DynamicFilterOutput,
+    as_filter_output,
+    dynamic_filter_spec,
+    nonzero_reward_std,
+    nonzero_reward_std_with_fallback,
+)
 from slime_hydra.rollout.generate import generate as default_generate
 from slime_hydra.rollout.sample import Sample, Status
-from rollout_harness import make_rollout
 
 
 def group(*rewards: float) -> List[Sample]:
@@ -60,25 +66,37 @@ def test_dapo_switches_dynamic_sampling_on():
     assert dynamic_filter_spec(resolved(["algo=dapo", "algo.dynamic_sampling=false"])) is None
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["rollout.partial_rollout=true"], "rollout.partial_rollout: recycles groups cut off"),
-    (["algo=dapo", "rollout.n_samples_per_prompt=1"], "algo.dynamic_sampling: nonzero_reward_std drops groups"),
-    ([f"rollout.dynamic_filter={NONZERO_REWARD_STD}", "rollout.n_samples_per_prompt=1"],
-     "rollout.dynamic_filter: nonzero_reward_std drops groups"),
-    (["rollout.max_sampled_groups=8"], "rollout.max_sampled_groups: 8 < rollout.batch_size=32"),
-    (["rollout.mask_offpolicy_in_partial_rollout=true"], "rollout.mask_offpolicy_in_partial_rollout: masks tokens"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["rollout.partial_rollout=true"], "rollout.partial_rollout: recycles groups cut off"),
+        (["algo=dapo", "rollout.n_samples_per_prompt=1"], "algo.dynamic_sampling: nonzero_reward_std drops groups"),
+        (
+            [f"rollout.dynamic_filter={NONZERO_REWARD_STD}", "rollout.n_samples_per_prompt=1"],
+            "rollout.dynamic_filter: nonzero_reward_std drops groups",
+        ),
+        (["rollout.max_sampled_groups=8"], "rollout.max_sampled_groups: 8 < rollout.batch_size=32"),
+        (["rollout.mask_offpolicy_in_partial_rollout=true"], "rollout.mask_offpolicy_in_partial_rollout: masks tokens"),
+    ],
+)
 def test_validation_rules(overrides, needle):
     errs = validate(resolved(overrides))
     assert any(needle in e for e in errs), errs
 
 
-@pytest.mark.parametrize("overrides", [
-    ["algo=dapo", "rollout.partial_rollout=true"],
-    ["rollout.partial_rollout=true", "rollout.over_sampling_batch_size=48"],
-    ["algo=dapo", "rollout.partial_rollout=true", "rollout.mask_offpolicy_in_partial_rollout=true",
-     "rollout.max_sampled_groups=320"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algo=dapo", "rollout.partial_rollout=true"],
+        ["rollout.partial_rollout=true", "rollout.over_sampling_batch_size=48"],
+        [
+            "algo=dapo",
+            "rollout.partial_rollout=true",
+            "rollout.mask_offpolicy_in_partial_rollout=true",
+            "rollout.max_sampled_groups=320",
+        ],
+    ],
+)
 def test_valid_combinations(overrides):
     assert validate(resolved(overrides)) == []
 
@@ -106,8 +124,9 @@ def scripted(correct_groups: set, *, version: str = "0", hold: frozenset = froze
 
 
 def test_dynamic_filter_over_samples_until_enough_groups_pass():
-    m = make_rollout(["algo=dapo", "rollout.batch_size=3", "rollout.n_samples_per_prompt=4",
-                      "rollout.over_sampling_batch_size=4"])
+    m = make_rollout(
+        ["algo=dapo", "rollout.batch_size=3", "rollout.n_samples_per_prompt=4", "rollout.over_sampling_batch_size=4"]
+    )
     # group indices are handed out 0, 1, 2, ...; group 7 is still generating when 6 fills the batch
     m.set_generate(scripted({1, 4, 6, 9}, hold=frozenset({7})))
     groups, metrics = m.run()
@@ -115,14 +134,21 @@ def test_dynamic_filter_over_samples_until_enough_groups_pass():
     assert all(len({s.reward for s in g}) == 2 for g in groups)
     assert metrics["rollout/sampled_groups"] == 8  # two pulls of 4
     assert metrics["rollout/dynamic_filter/dropped_groups"] == metrics["rollout/dynamic_filter/drop_zero_std_0.0"] == 4
-    assert metrics["rollout/aborted_groups"] == 1 and metrics["rollout/unused_groups"] == 0  # 0 2 3 5 dropped, 7 cut off
+    assert (
+        metrics["rollout/aborted_groups"] == 1 and metrics["rollout/unused_groups"] == 0
+    )  # 0 2 3 5 dropped, 7 cut off
     assert metrics["rollout/generated_zero_std_ratio"] == metrics["rollout/dynamic_filter/dropped_ratio"] == 4 / 7
     assert m.source.buffer == []  # no partial rollout: left-overs are discarded
 
 
 def test_zero_std_groups_fill_the_batch_when_dropping_needs_another_round_or_the_cap_is_hit():
-    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
-                      "rollout.dynamic_filter=slime_hydra.rollout.filters.nonzero_reward_std_with_fallback"])
+    m = make_rollout(
+        [
+            "rollout.batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.dynamic_filter=slime_hydra.rollout.filters.nonzero_reward_std_with_fallback",
+        ]
+    )
     m.set_generate(scripted(set()))  # every group is zero-std
     groups, metrics = m.run()
     # dropping either group would need another sampling round: both are kept, nothing more is pulled
@@ -130,8 +156,9 @@ def test_zero_std_groups_fill_the_batch_when_dropping_needs_another_round_or_the
     assert metrics["rollout/dynamic_filter/fallback_groups"] == 2 and metrics["rollout/sampled_groups"] == 2
     assert metrics["rollout/dynamic_filter/dropped_groups"] == 0
 
-    m = make_rollout(["algo=dapo", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
-                      "rollout.max_sampled_groups=6"])
+    m = make_rollout(
+        ["algo=dapo", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.max_sampled_groups=6"]
+    )
     m.set_generate(scripted({3}))
     groups, metrics = m.run()
     # only group 3 passes; after 6 sampled groups the first rejected one (0) fills the batch
@@ -142,11 +169,16 @@ def test_zero_std_groups_fill_the_batch_when_dropping_needs_another_round_or_the
 
 def test_custom_filter_hook_async_with_bound_kwargs(tmp_path, monkeypatch):
     (tmp_path / "my_filters.py").write_text(
-        "async def min_reward(cfg, group, at_least=1.0):\n"
-        "    return max(s.reward for s in group) >= at_least\n")
+        "async def min_reward(cfg, group, at_least=1.0):\n    return max(s.reward for s in group) >= at_least\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2",
-                      "+rollout.dynamic_filter={_target_: my_filters.min_reward, at_least: 1.0}"])
+    m = make_rollout(
+        [
+            "rollout.batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "+rollout.dynamic_filter={_target_: my_filters.min_reward, at_least: 1.0}",
+        ]
+    )
     m.set_generate(scripted({0, 2, 5}))
     groups, metrics = m.run()
     assert [g[0].group_index for g in groups] == [0, 2]
@@ -202,9 +234,17 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
     from slime_hydra.rollout.client import GenerateClient
 
     budget = 1000
-    m = make_rollout(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.over_sampling_batch_size=6",
-                      "rollout.partial_rollout=true", f"rollout.max_response_len={budget}", "rollout.temperature=1.0"],
-                     urls=[engine_url])
+    m = make_rollout(
+        [
+            "rollout.batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.over_sampling_batch_size=6",
+            "rollout.partial_rollout=true",
+            f"rollout.max_response_len={budget}",
+            "rollout.temperature=1.0",
+        ],
+        urls=[engine_url],
+    )
     payloads: List[Dict[str, Any]] = []
 
     async def generate(ctx, s: Sample, sp, evaluation=False):
@@ -262,8 +302,15 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
 
 def test_mask_offpolicy_in_partial_rollout():
     """A resumed sample's tokens from the earlier rollout get mask 0; the new ones mask 1."""
-    m = make_rollout(["rollout.batch_size=1", "rollout.n_samples_per_prompt=2", "rollout.partial_rollout=true",
-                      "rollout.over_sampling_batch_size=2", "rollout.mask_offpolicy_in_partial_rollout=true"])
+    m = make_rollout(
+        [
+            "rollout.batch_size=1",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.partial_rollout=true",
+            "rollout.over_sampling_batch_size=2",
+            "rollout.mask_offpolicy_in_partial_rollout=true",
+        ]
+    )
     s = Sample(prompt="1234=", label="4", status=Status.ABORTED, tokens=[3, 4, 5, 6, 12])
     s.append_response([7, 8], [-0.1, -0.2])
     s.status = Status.ABORTED
