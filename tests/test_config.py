@@ -229,3 +229,9 @@ def test_invalid_config_exits_2_with_all_problems():
                           "hydra.run.dir=/tmp/slime_hydra_bad"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "rollout.temperature" in out.stderr and "trainer.keep_checkpoints" in out.stderr
+
+
+def test_the_logprob_gap_guard_is_on_by_default_with_a_limit_for_the_dtype():
+    assert resolved(["model=qwen3_4b", "model.dtype=bfloat16"]).sync.max_logprob_diff == 0.05
+    assert resolved(["model=qwen3_4b", "model.dtype=float32"]).sync.max_logprob_diff == 1e-3
+    assert resolved(["model=qwen3_4b", "sync.max_logprob_diff=0.2"]).sync.max_logprob_diff == 0.2

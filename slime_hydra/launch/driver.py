@@ -218,7 +218,10 @@ def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> N
     on_policy = cfg.trainer.mode == "sync" and not cfg.rollout.partial_rollout  # else older weights made some tokens
     if limit is not None and gap is not None and gap > limit and on_policy:
         raise RuntimeError(f"step {step}: |rollout - trainer| log-prob gap {gap:.3g} > sync.max_logprob_diff={limit}: "
-                           "the engines do not run the trainer's weights")
+                           "the engines do not run the trainer's weights. Check that the last weight push reached "
+                           "every engine (logs/engine_*.log), that the engine's dtype matches model.dtype, and that "
+                           "rollout.temperature / top_p / top_k are what the trainer scores with (the trainer "
+                           "assumes plain temperature sampling)")
 
 
 def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:
