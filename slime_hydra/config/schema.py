@@ -279,7 +279,7 @@ class SyncConfig:
     bucket_mb: int = 512
     # fail a sync run when the mean |rollout - trainer| log-prob gap of a step exceeds this (stale or
     # corrupt weights on the engines). None: by model.dtype (config/resolve.py: 1e-3 for float32, where
-    # gaps of ~1e-7 were measured; 0.05 for bf16/fp16, where 0.0065-0.0073 were measured on H200s)
+    # gaps of ~1e-7 were measured; 0.05 for bf16/fp16, where 0.0065-0.0073 were measured on H200s); inf: off
     max_logprob_diff: Optional[float] = None
 
 

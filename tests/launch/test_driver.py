@@ -17,7 +17,7 @@ def test_logprob_gap_guard_stops_sync_runs_only():
     with pytest.raises(RuntimeError, match=r"step 7: .* 0.005 > sync.max_logprob_diff=0.001"):
         check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3"]), gap, 7)
     check_logprob_gap(resolved(["sync.max_logprob_diff=1e-2"]), gap, 7)  # under the limit
-    check_logprob_gap(resolved(["sync.max_logprob_diff=null"]), gap, 7)  # only reported
+    check_logprob_gap(resolved(["sync.max_logprob_diff=inf"]), gap, 7)  # off: only reported
     check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3"]), {}, 7)  # no metric (critic-only step)
     # one step off-policy (async) or partial rollouts: older weights made some tokens, the gap is expected
     check_logprob_gap(resolved(["sync.max_logprob_diff=1e-3", "trainer.mode=async"]), gap, 7)

@@ -37,7 +37,7 @@ ARGS = [
     "eval.before_train=false",
     "logging.progress=false",
     "logging.wandb=false",
-    "sync.max_logprob_diff=null",
+    "sync.max_logprob_diff=inf",
 ]
 
 
