@@ -79,11 +79,12 @@ def window(samples: List[dict], lo: float, hi: float, key: str) -> List[float]:
 def analyse(samples: List[dict], rows: List[dict], steps: int) -> dict:
     """Growth of each memory series and of the step time, from the window after the warm-up to the
     end; only growth counts against the tolerance (memory that shrinks is no leak)."""
+    # the last step is left out: after its row the run evaluates, saves and shuts down
     warm, tail = steps // 5, steps - max(steps // 10, 1)
     early = (warm, warm + max(steps // 10, 1))
-    out = {"warm_up_steps": warm, "early_window": list(early), "late_window": [tail, steps + 1], "groups": {}}
+    out = {"warm_up_steps": warm, "early_window": list(early), "late_window": [tail, steps], "groups": {}}
     for g in [f"{g}_{kind}" for g in GROUPS for kind in ("rss", "uss")]:
-        a, b = window(samples, *early, g), window(samples, tail, steps + 1, g)
+        a, b = window(samples, *early, g), window(samples, tail, steps, g)
         if not a or not b or statistics.mean(a) == 0:
             continue
         ma, mb = statistics.mean(a), statistics.mean(b)
@@ -91,7 +92,7 @@ def analyse(samples: List[dict], rows: List[dict], steps: int) -> dict:
                             "ok": mb / ma - 1 <= MEMORY_TOLERANCE}
     times = {r["step"]: r["perf/step_time"] for r in rows if "perf/step_time" in r}
     a = [t for s, t in times.items() if early[0] <= s < early[1]]
-    b = [t for s, t in times.items() if s >= tail]
+    b = [t for s, t in times.items() if tail <= s < steps]
     if a and b:
         ma, mb = statistics.median(a), statistics.median(b)
         out["step_time"] = {"early_s": round(ma, 3), "late_s": round(mb, 3), "growth": round(mb / ma - 1, 4),
@@ -106,7 +107,7 @@ def report(result: dict, steps: int, overrides: List[str], wall_s: float) -> str
              f"{wall_s / 60:.1f} min wall on {os.cpu_count()} cores (shared with other work: absolute times are "
              "not a benchmark). Memory: mean RSS per group of processes over steps "
              f"{result['early_window'][0]}-{result['early_window'][1] - 1} (after {result['warm_up_steps']} warm-up "
-             f"steps) and over steps {result['late_window'][0]}-{steps}; step time: medians over the same windows.",
+             f"steps) and over steps {result['late_window'][0]}-{steps - 1}; step time: medians over the same windows.",
              "", "| what | early | late | growth | within |", "| --- | --- | --- | --- | --- |"]
     for g, v in result["groups"].items():
         lines.append(f"| {g.replace('_', ' ').replace('rss', 'RSS').replace('uss', 'USS')} | {v['early_mib']} MiB | {v['late_mib']} MiB | {v['growth']:+.1%} | "
@@ -124,8 +125,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between memory samples")
     ap.add_argument("--out", default=str(ROOT / "bench" / "measured"))
+    ap.add_argument("--from-json", help="analyse the samples of an earlier run (its long_run_<steps>.json) again")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        steps = max(s for s, _ in saved["step_times"])
+        rows = [{"step": s, "perf/step_time": t} for s, t in saved["step_times"]]
+        result = analyse(saved["samples"], rows, steps)
+        print(report(result, steps, saved.get("overrides", []), saved.get("wall_s", 0.0)))
+        return 0 if result["ok"] else 1
     tag = uuid.uuid4().hex
     run_dir = ROOT / "bench" / "results" / f"long_run_{time.strftime('%Y%m%d_%H%M%S')}"
     cmd = [sys.executable, "run.py", f"hydra.run.dir={run_dir}", f"trainer.num_rollout={args.steps}",
@@ -152,7 +161,7 @@ def main() -> int:
     text = report(result, args.steps, args.overrides, wall)
     (out / f"long_run_{args.steps}.md").write_text(text)
     (out / f"long_run_{args.steps}.json").write_text(json.dumps(
-        {"result": result, "command": cmd[1:], "samples": samples,
+        {"result": result, "command": cmd[1:], "overrides": args.overrides, "wall_s": round(wall, 1), "samples": samples,
          "step_times": [[r["step"], r["perf/step_time"]] for r in rows if "perf/step_time" in r]}, indent=1))
     print(text)
     return 0 if result["ok"] else 1
