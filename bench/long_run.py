@@ -110,7 +110,8 @@ def report(result: dict, steps: int, overrides: List[str], wall_s: float) -> str
              f"steps) and over steps {result['late_window'][0]}-{steps - 1}; step time: medians over the same windows.",
              "", "| what | early | late | growth | within |", "| --- | --- | --- | --- | --- |"]
     for g, v in result["groups"].items():
-        lines.append(f"| {g.replace('_', ' ').replace('rss', 'RSS').replace('uss', 'USS')} | {v['early_mib']} MiB | {v['late_mib']} MiB | {v['growth']:+.1%} | "
+        name = g.replace("_", " ").replace("rss", "RSS").replace("uss", "USS")
+        lines.append(f"| {name} | {v['early_mib']} MiB | {v['late_mib']} MiB | {v['growth']:+.1%} | "
                      f"{'yes' if v['ok'] else 'NO'} (5 %) |")
     if "step_time" in result:
         v = result["step_time"]
@@ -161,7 +162,8 @@ def main() -> int:
     text = report(result, args.steps, args.overrides, wall)
     (out / f"long_run_{args.steps}.md").write_text(text)
     (out / f"long_run_{args.steps}.json").write_text(json.dumps(
-        {"result": result, "command": cmd[1:], "overrides": args.overrides, "wall_s": round(wall, 1), "samples": samples,
+        {"result": result, "command": cmd[1:], "overrides": args.overrides, "wall_s": round(wall, 1),
+         "samples": samples,
          "step_times": [[r["step"], r["perf/step_time"]] for r in rows if "perf/step_time" in r]}, indent=1))
     print(text)
     return 0 if result["ok"] else 1

@@ -64,7 +64,8 @@ def complete_checkpoints(run_dir: str) -> List[str]:
     if not os.path.isdir(root):
         return []
     return sorted(d for d in os.listdir(root)
-                  if d.startswith("step_") and not d.endswith(".tmp") and os.path.exists(os.path.join(root, d, "meta.json")))
+                  if d.startswith("step_") and not d.endswith(".tmp")
+                  and os.path.exists(os.path.join(root, d, "meta.json")))
 
 
 def remove_partial(run_dir: str) -> List[str]:

@@ -15,8 +15,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.lease import TOKEN_ENV
-from slime_hydra.utils.proc import HOST_ENV
 from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
+from slime_hydra.utils.proc import HOST_ENV
 
 log = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"

@@ -23,8 +23,8 @@ from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed, ray_cluster
 from slime_hydra.launch.lease import RunLease
-from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.logging.metrics import RunLogger
+from slime_hydra.plan.resources import ResourcePlan
 
 log = logging.getLogger("slime_hydra")
 

@@ -10,8 +10,8 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import ConfigError
-from slime_hydra.plan.resources import make_plan
 from slime_hydra.launch.validate import check
+from slime_hydra.plan.resources import make_plan
 
 log = logging.getLogger("slime_hydra")
 

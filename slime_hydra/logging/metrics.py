@@ -78,7 +78,8 @@ class RunLogger:
                         disable=not cfg.logging.progress)
 
     def log(self, step: int, metrics: Dict[str, Any]) -> None:
-        row = {"step": step, **{k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+        row = {"step": step,
+               **{k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
         self.history.append(row)
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()

@@ -44,7 +44,6 @@ class EngineActor:
         """Start the server; node 0 returns its URL once /health_generate answers (which needs
         every node), the other nodes return None once their process runs. Called again after the
         server failed (fault tolerance), it starts a new process on the same GPUs (and a new port)."""
-        import ray
 
         if self.proc is not None:
             self.kill()

@@ -35,8 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.rollout.engines import ServerSpec
+from slime_hydra.utils.http import EngineError, control, weight_version
 from slime_hydra.utils.proc import tail
 
 if TYPE_CHECKING:

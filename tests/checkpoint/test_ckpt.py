@@ -7,8 +7,13 @@ import os
 
 import pytest
 
-from slime_hydra.checkpoint.ckpt import complete_checkpoints, find_checkpoint, read_checkpoint, remove_partial, \
-    save_checkpoint
+from slime_hydra.checkpoint.ckpt import (
+    complete_checkpoints,
+    find_checkpoint,
+    read_checkpoint,
+    remove_partial,
+    save_checkpoint,
+)
 
 
 def trainer_files(d: str) -> None:

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_e2e import ENV, leftover_processes, metrics, run
 
 from conftest import ROOT
-from test_e2e import ENV, leftover_processes, metrics, run
 
 pytestmark = pytest.mark.e2e
 ARGS = ["trainer.num_rollout=6", "trainer.save_interval=2", "rollout.batch_size=4", "rollout.n_samples_per_prompt=4",

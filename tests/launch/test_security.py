@@ -3,12 +3,10 @@ tokens) are written nowhere in the run directory: config.yaml, logs, wandb's fil
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from test_e2e import ENV, run
 
 from slime_hydra.logging.secrets import REDACTED, redact, redact_argv, secret_values
-from test_e2e import ENV, run
 
 SECRETS = {"HF_TOKEN": "hf_not_a_real_token_9f8e7d", "MY_SERVICE_API_KEY": "sk-not-a-real-key-123456",
            "DB_PASSWORD": "pw-not-real-0042"}
@@ -39,7 +37,8 @@ def test_a_run_writes_no_secret_and_binds_loopback(tmp_path, monkeypatch):
     monkeypatch.setattr("test_e2e.ENV", env)
     run(d, "trainer.num_rollout=1", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "eval.interval=0",
         "eval.before_train=false", "logging.progress=false", "logging.wandb_mode=offline",
-        "+cluster.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}", "+cluster.env_vars.MY_SERVICE_API_KEY=${oc.env:MY_SERVICE_API_KEY}")
+        "+cluster.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}",
+        "+cluster.env_vars.MY_SERVICE_API_KEY=${oc.env:MY_SERVICE_API_KEY}")
     files = [p for p in d.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "trainer.pt" for p in files) and any(".wandb" in p.name for p in files)
     for p in files:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_e2e import ENV, TAG, metrics
 
 from conftest import ROOT
-from test_e2e import ENV, TAG, metrics
 
 pytestmark = pytest.mark.e2e
 BATCH, N, STEPS = 8, 8, 4
@@ -61,7 +61,8 @@ def busy(port: int) -> bool:
     pytest.param("stop", [], marks=pytest.mark.slow),
     # the only engine of an async run: the rollout cannot go on until the trainers push, and they have
     # moved on by a step, so the rollout is generated again with the newer weights
-    pytest.param("kill", ["parallelism.rollout_gpus=1", "trainer.mode=async"], marks=pytest.mark.slow, id="async-only")])
+    pytest.param("kill", ["parallelism.rollout_gpus=1", "trainer.mode=async"], marks=pytest.mark.slow,
+                 id="async-only")])
 def test_run_survives_an_engine_failure_mid_rollout(tmp_path, fault, overrides):
     d = tmp_path / "run"
     proc = start(d, *ARGS, *overrides)
