@@ -79,60 +79,44 @@ def window(samples: List[dict], lo: float, hi: float, key: str) -> List[float]:
 def analyse(samples: List[dict], rows: List[dict], steps: int) -> dict:
     """Growth of each memory series and of the step time, from the window after the warm-up to the
     end; only growth counts against the tolerance (memory that shrinks is no leak)."""
+    # the last step is left out: after its row the run evaluates, saves and shuts down
     warm, tail = steps // 5, steps - max(steps // 10, 1)
     early = (warm, warm + max(steps // 10, 1))
-    out = {"warm_up_steps": warm, "early_window": list(early), "late_window": [tail, steps + 1], "groups": {}}
+    out = {"warm_up_steps": warm, "early_window": list(early), "late_window": [tail, steps], "groups": {}}
     for g in [f"{g}_{kind}" for g in GROUPS for kind in ("rss", "uss")]:
-        a, b = window(samples, *early, g), window(samples, tail, steps + 1, g)
+        a, b = window(samples, *early, g), window(samples, tail, steps, g)
         if not a or not b or statistics.mean(a) == 0:
             continue
         ma, mb = statistics.mean(a), statistics.mean(b)
-        out["groups"][g] = {
-            "early_mib": round(ma, 1),
-            "late_mib": round(mb, 1),
-            "growth": round(mb / ma - 1, 4),
-            "ok": mb / ma - 1 <= MEMORY_TOLERANCE,
-        }
+        out["groups"][g] = {"early_mib": round(ma, 1), "late_mib": round(mb, 1), "growth": round(mb / ma - 1, 4),
+                            "ok": mb / ma - 1 <= MEMORY_TOLERANCE}
     times = {r["step"]: r["perf/step_time"] for r in rows if "perf/step_time" in r}
     a = [t for s, t in times.items() if early[0] <= s < early[1]]
-    b = [t for s, t in times.items() if s >= tail]
+    b = [t for s, t in times.items() if tail <= s < steps]
     if a and b:
         ma, mb = statistics.median(a), statistics.median(b)
-        out["step_time"] = {
-            "early_s": round(ma, 3),
-            "late_s": round(mb, 3),
-            "growth": round(mb / ma - 1, 4),
-            "ok": mb / ma - 1 <= STEP_TIME_TOLERANCE,
-        }
+        out["step_time"] = {"early_s": round(ma, 3), "late_s": round(mb, 3), "growth": round(mb / ma - 1, 4),
+                            "ok": mb / ma - 1 <= STEP_TIME_TOLERANCE}
     out["ok"] = all(v["ok"] for v in out["groups"].values()) and out.get("step_time", {}).get("ok", False)
     return out
 
 
 def report(result: dict, steps: int, overrides: List[str], wall_s: float) -> str:
-    lines = [
-        f"# Long run: {steps} steps of the embedded default on CPU",
-        "",
-        f"`python bench/long_run.py --steps {steps}" + (f" -- {' '.join(overrides)}" if overrides else "") + "`, "
-        f"{wall_s / 60:.1f} min wall on {os.cpu_count()} cores (shared with other work: absolute times are "
-        "not a benchmark). Memory: mean RSS per group of processes over steps "
-        f"{result['early_window'][0]}-{result['early_window'][1] - 1} (after {result['warm_up_steps']} warm-up "
-        f"steps) and over steps {result['late_window'][0]}-{steps}; step time: medians over the same windows.",
-        "",
-        "| what | early | late | growth | within |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    lines = [f"# Long run: {steps} steps of the embedded default on CPU", "",
+             f"`python bench/long_run.py --steps {steps}" + (f" -- {' '.join(overrides)}" if overrides else "") + "`, "
+             f"{wall_s / 60:.1f} min wall on {os.cpu_count()} cores (shared with other work: absolute times are "
+             "not a benchmark). Memory: mean RSS per group of processes over steps "
+             f"{result['early_window'][0]}-{result['early_window'][1] - 1} (after {result['warm_up_steps']} warm-up "
+             f"steps) and over steps {result['late_window'][0]}-{steps - 1}; step time: medians over the same windows.",
+             "", "| what | early | late | growth | within |", "| --- | --- | --- | --- | --- |"]
     for g, v in result["groups"].items():
-        lines.append(
-            f"| {g.replace('_', ' ').replace('rss', 'RSS').replace('uss', 'USS')} | {v['early_mib']} MiB | "
-            f"{v['late_mib']} MiB | {v['growth']:+.1%} | "
-            f"{'yes' if v['ok'] else 'NO'} (5 %) |"
-        )
+        name = g.replace("_", " ").replace("rss", "RSS").replace("uss", "USS")
+        lines.append(f"| {name} | {v['early_mib']} MiB | {v['late_mib']} MiB | {v['growth']:+.1%} | "
+                     f"{'yes' if v['ok'] else 'NO'} (5 %) |")
     if "step_time" in result:
         v = result["step_time"]
-        lines.append(
-            f"| step time | {v['early_s']} s | {v['late_s']} s | {v['growth']:+.1%} | "
-            f"{'yes' if v['ok'] else 'NO'} (10 %) |"
-        )
+        lines.append(f"| step time | {v['early_s']} s | {v['late_s']} s | {v['growth']:+.1%} | "
+                     f"{'yes' if v['ok'] else 'NO'} (10 %) |")
     lines += ["", f"Verdict: {'flat' if result['ok'] else 'GREW'}.", ""]
     return "\n".join(lines)
 
@@ -142,22 +126,21 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between memory samples")
     ap.add_argument("--out", default=str(ROOT / "bench" / "measured"))
+    ap.add_argument("--from-json", help="analyse the samples of an earlier run (its long_run_<steps>.json) again")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        steps = max(s for s, _ in saved["step_times"])
+        rows = [{"step": s, "perf/step_time": t} for s, t in saved["step_times"]]
+        result = analyse(saved["samples"], rows, steps)
+        print(report(result, steps, saved.get("overrides", []), saved.get("wall_s", 0.0)))
+        return 0 if result["ok"] else 1
     tag = uuid.uuid4().hex
     run_dir = ROOT / "bench" / "results" / f"long_run_{time.strftime('%Y%m%d_%H%M%S')}"
-    cmd = [
-        sys.executable,
-        "run.py",
-        f"hydra.run.dir={run_dir}",
-        f"trainer.num_rollout={args.steps}",
-        "logging.progress=false",
-        "logging.wandb=false",
-        "eval.interval=0",
-        "eval.before_train=false",
-        f"trainer.save_interval={max(args.steps // 5, 1)}",
-        *args.overrides,
-    ]
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={run_dir}", f"trainer.num_rollout={args.steps}",
+           "logging.progress=false", "logging.wandb=false", "eval.interval=0", "eval.before_train=false",
+           f"trainer.save_interval={max(args.steps // 5, 1)}", *args.overrides]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{run_dir.name}.out", "w")
     t0 = time.monotonic()
@@ -178,17 +161,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = report(result, args.steps, args.overrides, wall)
     (out / f"long_run_{args.steps}.md").write_text(text)
-    (out / f"long_run_{args.steps}.json").write_text(
-        json.dumps(
-            {
-                "result": result,
-                "command": cmd[1:],
-                "samples": samples,
-                "step_times": [[r["step"], r["perf/step_time"]] for r in rows if "perf/step_time" in r],
-            },
-            indent=1,
-        )
-    )
+    (out / f"long_run_{args.steps}.json").write_text(json.dumps(
+        {"result": result, "command": cmd[1:], "overrides": args.overrides, "wall_s": round(wall, 1),
+         "samples": samples,
+         "step_times": [[r["step"], r["perf/step_time"]] for r in rows if "perf/step_time" in r]}, indent=1))
     print(text)
     return 0 if result["ok"] else 1
 

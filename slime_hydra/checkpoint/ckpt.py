@@ -30,9 +30,8 @@ def ckpt_root(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
-def save_checkpoint(
-    run_dir: str, step: int, write: Callable[[str], None], data_state: Dict[str, Any], keep: int
-) -> str:
+def save_checkpoint(run_dir: str, step: int, write: Callable[[str], None], data_state: Dict[str, Any],
+                    keep: int) -> str:
     root = ckpt_root(run_dir)
     final = os.path.join(root, f"step_{step:06d}")
     tmp = final + ".tmp"
@@ -64,11 +63,9 @@ def complete_checkpoints(run_dir: str) -> List[str]:
     root = ckpt_root(run_dir)
     if not os.path.isdir(root):
         return []
-    return sorted(
-        d
-        for d in os.listdir(root)
-        if d.startswith("step_") and not d.endswith(".tmp") and os.path.exists(os.path.join(root, d, "meta.json"))
-    )
+    return sorted(d for d in os.listdir(root)
+                  if d.startswith("step_") and not d.endswith(".tmp")
+                  and os.path.exists(os.path.join(root, d, "meta.json")))
 
 
 def remove_partial(run_dir: str) -> List[str]:
@@ -97,17 +94,12 @@ def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
             return named
         done = complete_checkpoints(base)
         if done:
-            log.warning(
-                "checkpoints/latest names %s, which is incomplete; taking the newest complete checkpoint, %s",
-                named,
-                done[-1],
-            )
+            log.warning("checkpoints/latest names %s, which is incomplete; taking the newest complete checkpoint, %s",
+                        named, done[-1])
             return os.path.join(ckpt_root(base), done[-1])
         if resume == "auto":
-            raise FileNotFoundError(
-                f"trainer.resume=auto: checkpoints/latest names {named}, which has no meta.json "
-                "(an incomplete or deleted checkpoint), and no complete checkpoint is left"
-            )
+            raise FileNotFoundError(f"trainer.resume=auto: checkpoints/latest names {named}, which has no meta.json "
+                                    "(an incomplete or deleted checkpoint), and no complete checkpoint is left")
         return named  # config validation names it
     if resume == "auto":
         return None

@@ -71,31 +71,15 @@ class RunLogger:
 
             os.environ.setdefault("WANDB_SILENT", "true")
             run_id, resume = wandb_run_id(self.dir, resuming=cfg.trainer.resume is not None)
-            self.wandb = wandb.init(
-                project=cfg.logging.wandb_project,
-                entity=cfg.logging.wandb_entity,
-                name=cfg.run_name,
-                dir=self.dir,
-                mode=mode,
-                tags=list(cfg.logging.wandb_tags),
-                config=redacted_config(cfg),
-                id=run_id,
-                resume=resume,
-            )
-        self.bar = tqdm(
-            total=total_steps,
-            initial=start_step,
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-            disable=not cfg.logging.progress,
-        )
+            self.wandb = wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
+                                    name=cfg.run_name, dir=self.dir, mode=mode, tags=list(cfg.logging.wandb_tags),
+                                    config=redacted_config(cfg), id=run_id, resume=resume)
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                        disable=not cfg.logging.progress)
 
     def log(self, step: int, metrics: Dict[str, Any]) -> None:
-        row = {
-            "step": step,
-            **{k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-        }
+        row = {"step": step,
+               **{k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
         self.history.append(row)
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()

@@ -8,11 +8,8 @@ from test_e2e import ENV, run
 
 from slime_hydra.logging.secrets import REDACTED, redact, redact_argv, secret_values
 
-SECRETS = {
-    "HF_TOKEN": "hf_not_a_real_token_9f8e7d",
-    "MY_SERVICE_API_KEY": "sk-not-a-real-key-123456",
-    "DB_PASSWORD": "pw-not-real-0042",
-}
+SECRETS = {"HF_TOKEN": "hf_not_a_real_token_9f8e7d", "MY_SERVICE_API_KEY": "sk-not-a-real-key-123456",
+           "DB_PASSWORD": "pw-not-real-0042"}
 
 
 def test_secret_names_values_and_flags_are_redacted(monkeypatch):
@@ -20,40 +17,17 @@ def test_secret_names_values_and_flags_are_redacted(monkeypatch):
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert set(secret_values()) >= set(SECRETS.values()) and "1" not in secret_values()
-    tree = {
-        "cluster": {"env_vars": {"HF_TOKEN": "x-literal", "PATH": "/usr/bin"}},
-        "rollout": {"server_args": {"api_key": "abc", "mem_fraction_static": 0.7, "max_new_tokens": 5}},
-        "note": f"token is {SECRETS['HF_TOKEN']}",
-        "list": [SECRETS["DB_PASSWORD"], 3],
-    }
-    assert redact(tree) == {
-        "cluster": {"env_vars": {"HF_TOKEN": REDACTED, "PATH": "/usr/bin"}},
-        "rollout": {"server_args": {"api_key": REDACTED, "mem_fraction_static": 0.7, "max_new_tokens": 5}},
-        "note": f"token is {REDACTED}",
-        "list": [REDACTED, 3],
-    }
-    cmd = [
-        "python",
-        "-m",
-        "sglang.launch_server",
-        "--api-key",
-        "abc",
-        "--admin-api-key=def",
-        "--port",
-        "3000",
-        f"--served-model-name={SECRETS['MY_SERVICE_API_KEY']}",
-    ]
-    assert redact_argv(cmd) == [
-        "python",
-        "-m",
-        "sglang.launch_server",
-        "--api-key",
-        REDACTED,
-        f"--admin-api-key={REDACTED}",
-        "--port",
-        "3000",
-        f"--served-model-name={REDACTED}",
-    ]
+    tree = {"cluster": {"env_vars": {"HF_TOKEN": "x-literal", "PATH": "/usr/bin"}},
+            "rollout": {"server_args": {"api_key": "abc", "mem_fraction_static": 0.7, "max_new_tokens": 5}},
+            "note": f"token is {SECRETS['HF_TOKEN']}", "list": [SECRETS["DB_PASSWORD"], 3]}
+    assert redact(tree) == {"cluster": {"env_vars": {"HF_TOKEN": REDACTED, "PATH": "/usr/bin"}},
+                            "rollout": {"server_args": {"api_key": REDACTED, "mem_fraction_static": 0.7,
+                                                        "max_new_tokens": 5}},
+                            "note": f"token is {REDACTED}", "list": [REDACTED, 3]}
+    cmd = ["python", "-m", "sglang.launch_server", "--api-key", "abc", "--admin-api-key=def", "--port", "3000",
+           f"--served-model-name={SECRETS['MY_SERVICE_API_KEY']}"]
+    assert redact_argv(cmd) == ["python", "-m", "sglang.launch_server", "--api-key", REDACTED,
+                                f"--admin-api-key={REDACTED}", "--port", "3000", f"--served-model-name={REDACTED}"]
 
 
 @pytest.mark.e2e
@@ -61,18 +35,10 @@ def test_a_run_writes_no_secret_and_binds_loopback(tmp_path, monkeypatch):
     d = tmp_path / "run"
     env = {**ENV, **SECRETS}
     monkeypatch.setattr("test_e2e.ENV", env)
-    run(
-        d,
-        "trainer.num_rollout=1",
-        "rollout.batch_size=2",
-        "rollout.n_samples_per_prompt=2",
-        "eval.interval=0",
-        "eval.before_train=false",
-        "logging.progress=false",
-        "logging.wandb_mode=offline",
+    run(d, "trainer.num_rollout=1", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "eval.interval=0",
+        "eval.before_train=false", "logging.progress=false", "logging.wandb_mode=offline",
         "+cluster.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}",
-        "+cluster.env_vars.MY_SERVICE_API_KEY=${oc.env:MY_SERVICE_API_KEY}",
-    )
+        "+cluster.env_vars.MY_SERVICE_API_KEY=${oc.env:MY_SERVICE_API_KEY}")
     files = [p for p in d.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "trainer.pt" for p in files) and any(".wandb" in p.name for p in files)
     for p in files:
