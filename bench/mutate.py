@@ -32,7 +32,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 IGNORE = shutil.ignore_patterns(".git", ".venv", "outputs", "multirun", "__pycache__", ".pytest_cache", "results",
-                                "*.egg-info")
+                                "*.egg-info", ".cache", ".sglang-bundle", ".device-bundle", ".gpu-extra", ".gpu-stage")
 
 
 @dataclass
