@@ -126,8 +126,9 @@ class RLTrainer:
             reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
                                 max_len=max_response_len)
 
+            # these two closures run within this step, with its reducer (hence the B023 noqa)
             def value_loss(idx: Sequence[int], v: torch.Tensor):
-                return A.value_loss(algo, reducer, values=v,  # noqa: B023 - called within this step old_values=values[idx].to(v.device),
+                return A.value_loss(algo, reducer, values=v, old_values=values[idx].to(v.device),  # noqa: B023
                                     returns=returns[idx].to(v.device), loss_mask=loss_mask[idx].to(v.device))
 
             def policy_loss(idx: Sequence[int], lp: torch.Tensor, entropy: torch.Tensor):
