@@ -6,7 +6,7 @@ once on a many-core host, each run pinned to its own CPU cores (2 by default, as
 
 Per run: the held-out greedy reward at every evaluation, the final one, the first evaluation at or
 above ``--target`` (0.9) with its wall-clock seconds from the command's start (Ray start-up and
-the engine launch included), the time to the first step and the whole run's wall time. A run is
+the engine launch included), the start-up time (to the first weight push) and the whole run's wall time. A run is
 deterministic in its seed, so rewards do not depend on the host; times do (cores, their speed).
 The table goes to stdout and ``bench/results/default_seeds.md``.
 """
@@ -37,10 +37,10 @@ def seeds_arg(text: str) -> List[int]:
     return out
 
 
-def log_time(line: str, day: dt.date) -> Optional[float]:
-    """The epoch seconds of a run.log line ("HH:MM:SS LEVEL ...")."""
+def log_time(line: str) -> Optional[float]:
+    """The epoch seconds of a run.log line ("2026-01-31 12:34:56,789 INFO ...")."""
     try:
-        return dt.datetime.combine(day, dt.time.fromisoformat(line[:8])).timestamp()
+        return dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
     except ValueError:
         return None
 
@@ -64,14 +64,13 @@ def one_run(seed: int, cores: Optional[List[int]], out_dir: Path, target: float,
              if "eval/heldout/reward" in r]
     row["evals"] = [round(v, 3) for _, v in evals]
     row["final"] = round(evals[-1][1], 3)
-    day = dt.date.fromtimestamp(start)
     lines = (run_dir / "run.log").read_text().splitlines()
     # "step N: eval heldout/reward X" lines carry the wall-clock time of each evaluation
-    at = {int(ln.split("step ")[1].split(":")[0]): log_time(ln, day) for ln in lines if ": eval heldout/reward" in ln}
+    at = {int(ln.split("step ")[1].split(":")[0]): log_time(ln) for ln in lines if ": eval heldout/reward" in ln}
     hit = next((s for s, v in evals if v >= target), None)
     row["first_target_step"] = hit
     row["first_target_s"] = round(at[hit] - start, 1) if hit is not None and at.get(hit) else None
-    pushed = next((log_time(ln, day) for ln in lines if "weights v0 pushed" in ln), None)
+    pushed = next((log_time(ln) for ln in lines if "weights v0 pushed" in ln), None)
     row["first_step_s"] = round(pushed - start, 1) if pushed else None
     return row
 
@@ -110,7 +109,7 @@ def main() -> None:
         rows = list(pool.map(job, args.seeds))
     finals = [r["final"] for r in rows if "final" in r]
     hits = [r["first_target_s"] for r in rows if r.get("first_target_s") is not None]
-    lines = [f"| seed | final | first eval >= {args.target} (step, s) | first step (s) | wall (s) | held-out every eval |",
+    lines = [f"| seed | final | first eval >= {args.target} (step, s) | start-up to first push (s) | wall (s) | held-out every eval |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['seed']} | {r.get('final', 'FAILED')} | {r.get('first_target_step')}, {r.get('first_target_s')} | "
