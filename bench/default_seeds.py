@@ -6,8 +6,8 @@ once on a many-core host, each run pinned to its own CPU cores (2 by default, as
 
 Per run: the held-out greedy reward at every evaluation, the final one, the first evaluation at or
 above ``--target`` (0.9) with its wall-clock seconds from the command's start (Ray start-up and
-the engine launch included), the start-up time (to the first weight push) and the whole run's wall time. A run is
-deterministic in its seed, so rewards do not depend on the host; times do (cores, their speed).
+the engine launch included), the start-up time (to the first weight push) and the whole run's
+wall time. A run is deterministic in its seed, so rewards do not depend on the host; times do (cores, their speed).
 The table goes to stdout and ``bench/results/default_seeds.md``.
 """
 
@@ -109,10 +109,12 @@ def main() -> None:
         rows = list(pool.map(job, args.seeds))
     finals = [r["final"] for r in rows if "final" in r]
     hits = [r["first_target_s"] for r in rows if r.get("first_target_s") is not None]
-    lines = [f"| seed | final | first eval >= {args.target} (step, s) | start-up to first push (s) | wall (s) | held-out every eval |",
+    lines = [f"| seed | final | first eval >= {args.target} (step, s) | start-up to first push (s) | wall (s) | "
+             "held-out every eval |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['seed']} | {r.get('final', 'FAILED')} | {r.get('first_target_step')}, {r.get('first_target_s')} | "
+        lines.append(f"| {r['seed']} | {r.get('final', 'FAILED')} | "
+                     f"{r.get('first_target_step')}, {r.get('first_target_s')} | "
                      f"{r.get('first_step_s')} | {r['wall_s']} | {' '.join(map(str, r.get('evals', [])))} |")
     summary = (f"{sum(f >= args.target for f in finals)}/{len(rows)} runs end >= {args.target}; final "
                f"{min(finals, default=float('nan')):.3f}-{max(finals, default=float('nan')):.3f}, mean "

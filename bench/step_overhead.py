@@ -222,7 +222,8 @@ def main() -> None:
             row.update(parts(prompts, samples, max_new, args.repeats, Path(tmp)))
             results.append((size, row))
             print(size, json.dumps(row), flush=True)
-    text = (f"{table(results)}\n\nmedians over {args.steps - WARMUP} steps of a real run and {args.repeats} repetitions "
+    text = (f"{table(results)}\n\nmedians over {args.steps - WARMUP} steps of a real run and {args.repeats} "
+            "repetitions "
             f"of each part; {os.cpu_count()} CPUs; extra overrides: {' '.join(args.extra) or 'none'}\n")
     print("\n" + text)
     RESULTS.mkdir(parents=True, exist_ok=True)

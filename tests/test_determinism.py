@@ -37,7 +37,8 @@ def test_each_sample_gets_its_own_seed():
     asyncio.run(generate(ctx, s, {"max_new_tokens": 4, "temperature": 1.0}))
     seed = ctx.client.payload["sampling_params"]["sampling_seed"]
     assert seed == sampling_seed(1234, 3, 7) and 0 <= seed < 2**31
-    others = {sampling_seed(1235, 3, 7), sampling_seed(1234, 4, 7), sampling_seed(1234, 3, 8), sampling_seed(1234, "eval", 7)}
+    others = {sampling_seed(1235, 3, 7), sampling_seed(1234, 4, 7), sampling_seed(1234, 3, 8),
+              sampling_seed(1234, "eval", 7)}
     assert seed not in others and len(others) == 4
     assert "sampling_seed" not in seeded(ctx, s, {"temperature": 0.0}, False)
     assert seeded(ctx, s, {"sampling_seed": 5}, False) == {"sampling_seed": 5}
@@ -55,4 +56,5 @@ def test_same_seed_same_run(tmp_path):
     assert "rollout/reward_mean" in keep and "eval/heldout/reward" in rows[0][3]
     assert sum(r["rollout/response_len_mean"] for r in rows[0][1:]) > 0  # tokens were sampled
     for a, b in zip(*rows, strict=True):
-        assert {k: a.get(k) for k in keep + ["eval/heldout/reward"]} == {k: b.get(k) for k in keep + ["eval/heldout/reward"]}
+        cols = keep + ["eval/heldout/reward"]
+        assert {k: a.get(k) for k in cols} == {k: b.get(k) for k in cols}

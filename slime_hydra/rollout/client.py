@@ -35,7 +35,8 @@ def control(url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, me
             timeout: float = 600.0) -> Any:
     """One control call; raises EngineError on a transport error, a non-2xx status or success=false."""
     try:
-        r = _client().request(method, url.rstrip("/") + path, json=payload if method != "GET" else None, timeout=timeout)
+        r = _client().request(method, url.rstrip("/") + path, json=payload if method != "GET" else None,
+                              timeout=timeout)
     except httpx.HTTPError as e:
         raise EngineError(f"{method} {url}{path} failed: {e!r}") from e
     body: Any = None

@@ -50,7 +50,8 @@ class SamplingParams:
         if d:
             log.debug("ignoring unsupported sampling params %s", sorted(d))
         sp = cls(**known)
-        if sp.sampling_seed is not None and (isinstance(sp.sampling_seed, bool) or not isinstance(sp.sampling_seed, int)):
+        seed = sp.sampling_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"sampling_seed must be an integer, got {sp.sampling_seed!r}")
         if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.max_new_tokens < 0:
             raise ValueError(f"bad sampling params: temperature={sp.temperature} top_p={sp.top_p} max_new_tokens={sp.max_new_tokens}")
@@ -128,7 +129,8 @@ class EmbeddedEngine:
         self.groups[group_name] = transport.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
 
     def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
-                                group_name: str, version: Optional[str] = None, load_format: Optional[str] = None) -> None:
+                                group_name: str, version: Optional[str] = None,
+                                load_format: Optional[str] = None) -> None:
         """One bucket broadcast by the trainer: tensor by tensor, or with ``load_format="flattened_bucket"``
         (as SGLang) one buffer of one dtype that holds them all."""
         if load_format not in (None, "flattened_bucket"):
@@ -136,7 +138,8 @@ class EmbeddedEngine:
         group = self.groups.get(group_name)
         if group is None:
             raise ValueError(f"no weights-update group {group_name!r}; call /init_weights_update_group first")
-        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device, flattened=load_format == "flattened_bucket")
+        bufs = transport.receive_broadcast(group, dtypes, shapes, self.device,
+                                           flattened=load_format == "flattened_bucket")
         self.load_weights(list(zip(names, bufs)), version)
 
     def destroy_group(self, group_name: str) -> None:
@@ -174,7 +177,8 @@ class EmbeddedEngine:
         """One uniform in [0, 1) per row, in float64: a seeded request's from its own stream (so what
         it samples does not depend on the other requests in the batch or on their order), the others'
         from the engine's generator."""
-        free = iter(torch.rand(sum(g is None for g in streams), dtype=torch.float64, generator=self.cpu_generator).tolist())
+        unseeded = sum(g is None for g in streams)
+        free = iter(torch.rand(unseeded, dtype=torch.float64, generator=self.cpu_generator).tolist())
         return torch.tensor([next(free) if g is None else torch.rand(1, dtype=torch.float64, generator=g).item()
                              for g in streams], dtype=torch.float64)
 

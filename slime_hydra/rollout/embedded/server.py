@@ -221,7 +221,8 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
     def info() -> Dict[str, Any]:
         return {**server_args, "weight_version": engine.weight_version, "version": VERSION,
                 "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "disaggregation_mode": "null",
-                "released_tags": sorted(engine.released), "internal_states": [{"max_batch": max_batch, "recent_batches": list(worker.recent)}]}
+                "released_tags": sorted(engine.released),
+                "internal_states": [{"max_batch": max_batch, "recent_batches": list(worker.recent)}]}
 
     @route("/server_info", "/get_server_info")
     async def server_info(req: HTTPRequest):
