@@ -83,6 +83,8 @@ def test_bad_requests_are_400(engine_url):
     assert gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"top_p": 2.0}})[0] == 400
     code, body = gen(engine_url, {"input_ids": []})
     assert code == 400 and "error" in body
+    r = httpx.post(engine_url + "/generate", content=b"{not json", timeout=60)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 
 def test_info_endpoints(engine_url, tiny_ckpt):

@@ -3,11 +3,11 @@
 A good task for a tiny random-init model under RL has a rule readable from the prompt, a large
 prompt space (so held-out prompts test the rule, not memory) and a short answer (so random sampling
 sometimes hits it). ``max_digit``: the prompt is four digits and ``=``, the answer the largest digit
-("3815=" -> "8"). A random policy scores about 1/576 (one right digit, then end-of-sequence, out of
-24 tokens each). The answers are skewed (the largest of four digits is 9 for 34% of prompts, 8 for
-25%, 7 for 17%, ...), and the tiny model learns them from the top down: greedy held-out accuracy
-climbs a staircase (0.35 "always 9", 0.6, 0.76, 0.84-0.87, 0.9+) and mostly ends at 0.84-0.95 after
-150 GRPO steps (bench/measured/seed_sweeps.md).
+("3815=" -> "8"). The answers are skewed (the largest of four digits is 9 for 34% of prompts, 8 for
+25%, 7 for 17%, ... 4 or less for 6%), and the tiny model learns them from the top down. The tiny
+recipe samples one-token answers, so a random policy scores 1/24 (with answers of up to 4 tokens,
+about 1/576: the digit, then end-of-sequence, and runs often stalled on a plateau); seeds 1-10 end
+at 0.91-1.00 held-out after 150 GRPO steps (bench/measured/seed_sweeps.md).
 
 ``calc``: a tool-use task for the multi-turn example (``examples/calculator``, tokenizer
 ``builtin:calc``). The prompt is an expression whose value is one digit but which the tiny model
