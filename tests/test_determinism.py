@@ -9,24 +9,30 @@ import copy
 from types import SimpleNamespace
 
 import pytest
+from test_e2e import metrics, run
 
 from slime_hydra.rollout.generate import GenerateContext, generate, sampling_seed, seeded
 from slime_hydra.rollout.sample import Sample
-from test_e2e import metrics, run
 
 
 class Engine:
     async def post(self, path, payload):
         self.payload = copy.deepcopy(payload)
-        return {"text": "9", "output_ids": [11],
-                "meta_info": {"output_token_logprobs": [[-0.3, 11, None]], "finish_reason": {"type": "stop"}}}
+        return {
+            "text": "9",
+            "output_ids": [11],
+            "meta_info": {"output_token_logprobs": [[-0.3, 11, None]], "finish_reason": {"type": "stop"}},
+        }
 
 
 def _ctx(seed):
     from slime_hydra.data.tokenizer import builtin_tokenizer
 
-    return GenerateContext(cfg=SimpleNamespace(rollout=SimpleNamespace(seed=seed)),
-                           tokenizer=builtin_tokenizer("builtin:digits"), client=Engine())
+    return GenerateContext(
+        cfg=SimpleNamespace(rollout=SimpleNamespace(seed=seed)),
+        tokenizer=builtin_tokenizer("builtin:digits"),
+        client=Engine(),
+    )
 
 
 def test_each_sample_gets_its_own_seed():
@@ -37,8 +43,12 @@ def test_each_sample_gets_its_own_seed():
     asyncio.run(generate(ctx, s, {"max_new_tokens": 4, "temperature": 1.0}))
     seed = ctx.client.payload["sampling_params"]["sampling_seed"]
     assert seed == sampling_seed(1234, 3, 7) and 0 <= seed < 2**31
-    others = {sampling_seed(1235, 3, 7), sampling_seed(1234, 4, 7), sampling_seed(1234, 3, 8),
-              sampling_seed(1234, "eval", 7)}
+    others = {
+        sampling_seed(1235, 3, 7),
+        sampling_seed(1234, 4, 7),
+        sampling_seed(1234, 3, 8),
+        sampling_seed(1234, "eval", 7),
+    }
     assert seed not in others and len(others) == 4
     assert "sampling_seed" not in seeded(ctx, s, {"temperature": 0.0}, False)
     assert seeded(ctx, s, {"sampling_seed": 5}, False) == {"sampling_seed": 5}
@@ -49,12 +59,18 @@ def test_each_sample_gets_its_own_seed():
 def test_same_seed_same_run(tmp_path):
     """Two short runs of the default with the same seed write the same metrics.jsonl, but for the
     timings and the engine-vs-trainer log-prob gap (float noise that depends on the batch)."""
-    args = ["trainer.num_rollout=6", "eval.interval=3", "logging.progress=false", "logging.wandb=false",
-            "trainer.save_interval=0"]
+    args = [
+        "trainer.num_rollout=6",
+        "eval.interval=3",
+        "logging.progress=false",
+        "logging.wandb=false",
+        "trainer.save_interval=0",
+    ]
     rows = [metrics(d) for d in (tmp_path / "a", tmp_path / "b") if run(d, *args)]
     keep = [k for k in rows[0][1] if not k.startswith("perf/") and k != "train/train_rollout_logprob_abs_diff"]
     assert "rollout/reward_mean" in keep and "eval/heldout/reward" in rows[0][3]
     assert sum(r["rollout/response_len_mean"] for r in rows[0][1:]) > 0  # tokens were sampled
     for a, b in zip(*rows, strict=True):
-        cols = keep + ["eval/heldout/reward"]
-        assert {k: a.get(k) for k in cols} == {k: b.get(k) for k in cols}
+        assert {k: a.get(k) for k in keep + ["eval/heldout/reward"]} == {
+            k: b.get(k) for k in keep + ["eval/heldout/reward"]
+        }

@@ -159,6 +159,10 @@ def _fail(message: str, status: int = 400, **extra) -> JSONResponse:
     return JSONResponse({"success": False, "message": message, **extra}, status_code=status)
 
 
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
 def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: int = 256) -> "GenerateFirst":
     """Plain Starlette routes: FastAPI's per-request work (dependency solving, cookie parsing,
     telemetry hooks) took about a third of the server's time on a rollout of 128 tiny requests."""
