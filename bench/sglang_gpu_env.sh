@@ -10,10 +10,10 @@ if [ ! -d /tmp/sglang-site/site/sglang ]; then
   else echo "no SGLang stack: run 'source .sglang-bundle/install.sh' first (carry .sglang-bundle)"; return 1; fi
 fi
 export PYTHONPATH=/tmp/sglang-site/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-if ls .gpu-extra/*.whl >/dev/null 2>&1; then
+if ls .gpu-extra/*.whl >/dev/null 2>&1; then  # carried in this call, or installed by an earlier one
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu-extra/*.whl || return 1
-  export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+[ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
 python3 -c "import sglang, sglang_router, ray, hydra, torch, transformers; \
 print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, \
 'ray', ray.__version__)" || { echo "the stack does not import (see above)"; return 1; }

@@ -1,0 +1,313 @@
+"""GRPO through run.py with trainer=megatron and rollout=sglang on several GPUs of one machine, one layout
+after another, in one device call (issue 13).
+
+    source .device-bundle/install.sh && bash bench/scale_gpu.sh            # (after the SGLang bundle: see there)
+    LAYOUTS=pp2_tp2_4gpu,split_2_2 STEPS=4 bash bench/scale_gpu.sh
+
+Each layout runs ``python run.py`` on a random-weight checkpoint of a real model's shape (Qwen3-4B; a
+Qwen3-30B-A3B shape cut to fewer layers for the MoE layout), prompts of 64 random words, 32 prompts x 8
+samples x 256 new tokens a step, and a reward that varies within a group (the share of even token ids in
+the response: bench/gpu_rewards.py), so every step has advantages, gradients and new weights to push: the train/rollout
+log-prob gap after a push checks the sync. Per layout it reports, over the steps after the first:
+seconds per step split into rollout, train and sync; training tokens/s per trainer GPU and MFU; sync
+seconds per GB; peak memory per GPU (nvidia-smi, every 0.5 s); start-up time; the log-prob gap.
+
+MFU counts 8 x (matmul parameters per token) FLOPs per trained token, the log-prob recompute's forward
+(2N) and the training step's forward and backward (6N), against the 790 TFLOP/s bf16 matmul peak
+measured on the H200 (bench/megatron_gpu.py); attention's quadratic FLOPs are left out (sequences of
+320 tokens). ``--cpu``: a dry run of this script on a CPU machine (tiny model, torch trainer, embedded
+engine), to check its own code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, HERE]
+
+WORK = "/tmp/scalebench"
+PROMPTS, SAMPLES, NEW_TOKENS, PROMPT_WORDS = 32, 8, 256, 64
+PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on the H200 (bench/megatron_gpu.py)
+# what conf/rollout/sglang.yaml leaves to the deployment: the SGLang bundle has no FA3 kernels
+SERVER_ARGS = ["rollout.server_args.mem_fraction_static=0.5", "+rollout.server_args.attention_backend=triton",
+               "+rollout.server_args.sampling_backend=pytorch", "+rollout.server_args.grammar_backend=none"]
+SPLIT = ["trainer.mode=async", "+rollout.server_args.disable_prefill_cuda_graph=true"]
+MOE = ["model.arch.num_layers=8"]  # the Qwen3-30B-A3B shape, 8 of its 48 layers (5.4B parameters)
+LAYOUTS: Dict[str, Dict[str, Any]] = {
+    "colocate_4gpu": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=colocate_4gpu"]},
+    "pp2_tp2_4gpu": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=pp2_tp2_4gpu"]},
+    "split_2_2": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=split_2_2", *SPLIT]},
+    "moe_ep4_4gpu": {"model": "qwen3_30b_a3b", "gpus": 4, "args": [
+        "parallelism=colocate_4gpu", "parallelism.tensor_parallel=1", "parallelism.expert_parallel=4", *MOE]},
+    # --cpu: the script's own plumbing
+    "cpu": {"model": "tiny", "gpus": 2, "args": ["parallelism=cpu", "trainer=torch", "rollout=embedded"]},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------- build
+def arch_of(preset: str, overrides: List[str]):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from slime_hydra.config.schema import ArchConfig
+    from slime_hydra.config.store import register_configs
+
+    register_configs()
+    arch_over = [o for o in overrides if o.startswith("model.arch.")]
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        node = compose("config", overrides=[f"model={preset}", *arch_over]).model.arch
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), node))
+
+
+def build_checkpoint(out: str, arch, device: str) -> None:
+    """Random bf16 weights of ``arch`` (initialised on ``device``: minutes on a CPU for 4B) and a
+    word-level tokenizer over its vocabulary ("t0", "t1", ...)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from slime_hydra.checkpoint.hf import hf_config
+
+    if os.path.exists(os.path.join(out, "config.json")):
+        return
+    vocab = ["<pad>", "<eos>"] + [f"t{i}" for i in range(arch.vocab_size - 2)]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config(arch, pad_token_id=0, eos_token_id=1),
+                                                 dtype=torch.bfloat16)
+    model.save_pretrained(out + ".tmp")
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(out + ".tmp")
+    os.replace(out + ".tmp", out)
+    del model
+
+
+def write_data(path: str) -> None:
+    rng = random.Random(0)
+    with open(path, "w") as f:
+        for _ in range(4096):
+            words = " ".join(f"t{rng.randrange(1000)}" for _ in range(PROMPT_WORDS))
+            f.write(json.dumps({"prompt": words, "label": ""}) + "\n")
+
+
+def matmul_params(arch) -> int:
+    """Parameters in a matmul per token: attention and MLP (the routed experts a token visits, the
+    router) of every layer, and the LM head."""
+    h, d = arch.hidden_size, arch.head_dim or arch.hidden_size // arch.num_heads
+    attn = h * d * (2 * arch.num_heads + 2 * arch.num_kv_heads)
+    if getattr(arch, "num_experts", None):
+        mlp = 3 * h * arch.moe_intermediate_size * arch.num_experts_per_tok + h * arch.num_experts
+    else:
+        mlp = 3 * h * arch.intermediate_size
+    return arch.num_layers * (attn + mlp) + arch.vocab_size * h
+
+
+# ---------------------------------------------------------------------------------------- run
+class GpuMemory:
+    """nvidia-smi every 0.5 s: each GPU's peak memory and mean utilisation while a run is going."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,memory.used,utilization.gpu",
+                                      "--format=csv,noheader,nounits", "-lms", "500"],
+                                     stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+
+    def stop(self) -> Dict[str, Any]:
+        self.proc.terminate()
+        self.proc.wait()
+        per: Dict[str, List[List[float]]] = {}
+        for line in open(self.path):
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                per.setdefault(f"gpu{int(parts[0])}", []).append([float(parts[1]), float(parts[2])])
+            except (ValueError, IndexError):
+                continue
+        return {g: {"peak_gib": round(max(m for m, _ in v) / 1024, 1),
+                    "mean_util": round(statistics.mean(u for _, u in v), 1)} for g, v in per.items()}
+
+
+def read_rows(path: str) -> List[Dict[str, Any]]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int, limit_s: float,
+               cpu: bool) -> Dict[str, Any]:
+    from slime_hydra.utils.proc import kill_tree, spawn, tail
+
+    run_dir = os.path.join(WORK, f"run_{name}")
+    subprocess.run(["rm", "-rf", run_dir])
+    args = [f"model={spec['model']}", f"model.path={ckpt}", "model.tokenizer=null", "data=jsonl",
+            f"data.path={data}", "data.apply_chat_template=false", "eval.datasets=[]",
+            f"rollout.batch_size={PROMPTS}", f"rollout.n_samples_per_prompt={SAMPLES}",
+            f"rollout.max_response_len={NEW_TOKENS}", f"trainer.num_rollout={steps}", "trainer.save_interval=1000",
+            "reward.type=custom", "reward.custom=gpu_rewards.even_tokens", "algo.kl_loss_coef=0.0",
+            "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05"]
+    if not cpu:
+        args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS]
+    args += spec["args"]
+    cmd = [sys.executable, os.path.join(ROOT, "run.py"), *args, f"hydra.run.dir={run_dir}"]
+    out: Dict[str, Any] = {"layout": name, "command": "python run.py " + " ".join(cmd[2:])}
+    log(out["command"])
+    console = os.path.join(WORK, f"run_{name}.out")
+    open(console, "w").close()
+    gpus = None if cpu else GpuMemory(os.path.join(WORK, f"gpu_{name}.csv"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    t0 = time.perf_counter()
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    first_row_at: Optional[float] = None
+    proc = spawn(cmd, console, env=env)
+    while proc.poll() is None and time.perf_counter() - t0 < limit_s:
+        time.sleep(0.5)
+        if first_row_at is None and any("perf/step_time" in r for r in read_rows(metrics)):
+            first_row_at = time.perf_counter() - t0
+    if proc.poll() is None:
+        log(f"{name}: over its {limit_s:.0f} s, stopped")
+        kill_tree(proc, timeout=20)
+    out["returncode"] = proc.returncode
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    out["rows"] = read_rows(metrics)
+    steps = [r for r in out["rows"] if "perf/step_time" in r]
+    if first_row_at is not None and steps:  # launch -> the first step begins
+        out["startup_s"] = round(first_row_at - steps[0]["perf/step_time"], 1)
+    if gpus is not None:
+        out["gpus"] = gpus.stop()
+    out["console_tail"] = tail(console, 40)
+    logs = os.path.join(run_dir, "logs")
+    out["log_tails"] = {f: tail(os.path.join(logs, f), 15) for f in sorted(os.listdir(logs))} \
+        if os.path.isdir(logs) else {}
+    log(f"{name}: rc={proc.returncode}, {len(out['rows'])} steps in {out['wall_s']} s")
+    return out
+
+
+# ------------------------------------------------------------------------------------- report
+def summarize(res: Dict[str, Any], arch, trainer_gpus: int) -> Dict[str, Any]:
+    steps = [r for r in res["rows"] if "perf/step_time" in r]
+    rows = steps[1:] or steps  # after the first step (warm-up)
+
+    def med(key: str) -> Optional[float]:
+        vals = [r[key] for r in rows if key in r]
+        return statistics.median(vals) if vals else None
+
+    s: Dict[str, Any] = {"steps": len(steps), "returncode": res["returncode"],
+                         "startup_s": res.get("startup_s")}
+    for k in ("step_time", "rollout_wait_time", "train_time", "weight_sync_time"):
+        s[k] = med(f"perf/{k}")
+    tokens = med("rollout/response_tokens")
+    samples = med("rollout/samples")
+    if tokens and samples and s["train_time"]:
+        trained = tokens + samples * PROMPT_WORDS
+        s["train_tokens_per_s_per_gpu"] = round(trained / s["train_time"] / trainer_gpus)
+        s["mfu"] = round(8 * matmul_params(arch) * s["train_tokens_per_s_per_gpu"] / (PEAK_TFLOPS * 1e12), 4)
+    gb = med("perf/weight_sync_bytes")
+    if gb and s["weight_sync_time"]:
+        s["sync_gb"] = round(gb / 1e9, 2)
+        s["sync_s_per_gb"] = round(s["weight_sync_time"] / (gb / 1e9), 3)
+    gap = "train/train_rollout_logprob_abs_diff"
+    gaps = [r[gap] for r in res["rows"] if gap in r]
+    s["logprob_gap_max"] = max(gaps) if gaps else None
+    s["reward_mean"] = [round(r.get("rollout/reward_mean", float("nan")), 4) for r in steps]
+    s["grad_norm"] = [round(r.get("train/grad_norm", float("nan")), 4) for r in steps]
+    s["peak_gib_per_gpu"] = {g: v["peak_gib"] for g, v in (res.get("gpus") or {}).items()}
+    return s
+
+
+def report(results: Dict[str, Any], path: str) -> None:
+    with open(path + ".json.tmp", "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    os.replace(path + ".json.tmp", path + ".json")
+
+    def cell(v, fmt=".2f"):
+        return "-" if v is None else format(v, fmt)
+
+    lines = [f"# GRPO with trainer=megatron, rollout=sglang on {results.get('gpu', '?')}", "",
+             f"{PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens a step, {PROMPT_WORDS}-token "
+             "prompts, random bf16 weights; medians over the steps after the first. train tokens/s and MFU "
+             "per trainer GPU (8N FLOPs per token: recompute forward + training step); sync with offload "
+             "and onload where colocated.", "",
+             "| layout | model | steps | start-up s | step s | rollout s | train s | sync s | sync s/GB | "
+             "train tok/s/GPU | MFU | log-prob gap max | peak GiB per GPU |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in results["layouts"].items():
+        s = r.get("summary", {})
+        peaks = " ".join(f"{v:.0f}" for v in s.get("peak_gib_per_gpu", {}).values()) or "-"
+        lines.append(f"| {name} | {r.get('model')} | {s.get('steps', 0)} (rc {s.get('returncode')}) | "
+                     f"{cell(s.get('startup_s'), '.0f')} | {cell(s.get('step_time'))} | "
+                     f"{cell(s.get('rollout_wait_time'))} | {cell(s.get('train_time'))} | "
+                     f"{cell(s.get('weight_sync_time'))} | {cell(s.get('sync_s_per_gb'), '.3f')} | "
+                     f"{cell(s.get('train_tokens_per_s_per_gpu'), '.0f')} | {cell(s.get('mfu'), '.3f')} | "
+                     f"{cell(s.get('logprob_gap_max'), '.4f')} | {peaks} |")
+    lines += ["", "Commands:", ""] + [f"- {n}: `{r.get('command')}`" for n, r in results["layouts"].items()]
+    with open(path + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", default=os.environ.get("LAYOUTS", "pp2_tp2_4gpu,split_2_2,colocate_4gpu"))
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", 4)))
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 540)),
+                    help="seconds for everything; each layout gets an equal share of what is left")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--cpu", action="store_true", help="dry run of this script on a CPU machine")
+    args = ap.parse_args()
+    if args.cpu:  # the tiny model's context is 64 tokens
+        global NEW_TOKENS, PROMPT_WORDS
+        NEW_TOKENS, PROMPT_WORDS = 16, 8
+    t0 = time.perf_counter()
+    names = ["cpu"] if args.cpu else [n for n in args.layouts.split(",") if n]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        sys.exit(f"unknown layouts {unknown}; known: {sorted(LAYOUTS)}")
+    os.makedirs(WORK, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    data = os.path.join(WORK, "prompts.jsonl")
+    write_data(data)
+    results: Dict[str, Any] = {"layouts": {}, "steps": args.steps}
+    if not args.cpu:
+        import torch
+
+        results["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}"
+    path = os.path.join(args.out, "scale_gpu")
+    for i, name in enumerate(names):
+        spec = LAYOUTS[name]
+        arch = arch_of(spec["model"], spec["args"])
+        ckpt = os.path.join(WORK, f"{spec['model']}_{arch.num_layers}l")
+        tb = time.perf_counter()
+        build_checkpoint(ckpt, arch, "cpu" if args.cpu else "cuda")
+        log(f"{name}: checkpoint {ckpt} ready in {time.perf_counter() - tb:.0f} s")
+        left = args.budget - (time.perf_counter() - t0)
+        if left < 60:
+            log(f"{name}: skipped, {left:.0f} s left of the budget")
+            continue
+        res = run_layout(name, spec, ckpt, data, args.steps, left / (len(names) - i), args.cpu)
+        trainer_gpus = 1 if args.cpu else {"split_2_2": 2}.get(name, spec["gpus"])
+        res["model"] = f"{spec['model']} ({arch.num_layers} layers)"
+        res["summary"] = summarize(res, arch, trainer_gpus)
+        results["layouts"][name] = res
+        report(results, path)
+    failed = [n for n, r in results["layouts"].items() if r["returncode"] != 0 or r["summary"]["steps"] < args.steps]
+    sys.exit(1 if failed or len(results["layouts"]) < len(names) else 0)
+
+
+if __name__ == "__main__":
+    main()
