@@ -42,6 +42,7 @@ PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on the H200 (bench/megatron_gp
 SERVER_ARGS = ["rollout.server_args.mem_fraction_static=0.5", "+rollout.server_args.attention_backend=triton",
                "+rollout.server_args.sampling_backend=pytorch", "+rollout.server_args.grammar_backend=none"]
 SPLIT = ["trainer.mode=async", "+rollout.server_args.disable_prefill_cuda_graph=true"]
+TWO = ["parallelism=1gpu", "parallelism.gpus_per_node=2", "parallelism.trainer_gpus=2"]
 MOE = ["model.arch.num_layers=8"]  # the Qwen3-30B-A3B shape, 8 of its 48 layers (5.4B parameters)
 LAYOUTS: Dict[str, Dict[str, Any]] = {
     "colocate_4gpu": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=colocate_4gpu"]},
@@ -49,6 +50,16 @@ LAYOUTS: Dict[str, Dict[str, Any]] = {
     "split_2_2": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=split_2_2", *SPLIT]},
     "moe_ep4_4gpu": {"model": "qwen3_30b_a3b", "gpus": 4, "args": [
         "parallelism=colocate_4gpu", "parallelism.tensor_parallel=1", "parallelism.expert_parallel=4", *MOE]},
+    # two GPUs (nvidia-h200-x2)
+    "tp2_2gpu": {"model": "qwen3_4b", "gpus": 2, "args": [
+        *TWO, "parallelism.name=tp2_2gpu", "parallelism.colocate=true", "parallelism.tensor_parallel=2",
+        "parallelism.gpus_per_engine=2"]},
+    "pp2_2gpu": {"model": "qwen3_4b", "gpus": 2, "args": [
+        *TWO, "parallelism.name=pp2_2gpu", "parallelism.colocate=true", "parallelism.pipeline_parallel=2",
+        "parallelism.gpus_per_engine=2"]},
+    "split_1_1": {"model": "qwen3_4b", "gpus": 1, "args": [
+        *TWO, "parallelism.name=split_1_1", "parallelism.colocate=false", "parallelism.trainer_gpus=1",
+        "parallelism.rollout_gpus=1", *SPLIT]},
     # --cpu: the script's own plumbing
     "cpu": {"model": "tiny", "gpus": 2, "args": ["parallelism=cpu", "trainer=torch", "rollout=embedded"]},
 }
@@ -162,7 +173,8 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
             "reward.type=custom", "reward.custom=gpu_rewards.even_tokens", "algo.kl_loss_coef=0.0",
             "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05"]
     if not cpu:
-        args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS]
+        args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS,
+                 "trainer.micro_batch_size=16", "trainer.max_tokens_per_micro_batch=8192"]
     args += spec["args"]
     cmd = [sys.executable, os.path.join(ROOT, "run.py"), *args, f"hydra.run.dir={run_dir}"]
     out: Dict[str, Any] = {"layout": name, "command": "python run.py " + " ".join(cmd[2:])}
@@ -263,7 +275,7 @@ def report(results: Dict[str, Any], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layouts", default=os.environ.get("LAYOUTS", "pp2_tp2_4gpu,split_2_2,colocate_4gpu"))
+    ap.add_argument("--layouts", default=os.environ.get("LAYOUTS", "split_1_1,tp2_2gpu,pp2_2gpu"))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", 4)))
     ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 540)),
                     help="seconds for everything; each layout gets an equal share of what is left")
@@ -300,7 +312,7 @@ def main() -> None:
             log(f"{name}: skipped, {left:.0f} s left of the budget")
             continue
         res = run_layout(name, spec, ckpt, data, args.steps, left / (len(names) - i), args.cpu)
-        trainer_gpus = 1 if args.cpu else {"split_2_2": 2}.get(name, spec["gpus"])
+        trainer_gpus = 1 if args.cpu else {"split_2_2": 2}.get(name, spec["gpus"])  # gpus: the trainer's
         res["model"] = f"{spec['model']} ({arch.num_layers} layers)"
         res["summary"] = summarize(res, arch, trainer_gpus)
         results["layouts"][name] = res
