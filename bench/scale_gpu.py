@@ -40,7 +40,9 @@ PROMPTS, SAMPLES, NEW_TOKENS, PROMPT_WORDS = 32, 8, 256, 64
 PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on the H200 (bench/megatron_gpu.py)
 # what conf/rollout/sglang.yaml leaves to the deployment: the SGLang bundle has no FA3 kernels
 SERVER_ARGS = ["rollout.server_args.mem_fraction_static=0.5", "+rollout.server_args.attention_backend=triton",
-               "+rollout.server_args.sampling_backend=pytorch", "+rollout.server_args.grammar_backend=none"]
+               "+rollout.server_args.sampling_backend=pytorch", "+rollout.server_args.grammar_backend=none",
+               # 8 decode graphs, not 36 (SGLang's list up to 256): 72 s of capture for the 4B shape otherwise
+               "+rollout.server_args.cuda_graph_bs_decode=[1,4,16,32,64,128,192,256]"]
 SPLIT = ["trainer.mode=async", "+rollout.server_args.disable_prefill_cuda_graph=true"]
 TWO = ["parallelism=1gpu", "parallelism.gpus_per_node=2", "parallelism.trainer_gpus=2"]
 MOE = ["model.arch.num_layers=8"]  # the Qwen3-30B-A3B shape, 8 of its 48 layers (5.4B parameters)
@@ -275,7 +277,7 @@ def report(results: Dict[str, Any], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layouts", default=os.environ.get("LAYOUTS", "split_1_1,tp2_2gpu,pp2_2gpu"))
+    ap.add_argument("--layouts", default=os.environ.get("LAYOUTS", "tp2_2gpu,pp2_2gpu,split_1_1"))
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", 4)))
     ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 540)),
                     help="seconds for everything; each layout gets an equal share of what is left")

@@ -29,6 +29,7 @@ class EngineActor:
         self.startup_timeout = startup_timeout
         self.proc = None
         self.url: Optional[str] = None
+        self.base_gpu = 0
 
     def reserve_dist_init_addr(self) -> str:
         """Node 0 of a multi-node engine: the address the other nodes join."""
@@ -69,8 +70,13 @@ class EngineActor:
 
         host = host or node_ip()
         gpu_ids = ray.get_gpu_ids() if self.spec.device == "cuda" else []
-        base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
-        return make_engine(self.spec).command(host, port, base_gpu, nccl_port=free_port(host))
+        self.base_gpu = int(min(map(int, gpu_ids))) if gpu_ids else 0
+        return make_engine(self.spec).command(host, port, self.base_gpu, nccl_port=free_port(host))
+
+    def first_gpu(self) -> int:
+        """The physical GPU of the server's first tensor-parallel rank on this node; rank j uses the
+        j-th GPU from there (SGLang's ``base_gpu_id``)."""
+        return self.base_gpu
 
     def failure(self) -> Optional[str]:
         """None while the server runs (or before it starts, or after stop()); else how it ended."""

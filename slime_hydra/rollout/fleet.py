@@ -97,6 +97,7 @@ class EngineHandle:
     rank: int
     url: str
     gpus: int = 1
+    first_gpu: int = 0  # the physical GPU of its tensor-parallel rank 0 (rank j on first_gpu + j)
     actors: List[Any] = field(default_factory=list)
     logs: List[str] = field(default_factory=list)
     state: str = SERVING
@@ -160,6 +161,7 @@ class EngineFleet:
         starts = [[a.start.remote() for a in e.actors] for e in engines]  # all engines start at once
         for e, refs in zip(engines, starts):
             e.url = ray.get(refs)[0]
+            e.first_gpu = ray.get(e.actors[0].first_gpu.remote())
         fleet = cls(engines, fault_tolerance=fault_tolerance)
         fleet.launch = launch
         kind = specs[0][0].engine if specs else "no"
@@ -195,9 +197,10 @@ class EngineFleet:
         return self.router.url if self.router is not None else self.engines[0].url
 
     def endpoints(self) -> List[Dict[str, Any]]:
-        """Where the trainer pushes weights: each running engine's URL and GPU count (serving, or
-        restarted and waiting for the weights)."""
-        return [{"url": e.url, "gpus": e.gpus} for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)]
+        """Where the trainer pushes weights: each running engine's URL, GPU count and first GPU (serving,
+        or restarted and waiting for the weights)."""
+        return [{"url": e.url, "gpus": e.gpus, "first_gpu": e.first_gpu} for e in self.engines
+                if e.state in (SERVING, AWAITING_WEIGHTS)]
 
     # ---------------------------------------------------------------------------------- health
     def dead_engines(self) -> List[str]:
@@ -372,12 +375,13 @@ class EngineFleet:
             join_nodes(e.actors)  # a fresh address for the nodes to meet
         t0 = time.perf_counter()
         url = ray.get([a.start.remote() for a in e.actors])[0]
+        first_gpu = ray.get(e.actors[0].first_gpu.remote())
         with self._lock:  # in the memory state the others are in (colocated runs)
             if self.memory != "awake":
                 control(url, "/release_memory_occupation", {"tags": None})
             if self.memory == "weights":
                 control(url, "/resume_memory_occupation", {"tags": ["weights"]})
-            e.url = url
+            e.url, e.first_gpu = url, first_gpu
             e.state = AWAITING_WEIGHTS
         log.warning("engine %d restarted at %s in %.1fs; it takes requests once the current weights are pushed",
                     e.rank, url, time.perf_counter() - t0)

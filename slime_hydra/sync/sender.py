@@ -12,7 +12,10 @@ Transports (``sync.transport``):
 - ``tensor``: colocated engines map the trainer's memory: ``/update_weights_from_tensor`` with a
   serialized handle of one flattened bucket (CUDA IPC; shared memory on CPU). Each bucket is one
   fresh buffer that is dropped after the engine has copied it (never reused: the engine may still be
-  reading it).
+  reading it). An engine spanning several GPUs gets one handle per tensor-parallel rank, each to a
+  copy on that rank's own GPU (CUDA cannot copy from another GPU's IPC memory): every trainer rank
+  copies the bucket to its GPU and the handles are all-gathered to the pushing rank
+  (:func:`take_part_in_tensor_push` on the others), as slime's colocated ranks each send their own.
 - ``disk``: a Hugging Face safetensors directory and ``/update_weights_from_disk``.
 
 The weights come from the trainer backend's ``hf_weights``, which names each storage once: a tied
@@ -47,6 +50,42 @@ class WeightSyncError(RuntimeError):
 class Endpoint:
     url: str
     gpus: int = 1
+    first_gpu: int = 0  # the physical GPU of its tensor-parallel rank 0; rank j is on first_gpu + j
+
+
+def needs_every_rank(kind: str, endpoints: List[Endpoint], device: torch.device) -> bool:
+    """Whether a push needs a bucket copy from every trainer rank: CUDA IPC to engines on several GPUs."""
+    return kind == "tensor" and device.type == "cuda" and any(e.gpus > 1 for e in endpoints)
+
+
+def _gpu_key(device: torch.device) -> Tuple[str, int]:
+    from slime_hydra.utils.proc import node_ip
+
+    return node_ip(), device.index
+
+
+def _all_handles(blob: str, device: torch.device) -> Dict[Tuple[str, int], str]:
+    """(node, GPU) -> every trainer rank's handle to its copy of the current bucket."""
+    import torch.distributed as dist
+
+    out: List = [None] * dist.get_world_size()
+    dist.all_gather_object(out, (_gpu_key(device), blob))
+    return dict(out)
+
+
+def take_part_in_tensor_push(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int,
+                             device: torch.device) -> None:
+    """A rank that does not push, when engines span several GPUs: copy each bucket to this rank's GPU,
+    hand its CUDA IPC handle to the pushing rank, and keep the copy until the engines have read it."""
+    import torch.distributed as dist
+
+    for bucket in transport.buckets(named, bucket_bytes):
+        payload = transport.flattened_bucket(bucket, device)
+        torch.cuda.current_stream(device).synchronize()
+        _all_handles(transport.serialize(payload), device)
+        dist.barrier()  # the pushing rank's POST has returned: every engine rank copied its bucket
+        del payload
+    torch.cuda.ipc_collect()
 
 
 class WeightSender:
@@ -165,12 +204,39 @@ class WeightSender:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies land before the engine reads
         blob = transport.serialize(payload)
-        self._all("/update_weights_from_tensor",
-                  lambda i: {"serialized_named_tensors": [blob] * self.endpoints[i].gpus, "flush_cache": False,
-                             "weight_version": v, "load_format": "flattened_bucket"})
+        if needs_every_rank(self.kind, self.endpoints, self.device):
+            import torch.distributed as dist
+
+            try:
+                by_gpu = _all_handles(blob, self.device)
+                handles = [self._engine_handles(e, by_gpu) for e in self.endpoints]
+                self._all("/update_weights_from_tensor",
+                          lambda i: {"serialized_named_tensors": handles[i], "flush_cache": False,
+                                     "weight_version": v, "load_format": "flattened_bucket"})
+            finally:
+                dist.barrier()  # the other ranks may free their copies
+        else:
+            self._all("/update_weights_from_tensor",
+                      lambda i: {"serialized_named_tensors": [blob] * self.endpoints[i].gpus, "flush_cache": False,
+                                 "weight_version": v, "load_format": "flattened_bucket"})
         del payload
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()
+
+    @staticmethod
+    def _engine_handles(e: Endpoint, by_gpu: Dict[Tuple[str, int], str]) -> List[str]:
+        """The handles for engine ``e``'s tensor-parallel ranks, in rank order: each to the copy on its GPU."""
+        from urllib.parse import urlparse
+
+        host = urlparse(e.url).hostname
+        gpus = [(host, e.first_gpu + j) for j in range(e.gpus)]
+        missing = [g for g in gpus if g not in by_gpu]
+        if missing:
+            raise WeightSyncError(f"engine {e.url} runs on GPUs {[g for _, g in gpus]} of {host}, but no trainer "
+                                  f"rank sits on GPU(s) {[g for _, g in missing]} (trainer ranks are on "
+                                  f"{sorted(by_gpu)}): the tensor transport needs a trainer rank on every GPU of "
+                                  "a colocated engine")
+        return [by_gpu[g] for g in gpus]
 
     def _push_disk(self, named: Iterable[Tuple[str, torch.Tensor]], v: str) -> int:
         from safetensors.torch import save_file

@@ -28,6 +28,7 @@ class TrainerActor:
         self.backend = None
         self.rl = None
         self.sender = None
+        self.every_rank_pushes = False
 
     def master_address(self) -> str:
         from slime_hydra.utils.proc import free_port, node_ip
@@ -70,13 +71,16 @@ class TrainerActor:
         self.backend.set_num_rollout(num_rollout)
 
     def connect(self, endpoints: List[Dict[str, Any]]) -> None:
-        """The rank that pushes weights connects to the engines."""
-        if not self.backend.pushes_weights:
-            return
-        from slime_hydra.sync.sender import Endpoint, WeightSender
+        """The rank that pushes weights connects to the engines; every rank learns whether a push
+        needs its GPU's copy of each bucket (colocated engines spanning several GPUs)."""
+        from slime_hydra.sync.sender import Endpoint, WeightSender, needs_every_rank
         from slime_hydra.utils.proc import node_ip
 
-        self.sender = WeightSender(self.sync.transport, [Endpoint(**e) for e in endpoints], self.device,
+        targets = [Endpoint(**e) for e in endpoints]
+        self.every_rank_pushes = needs_every_rank(self.sync.transport, targets, self.device)
+        if not self.backend.pushes_weights:
+            return
+        self.sender = WeightSender(self.sync.transport, targets, self.device,
                                    self.sync.bucket_mb, os.path.join(self.run_dir, "weight_sync"),
                                    self.model_path, node_ip(), trust_remote_code=self.model_cfg.trust_remote_code)
         self.sender.connect()
@@ -85,8 +89,13 @@ class TrainerActor:
         """Every rank streams the weights (a sharded backend gathers); the pushing rank sends them."""
         weights = self.backend.hf_weights()
         if not self.backend.pushes_weights:
-            for _ in weights:  # take part in the gathers
-                pass
+            if self.every_rank_pushes:
+                from slime_hydra.sync.sender import take_part_in_tensor_push
+
+                take_part_in_tensor_push(weights, self.sync.bucket_mb << 20, self.device)
+            else:
+                for _ in weights:  # take part in the gathers
+                    pass
             return {}
         if self.sender is None:
             raise RuntimeError("update_weights before connect: the pushing rank has no engines to send to")

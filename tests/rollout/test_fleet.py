@@ -21,7 +21,7 @@ def test_addresses_without_router():
     a, b = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
     fleet = EngineFleet([EngineHandle(0, a, gpus=2), EngineHandle(1, b, gpus=2)])
     assert fleet.urls == [a, b] and fleet.base_url == a
-    assert fleet.endpoints() == [{"url": a, "gpus": 2}, {"url": b, "gpus": 2}]
+    assert fleet.endpoints() == [{"url": a, "gpus": 2, "first_gpu": 0}, {"url": b, "gpus": 2, "first_gpu": 0}]
 
     async def work():
         return 7
@@ -119,4 +119,4 @@ def test_requeue_only_requests_of_failed_engines():
 
     assert asyncio.run(scenario()) is True
     assert fleet.take_counters()["rollout/requeued_requests"] == 1.0
-    assert fleet.urls == ["http://a"] and fleet.endpoints() == [{"url": "http://a", "gpus": 1}]
+    assert fleet.urls == ["http://a"] and fleet.endpoints() == [{"url": "http://a", "gpus": 1, "first_gpu": 0}]
