@@ -177,7 +177,7 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
     if not cpu:
         args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS,
                  "trainer.micro_batch_size=16", "trainer.max_tokens_per_micro_batch=8192"]
-    args += spec["args"]
+    args += spec["args"] + os.environ.get("EXTRA", "").split()  # EXTRA: more overrides for every layout
     cmd = [sys.executable, os.path.join(ROOT, "run.py"), *args, f"hydra.run.dir={run_dir}"]
     out: Dict[str, Any] = {"layout": name, "command": "python run.py " + " ".join(cmd[2:])}
     log(out["command"])

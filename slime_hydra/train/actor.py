@@ -87,7 +87,7 @@ class TrainerActor:
 
     def update_weights(self, version: int) -> Dict[str, float]:
         """Every rank streams the weights (a sharded backend gathers); the pushing rank sends them."""
-        weights = self.backend.hf_weights()
+        weights = self.backend.hf_weights(every_rank=self.every_rank_pushes)
         if not self.backend.pushes_weights:
             if self.every_rank_pushes:
                 from slime_hydra.sync.sender import take_part_in_tensor_push

@@ -172,11 +172,12 @@ class TrainerBackend(ABC):
 
     # ---------------------------------------------------------------------------- weights
     @abstractmethod
-    def hf_weights(self) -> Iterator[Tuple[str, "torch.Tensor"]]:
+    def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, "torch.Tensor"]]:
         """The full, unsharded weights in Hugging Face names and ``model.dtype``, one tensor at a
         time, on the rank that pushes them; ranks that do not push iterate it too (a sharded backend
-        gathers as it goes) and get nothing. Tied weights come once, under the name a checkpoint
-        stores (``model.embed_tokens.weight``, not ``lm_head.weight``)."""
+        gathers as it goes) and get nothing, unless ``every_rank`` (CUDA IPC to colocated engines that
+        span several GPUs: each rank hands over a copy on its own GPU). Tied weights come once, under
+        the name a checkpoint stores (``model.embed_tokens.weight``, not ``lm_head.weight``)."""
 
     @abstractmethod
     def offload(self) -> None:

@@ -263,7 +263,7 @@ class MegatronBackend(TrainerBackend):
             if self.cuda:
                 torch.cuda.synchronize()
 
-    def hf_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+    def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
         from slime_hydra.train.megatron.weights import export_hf_weights, model_chunks_state
 
         chunks = model_chunks_state(self.chunks, self.shards)
@@ -274,7 +274,7 @@ class MegatronBackend(TrainerBackend):
         for bucket in export_hf_weights(chunks, self.layout, bucket_bytes=DEFAULT_BUCKET_BYTES,
                                         tp_group=self.tp_group, pp_group=self.pp_group, ep_group=self.ep_group,
                                         etp_group=self.etp_group):
-            if self.pushes_weights:
+            if self.pushes_weights or every_rank:
                 for name, t in bucket:
                     yield name, t.to(self.dtype)
 

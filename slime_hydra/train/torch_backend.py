@@ -169,8 +169,8 @@ class TorchBackend(TrainerBackend):
                 tensor = tensor.to(self.device, non_blocking=True)
             yield name, tensor.to(self.compute_dtype)
 
-    def hf_weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
-        if self.pushes_weights:
+    def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
+        if self.pushes_weights or every_rank:
             yield from self._named_weights(on_device=True)
 
     def offload(self) -> None:

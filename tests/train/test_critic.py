@@ -194,7 +194,8 @@ def _ddp_worker(rank, world, port, ckpt, out_dir):
         full = fake_rollout(8)
         half = {k: v[rank * 4:(rank + 1) * 4] for k, v in full.items()}
         m = train(rl, cfg, half)
-        layout = (tr.dp_rank, tr.dp_size, tr.pushes_weights, len(list(tr.hf_weights())) > 0)
+        layout = (tr.dp_rank, tr.dp_size, tr.pushes_weights, len(list(tr.hf_weights())) > 0,
+                  len(list(tr.hf_weights(every_rank=True))) > 0)
         torch.save({"critic": tr.critic.model.state_dict(), "actor": tr.model.state_dict(), "metrics": m,
                     "layout": layout}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -208,8 +209,9 @@ def test_ddp_critic_matches_one_rank(tiny_ckpt, tmp_path):
 
     mp.spawn(_ddp_worker, args=(2, _free_port(), tiny_ckpt, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
-    # each rank is its own data-parallel rank; only rank 0 streams weights to push
-    assert r0["layout"] == (0, 2, True, True) and r1["layout"] == (1, 2, False, False)
+    # each rank is its own data-parallel rank; only rank 0 streams weights to push, unless every rank
+    # must hand over its GPU's copy (CUDA IPC to engines spanning several GPUs)
+    assert r0["layout"] == (0, 2, True, True, True) and r1["layout"] == (1, 2, False, False, True)
     cfg = ppo_cfg("algo.num_critic_only_steps=0", "algo.critic_lr=1e-2")
     rl, one = rl_trainer(cfg, tiny_ckpt)
     # advantages are whitened with moments over both ranks (as slime does), so the actors agree too
