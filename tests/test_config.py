@@ -235,3 +235,9 @@ def test_the_logprob_gap_guard_is_on_by_default_with_a_limit_for_the_dtype():
     assert resolved(["model=qwen3_4b", "model.dtype=bfloat16"]).sync.max_logprob_diff == 0.05
     assert resolved(["model=qwen3_4b", "model.dtype=float32"]).sync.max_logprob_diff == 1e-3
     assert resolved(["model=qwen3_4b", "sync.max_logprob_diff=0.2"]).sync.max_logprob_diff == 0.2
+
+
+def test_the_router_policy_routes_by_prefix_only_between_several_engines():
+    assert resolved([]).rollout.router.policy == "round_robin"  # the default: one embedded engine
+    assert resolved(["parallelism=colocate_8gpu", "rollout=sglang"]).rollout.router.policy == "cache_aware"
+    assert resolved(["rollout.router.policy=random"]).rollout.router.policy == "random"

@@ -69,6 +69,11 @@ def resolve(cfg: RunConfig) -> RunConfig:
         t.global_batch_size = samples // t.num_steps_per_rollout
     if t.num_steps_per_rollout is None and t.global_batch_size:
         t.num_steps_per_rollout = max(1, samples // t.global_batch_size)
+    if r.router.policy == "auto":
+        # one engine leaves nothing to route between, and cache_aware's prefix tree of request texts
+        # grows for hundreds of steps before it is evicted (router USS +16% over a 500-step run,
+        # flat with round_robin: bench/measured/long_run_500.md, long_run_300.md)
+        r.router.policy = "cache_aware" if p.rollout_gpus // p.gpus_per_engine > 1 else "round_robin"
     if cfg.sync.transport == "auto":
         cfg.sync.transport = "tensor" if p.colocate else "distributed"
     for ds in cfg.eval.datasets:

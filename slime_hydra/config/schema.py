@@ -120,7 +120,8 @@ class AlgoConfig:
 @dataclass
 class RouterConfig:
     enabled: bool = True  # route through a real sglang-router process
-    policy: str = "cache_aware"  # round_robin | random | cache_aware | power_of_two
+    # auto: cache_aware with several engines, round_robin with one | round_robin | random | cache_aware | power_of_two
+    policy: str = "auto"
     request_timeout_secs: int = 14400
     args: Dict[str, Any] = field(default_factory=dict)  # extra sglang-router flags (without "--")
 

@@ -9,7 +9,7 @@ from slime_hydra.config.rules import choice, loads
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.rollout.engines import ENGINES, engine_class
 
-ROUTER_POLICIES = ["round_robin", "random", "cache_aware", "power_of_two"]  # sglang-router's --policy
+ROUTER_POLICIES = ["round_robin", "random", "cache_aware", "power_of_two"]  # sglang-router's --policy (after "auto")
 
 
 def check(cfg: RunConfig) -> List[str]:
