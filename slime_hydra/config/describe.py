@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import difflib
 import functools
+import inspect
 import io
 import sys
 import tokenize
@@ -92,8 +93,6 @@ def type_name(tp: Any) -> str:
 
 def schema_keys(cls: type = schema.RunConfig, prefix: str = "") -> List[Key]:
     """Every key of ``cls`` and of the dataclasses under it, depth first, in declaration order."""
-    import inspect
-
     docs = field_comments(inspect.getsourcefile(cls)).get(cls.__name__, {})
     hints = typing.get_type_hints(cls)
     keys: List[Key] = []
@@ -170,7 +169,8 @@ def select(keys: List[Key], prefixes: Sequence[str]) -> List[Key]:
 
 
 def describe(prefixes: Sequence[str] = (), overrides: Sequence[str] = ()) -> str:
-    """The lines printed by ``python -m slime_hydra.config describe``: ``key: type = value  # description``."""
+    """What ``python -m slime_hydra.config describe`` prints: ``key  type = value  # description`` per key,
+    a heading line per group."""
     keys = select(schema_keys(), prefixes)
     cfg = compose(overrides)
     rows = [(k.path, k.type if k.type == "group" else f"{k.type} = {value_of(cfg, k)}", k.description) for k in keys]
@@ -192,9 +192,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     overrides = [a for a in argv if "=" in a]
     prefixes = [a for a in argv if "=" not in a]
+    from hydra.errors import HydraException
+
     try:
         print(describe(prefixes, overrides))
-    except ValueError as e:  # an unknown key, or an override Hydra refuses
+    except (ValueError, HydraException) as e:  # an unknown key, or an override Hydra refuses
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
