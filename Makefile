@@ -40,5 +40,12 @@ bench: $(VENV)/.installed        ## algorithm table on the embedded default
 mutate: $(VENV)/.installed       ## mutation testing: bench/mutations.yaml one at a time, lists the survivors
 	$(PY) bench/mutate.py $(ARGS)
 
+.PHONY: docs describe
+docs: $(VENV)/.installed         ## draw the figures of docs/architecture.md into docs/img (docs/diagrams.py)
+	$(PY) docs/diagrams.py
+
+describe: $(VENV)/.installed     ## every config key: type, value, description (ARGS="rollout model=qwen3_4b")
+	$(PY) -m slime_hydra.config describe $(ARGS)
+
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -7,7 +7,10 @@ compose time with its dotted path. Cross-field rules live beside the code they g
 (``slime_hydra/*/rules.py``), collected by :mod:`slime_hydra.launch.validate`.
 
 Conventions: ``None`` means "derived" (filled in by ``resolve.resolve``), ``???`` in YAML means
-"required". This module imports nothing heavy, so ``dry_run=true`` stays fast.
+"required". This module imports nothing heavy, so ``dry_run=true`` stays fast. Every field has a
+description, printed by ``python -m slime_hydra.config describe``: its trailing comment, or else the
+comment lines right above it (a section heading above a field is not its description: give the field
+its own trailing comment).
 """
 
 from __future__ import annotations
@@ -27,43 +30,43 @@ class ArchConfig:
     """The model's shape, in Hugging Face terms (the fields of its ``config.json``)."""
 
     type: str = "qwen3"  # HF model_type, one of ARCH_TYPES
-    vocab_size: int = MISSING
-    hidden_size: int = MISSING
-    intermediate_size: int = MISSING
-    num_layers: int = MISSING
-    num_heads: int = MISSING
-    num_kv_heads: int = MISSING
+    vocab_size: int = MISSING  # tokenizer vocabulary (rows of the embedding and the LM head)
+    hidden_size: int = MISSING  # width of the residual stream
+    intermediate_size: int = MISSING  # width of a dense MLP layer
+    num_layers: int = MISSING  # transformer layers (HF num_hidden_layers)
+    num_heads: int = MISSING  # attention (query) heads
+    num_kv_heads: int = MISSING  # key/value heads (grouped-query attention; = num_heads: multi-head)
     head_dim: Optional[int] = None  # None: hidden_size // num_heads
-    max_position_embeddings: int = 32768
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    max_position_embeddings: int = 32768  # longest sequence the position encoding is set up for
+    rope_theta: float = 1_000_000.0  # RoPE base frequency
+    rms_norm_eps: float = 1e-6  # epsilon of the RMSNorm layers
+    tie_word_embeddings: bool = False  # the LM head shares the input embedding's weights
+    attention_bias: bool = False  # biases on the attention projections
     # Mixture of experts (0 experts: dense)
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: Optional[int] = None
-    num_shared_experts: int = 0
-    first_k_dense_layers: int = 0
+    num_experts: int = 0  # mixture of experts: routed experts per MoE layer (0: a dense model)
+    num_experts_per_tok: int = 0  # experts each token is routed to
+    moe_intermediate_size: Optional[int] = None  # width of one expert's MLP
+    num_shared_experts: int = 0  # always-active shared experts per MoE layer (deepseek_v3)
+    first_k_dense_layers: int = 0  # leading layers with a dense MLP instead of experts (deepseek_v3)
     # Multi-head latent attention (DeepSeek-V3)
-    q_lora_rank: Optional[int] = None
-    kv_lora_rank: Optional[int] = None
-    qk_nope_head_dim: Optional[int] = None
-    qk_rope_head_dim: Optional[int] = None
-    v_head_dim: Optional[int] = None
+    q_lora_rank: Optional[int] = None  # multi-head latent attention (DeepSeek-V3): rank of the query compression
+    kv_lora_rank: Optional[int] = None  # MLA: rank of the joint key/value compression
+    qk_nope_head_dim: Optional[int] = None  # MLA: per-head query/key dims without rotary encoding
+    qk_rope_head_dim: Optional[int] = None  # MLA: per-head query/key dims with rotary encoding
+    v_head_dim: Optional[int] = None  # MLA: per-head value dims
 
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
+    name: str = MISSING  # preset name, used in run_name (conf/model/<name>.yaml)
     # A local Hugging Face checkpoint directory or a hub id. None: build the model from ``arch``
     # with random weights (the embedded default's tiny model).
     path: Optional[str] = None
     # Tokenizer: None -> same as ``path``; "builtin:digits" -> the in-code tokenizer of the built-in tasks.
     tokenizer: Optional[str] = None
-    arch: ArchConfig = field(default_factory=ArchConfig)
+    arch: ArchConfig = field(default_factory=ArchConfig)  # the model's shape (HF config.json fields)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # let transformers and SGLang run the checkpoint's own model code
     init_seed: int = 0  # seed of the random initialisation when ``path`` is None
 
 
@@ -72,48 +75,48 @@ class ModelConfig:
 class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss and its terms, and the optimiser."""
 
-    name: str = MISSING
+    name: str = MISSING  # preset name, used in run_name (conf/algo/<name>.yaml)
     advantage_estimator: str = "grpo"  # a key of slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
     policy_loss: str = "ppo_clip"  # a key of slime_hydra.train.algorithms.POLICY_LOSSES
     # Reward post-processing (in the rollout manager): subtract the group mean, divide by its std.
-    normalize_rewards: bool = True
-    normalize_std: bool = True
+    normalize_rewards: bool = True  # subtract each group's mean reward (in the rollout manager)
+    normalize_std: bool = True  # also divide by the group's reward std (off by itself when n_samples_per_prompt=1)
     # DAPO's dynamic sampling: train only on groups whose rewards differ (the rollout manager uses
     # slime_hydra.rollout.filters.nonzero_reward_std unless rollout.dynamic_filter names another).
     dynamic_sampling: bool = False
     # Clipping
-    eps_clip: float = 0.2
+    eps_clip: float = 0.2  # PPO ratio clip: [1 - eps_clip, 1 + eps_clip_high]
     eps_clip_high: Optional[float] = None  # None: eps_clip
     eps_clip_c: Optional[float] = None  # dual clip (> 1), None: off
     # Loss terms
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.0  # weight of the entropy bonus in the policy loss
     kl_loss_coef: float = 0.0  # KL(policy || reference) as a loss term
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl; also the estimator of the kl_coef reward (as slime)
-    use_unbiased_kl: bool = False
+    use_unbiased_kl: bool = False  # KL loss times exp(log_probs - old_log_probs) (DeepSeek-V3.2)
     kl_coef: float = 0.0  # KL as reward shaping (ppo, reinforce_plus_plus*)
     loss_reduction: str = "sample_mean"  # sample_mean (per-sample token mean) | token_mean | token_sum
     normalize_advantages: bool = False  # masked whitening over the rollout batch (required by reinforce_plus_plus*)
     # Off-policy corrections
     use_rollout_logprobs: bool = False  # rollout log-probs are the old policy (no recompute)
     use_tis: bool = False  # truncated importance sampling rollout -> trainer
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
+    tis_clip: float = 2.0  # upper clamp of the TIS weight
+    tis_clip_low: float = 0.0  # lower clamp of the TIS weight
     # PPO (advantage_estimator=ppo trains a critic); gamma is also REINFORCE++'s discount
-    gamma: float = 1.0
-    lambd: float = 1.0
-    value_clip: float = 0.2
+    gamma: float = 1.0  # discount (PPO's GAE and REINFORCE++'s returns)
+    lambd: float = 1.0  # GAE lambda (PPO)
+    value_clip: float = 0.2  # clip range of the critic's value update (PPO)
     critic_lr: Optional[float] = None  # None: lr
     num_critic_only_steps: int = 0  # rollouts that train only the critic before the actor starts
     # Optimiser
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_steps: int = 0
+    lr: float = 1e-6  # peak learning rate of the policy
+    min_lr: float = 0.0  # learning rate at the end of a cosine or linear decay
+    lr_warmup_steps: int = 0  # linear warm-up, in optimiser steps
     lr_decay: str = "constant"  # constant | cosine | linear
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_beta1: float = 0.9  # Adam beta1
+    adam_beta2: float = 0.98  # Adam beta2
+    adam_eps: float = 1e-8  # Adam epsilon
+    clip_grad: float = 1.0  # clip the gradient's global norm to this
 
 
 # ------------------------------------------------------------------------------------- rollout
@@ -122,7 +125,7 @@ class RouterConfig:
     enabled: bool = True  # route through a real sglang-router process
     # auto: cache_aware with several engines, round_robin with one | round_robin | random | cache_aware | power_of_two
     policy: str = "auto"
-    request_timeout_secs: int = 14400
+    request_timeout_secs: int = 14400  # the router's (and the client's) limit for one request
     args: Dict[str, Any] = field(default_factory=dict)  # extra sglang-router flags (without "--")
 
 
@@ -130,16 +133,16 @@ class RouterConfig:
 class RolloutConfig:
     engine: str = "embedded"  # embedded | sglang
     batch_size: int = 32  # prompts per rollout (slime: rollout_batch_size)
-    n_samples_per_prompt: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_response_len: int = 1024
+    n_samples_per_prompt: int = 8  # responses per prompt (a GRPO group)
+    temperature: float = 1.0  # sampling temperature (the trainer scores log-probs at the same temperature)
+    top_p: float = 1.0  # nucleus sampling (1.0: off)
+    top_k: int = -1  # top-k sampling (-1: off)
+    max_response_len: int = 1024  # most new tokens per response
     max_prompt_len: Optional[int] = None  # longer prompts are filtered out at load time
-    stop: List[str] = field(default_factory=list)
-    stop_token_ids: List[int] = field(default_factory=list)
+    stop: List[str] = field(default_factory=list)  # stop strings
+    stop_token_ids: List[int] = field(default_factory=list)  # stop token ids (besides EOS)
     skip_special_tokens: bool = True  # drop EOS and other special tokens from the response text
-    seed: int = 42
+    seed: int = 42  # sampling seed: each sample's sampling_seed derives from it, the rollout and the sample's index
     concurrency: int = 512  # in-flight /generate requests per engine
     # Hooks (Hydra ``_target_`` nodes or dotted paths); None: the built-in default.
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
@@ -153,14 +156,14 @@ class RolloutConfig:
     # Engine settings
     server_args: Dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs pass-through
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
-    startup_timeout_s: float = 600.0
-    router: RouterConfig = field(default_factory=RouterConfig)
+    startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
+    router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
     # Fault tolerance (slime's --use-fault-tolerance): while a rollout or eval runs, an engine whose
     # process exits or whose /health_generate does not answer within health_check_timeout_s is taken
     # out of the router and restarted; its requests go to the others. Off: an engine death stops the run.
     fault_tolerance: bool = False
-    health_check_interval_s: float = 10.0
-    health_check_timeout_s: float = 30.0
+    health_check_interval_s: float = 10.0  # fault tolerance: seconds between /health_generate probes
+    health_check_timeout_s: float = 30.0  # fault tolerance: an engine silent this long is restarted
     max_engine_restarts_per_hour: int = 3  # per engine; one more is an error naming it
 
 
@@ -169,22 +172,22 @@ class RolloutConfig:
 class ParallelismConfig:
     """Where things run. "gpus" means accelerator slots; with device=cpu they are CPU slots."""
 
-    name: str = MISSING
+    name: str = MISSING  # preset name (conf/parallelism/<name>.yaml)
     device: str = "cpu"  # cpu | cuda
-    num_nodes: int = 1
-    gpus_per_node: int = 8
+    num_nodes: int = 1  # machines in the Ray cluster
+    gpus_per_node: int = 8  # accelerators (or CPU slots) per machine
     trainer_gpus: int = 1  # total trainer slots (data x tensor x pipeline x context parallel)
     rollout_gpus: Optional[int] = None  # None: = trainer_gpus when colocated
-    gpus_per_engine: int = 1
+    gpus_per_engine: int = 1  # accelerators of one engine (SGLang tp_size; may span nodes)
     colocate: bool = False  # trainers and engines share slots, taking turns on memory
     offload_train: Optional[bool] = None  # None: = colocate
     offload_rollout: Optional[bool] = None  # None: = colocate
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    context_parallel: int = 1
-    expert_parallel: int = 1
+    tensor_parallel: int = 1  # trainer tensor-parallel size (megatron)
+    pipeline_parallel: int = 1  # trainer pipeline-parallel size (megatron)
+    context_parallel: int = 1  # trainer context-parallel size (megatron)
+    expert_parallel: int = 1  # trainer expert-parallel size (megatron, MoE; divides arch.num_experts)
     virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
-    sequence_parallel: bool = False
+    sequence_parallel: bool = False  # megatron sequence parallelism (with tensor_parallel > 1)
     gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)
     # torch threads per process on CPU: processes share the cores, and OpenMP threads that
     # outnumber them spin against each other (measured: 25 ms -> 1.1 s for one engine batch).
@@ -194,23 +197,23 @@ class ParallelismConfig:
 # ---------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    name: str = MISSING
+    name: str = MISSING  # preset name, used in run_name (conf/data/<name>.yaml)
     source: str = "builtin"  # builtin | jsonl (jsonl also reads .parquet)
     # builtin
-    task: str = "max_digit"
-    num_train: int = 9000
-    num_eval: int = 256
+    task: str = "max_digit"  # builtin: the task (slime_hydra/data/tasks.py)
+    num_train: int = 9000  # builtin: training prompts
+    num_eval: int = 256  # builtin: held-out prompts
     # files
     path: Optional[str] = None  # path, optionally with a row slice: data.jsonl@[0:1000]
-    input_key: str = "prompt"
-    label_key: Optional[str] = "label"
-    metadata_key: Optional[str] = "metadata"
-    tools_key: Optional[str] = "tools"
-    apply_chat_template: bool = False
-    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
-    system_prompt: Optional[str] = None
-    shuffle: bool = True
-    seed: int = 1234
+    input_key: str = "prompt"  # the prompt's field in each row (text or chat messages)
+    label_key: Optional[str] = "label"  # the label's field (None: no labels)
+    metadata_key: Optional[str] = "metadata"  # a field of free-form metadata handed to the reward (None: none)
+    tools_key: Optional[str] = "tools"  # a field of tool schemas for the chat template (None: none)
+    apply_chat_template: bool = False  # render prompts with the tokenizer's chat template
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # apply_chat_template arguments
+    system_prompt: Optional[str] = None  # a system message put first (needs apply_chat_template)
+    shuffle: bool = True  # shuffle the prompts every epoch
+    seed: int = 1234  # seed of the split and the shuffle
     num_epoch: Optional[int] = None  # alternative to trainer.num_rollout
     buffer_filter: Optional[Any] = None  # f(buffer, n) -> list[list[Sample]], popping what it returns
 
@@ -223,48 +226,48 @@ class RewardConfig:
     group: bool = False  # custom reward is called per group (list of samples)
     key: Optional[str] = None  # pick this field when the reward is a dict
     url: Optional[str] = None  # type=remote
-    timeout_s: float = 30.0
-    max_retries: int = 5
+    timeout_s: float = 30.0  # type=remote: seconds per request
+    max_retries: int = 5  # type=remote: retries (connection errors, timeouts, 5xx, 408, 429)
 
 
 # ---------------------------------------------------------------------------------------- eval
 @dataclass
 class EvalDatasetConfig:
-    name: str = MISSING
+    name: str = MISSING  # metrics go to eval/<name>/...
     path: Optional[str] = None  # None: the built-in task's held-out split
     input_key: Optional[str] = None  # None: data.input_key
-    label_key: Optional[str] = None
+    label_key: Optional[str] = None  # None: data.label_key
     reward: Optional[str] = None  # reward type; None: reward.type
-    n_samples_per_prompt: int = 1
+    n_samples_per_prompt: int = 1  # samples per prompt (pass@k needs more than 1)
     temperature: float = 0.0  # greedy by default
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling (1.0: off)
     max_response_len: Optional[int] = None  # None: rollout.max_response_len
-    max_prompts: Optional[int] = None
+    max_prompts: Optional[int] = None  # evaluate only the first N prompts (None: all)
 
 
 @dataclass
 class EvalConfig:
     interval: int = 10  # every N rollouts; 0: only before and after training
-    before_train: bool = True
-    datasets: List[EvalDatasetConfig] = field(default_factory=list)
+    before_train: bool = True  # evaluate once before the first step
+    datasets: List[EvalDatasetConfig] = field(default_factory=list)  # the eval sets (each: EvalDatasetConfig)
 
 
 # ------------------------------------------------------------------------------------- trainer
 @dataclass
 class TrainerConfig:
-    backend: str = "torch"  # torch
+    backend: str = "torch"  # torch | megatron (slime_hydra.train.backend.BACKENDS)
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size
-    micro_batch_size: int = 64
-    gradient_checkpointing: bool = False
+    micro_batch_size: int = 64  # samples per forward/backward pass
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (torch backend)
     mode: str = "sync"  # sync | async (one-step off-policy; requires colocate=false)
-    update_weights_interval: int = 1
+    update_weights_interval: int = 1  # push weights to the engines every N steps (and after the last)
     # async: the most training steps a sample's weights may lag the trainer (trainer version minus
     # the sample's weight version, rollout/staleness_max); more stops the run
     max_staleness: int = 1
     save_interval: int = 50  # rollouts; the last step is always saved
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
     # megatron backend only (trainer=megatron):
     max_tokens_per_micro_batch: Optional[int] = None  # packed-token budget per micro-batch; None: micro_batch_size
@@ -276,8 +279,8 @@ class TrainerConfig:
 # ---------------------------------------------------------------------------------------- sync
 @dataclass
 class SyncConfig:
-    transport: str = "auto"  # auto | distributed | tensor | disk
-    bucket_mb: int = 512
+    transport: str = "auto"  # auto (colocated: tensor, split: distributed) | distributed | tensor | disk
+    bucket_mb: int = 512  # weights travel in buckets of at most this many MiB
     # fail a sync run when the mean |rollout - trainer| log-prob gap of a step exceeds this (stale or
     # corrupt weights on the engines). None: by model.dtype (config/resolve.py: 1e-3 for float32, where
     # gaps of ~1e-7 were measured; 0.05 for bf16/fp16, where 0.0065-0.0073 were measured on H200s); inf: off
@@ -287,14 +290,14 @@ class SyncConfig:
 # ------------------------------------------------------------------------------------- logging
 @dataclass
 class LoggingConfig:
-    level: str = "INFO"
-    progress: bool = True
-    wandb: bool = True
+    level: str = "INFO"  # Python log level of the driver and the actors
+    progress: bool = True  # show a progress bar with the live reward
+    wandb: bool = True  # log to Weights & Biases
     wandb_mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
-    wandb_project: str = "slime_hydra"
-    wandb_entity: Optional[str] = None
-    wandb_tags: List[str] = field(default_factory=list)
-    plot: bool = True
+    wandb_project: str = "slime_hydra"  # wandb project
+    wandb_entity: Optional[str] = None  # wandb entity (team or user; None: wandb's default)
+    wandb_tags: List[str] = field(default_factory=list)  # wandb run tags
+    plot: bool = True  # write reward_curve.png into the run directory
     log_samples: int = 2  # print this many sampled responses per eval
 
 
@@ -302,26 +305,26 @@ class LoggingConfig:
 class ClusterConfig:
     address: Optional[str] = None  # join this Ray cluster ("auto" or host:port); None: start a local one
     num_cpus: Optional[int] = None  # local cluster only; None: what the plan needs
-    include_dashboard: bool = False
-    env_vars: Dict[str, str] = field(default_factory=dict)
+    include_dashboard: bool = False  # start Ray's dashboard (local cluster)
+    env_vars: Dict[str, str] = field(default_factory=dict)  # environment of every Ray actor and the servers they start
 
 
 # ---------------------------------------------------------------------------------------- root
 @dataclass
 class RunConfig:
-    model: ModelConfig = MISSING
-    algo: AlgoConfig = MISSING
-    rollout: RolloutConfig = MISSING
-    parallelism: ParallelismConfig = MISSING
-    data: DataConfig = MISSING
-    trainer: TrainerConfig = MISSING
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    sync: SyncConfig = field(default_factory=SyncConfig)
-    logging: LoggingConfig = MISSING
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    run_name: str = "run"
-    seed: int = 1234
-    dry_run: bool = False
+    model: ModelConfig = MISSING  # conf/model/: the policy model (architecture, checkpoint, tokenizer)
+    algo: AlgoConfig = MISSING  # conf/algo/: advantages, policy loss, KL, optimiser
+    rollout: RolloutConfig = MISSING  # conf/rollout/: engine, sampling, hooks, router, fault tolerance
+    parallelism: ParallelismConfig = MISSING  # conf/parallelism/: devices, placement, model parallelism, offload
+    data: DataConfig = MISSING  # conf/data/: the training prompts
+    trainer: TrainerConfig = MISSING  # conf/trainer/: backend, steps, batches, sync/async, checkpoints
+    reward: RewardConfig = field(default_factory=RewardConfig)  # conf/reward/: how a response is scored
+    eval: EvalConfig = field(default_factory=EvalConfig)  # conf/eval/: held-out evaluation
+    sync: SyncConfig = field(default_factory=SyncConfig)  # weight transport trainer -> engines and its guard
+    logging: LoggingConfig = MISSING  # conf/logging/: console, wandb, plots
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: start a local cluster or join one
+    run_name: str = "run"  # names the run directory (default: <model>_<algo>)
+    seed: int = 1234  # one seed for everything random (model init, data order, sampling, training)
+    dry_run: bool = False  # validate and print the resource plan and memory estimate; start nothing
     # Filled in at start-up: where this run writes (Hydra's run directory).
     output_dir: Optional[str] = None
