@@ -9,8 +9,10 @@ The info string of a fenced block says how CI treats it (docs/recipes/README.md 
   suite it runs for real, shortened by :data:`SHORT`, and must write its metrics.
 - ``bash gpu``: needs GPUs. Its ``run.py`` commands get ``dry_run=true`` appended in both suites, and
   they must plan on cuda.
-- ``bash no-ci``: cannot run here (docker, sbatch, ray start on other machines). The block must parse
-  (``bash -n``), and every ``run.py ...`` command in it is dry-run on its own.
+- ``bash no-ci``: cannot run here (docker, sbatch, ray start on other machines, a download). The block
+  must parse (``bash -n``), and every ``run.py ...`` command in it must compose with Hydra and the typed
+  schema (``--cfg job --resolve``: keys, types, interpolations), without the validation that needs the
+  machine's files and GPUs.
 - ``python``: its first line names a file (``# examples/...``); the rest must be a verbatim excerpt of
   that file, which the recipe's commands then use.
 - Blocks without an info string (output, file listings) are not run; any other info string fails.
@@ -38,6 +40,7 @@ KINDS = {"bash", "bash gpu", "bash no-ci", "python", ""}
 # steps (one after the last), no progress bar. Later overrides win in Hydra, so these replace the recipe's.
 SHORT = "trainer.num_rollout=2 eval.interval=0 eval.before_train=false logging.progress=false"
 DRY = "dry_run=true"
+COMPOSE = "--cfg job --resolve"
 RUN_PY = re.compile(r"(?:^|\s)\S*python3?\s+(?:-u\s+)?run\.py\b")
 # A stand-in for the reader's question/answer file: the built-in digits task (the answer is the largest
 # digit), which the tiny model's tokenizer can spell, so the recipes' CPU commands train on it for real.
@@ -164,7 +167,7 @@ def run_recipe(path: Path, tmp: Path, real: bool) -> None:
             check(shell(f"bash -n <<'__RECIPE__'\n{b.code}__RECIPE__\n", cwd, timeout=30), f"{where}: bash -n",
                   b.code)
             for cmd in run_py_commands(b.code):
-                check(shell(f"{cmd} {DRY}", cwd, timeout=240), f"{where}: dry run", cmd)
+                check(shell(f"{cmd} {COMPOSE}", cwd, timeout=240), f"{where}: compose", cmd)
 
 
 def test_recipes_exist_and_use_known_block_kinds():
