@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "docs" / "recipes").glob("*.md") if p.name != "README.md")
 KINDS = {"bash", "bash gpu", "bash no-ci", "python", ""}
 # Appended to each CPU run.py command in the slow suite: two rollouts, no evaluation before or between
-# steps (one after the last), no progress bar. Later overrides win in Hydra, so these replace the recipe's.
+# steps (one after the last), no progress bar. Keys the command sets itself are left to it (append_to_run_py).
 SHORT = "trainer.num_rollout=2 eval.interval=0 eval.before_train=false logging.progress=false"
 DRY = "dry_run=true"
 COMPOSE = "--cfg job --resolve"
@@ -100,12 +100,15 @@ def split_comment(line: str) -> "tuple[str, str]":
 
 
 def append_to_run_py(code: str, extra: str) -> str:
-    """``code`` with ``extra`` appended to every ``python run.py ...`` command."""
+    """``code`` with the overrides of ``extra`` appended to every ``python run.py ...`` command, but for
+    the keys the command sets itself (a recipe's ``trainer.num_rollout=4`` stays)."""
     out = []
     for line in logical_lines(code):
         cmd, comment = split_comment(line)
         if RUN_PY.search(cmd):
-            line = f"{cmd} {extra}" + (f"  {comment}" if comment else "")
+            own = set(re.findall(r"(?:^|\s)'?\+?([\w.]+)=", cmd))
+            add = " ".join(o for o in extra.split() if o.split("=")[0] not in own)
+            line = f"{cmd} {add}".rstrip() + (f"  {comment}" if comment else "")
         out.append(line)
     return "\n".join(out) + "\n"
 
@@ -207,7 +210,7 @@ def test_recipe_commands_run_for_real(path, tmp_path):
 
 def test_append_to_run_py_keeps_comments_and_continuations():
     code = "python run.py a=1 \\\n    b='x # y'   # a comment\necho run.py\npython3 run.py -m c=1,2\n"
-    assert append_to_run_py(code, "d=2") == (
-        "python run.py a=1      b='x # y' d=2  # a comment\necho run.py\npython3 run.py -m c=1,2 d=2\n")
+    assert append_to_run_py(code, "d=2 a=3") == (
+        "python run.py a=1      b='x # y' d=2  # a comment\necho run.py\npython3 run.py -m c=1,2 d=2 a=3\n")
     assert run_py_commands("docker run img python3 run.py x=1 \\\n  y=2  # note\n") == [
-        f"{sys.executable} run.py x=1   y=2"]
+        f"{sys.executable} run.py x=1    y=2"]
