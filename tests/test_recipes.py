@@ -7,6 +7,8 @@ The info string of a fenced block says how CI treats it (docs/recipes/README.md 
   there for the next one, as for a reader following along. Each ``python run.py ...`` command gets
   ``dry_run=true`` appended in the fast suite (it must compose, validate and plan on CPU); in the slow
   suite it runs for real, shortened by :data:`SHORT`, and must write its metrics.
+- ``bash after-run``: reads what a run of an earlier block wrote (metrics, plots), so it runs only in
+  the slow suite, where runs are real; the fast suite checks that it parses (``bash -n``).
 - ``bash gpu``: needs GPUs. Its ``run.py`` commands get ``dry_run=true`` appended in both suites, and
   they must plan on cuda.
 - ``bash no-ci``: cannot run here (docker, sbatch, ray start on other machines, a download). The block
@@ -35,7 +37,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "docs" / "recipes").glob("*.md") if p.name != "README.md")
-KINDS = {"bash", "bash gpu", "bash no-ci", "python", ""}
+KINDS = {"bash", "bash after-run", "bash gpu", "bash no-ci", "python", ""}
 # Appended to each CPU run.py command in the slow suite: two rollouts, no evaluation before or between
 # steps (one after the last), no progress bar. Keys the command sets itself are left to it (append_to_run_py).
 SHORT = "trainer.num_rollout=2 eval.interval=0 eval.before_train=false logging.progress=false"
@@ -161,6 +163,12 @@ def run_recipe(path: Path, tmp: Path, real: bool) -> None:
             assert "Resource plan (cuda" not in out, f"{where}: plans GPUs; mark it ```bash gpu"
             if real and RUN_PY.search(b.code):
                 assert len(list(cwd.glob("**/metrics.jsonl"))) > before, f"{where}: no new metrics.jsonl\n{out[-3000:]}"
+        elif b.kind == "bash after-run":
+            if real:
+                check(shell(b.code, cwd, timeout=120), where, b.code)
+            else:
+                check(shell(f"bash -n <<'__RECIPE__'\n{b.code}__RECIPE__\n", cwd, timeout=30), f"{where}: bash -n",
+                      b.code)
         elif b.kind == "bash gpu":
             code = append_to_run_py(b.code, DRY)
             out = check(shell(code, cwd, timeout=240), where, code)
