@@ -138,6 +138,11 @@ def scratch(tmp: Path) -> Path:
     return tmp
 
 
+def parses(code: str) -> str:
+    """A command that checks that ``code`` is valid bash without running it."""
+    return f"bash -n <<'__RECIPE__'\n{code}__RECIPE__\n"
+
+
 def shell(code: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "WANDB_MODE": "offline", "RAY_AUTH_MODE": "disabled", "HYDRA_FULL_ERROR": "1",
@@ -164,19 +169,14 @@ def run_recipe(path: Path, tmp: Path, real: bool) -> None:
             if real and RUN_PY.search(b.code):
                 assert len(list(cwd.glob("**/metrics.jsonl"))) > before, f"{where}: no new metrics.jsonl\n{out[-3000:]}"
         elif b.kind == "bash after-run":
-            if real:
-                check(shell(b.code, cwd, timeout=120), where, b.code)
-            else:
-                check(shell(f"bash -n <<'__RECIPE__'\n{b.code}__RECIPE__\n", cwd, timeout=30), f"{where}: bash -n",
-                      b.code)
+            check(shell(b.code if real else parses(b.code), cwd, timeout=120), where, b.code)
         elif b.kind == "bash gpu":
             code = append_to_run_py(b.code, DRY)
             out = check(shell(code, cwd, timeout=240), where, code)
             assert RUN_PY.search(b.code), f"{where}: a gpu block without a run.py command; use ```bash or no-ci"
             assert "Resource plan (cpu" not in out, f"{where}: plans on CPU; mark it ```bash"
         elif b.kind == "bash no-ci":
-            check(shell(f"bash -n <<'__RECIPE__'\n{b.code}__RECIPE__\n", cwd, timeout=30), f"{where}: bash -n",
-                  b.code)
+            check(shell(parses(b.code), cwd, timeout=30), f"{where}: bash -n", b.code)
             for cmd in run_py_commands(b.code):
                 check(shell(f"{cmd} {COMPOSE}", cwd, timeout=240), f"{where}: compose", cmd)
 
