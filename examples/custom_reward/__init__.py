@@ -1,0 +1,1 @@
+"""Custom rewards for docs/recipes/custom-reward.md."""

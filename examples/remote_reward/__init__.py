@@ -1,0 +1,1 @@
+"""A remote reward server for docs/recipes/remote-reward.md."""
