@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -203,13 +203,16 @@ def test_every_registered_name_resolves():
 
 
 def test_dry_run_is_fast_and_starts_nothing():
-    t0 = time.perf_counter()
+    """CPU seconds, not wall-clock ones: a loaded machine (the test suite in parallel) stretched the
+    wall time of this ~2 s dry run past any fixed limit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "run.py", "dry_run=true", "hydra.run.dir=/tmp/slime_hydra_dry"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert out.returncode == 0, out.stderr
     assert "Resource plan" in out.stdout and "trainer 0" in out.stdout and "engine 0" in out.stdout
-    assert wall < 3.0, f"dry run took {wall:.2f}s"
+    assert cpu < 3.0, f"dry run took {cpu:.2f} CPU seconds"
 
 
 def test_dry_run_imports_no_torch():
