@@ -176,8 +176,12 @@ class ParallelismConfig:
     rollout_gpus: Optional[int] = None  # None: = trainer_gpus when colocated
     gpus_per_engine: int = 1
     colocate: bool = False  # trainers and engines share slots, taking turns on memory
-    offload_train: Optional[bool] = None  # None: = colocate
-    offload_rollout: Optional[bool] = None  # None: = colocate
+    # Colocated only: the trainer's state goes to the host while the engines generate (offload_train); the
+    # engines release their memory while the trainer trains (offload_rollout). None: on GPUs, the least
+    # offload the memory estimate fits (plan/memory.py choose_offload; dry_run shows the numbers); on CPU
+    # slots, = colocate.
+    offload_train: Optional[bool] = None
+    offload_rollout: Optional[bool] = None
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     context_parallel: int = 1
