@@ -31,8 +31,9 @@ def compose(overrides: List[str] = ()):
 
 def resolved(overrides: List[str] = ()):
     from slime_hydra.config import load, resolve
+    from slime_hydra.plan.memory import resolve_offload
 
-    return resolve(load(compose(overrides)))
+    return resolve_offload(resolve(load(compose(overrides))))
 
 
 @pytest.fixture(scope="session")

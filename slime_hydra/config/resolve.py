@@ -76,13 +76,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
             ds.reward = cfg.reward.type
         if ds.max_response_len is None:
             ds.max_response_len = r.max_response_len
-    if p.colocate and p.device == "cuda" and None in (p.offload_train, p.offload_rollout):
-        # last: the memory estimate reads the values resolved above
-        from slime_hydra.plan.memory import choose_offload
-
-        p.offload_train, p.offload_rollout = choose_offload(cfg)
-    if p.offload_train is None:  # CPU slots: the colocated choreography, as on GPUs that need it
-        p.offload_train = p.colocate
-    if p.offload_rollout is None:
-        p.offload_rollout = p.colocate
+    if not (p.colocate and p.device == "cuda"):  # colocated GPUs: plan.memory.resolve_offload, by the estimate
+        if p.offload_train is None:  # CPU slots: the colocated choreography, as on GPUs that need it
+            p.offload_train = p.colocate
+        if p.offload_rollout is None:
+            p.offload_rollout = p.colocate
     return cfg

@@ -178,8 +178,8 @@ class ParallelismConfig:
     colocate: bool = False  # trainers and engines share slots, taking turns on memory
     # Colocated only: the trainer's state goes to the host while the engines generate (offload_train); the
     # engines release their memory while the trainer trains (offload_rollout). None: on GPUs, the least
-    # offload the memory estimate fits (plan/memory.py choose_offload; dry_run shows the numbers); on CPU
-    # slots, = colocate.
+    # offload the memory estimate fits (plan/memory.py choose_offload, after config.resolve; dry_run shows
+    # the numbers); on CPU slots, = colocate.
     offload_train: Optional[bool] = None
     offload_rollout: Optional[bool] = None
     tensor_parallel: int = 1

@@ -530,6 +530,15 @@ def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
     return next((c for c in allowed if peaks[c] <= limit), allowed[-1])
 
 
+def resolve_offload(cfg: "RunConfig") -> "RunConfig":
+    """Fill the offload of colocated GPUs that ``config.resolve`` leaves unset (``choose_offload``: it
+    needs the resolved config and the plan, which ``config`` may not import). In place; returns ``cfg``."""
+    p = cfg.parallelism
+    if None in (p.offload_train, p.offload_rollout):
+        p.offload_train, p.offload_rollout = choose_offload(cfg)
+    return cfg
+
+
 def offload_summary(cfg: "RunConfig", plan: "ResourcePlan") -> str:
     """One line for ``dry_run``: the colocated GPU's peak for each offload, and the rule of the default."""
     names = {(False, False): "none", (False, True): "engine", (True, False): "trainer", (True, True): "both"}
