@@ -1,27 +1,41 @@
-"""Real SGLang 0.5.17 on the lent GPU machine, against raw SGLang and the embedded engine, in one call.
+"""Real SGLang 0.5.17 on the lent GPU machine, against raw SGLang, the embedded engine and TRL, in one call.
 
-    bash bench/sglang_gpu.sh          # one H200: colocated (trainer and SGLang take turns on GPU 0)
-    bash bench/sglang_gpu_split.sh    # two H200s: trainer on GPU 0, SGLang on GPU 1, trainer.mode=async
+    bash bench/sglang_gpu.sh                      # one H200 colocated, TRL's anchor workload (8 x 8 x 256)
+    WORKLOAD=256x256 bash bench/sglang_gpu.sh     # the same table for 32 prompts x 8 samples x 256 tokens
+    bash bench/sglang_gpu_split.sh                # two H200s: trainer on GPU 0, SGLang on GPU 1, async
+
+Workloads (``--workload``): ``anchor``, TRL's GRPO anchor (8 prompts x 8 samples x 256 new tokens a step);
+``256x256``, 256 samples of 256 new tokens a step (32 prompts x 8 samples).
 
 Phases (each a child process with its own time limit, so one that hangs or dies leaves the others):
   raw       SGLang started from the engine class's own command line on a Qwen3-0.6B-shaped random
             checkpoint; the GRPO step's requests (8 prompts x 8 samples x 256 new tokens, 64-token prompts,
             the run's sampling parameters) sent straight to it (no router, no manager): the reference
-            time; 256 x 256 too. Then checks against the live server: protocol (/model_info,
+            time. Then checks against the live server: protocol (/model_info,
             /get_weight_version 404), weight updates over disk, CUDA IPC (and NCCL broadcast when the
             server has its own GPU) that must change the policy and restore it exactly, memory release
             and resume around a push (colocated), abort of all requests and of one rid.
-  sglang    python run.py rollout=sglang on the same checkpoint and data: per-step rollout, train and
-            sync seconds, the train/rollout log-prob gap, startup (run start to the first step, engines
-            up, SGLang's own weight-load and CUDA-graph capture times).
-  embedded  the same run with the embedded engine (fewer steps), for comparison.
+  sglang    python run.py rollout=sglang on the same checkpoint and data, colocated without offload
+            (parallelism.offload_train=false offload_rollout=false: nothing moves, the push reads the
+            trainer's GPU tensors; split: the layout's own): per-step rollout, train and sync seconds,
+            the train/rollout log-prob gap, startup (run start to the first step, engines up, SGLang's
+            own weight-load and CUDA-graph capture times).
+  sglang_offload  the same, colocated with both offloads on (the trainer's state to the host while
+            SGLang generates, SGLang's memory released while the trainer trains).
+  trl       TRL's GRPOTrainer (HF generate, no vLLM) on the same checkpoint, prompts and batch: 8 x 8
+            completions of exactly the workload's length a step, micro-batches of 16 as ours, fp32
+            weights under bf16 autocast, no KL (TRL's default beta 0). Rollout = its
+            _generate_and_score_completions, train = the rest of the optimiser step, sync = 0 (one model).
+  embedded  the same run.py run with the embedded engine (fewer steps), for comparison.
+Phases run in that order (``--phases``); one that the time budget cannot fit is skipped and reported.
 
 Writes ``$OUT/sglang_gpu_<layout>.json`` and ``.md`` (a table) as it goes, and exits non-zero when a
 check failed or a phase did not finish; speed goals (issue 10) are reported as met or missed, not
 checked. Every number comes from this run.
 
-``--cpu``: a dry run of this script's own code on a CPU machine: the tiny model, the embedded engine in
-place of SGLang for the raw phase and its checks (it speaks the same protocol), no sglang run phase.
+``--cpu``: a dry run of this script's own code on a CPU machine: the tiny model, 16 new tokens, the embedded
+engine in place of SGLang for the raw phase, its checks and the sglang phases (it speaks the same
+protocol), TRL on the CPU: every phase runs.
 """
 
 from __future__ import annotations
@@ -51,6 +65,18 @@ PRESET, DEVICE, LONG_TOKENS, WORDS = "qwen3_0_6b", "cuda", 4096, 1000  # --cpu c
 SERVER_ARGS = {"mem_fraction_static": 0.5, "attention_backend": "triton", "sampling_backend": "pytorch",
                "grammar_backend": "none"}
 GOALS = {"rollout_vs_raw": 1.5, "sync_ms_per_gb": 50.0, "step_s": 2.5}  # issue 10, one H200 colocated
+WORKLOADS = {"anchor": (8, 8, 256), "256x256": (32, 8, 256)}  # prompts, samples per prompt, new tokens
+MICRO_BATCH = 16  # samples per micro-batch, ours and TRL's
+PHASES = ("build", "raw", "sglang", "sglang_offload", "trl", "embedded")
+RUN_PHASES = ("sglang", "sglang_offload", "embedded")  # python run.py
+# what each run phase adds to run.py's command line (colocated layout)
+OFFLOAD = {"sglang": ["parallelism.offload_train=false", "parallelism.offload_rollout=false"],
+           "sglang_offload": ["parallelism.offload_train=true", "parallelism.offload_rollout=true"], "embedded": []}
+
+
+def set_workload(name: str) -> None:
+    global PROMPTS, SAMPLES, NEW_TOKENS
+    PROMPTS, SAMPLES, NEW_TOKENS = WORKLOADS[name]
 
 
 def dry_run_on_cpu() -> None:
@@ -175,7 +201,7 @@ def phase_raw(layout: str, out: Dict[str, Any]) -> None:
     colocated = layout == "colocated"
     spec = ServerSpec(engine="sglang" if DEVICE == "cuda" else "embedded", model_path=CKPT, tokenizer_path=CKPT,
                       dtype="bfloat16", device=DEVICE, gpus=1, seed=0, memory_saver=colocated,
-                      server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": 256,
+                      server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": PROMPTS * SAMPLES,
                                    **({} if colocated else {"disable_prefill_cuda_graph": True})})
     engine = make_engine(spec)
     port = free_port()
@@ -203,9 +229,6 @@ def phase_raw(layout: str, out: Dict[str, Any]) -> None:
                                      "seconds": [r["seconds"] for r in runs], "tokens": runs[-1]["tokens"],
                                      "median_s": median([r["seconds"] for r in runs])}
         log(f"raw SGLang, {PROMPTS}x{SAMPLES}x{NEW_TOKENS}: {out['grpo_step_requests']['seconds']}")
-        big = [asyncio.run(timed_requests(url, prompts, 1, NEW_TOKENS)) for _ in range(2)]
-        out["256x256"] = {"seconds": [r["seconds"] for r in big], "tokens_per_s": big[-1]["tokens_per_s"]}
-        log(f"raw SGLang, 256x256: {out['256x256']}")
 
         # checks against the live server
         info = httpx.get(url + "/model_info").json()
@@ -297,11 +320,13 @@ def check_aborts(url: str, out: Dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------ runs (phase)
-def run_overrides(layout: str, engine: str, steps: int, extra: str = "") -> List[str]:
+def run_overrides(layout: str, phase: str, steps: int, extra: str = "") -> List[str]:
+    """run.py's command line for a run phase; on CPU (--cpu) the embedded engine stands in for SGLang."""
+    engine = "embedded" if phase == "embedded" or DEVICE == "cpu" else "sglang"
     common = [f"model={PRESET}", f"model.path={CKPT}", "model.tokenizer=null", "data=jsonl", f"data.path={DATA}",
               "data.apply_chat_template=false", "eval.datasets=[]", f"rollout.batch_size={PROMPTS}",
               f"rollout.n_samples_per_prompt={SAMPLES}", f"rollout.max_response_len={NEW_TOKENS}",
-              f"trainer.num_rollout={steps}", "trainer.micro_batch_size=16", "trainer.save_interval=1000",
+              f"trainer.num_rollout={steps}", f"trainer.micro_batch_size={MICRO_BATCH}", "trainer.save_interval=1000",
               "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05"]
     if DEVICE == "cpu":
         common += ["parallelism=cpu_colocate"] if layout == "colocated" else ["parallelism=cpu", "trainer.mode=async"]
@@ -310,12 +335,15 @@ def run_overrides(layout: str, engine: str, steps: int, extra: str = "") -> List
     else:
         common += ["parallelism=1gpu", "parallelism.name=split_1_1", "parallelism.colocate=false",
                    "parallelism.gpus_per_node=2", "parallelism.rollout_gpus=1", "trainer.mode=async"]
+    if layout == "colocated":
+        common += OFFLOAD[phase]
     if engine == "sglang":
+        # no prefill CUDA graph in any layout: engines with the memory saver turn it off themselves, and it
+        # made SGLang's start 159 s instead of 45 s
         common += ["rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}",
                    f"rollout.server_args.mem_fraction_static={SERVER_ARGS['mem_fraction_static']}",
-                   *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static")]
-        if layout != "colocated":  # colocated engines turn the prefill graph off themselves
-            common += ["+rollout.server_args.disable_prefill_cuda_graph=true"]
+                   *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static"),
+                   "+rollout.server_args.disable_prefill_cuda_graph=true"]
     else:
         common += ["rollout=embedded", f"rollout.embedded_max_batch={PROMPTS * SAMPLES}"]
     return common + extra.split()
@@ -353,6 +381,7 @@ class GpuSampler:
 
 
 def phase_run(layout: str, engine: str, steps: int, limit_s: float, out: Dict[str, Any], extra: str = "") -> None:
+    """``engine``: the run phase (sglang, sglang_offload, embedded)."""
     from slime_hydra.utils.proc import kill_tree, spawn, tail
 
     run_dir = os.path.join(WORK, f"run_{layout}_{engine}")
@@ -395,6 +424,86 @@ def phase_run(layout: str, engine: str, steps: int, limit_s: float, out: Dict[st
         out["gpu_idle"] = sampler.idle_share(since)
     out["console_tail"] = tail(console, 25)
     log(f"{engine}: rc={proc.returncode}, {len(rows)} steps, wall {out['wall_s']:.0f}s")
+
+
+# ------------------------------------------------------------------------------- trl (phase)
+def phase_trl(steps: int, out: Dict[str, Any]) -> None:
+    """TRL's GRPOTrainer on the same checkpoint, prompts and batch (see the module docstring). Each
+    step's row has run.py's metric names, so the table reads both alike."""
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cuda = DEVICE == "cuda"
+    out["versions"] = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    rollout_s: List[float] = []
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):  # generation, rewards, advantages, old log-probs
+            sync()
+            t = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                sync()
+                rollout_s.append(time.perf_counter() - t)
+
+    rows: List[Dict[str, Any]] = out.setdefault("rows", [])
+
+    class StepTimes(TrainerCallback):
+        """Wall time between optimiser steps (as run.py's perf/step_time: everything of the step)."""
+
+        def on_train_begin(self, args, state, control, **kw):
+            sync()
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            sync()
+            now = time.perf_counter()
+            step, gen = now - self.t, sum(rollout_s)
+            rollout_s.clear()
+            rows.append({"step": state.global_step, "perf/step_time": step, "perf/rollout_wait_time": gen,
+                         "perf/rollout_time": gen, "perf/train_time": step - gen, "perf/weight_sync_time": 0.0,
+                         "perf/offload_time": 0.0})
+            log(f"trl step {state.global_step}: {step:.2f}s (rollout {gen:.2f}s)")
+            self.t = now
+
+    with open(DATA) as f:
+        data = [json.loads(line) for line in f][:PROMPTS * (steps + 1)]
+    dataset = Dataset.from_list([{"prompt": d["prompt"], "label": d["label"]} for d in data])
+
+    def first_word_is_label(completions, label, **kw):
+        return [float(c.split()[:1] == [lab]) for c, lab in zip(completions, label)]
+
+    args = GRPOConfig(
+        output_dir=os.path.join(WORK, "trl"), max_steps=steps, num_generations=SAMPLES,
+        per_device_train_batch_size=MICRO_BATCH, gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH,
+        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, learning_rate=1e-6, beta=0.0,
+        gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda, logging_steps=1, report_to="none",
+        save_strategy="no", seed=0, generation_kwargs={"min_new_tokens": NEW_TOKENS})  # every completion full
+    out["config"] = {k: getattr(args, k) for k in ("num_generations", "per_device_train_batch_size",
+                                                    "gradient_accumulation_steps", "generation_batch_size",
+                                                    "max_completion_length", "bf16", "gradient_checkpointing",
+                                                    "beta", "loss_type", "use_vllm")}
+    model = AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32)  # fp32 master weights, as ours
+    tok = AutoTokenizer.from_pretrained(CKPT)
+    t0 = time.perf_counter()
+    trainer = TimedGRPOTrainer(model=model, reward_funcs=first_word_is_label, args=args, train_dataset=dataset,
+                               processing_class=tok, callbacks=[StepTimes()])
+    out["startup_s"] = time.perf_counter() - t0  # the trainer's construction (the model was loaded before)
+    trainer.train()
+    out["returncode"] = 0
+    out["wall_s"] = time.perf_counter() - t0
+    if cuda:
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
 
 
 def read_rows(path: str) -> List[Dict[str, Any]]:
@@ -447,58 +556,81 @@ def steady(rows: List[Dict[str, Any]], key: str) -> Optional[float]:
 
 
 def summarize_run(res: Dict[str, Any]) -> Dict[str, Any]:
+    """Medians after the first step. sync_all: the weight push plus the memory moved before training
+    (perf/offload_time), i.e. every offload and onload of the step (issue 10's goal counts them all)."""
     rows = res.get("rows") or []
     s = {k: steady(rows, f"perf/{k}") for k in ("step_time", "rollout_wait_time", "rollout_time", "train_time",
-                                                "weight_sync_time")}
-    s["logprob_gap_max"] = max((r.get("train/train_rollout_logprob_abs_diff", 0.0) for r in rows), default=None)
+                                                "weight_sync_time", "offload_time")}
+    s["sync_all"] = (s["weight_sync_time"] or 0.0) + (s["offload_time"] or 0.0) \
+        if s["weight_sync_time"] is not None else None
+    s["logprob_gap_max"] = max((r["train/train_rollout_logprob_abs_diff"] for r in rows
+                                if "train/train_rollout_logprob_abs_diff" in r), default=None)
     s["logprob_gap_median"] = steady(rows, "train/train_rollout_logprob_abs_diff")
     gb = steady(rows, "perf/weight_sync_bytes")
     s["sync_gb"] = gb / 1e9 if gb else None
-    s["sync_ms_per_gb"] = 1000 * s["weight_sync_time"] / s["sync_gb"] if gb and s["weight_sync_time"] else None
+    s["sync_ms_per_gb"] = 1000 * s["sync_all"] / s["sync_gb"] if gb and s["sync_all"] else None
     s["steps"] = len(rows)
     return s
+
+
+ROW_NAMES = {"sglang": "run.py sglang, no offload", "sglang_offload": "run.py sglang, offload",
+             "embedded": "run.py embedded", "trl": "TRL GRPOTrainer (HF generate)"}
 
 
 def report(results: Dict[str, Any], path: str) -> None:
     with open(path + ".json", "w") as f:
         json.dump(results, f, indent=1, default=str)
-    lines = [f"# SGLang on the GPU: {results['layout']} ({results.get('gpu', '?')})", "",
-             "Steps after the first, medians. rollout wait: the driver waiting for the rollout (in async mode "
-             "it overlaps training); rollout: the manager's own time for it; sync: weight push with offload and "
-             "onload; log-prob gap: mean |engine - trainer| per step, the largest step.", "",
+    lines = [f"# SGLang on the GPU: {results['layout']}, workload {results.get('workload')} "
+             f"({results.get('gpu', '?')})", "",
+             "Seconds per GRPO step, medians of the steps after the first. rollout wait: the driver waiting for "
+             "the rollout (async: it overlaps training); rollout: the rollout's own time; sync: the weight push "
+             "with the memory moved around it, plus what moved before training (offload s); sync ms/GB counts "
+             "both; log-prob gap: mean |engine - trainer| per step, the largest step. TRL: rollout = its "
+             "generation and scoring, train = the rest of the step, no sync (one model).", "",
              f"{PRESET} shape, random bf16 weights; {PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new "
              f"tokens a step; `{results.get('cmdline', '')}`", ""]
     raw = results.get("raw", {})
     ref = (raw.get("grpo_step_requests") or {}).get("median_s")
-    lines += ["| | startup s | step s | rollout wait s | rollout s | train s | sync s | sync ms/GB | "
-              "log-prob gap (max) | steps |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| | startup s | step s | rollout wait s | rollout s | train s | sync s | offload s | sync ms/GB | "
+              "log-prob gap (max) | steps |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     if ref:
-        lines.append(f"| raw SGLang (same requests) | {raw.get('startup_s', 0):.1f} | | | {ref:.3f} | | | | | |")
+        lines.append(f"| raw SGLang (same requests) | {raw.get('startup_s', 0):.1f} | | | {ref:.3f} | | | | | | |")
 
     def cell(v, fmt=".2f"):
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
-    for name in ("sglang", "embedded"):
+    for name in ("sglang", "sglang_offload", "trl", "embedded"):
         res = results.get(name)
         if not res:
             continue
+        if not res.get("rows"):
+            why = res.get("skipped") or res.get("error") or f"rc {res.get('phase_rc')}"
+            lines.append(f"| {ROW_NAMES[name]} | no steps: {str(why)[:80]} | | | | | | | | | |")
+            continue
         s = summarize_run(res)
-        lines.append(f"| run.py {name} | {cell(res.get('startup_s'), '.1f')} | {cell(s['step_time'])} | "
+        lines.append(f"| {ROW_NAMES[name]} | {cell(res.get('startup_s'), '.1f')} | {cell(s['step_time'])} | "
                      f"{cell(s['rollout_wait_time'])} | {cell(s['rollout_time'])} | {cell(s['train_time'])} | "
-                     f"{cell(s['weight_sync_time'])} | "
+                     f"{cell(s['weight_sync_time'])} | {cell(s['offload_time'])} | "
                      f"{cell(s['sync_ms_per_gb'], '.0f')} | {cell(s['logprob_gap_max'], '.4f')} | {s['steps']} |")
-    if raw.get("256x256"):
-        lines += ["", f"raw SGLang 256 x 256: {min(raw['256x256']['seconds']):.2f} s "
-                      f"({raw['256x256']['tokens_per_s']:.0f} tok/s)"]
-    for name in ("raw", "sglang", "embedded"):
+    trl_step = summarize_run(results["trl"])["step_time"] if (results.get("trl") or {}).get("rows") else None
+    if trl_step:
+        for name in ("sglang", "sglang_offload", "embedded"):
+            step = summarize_run(results[name])["step_time"] if (results.get(name) or {}).get("rows") else None
+            if step:
+                lines.append(f"- {ROW_NAMES[name]}: {trl_step / step:.1f}x as fast as TRL a step")
+    for name in ("raw", *RUN_PHASES):
         res = results.get(name) or {}
         times = res.get("server_log_times") or res.get("log_times")
         if times:
             lines.append(f"- {name} startup parts: " + ", ".join(f"{k} {v}" for k, v in times.items() if k != "logs"))
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
+    if (results.get("trl") or {}).get("config"):
+        lines.append(f"- trl: {results['trl'].get('versions')}, {results['trl']['config']}, "
+                     f"peak {cell(results['trl'].get('peak_gib'), '.1f')} GiB")
     if results.get("goals"):
-        lines += ["", "Goals (issue 10): " + "; ".join(f"{k}: {v}" for k, v in results["goals"].items())]
+        lines += ["", "Goals (issue 10, run.py sglang without offload): " +
+                  "; ".join(f"{k}: {v}" for k, v in results["goals"].items())]
     lines += ["", "Checks:"] + [f"- {'PASS' if c['pass'] else 'FAIL'} {k}: {c['detail']}"
                                 for k, c in results.get("checks", {}).items()]
     with open(path + ".md", "w") as f:
@@ -524,14 +656,20 @@ def goals(results: Dict[str, Any]) -> Dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------- main
+def steps_of(phase: str, args) -> int:
+    return {"sglang": args.steps, "sglang_offload": args.offload_steps, "embedded": args.embedded_steps,
+            "trl": args.trl_steps}.get(phase, 0)
+
+
 def child(phase: str, args, limit_s: float) -> Dict[str, Any]:
     """Run one phase in a child process (this file with --phase), within ``limit_s``."""
     res_path = os.path.join(WORK, f"phase_{args.layout}_{phase}.json")
     if os.path.exists(res_path):
         os.remove(res_path)
-    cmd = [sys.executable, __file__, "--layout", args.layout, "--phase", phase, "--steps", str(args.steps),
-           "--embedded-steps", str(args.embedded_steps), "--limit", str(limit_s), *(["--cpu"] if args.cpu else []),
-           "--sglang-overrides", args.sglang_overrides]
+    cmd = [sys.executable, __file__, "--layout", args.layout, "--workload", args.workload, "--phase", phase,
+           "--steps", str(args.steps), "--offload-steps", str(args.offload_steps),
+           "--embedded-steps", str(args.embedded_steps), "--trl-steps", str(args.trl_steps),
+           "--limit", str(limit_s), *(["--cpu"] if args.cpu else []), "--sglang-overrides", args.sglang_overrides]
     log(f"phase {phase} (at most {limit_s:.0f}s)")
     try:
         rc = subprocess.run(cmd, timeout=limit_s + 30).returncode
@@ -562,10 +700,11 @@ def run_phase(args) -> None:
             out.update(build())
         elif args.phase == "raw":
             phase_raw(args.layout, out)
-        elif args.phase in ("sglang", "embedded"):
-            steps = args.steps if args.phase == "sglang" else args.embedded_steps
-            phase_run(args.layout, args.phase, steps, args.limit - 15, out,
-                      args.sglang_overrides if args.phase == "sglang" else "")
+        elif args.phase in RUN_PHASES:
+            phase_run(args.layout, args.phase, steps_of(args.phase, args), args.limit - 15, out,
+                      args.sglang_overrides if args.phase != "embedded" else "")
+        elif args.phase == "trl":
+            phase_trl(args.trl_steps, out)
     except BaseException as e:
         out["error"] = repr(e)
         raise
@@ -574,42 +713,63 @@ def run_phase(args) -> None:
         save()
 
 
+# phase -> (longest it may take, seconds kept for the phases after it), for BENCH_BUDGET_S=520 on one H200.
+# Seen there: run.py with SGLang reached its first step in about 106 s; the embedded engine's step took
+# 25.7 s. A phase that the budget leaves under 30 s is skipped (and reported): the last ones first.
+PLAN = {"build": (90, 400), "raw": (140, 330), "sglang": (200, 240), "sglang_offload": (160, 120),
+        "trl": (120, 5), "embedded": (150, 5)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layout", choices=["colocated", "split"], default="colocated")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--embedded-steps", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 500)),
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default=os.environ.get("WORKLOAD", "anchor"),
+                    help="anchor: 8 prompts x 8 samples x 256 tokens; 256x256: 32 x 8 x 256 (env WORKLOAD)")
+    ap.add_argument("--phases", default=os.environ.get("PHASES", ",".join(PHASES)),
+                    help=f"comma-separated, in this order: {','.join(PHASES)} (env PHASES; build always runs)")
+    ap.add_argument("--steps", type=int, default=6, help="steps of the sglang run (no offload)")
+    ap.add_argument("--offload-steps", type=int, default=4, help="steps of the sglang run with offload")
+    ap.add_argument("--embedded-steps", type=int, default=2)
+    ap.add_argument("--trl-steps", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 520)),
                     help="seconds for all phases (env BENCH_BUDGET_S; with the setup, within 9 minutes)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--cpu", action="store_true", help="a dry run of this script on a CPU machine (see above)")
     ap.add_argument("--sglang-overrides", default=os.environ.get("SGLANG_OVERRIDES", ""),
-                    help="more run.py overrides for the sglang run, space-separated (env SGLANG_OVERRIDES)")
+                    help="more run.py overrides for the sglang runs, space-separated (env SGLANG_OVERRIDES)")
     ap.add_argument("--skip-embedded", action="store_true", default=bool(os.environ.get("SKIP_EMBEDDED")),
-                    help="no embedded run: its time goes to the sglang run (env SKIP_EMBEDDED=1)")
+                    help="no embedded run (env SKIP_EMBEDDED=1)")
     ap.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cpu:
         dry_run_on_cpu()
+    set_workload(args.workload)
+    if args.cpu:
+        globals()["NEW_TOKENS"] = 16
     os.makedirs(WORK, exist_ok=True)
     if args.phase:
         run_phase(args)
         return
+    wanted = {p.strip() for p in args.phases.split(",") if p.strip()} | {"build"}
+    unknown = wanted - set(PHASES)
+    if unknown:
+        ap.error(f"--phases: unknown {sorted(unknown)} (known: {', '.join(PHASES)})")
+    if args.layout == "split":
+        wanted.discard("sglang_offload")  # nothing takes turns on a GPU of its own
+    if args.skip_embedded:
+        wanted.discard("embedded")
+    phases = [p for p in PHASES if p in wanted]
     t_end = time.perf_counter() + args.budget
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"sglang_gpu_{args.layout}")
+    path = os.path.join(args.out, f"sglang_gpu_{args.layout}" + ("" if args.workload == "anchor" else
+                                                                 f"_{args.workload}"))
     names = ["cpu (dry run)"] if args.cpu else subprocess.run(  # not torch: this process keeps no CUDA context
         ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")
-    results: Dict[str, Any] = {"layout": args.layout, "gpu": names[0].strip(), "gpus": len([n for n in names if n]),
-                               "cmdline": " ".join(sys.argv)}
-    # (phase, longest it may take, seconds kept for the phases after it)
-    plan = [("build", 90, 420), ("raw", 140, 330), ("sglang", args.budget, 100), ("embedded", args.budget, 5)]
-    if args.cpu:
-        plan = [p for p in plan if p[0] != "sglang"]
-    if args.skip_embedded:
-        plan = [(p, cap, 5 if p == "sglang" else reserve) for p, cap, reserve in plan if p != "embedded"]
-    for phase, cap, reserve in plan:
+    results: Dict[str, Any] = {"layout": args.layout, "workload": args.workload, "gpu": names[0].strip(),
+                               "gpus": len([n for n in names if n]), "cmdline": " ".join(sys.argv)}
+    for phase in phases:
+        cap, reserve = PLAN[phase] if not args.cpu else (args.budget, 0)  # --cpu: only the budget counts
         limit = min(cap, t_end - time.perf_counter() - reserve)
         if limit < 30:
             results[phase] = {"skipped": f"{limit:.0f}s left"}
@@ -622,13 +782,14 @@ def main() -> None:
             check(results, f"phase_{phase}", False, f"rc {rc}: {results[phase].get('error', 'see the log above')}")
             if phase == "build":
                 break
-        if phase in ("sglang", "embedded"):
+        if phase in RUN_PHASES or phase == "trl":
             res = results[phase]
             s = summarize_run(res) if res.get("rows") else {}
-            want = args.steps if phase == "sglang" else args.embedded_steps
+            want = steps_of(phase, args)
             check(results, f"run_{phase}", res.get("returncode") == 0 and s.get("steps") == want,
-                  f"rc {res.get('returncode')}, {s.get('steps', 0)}/{want} steps, wall {res.get('wall_s', 0):.0f}s")
-            if s.get("logprob_gap_max") is not None:
+                  f"rc {res.get('returncode')}, {s.get('steps', 0)}/{want} steps, wall {res.get('wall_s', 0):.0f}s"
+                  + (f"; {res['error']}" if res.get("error") else ""))
+            if s.get("logprob_gap_max") is not None and phase != "trl":
                 check(results, f"logprob_gap_{phase}", s["logprob_gap_max"] < 0.05,
                       f"max {s['logprob_gap_max']:.4f}, median {s['logprob_gap_median']:.4f} (bf16 engine, "
                       "fp32 master weights under autocast; limit 0.05)")

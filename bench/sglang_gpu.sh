@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# Real SGLang 0.5.17 on one H200 in one device call (at most 9 minutes): raw SGLang serving of the GRPO
-# step's requests, the project's run.py with rollout=sglang colocated (CUDA IPC weight pushes, router on),
-# the same with the embedded engine, and pass/fail checks against the live server (weight updates over
-# disk and CUDA IPC, memory release/resume, abort). bench/sglang_gpu.py says what each phase does.
+# One table in one device call (one H200, at most 9 minutes): seconds per GRPO step split into rollout,
+# train and sync for run.py with SGLang colocated without offload and with offload, TRL 1.16's
+# GRPOTrainer (HF generate), and run.py with the embedded engine, against raw SGLang serving the same
+# requests; plus pass/fail checks against the live server (weight updates over disk and CUDA IPC, memory
+# release/resume, abort). bench/sglang_gpu.py says what each phase does.
 #
-#   here:    ../shared/tools/sglang-bundle.sh .sglang-bundle; ../shared/tools/device-bundle.sh .device-bundle
+#   here:    ../shared/tools/sglang-bundle.sh .sglang-bundle
+#            EXTRA="trl==1.16.0 accelerate==1.15.0" ../shared/tools/device-bundle.sh .device-bundle
 #            (and .gpu-extra/: the sglang-router, datasets and math-verify wheels for Python 3.12)
 #   device:  call 1 (carry .sglang-bundle):   source .sglang-bundle/install.sh
 #            call 2 (carry .device-bundle .gpu-extra):
 #                     source .device-bundle/install.sh && bash bench/sglang_gpu.sh
+#   CPU dry run of every phase (tiny model, the embedded engine for SGLang, TRL on the CPU):
+#            python bench/sglang_gpu.py --cpu --budget 1500 --out /tmp/sglbench_cpu_out
 #
-# Results: $OUT/sglang_gpu_colocated.{json,md}, the server and run logs' tails in $OUT/logs/. Exits non-zero
-# when a check failed or a phase did not finish (what was measured is written anyway).
+# WORKLOAD=256x256 (32 prompts x 8 samples x 256 tokens) instead of TRL's anchor (8 x 8 x 256); PHASES=
+# picks phases (build,raw,sglang,sglang_offload,trl,embedded); STEPS, OFFLOAD_STEPS, EMBEDDED_STEPS,
+# TRL_STEPS set each run's steps. Results: $OUT/sglang_gpu_colocated[_256x256].{json,md}, the server and
+# run logs' tails in $OUT/logs/. Exits non-zero when a check failed or a phase did not finish (what was
+# measured is written anyway).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/sglang_gpu_env.sh
 source bench/sglang_gpu_env.sh || exit 1
-python3 bench/sglang_gpu.py --layout colocated --steps "${STEPS:-8}" --embedded-steps "${EMBEDDED_STEPS:-3}" \
-  --out "$OUT"
+python3 bench/sglang_gpu.py --layout colocated --steps "${STEPS:-6}" --offload-steps "${OFFLOAD_STEPS:-4}" \
+  --embedded-steps "${EMBEDDED_STEPS:-2}" --trl-steps "${TRL_STEPS:-3}" --out "$OUT"
 rc=$?
 bench_logs colocated
 exit $rc

@@ -31,8 +31,9 @@ def compose(overrides: List[str] = ()):
 
 def resolved(overrides: List[str] = ()):
     from slime_hydra.config import load, resolve
+    from slime_hydra.plan.memory import resolve_offload
 
-    return resolve(load(compose(overrides)))
+    return resolve_offload(resolve(load(compose(overrides))))
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +53,7 @@ def engine_url(tiny_ckpt, tmp_path_factory):
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
     spec = ServerSpec(engine="embedded", model_path=tiny_ckpt, tokenizer_path=tiny_ckpt, dtype="float32",
-                      device="cpu", gpus=1, seed=0, num_threads=1)
+                      device="cpu", gpus=1, seed=0, num_threads=1, memory_saver=True)
     port = free_port()
     log = str(tmp_path_factory.mktemp("engine") / "engine.log")
     proc = spawn(EmbeddedEngine(spec).command("127.0.0.1", port), log)

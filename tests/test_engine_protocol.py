@@ -190,6 +190,36 @@ def test_release_and_resume_memory(engine_url, tiny_ckpt, tmp_path):
     sender.close()
 
 
+def test_without_the_memory_saver_release_and_resume_keep_the_weights(tiny_ckpt, tmp_path):
+    """Colocated engines that do not offload (``parallelism.offload_rollout=false``) start without
+    --enable-memory-saver. SGLang 0.5.17 then answers release and resume and keeps its memory and
+    weights (its memory saver adapter is a no-op); the embedded server does the same."""
+    from slime_hydra.rollout.engines import ServerSpec
+    from slime_hydra.rollout.engines.embedded import EmbeddedEngine
+    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
+
+    spec = ServerSpec(engine="embedded", model_path=tiny_ckpt, tokenizer_path=tiny_ckpt, dtype="float32",
+                      device="cpu", gpus=1, seed=0, num_threads=1, memory_saver=False)
+    port = free_port()
+    cmd = EmbeddedEngine(spec).command("127.0.0.1", port)
+    assert "--enable-memory-saver" not in cmd
+    url, log = f"http://127.0.0.1:{port}", str(tmp_path / "engine.log")
+    proc = spawn(cmd, log)
+    try:
+        wait_http(url + "/health_generate", proc, 120, log)
+        body = {"input_ids": PROMPT, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+        before = gen(url, body)[1]["meta_info"]["output_token_logprobs"]
+        control(url, "/release_memory_occupation", {"tags": None})
+        assert httpx.get(url + "/server_info").json()["released_tags"] == []
+        code, out = gen(url, body)
+        assert code == 200 and out["meta_info"]["output_token_logprobs"] == before
+        control(url, "/resume_memory_occupation", {"tags": None})
+        assert weight_version(url) == "default" and gen(url, body)[1]["meta_info"]["output_token_logprobs"] == before
+    finally:
+        kill_tree(proc)
+
+
 def test_control_errors_name_the_endpoint(engine_url):
     with pytest.raises(EngineError, match="destroy_weights_update_group"):
         control(engine_url, "/destroy_weights_update_group", {"group_name": "nope"})

@@ -179,6 +179,62 @@ def test_colocated_peak_is_the_larger_phase_with_offload_and_the_sum_without():
     assert off.peak > 140 > on.peak
 
 
+# the GRPO step of bench/sglang_gpu.py: Qwen3-0.6B shape, 8 prompts x 8 samples x 256 new tokens, one H200
+ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.batch_size=8",
+          "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.micro_batch_size=16"]
+
+
+@pytest.mark.parametrize("overrides, offload", [
+    # trainer 30.4 + engine 0.5 x 140 = 100.4 GiB <= 126 (90% of 140): nothing moves
+    ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5"], (False, False)),
+    # engine 0.7 x 140: 128.4 together > 126; the engine releases while training, the trainer stays (106.9)
+    (ANCHOR, (False, True)),
+    # a set value stays: the other is chosen around it
+    ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5", "parallelism.offload_train=true"], (True, False)),
+    ([*ANCHOR, "parallelism.offload_rollout=false"], (True, False)),  # nothing fits in 126: the most offload
+    ([*ANCHOR, "rollout=embedded", "rollout.embedded_max_batch=64"], (False, False)),
+    (["experiment=qwen3_4b_grpo_math"], (True, True)),  # 105.4 training, 113.0 rollout: only with both
+    (["parallelism=cpu_colocate"], (True, True)),  # CPU slots: the colocated choreography
+    ([], (False, False)),  # split
+])
+def test_unset_offload_is_the_least_that_fits_in_90_percent_of_the_gpu(overrides, offload):
+    p = resolved(overrides).parallelism
+    assert (p.offload_train, p.offload_rollout) == offload
+
+
+def test_dry_run_shows_the_peak_of_each_offload_and_the_choice():
+    text = make_plan(resolved([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5"])).describe()
+    assert "offload: train=False rollout=False" in text
+    assert "colocated GPU, training: 100.4" in text and "colocated GPU, rollout: 78.9" in text
+    assert ("peak by what is offloaded: none 100.4, engine 78.9, trainer 100.4, both 70.0; unset "
+            "parallelism.offload_train / offload_rollout take the least offload within 126 GiB (90%)") in text
+    assert "peak by what is offloaded" not in make_plan(resolved(["model=qwen3_4b", "rollout=sglang",
+                                                                  "parallelism=split_4_4"])).describe()
+
+
+def test_colocated_without_offload_is_refused_with_what_would_fit():
+    cfg = resolved(["experiment=qwen3_4b_grpo_math", "parallelism.offload_train=false",
+                    "parallelism.offload_rollout=false"])
+    training, rollout = M.memory_problems(cfg, make_plan(cfg), 140.0)
+    assert training.startswith("parallelism: colocated GPU, training needs ~203 GiB (trainer: weights 15.0")
+    assert training.endswith("; sglang engine 98.0) > parallelism.gpu_memory_gib=140; set "
+                             "parallelism.offload_rollout=true (the engine releases its memory while the trainer "
+                             "trains) or lower rollout.server_args.mem_fraction_static to at most 0.24 (now 0.7; the "
+                             "trainer needs 105.4 GiB beside the engine)")
+    assert rollout.startswith("parallelism: colocated GPU, rollout needs ~173 GiB (sglang engine: weights 3.7, KV "
+                              "cache 94.3; trainer state left on the GPU 74.9)")
+    assert "set parallelism.offload_train=true" in rollout and "mem_fraction_static to at most 0.46" in rollout
+    # SGLang with mem_fraction_static 0.9 beside a 30 GiB trainer: refused; at most 0.78 would fit
+    big = resolved([*ANCHOR, "parallelism.offload_rollout=false", "rollout.server_args.mem_fraction_static=0.9"])
+    (problem,) = M.memory_problems(big, make_plan(big), 140.0)
+    assert "training needs ~156 GiB" in problem and "mem_fraction_static to at most 0.78 (now 0.9" in problem
+    fits = resolved([*ANCHOR, "parallelism.offload_rollout=false", "rollout.server_args.mem_fraction_static=0.78"])
+    assert M.memory_problems(fits, make_plan(fits), 140.0) == []
+    embedded = resolved([*ANCHOR, "rollout=embedded", "parallelism.offload_rollout=false",
+                         "rollout.embedded_max_batch=4096", "rollout.max_response_len=1024"])
+    assert "or lower rollout.embedded_max_batch (now 4096)" in M.memory_problems(embedded, make_plan(embedded), 140)[0]
+
+
 def test_sglang_kv_cache_and_weights_must_fit_in_mem_fraction_static():
     tight = resolved(["experiment=qwen3_4b_grpo_math", "rollout.server_args.mem_fraction_static=0.03"])
     (kv,) = M.memory_problems(tight, make_plan(tight), 140.0)

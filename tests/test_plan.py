@@ -47,5 +47,8 @@ def test_multi_node_engine_has_one_spec_per_node():
 def test_cpu_colocate_and_data_parallel_trainers():
     plan = make_plan(resolved(["parallelism=cpu_colocate"]))
     assert plan.colocate and len(plan.bundles) == 1 and plan.engines[0].bundles == [0]
+    assert "offload: train=True rollout=True" in plan.describe()  # CPU slots: unset offload = colocate
+    plan = make_plan(resolved(["parallelism=cpu_colocate", "parallelism.offload_rollout=false"]))
+    assert "offload: train=True rollout=False" in plan.describe()
     plan = make_plan(resolved(["parallelism.trainer_gpus=2", "parallelism.gpus_per_node=3"]))
     assert [t.bundle for t in plan.trainers] == [0, 1] and plan.engines[0].bundles == [2] and plan.data_parallel == 2

@@ -50,10 +50,6 @@ def resolve(cfg: RunConfig) -> RunConfig:
         p.rollout_gpus = p.trainer_gpus if p.colocate else p.gpus_per_engine
     if cfg.sync.max_logprob_diff is None:  # the log-prob gap guard is on, with a limit for the dtype
         cfg.sync.max_logprob_diff = LOGPROB_GAP_LIMITS.get(cfg.model.dtype, 0.05)
-    if p.offload_train is None:
-        p.offload_train = p.colocate
-    if p.offload_rollout is None:
-        p.offload_rollout = p.colocate
     if a.eps_clip_high is None:
         a.eps_clip_high = a.eps_clip
     if a.critic_lr is None:
@@ -85,4 +81,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
             ds.reward = cfg.reward.type
         if ds.max_response_len is None:
             ds.max_response_len = r.max_response_len
+    if not (p.colocate and p.device == "cuda"):  # colocated GPUs: plan.memory.resolve_offload, by the estimate
+        if p.offload_train is None:  # CPU slots: the colocated choreography, as on GPUs that need it
+            p.offload_train = p.colocate
+        if p.offload_rollout is None:
+            p.offload_rollout = p.colocate
     return cfg

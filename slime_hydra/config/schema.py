@@ -180,8 +180,10 @@ class ParallelismConfig:
     rollout_gpus: Optional[int] = None  # None: = trainer_gpus when colocated
     gpus_per_engine: int = 1  # accelerators of one engine (SGLang tp_size; may span nodes)
     colocate: bool = False  # trainers and engines share slots, taking turns on memory
-    offload_train: Optional[bool] = None  # None: = colocate
-    offload_rollout: Optional[bool] = None  # None: = colocate
+    # Colocated only. None: on GPUs, the least offload the memory estimate fits (plan/memory.py
+    # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate.
+    offload_train: Optional[bool] = None  # the trainer's state goes to the host while the engines generate
+    offload_rollout: Optional[bool] = None  # the engines release their memory while the trainer trains
     tensor_parallel: int = 1  # trainer tensor-parallel size (megatron)
     pipeline_parallel: int = 1  # trainer pipeline-parallel size (megatron)
     context_parallel: int = 1  # trainer context-parallel size (megatron)

@@ -185,6 +185,9 @@ class TrainerGroup:
     def onload(self) -> None:
         self._all("onload")
 
+    def free_cache(self) -> None:
+        self._all("free_cache")
+
     def save(self, out_dir: str, tokenizer_dir: str) -> None:
         self._all("save", out_dir, tokenizer_dir)
 

@@ -5,6 +5,12 @@ only between rollouts (slime's train.py and train_async.py).
 
 Weight version v = the number of training steps behind the weights; a rollout generated for step
 s must carry version s (sync) or the last pushed version (async), else the run stops.
+
+Colocated GPUs take turns on memory as ``parallelism.offload_rollout`` / ``offload_train`` say (``Offload``;
+config/resolve.py picks them from the memory estimate when unset): engines that offload release their
+memory while the trainer trains and take back their weights, then their KV cache, around the weight
+push; a trainer that offloads moves its state to the host for the push and the rollout, and back
+before training. Without offload nothing moves: the push reads the trainer's GPU tensors.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List
 
 import ray
@@ -27,6 +34,19 @@ from slime_hydra.logging.metrics import RunLogger
 from slime_hydra.plan.resources import ResourcePlan
 
 log = logging.getLogger("slime_hydra")
+
+
+@dataclass(frozen=True)
+class Offload:
+    """What takes turns on colocated GPUs (``parallelism.offload_train`` / ``offload_rollout``)."""
+
+    trainer: bool = False
+    engines: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "Offload":
+        p = cfg.parallelism
+        return cls(trainer=bool(p.colocate and p.offload_train), engines=bool(p.colocate and p.offload_rollout))
 
 
 def periodic(step: int, interval: int, last: int) -> bool:
@@ -89,12 +109,13 @@ def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_st
 
 def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, logger: RunLogger, start: int,
            num_rollout: int, t_start: float) -> Dict[str, Any]:
-    colocate, run_dir, is_async = cfg.parallelism.colocate, cfg.output_dir, cfg.trainer.mode == "async"
+    run_dir, is_async = cfg.output_dir, cfg.trainer.mode == "async"
+    offload = Offload.from_config(cfg)
     ft = cfg.rollout.fault_tolerance
     trainers.connect(ray.get(manager.endpoints.remote()))
-    if colocate:  # the engines start awake; push_weights expects them asleep, as after a training step
+    if offload.engines:  # the engines start awake; push_weights expects them asleep, as after a training step
         ray.get(manager.offload.remote())
-    sync = push_weights(manager, trainers, start, colocate, ft)
+    sync = push_weights(manager, trainers, start, offload, ft)
     log.info("weights v%d pushed to the engines (%.2fs over %s)", start, sync["seconds"], cfg.sync.transport)
 
     evals: Dict[str, float] = {}
@@ -109,9 +130,12 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
         t_rollout = time.perf_counter() - t0
         if is_async and step < num_rollout:
             next_rollout = manager.generate.remote(step, version)  # overlaps with training below
-        if colocate:
+        t_moves = time.perf_counter()
+        if offload.engines:
             ray.get(manager.offload.remote())
+        if offload.trainer:
             trainers.onload()
+        t_moves = time.perf_counter() - t_moves if offload.engines or offload.trainer else 0.0
         t1 = time.perf_counter()
         train_metrics = trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
@@ -122,7 +146,7 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
         if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
             if is_async and step < num_rollout:
                 wait_or_stalled(next_rollout, manager, ft)  # never change weights under a running rollout
-            sync = push_weights(manager, trainers, step, colocate, ft)
+            sync = push_weights(manager, trainers, step, offload, ft)
             version = step
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
         t_sync = time.perf_counter() - t2
@@ -131,7 +155,7 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
             metrics.update(evals)
         step_time = time.perf_counter() - t0
         metrics.update({"perf/step_time": step_time, "perf/rollout_wait_time": t_rollout, "perf/train_time": t_train,
-                        "perf/weight_sync_time": t_sync,
+                        "perf/weight_sync_time": t_sync, "perf/offload_time": t_moves,
                         "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
         logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
         logger.progress(metrics)
@@ -147,11 +171,12 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
     return summary
 
 
-def push_weights(manager, trainers: TrainerGroup, version: int, colocate: bool,
+def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload = Offload(),
                  fault_tolerance: bool = False) -> Dict[str, float]:
-    """Trainer -> engines, weight version ``version``. Colocated (the engines asleep, the trainer
-    awake): the trainer sleeps, the engines take back memory for their weights only, the push, then
-    the engines' KV cache, so that two copies of the weights plus a KV cache never share a GPU.
+    """Trainer -> engines, weight version ``version``. Engines that offload (asleep, the trainer
+    awake): the trainer sleeps if it offloads, else returns its cached activation memory; the engines
+    take back memory for their weights only, the push, then the engines' KV cache, so that two copies
+    of the weights plus a KV cache never share a GPU. Without offload, only the push.
 
     With fault tolerance, the push goes to the engines running now: when engines have failed or
     restarted since the last push, the trainers reconnect first (a weight-update group has a fixed
@@ -160,11 +185,14 @@ def push_weights(manager, trainers: TrainerGroup, version: int, colocate: bool,
         endpoints = ray.get(manager.weight_endpoints.remote())
         if [e["url"] for e in endpoints] != trainers.connected:
             trainers.reconnect(endpoints)
-    if colocate:
+    if offload.trainer:
         trainers.offload()
+    elif offload.engines:  # the trainer stays: its allocator gives back what training freed
+        trainers.free_cache()
+    if offload.engines:
         ray.get(manager.onload_weights.remote())
     sync = trainers.update_weights(version)
-    if colocate:
+    if offload.engines:
         ray.get(manager.onload_kv.remote())
     if fault_tolerance:
         ray.get(manager.weights_pushed.remote(version))

@@ -47,9 +47,10 @@ def _check_placement(cfg: RunConfig) -> List[str]:
     if p.colocate and p.rollout_gpus > p.trainer_gpus:
         errs.append(f"parallelism.rollout_gpus: {p.rollout_gpus} > trainer_gpus={p.trainer_gpus}; colocated engines "
                     "must sit on trainer GPUs")
-    if p.colocate and p.device == "cuda" and not (p.offload_train and p.offload_rollout):
-        errs.append("parallelism.colocate: colocated GPUs need offload_train=true and offload_rollout=true (both share "
-                    "one GPU's memory)")
+    for name in ("offload_train", "offload_rollout"):  # colocated: the memory estimate says what fits
+        if getattr(p, name) and not p.colocate:
+            errs.append(f"parallelism.{name}: true needs parallelism.colocate=true (split, trainers and engines "
+                        "have GPUs of their own: nothing takes turns)")
     return errs
 
 

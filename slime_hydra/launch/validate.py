@@ -17,7 +17,7 @@ from slime_hydra.config import ConfigError, RunConfig, load, resolve
 from slime_hydra.data import rules as data_rules
 from slime_hydra.launch import rules as launch_rules
 from slime_hydra.logging import rules as logging_rules
-from slime_hydra.plan.memory import memory_problems
+from slime_hydra.plan.memory import memory_problems, resolve_offload
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rewards import rules as reward_rules
 from slime_hydra.rollout import rules as rollout_rules
@@ -41,8 +41,9 @@ def validate(cfg: RunConfig) -> List[str]:
 
 
 def check(cfg: DictConfig | RunConfig) -> RunConfig:
-    """load + resolve + validate; raises ConfigError with every violation."""
-    run = resolve(load(cfg))
+    """load + resolve (and the offload of colocated GPUs, by the memory estimate) + validate; raises
+    ConfigError with every violation."""
+    run = resolve_offload(resolve(load(cfg)))
     errs = validate(run)
     if errs:
         raise ConfigError(errs)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.plan.memory import TRAINER_MEMORY, MemoryEstimate, estimate
+from slime_hydra.plan.memory import TRAINER_MEMORY, MemoryEstimate, estimate, offload_summary
 
 TRAINER_SHARE = 0.4
 ENGINE_SHARE = 0.2
@@ -123,4 +123,6 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
     )
     if p.device == "cuda" and t.backend in TRAINER_MEMORY:
         plan.memory = estimate(cfg, plan)
+        if colocate:
+            plan.memory.notes.append(offload_summary(cfg, plan))
     return plan

@@ -110,6 +110,9 @@ class TrainerActor:
     def onload(self) -> None:
         self.backend.onload()
 
+    def free_cache(self) -> None:
+        self.backend.free_cache()
+
     def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """``out_dir/hf`` (every run checkpoint has one) and the backend's resumable state."""
         self.backend.export_hf(os.path.join(out_dir, "hf"), tokenizer_dir)

@@ -187,6 +187,14 @@ class TrainerBackend(ABC):
     def onload(self) -> None:
         """Undo :meth:`offload`."""
 
+    def free_cache(self) -> None:
+        """Give the GPU memory that training freed (activations, kept by torch's caching allocator)
+        back to the driver: colocated engines take it for their KV cache while this trainer stays."""
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
     # ------------------------------------------------------------------------ checkpoints
     @abstractmethod
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:

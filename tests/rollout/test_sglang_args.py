@@ -123,8 +123,9 @@ def test_managed_server_args_are_sglang_options(sglang):
 def test_embedded_engine_takes_sglang_flag_names(sglang):
     """The embedded engine's flags are SGLang's (but --num-threads, its own)."""
     spec = ServerSpec(engine="embedded", model_path="/ckpt", tokenizer_path="/ckpt", dtype="float32", device="cpu",
-                      gpus=1, seed=0, trust_remote_code=True, num_threads=2)
+                      gpus=1, seed=0, trust_remote_code=True, num_threads=2, memory_saver=True)
     cmd = server_command(spec, "127.0.0.1", 30000)
+    assert "--enable-memory-saver" in cmd
     i = cmd.index("--num-threads")
     assert sglang.check(cmd[3:i] + cmd[i + 2:]) is None
 

@@ -366,16 +366,22 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
         return await weight_call(lambda: engine.update_from_disk(d["model_path"], version),
                                  "update weights from disk", version, num_paused_requests=0)
 
+    # Without --enable-memory-saver, SGLang 0.5.17 answers release and resume but keeps its memory and
+    # weights (its memory saver adapter is a no-op): so does this server.
+    memory_saver = bool(server_args.get("enable_memory_saver"))
+
     @route("/release_memory_occupation", methods=("GET", "POST"))
     async def release_memory_occupation(req: HTTPRequest):
         d = await body(req)
-        await call(lambda: engine.release(d.get("tags")))
+        if memory_saver:
+            await call(lambda: engine.release(d.get("tags")))
         return JSONResponse(None)
 
     @route("/resume_memory_occupation", methods=("GET", "POST"))
     async def resume_memory_occupation(req: HTTPRequest):
         d = await body(req)
-        await call(lambda: engine.resume(d.get("tags")))
+        if memory_saver:
+            await call(lambda: engine.resume(d.get("tags")))
         return JSONResponse(None)
 
     app = GenerateFirst(Starlette(routes=routes), generate)
@@ -457,6 +463,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--base-gpu-id", type=int, default=0)
     ap.add_argument("--random-seed", type=int, default=0)
     ap.add_argument("--trust-remote-code", action="store_true")
+    ap.add_argument("--enable-memory-saver", action="store_true",
+                    help="release_memory_occupation frees the weights (colocated engines that offload)")
     ap.add_argument("--max-running-requests", type=int, default=256, help="most sequences decoded together")
     ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--log-level", default="warning")

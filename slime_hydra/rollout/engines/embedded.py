@@ -25,5 +25,6 @@ class EmbeddedEngine(Engine):
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec
         args = {**self.common_args(host, port, base_gpu_id), "dtype": s.dtype, "device": s.device,
-                "max_running_requests": s.max_batch, "num_threads": s.num_threads}
+                "max_running_requests": s.max_batch, "num_threads": s.num_threads,
+                "enable_memory_saver": s.memory_saver}
         return [sys.executable, "-m", "slime_hydra.rollout.embedded.server", *to_flags(args)]
