@@ -1,13 +1,16 @@
 """The engine fleet (slime_hydra/rollout/fleet.py) over engines it did not start, so without Ray: its
-addresses, and against a real embedded engine, sglang-router registration, aborts and the
-colocated memory calls. (Watching engine actors: test_engine_watchdog.py.)"""
+addresses, and against real embedded engines, sglang-router registration, aborts, the colocated
+memory calls, and two engines behind the router taking requests and weight pushes over every
+transport that runs on CPU. (Watching engine actors: test_engine_watchdog.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
+import torch
 
 from slime_hydra.config.schema import RouterConfig
 from slime_hydra.rollout.client import GenerateClient
@@ -57,6 +60,103 @@ def test_router_and_abort(engine_url, tmp_path):
         fleet.shutdown()
     assert router.proc.poll() is not None  # the router is gone, the engine it served is not
     assert httpx.get(engine_url + "/health").status_code == 200
+
+
+@contextlib.contextmanager
+def embedded_engines(ckpt: str, log_dir, count: int):
+    """``count`` embedded engine servers of ``ckpt`` (seeds 0, 1, ... as a fleet gives them), as the
+    conftest's ``engine_url`` starts one; yields their URLs."""
+    from slime_hydra.rollout.engines import ServerSpec
+    from slime_hydra.rollout.engines.embedded import EmbeddedEngine
+    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
+
+    procs, urls = [], []
+    try:
+        for i in range(count):
+            spec = ServerSpec(engine="embedded", model_path=ckpt, tokenizer_path=ckpt, dtype="float32", device="cpu",
+                              gpus=1, seed=i, num_threads=1)
+            port, log = free_port(), str(log_dir / f"engine_{i}.log")
+            procs.append(spawn(EmbeddedEngine(spec).command("127.0.0.1", port), log))
+            urls.append(f"http://127.0.0.1:{port}")
+        for proc, url, i in zip(procs, urls, range(count)):
+            wait_http(url + "/health_generate", proc, 120, str(log_dir / f"engine_{i}.log"))
+        yield urls
+    finally:
+        for proc in procs:
+            kill_tree(proc)
+
+
+def served(url: str) -> int:
+    """Generate requests the engine has run (its recent batches' sizes; it keeps the last 64)."""
+    batches = httpx.get(url + "/server_info", timeout=30).json()["internal_states"][0]["recent_batches"]
+    assert len(batches) < 64, "the engine forgot older batches: count with fewer requests"
+    return sum(b["size"] for b in batches)
+
+
+def greedy(url: str, prompt, tokens: int) -> list:
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
+    r = httpx.post(url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def local_greedy(model, prompt, tokens: int) -> list:
+    """Greedy decoding with the model in this process, one full forward per token."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(tokens):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.e2e
+def test_two_engines_behind_the_router_share_requests_and_weights(tiny_ckpt, tmp_path):
+    """Two engines behind the real sglang-router (round robin): requests reach both; then weights
+    are pushed to both over each transport that runs on CPU (gloo broadcast, shared-memory handles,
+    safetensors on disk), each push different, and after each both engines report its version and
+    decode a prompt greedily to the same tokens as the pushed model does here, directly and through
+    the router."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_hydra.sync.sender import Endpoint, WeightSender
+    from slime_hydra.utils.http import weight_version
+
+    prompt, tokens = [5, 12, 3, 9, 4, 12], 6  # token ids of the builtin:digits vocabulary
+    with embedded_engines(tiny_ckpt, tmp_path, 2) as urls:
+        fleet = EngineFleet([EngineHandle(i, u) for i, u in enumerate(urls)])
+        fleet.start_router(RouterConfig(policy="round_robin"), str(tmp_path / "router.log"))
+        try:
+            assert sorted(w["url"] for w in fleet.router.workers()) == sorted(urls)
+            before = [served(u) for u in urls]
+            first = {tuple(greedy(fleet.base_url, prompt, tokens)) for _ in range(8)}
+            counts = [served(u) - b for u, b in zip(urls, before)]
+            assert counts == [4, 4], counts  # round robin: half each
+            assert len(first) == 1  # the same checkpoint on both
+            previous = first.pop()
+            for version, transport in enumerate(["distributed", "tensor", "disk"], start=1):
+                # noise at 3x the initial std (0.02): each push decodes the prompt differently
+                model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32).eval()
+                gen = torch.Generator().manual_seed(version)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=gen) * 0.06)
+                expected = local_greedy(model, prompt, tokens)
+                assert expected != list(previous), "the push would not change the output: perturb more"
+                sender = WeightSender(transport, [Endpoint(**e) for e in fleet.endpoints()], torch.device("cpu"),
+                                      bucket_mb=1, disk_dir=str(tmp_path / "push"), model_path=tiny_ckpt)
+                sender.connect()
+                try:
+                    sender.push(list(model.state_dict().items()), version=version)
+                finally:
+                    sender.close()
+                assert [weight_version(u) for u in urls] == [str(version)] * 2, transport
+                assert [greedy(u, prompt, tokens) for u in urls] == [expected] * 2, transport
+                before = [served(u) for u in urls]
+                assert [greedy(fleet.base_url, prompt, tokens) for _ in range(4)] == [expected] * 4, transport
+                assert [served(u) - b for u, b in zip(urls, before)] == [2, 2], transport
+                previous = expected
+        finally:
+            fleet.shutdown()
 
 
 @pytest.mark.e2e
