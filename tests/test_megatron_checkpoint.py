@@ -91,15 +91,22 @@ def _tensors(be):
     return out
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("qwen3"))
-    saved_checkpoint(tiny_hf_model("qwen3"), path)
+def _tiny_checkpoint(tmp_path_factory, family: str) -> str:
+    path = str(tmp_path_factory.mktemp(family))
+    saved_checkpoint(tiny_hf_model(family), path)
     return path
 
 
-@pytest.mark.parametrize("distributed_optimizer", [True, False])
-def test_resume_restores_every_tensor(ckpt, tmp_path, distributed_optimizer):
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return _tiny_checkpoint(tmp_path_factory, "qwen3")
+
+
+@pytest.mark.parametrize("family, distributed_optimizer", [("qwen3", True), ("qwen3", False), ("llama", True),
+                                                           ("glm4", True), ("qwen3_moe", True),
+                                                           ("deepseek_v3", True)])
+def test_resume_restores_every_tensor(tmp_path_factory, tmp_path, family, distributed_optimizer):
+    ckpt = _tiny_checkpoint(tmp_path_factory, family)
     cfg = _cfg(f"trainer.use_distributed_optimizer={str(distributed_optimizer).lower()}")
     data, out = fake_rollout(8), str(tmp_path / "step_1")
     with _backend(cfg, ckpt) as be:
@@ -176,3 +183,39 @@ def test_resharded_resume_gives_the_same_log_probs(ckpt, tmp_path, layout):
     assert (before - want["saved"])[mask].abs().max() > 1e-2  # the saved run's step moved the weights
     torch.testing.assert_close(got[mask], want["saved"][mask], atol=1e-5, rtol=0)
     torch.testing.assert_close(got_next[mask], want["next"][mask], atol=1e-4, rtol=0)
+
+
+def _save_scaled_on_two_ranks(rank: int, port: int, overrides, path: str, out: str) -> None:
+    """Rank ``rank`` of a two-rank run: the weights scaled by 1.5, their Hugging Face export, a checkpoint."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        with _backend(_cfg(*overrides), path, rank=rank, world_size=2) as be:
+            with torch.no_grad():
+                for p in be._params():
+                    p.mul_(1.5)
+            weights = dict(be.hf_weights())  # gathered over the ranks; rank 0 yields them
+            be.save(out, TRAINER_STATE)
+            if rank == 0:
+                torch.save(weights, os.path.join(out, "hf_weights.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_expert_parallel_checkpoint_resumes_without_it(tmp_path_factory, tmp_path):
+    """EP = 2 -> EP = 1 for a Qwen3-MoE model, compared on the exported weights (expert parallelism does
+    not run a forward pass on gloo: the token dispatcher's all-to-all)."""
+    import torch.multiprocessing as mp
+
+    ckpt, out = _tiny_checkpoint(tmp_path_factory, "qwen3_moe"), str(tmp_path / "step_1")
+    mp.spawn(_save_scaled_on_two_ranks, args=(free_port(), ["parallelism.expert_parallel=2"], ckpt, out), nprocs=2,
+             join=True)
+    want = torch.load(os.path.join(out, "hf_weights.pt"))
+    with _backend(_cfg(), ckpt) as be:
+        assert be.load(out) == TRAINER_STATE
+        got = dict(be.hf_weights())
+    assert got.keys() == want.keys() and any("experts.1." in k for k in got)
+    for k in got:
+        assert torch.equal(got[k], want[k]), k

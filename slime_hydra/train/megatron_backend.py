@@ -528,17 +528,25 @@ class MegatronBackend(TrainerBackend):
 
     def _init_optimizer_state(self) -> None:
         """Adam's state exists only after a first step, and megatron's distributed optimizer with torch's
-        Adam (no Transformer Engine or apex) builds the sharded state dict to load into only once it
-        does (0.16.1 asserts otherwise): a step on zero gradients creates it; the load overwrites it."""
+        Adam (no Transformer Engine or apex) builds its sharded state dict only once it does (0.16.1
+        asserts otherwise): a step at learning rate 0 on zero gradients creates it, leaving the weights
+        as they are, and its step counts go back to 0 (so Adam's bias correction is a fresh one's)."""
         from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
         for o in self._inner_optimizers():
-            if isinstance(o, DistributedOptimizer) and not o.optimizer.state:
-                for g in o.optimizer.param_groups:
-                    for p in g["params"]:
-                        p.grad = torch.zeros_like(p)
-                o.optimizer.step()
-                o.optimizer.zero_grad(set_to_none=True)
+            if not isinstance(o, DistributedOptimizer) or o.optimizer.state:
+                continue
+            lrs = [g["lr"] for g in o.optimizer.param_groups]
+            for g in o.optimizer.param_groups:
+                g["lr"] = 0.0
+                for p in g["params"]:
+                    p.grad = torch.zeros_like(p)
+            o.optimizer.step()
+            o.optimizer.zero_grad(set_to_none=True)
+            for g, lr in zip(o.optimizer.param_groups, lrs):
+                g["lr"] = lr
+            for st in o.optimizer.state.values():
+                st["step"] = torch.zeros_like(st["step"])
 
     def _load_optimizer(self, state: Dict[Any, Any]) -> None:
         """``self.opt.load_state_dict(state)``, past two megatron-core 0.16.1 bugs of the distributed
@@ -549,10 +557,7 @@ class MegatronBackend(TrainerBackend):
         from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
         inner = self._inner_optimizers()
-        states = [state] if len(inner) == 1 else [v for _, v in sorted(state.items())]
-        if len(states) != len(inner):
-            raise ValueError(f"the checkpoint has {len(states)} optimizer(s), this model {len(inner)}")
-        for o, st in zip(inner, states):
+        for o, st in zip(inner, _per_optimizer(state, len(inner))):
             if not isinstance(o, DistributedOptimizer):
                 o.load_state_dict(st)
                 continue
@@ -568,8 +573,7 @@ class MegatronBackend(TrainerBackend):
         """The checkpoint as megatron's sharded state dict (see the module docstring)."""
         from megatron.core.dist_checkpointing import ShardedObject
 
-        if loading:
-            self._init_optimizer_state()
+        self._init_optimizer_state()
         sd: Dict[str, Any] = {f"model{i}": c.module.sharded_state_dict() for i, c in enumerate(self.chunks)}
         sd["optimizer"] = self.opt.sharded_state_dict(sd, is_loading=loading, metadata=_OPTIMIZER_SHARDING)
         if self.ref_state is not None:
@@ -624,6 +628,26 @@ class MegatronBackend(TrainerBackend):
         self.steps_done = state["steps_done"]
         self._set_lr()
         return state["trainer_state"]
+
+
+def _per_optimizer(state: Dict[Any, Any], n: int) -> List[Dict[str, Any]]:
+    """The loaded optimizer state, one dict per optimizer of this run. megatron chains an optimizer per
+    kind of parameter whose data-parallel group differs (dense and expert parameters at EP > 1, one
+    optimizer at EP = 1), so the count may change with the layout: the common parts (parameter groups,
+    step) come keyed by the saving run's count, the sharded ones (``param_state``) by this run's."""
+    keyed = sorted(k for k in state if isinstance(k, int))
+    saved = [state[k] for k in keyed] if keyed else [state]
+    if len(saved) == n:
+        return saved
+    if any(s.get("param_state_sharding_type") != "fully_reshardable" for s in saved):
+        raise ValueError(f"the checkpoint's optimizer is chained from {len(saved)} optimizer(s), this run's from {n} "
+                         "(the expert-parallel size changed); only the distributed optimizer "
+                         "(trainer.use_distributed_optimizer=true) re-shards across that")
+    groups = [g for s in saved for g in s["optimizer"]["param_groups"]]
+    common = {k: v for k, v in saved[0].items() if k != "param_state"}
+    common["optimizer"] = {**saved[0]["optimizer"], "param_groups": groups}
+    mine = [state] if n == 1 else [state[i] for i in range(n)]
+    return [{**common, "param_state": m["param_state"]} for m in mine]
 
 
 def _recompute_overrides(recompute: str) -> Dict[str, Any]:
