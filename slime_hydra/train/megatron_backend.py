@@ -23,15 +23,20 @@ optimizer's float32 main weights and Adam moments move to the host (``MegatronOp
 pageable memory). Small buffers (rotary tables) stay.
 
 Checkpoints: ``hf/`` (sharded safetensors with an index, config and tokenizer) and ``megatron/``, a
-``megatron.core.dist_checkpointing`` checkpoint (torch_dist format) written by every rank at once: the
-model chunks' ``sharded_state_dict`` (each tensor under its global name and shape, so TP/PP/VPP/EP may
-differ on resume), the optimizer's (main weights and Adam moments; the distributed optimizer's in its
-``fully_reshardable`` form, so they re-shard too), the reference weights (``ref.*``), each rank's RNG
-states, and in the common part the step count, the parallel layout and the RL step's counters (the
-data position is the driver's ``data_state.json``; the learning rate follows from the step count).
-RNG states are restored only under the layout they were saved with. The crash-safe write (a
-``step_N.tmp`` directory renamed when complete) is :mod:`slime_hydra.checkpoint.ckpt`'s.
-Checkpoints of the earlier per-rank format (``megatron/rank_XXXXX.pt``) are refused with an error.
+``megatron.core.dist_checkpointing`` checkpoint (torch_dist format) that every rank writes its part of:
+the model chunks' ``sharded_state_dict`` (each tensor under its global name and shape, the vocabulary's
+padding allowed to differ), the optimizer's (main weights and Adam moments; the distributed optimizer's
+in its ``fully_reshardable`` form, gathered over each data-parallel group to save), the reference
+weights (``ref.*``), each rank's RNG states, and in the common part the step count, the parallel layout
+and the RL step's counters. So a resume may change the parallel layout (tested on CPU: TP, PP and EP
+of 2 resumed at 1): the shards are cut anew; RNG states come back only under the layout that saved them. The data position is
+the driver's ``data_state.json`` and the learning rate follows from the step count; the crash-safe
+write (``step_N.tmp`` renamed once complete) is :mod:`slime_hydra.checkpoint.ckpt`'s. The SDP attention
+spec has no parameters and our RMSNorm is a plain module, so megatron's default sharded state dict
+(replicated over TP) covers them; GLM-4's post norms ride on the row-parallel linears' own. Checkpoints
+of the earlier per-rank format (``megatron/rank_XXXXX.pt``) are refused with an error naming the file.
+Around megatron-core 0.16.1 with torch's Adam (no Transformer Engine, no apex): see
+:meth:`MegatronBackend._init_optimizer_state` and :meth:`MegatronBackend._load_optimizer`.
 """
 
 from __future__ import annotations
