@@ -4,9 +4,9 @@
   and Adam moments, the reference weights, the RNG) and the step count, and the next optimizer step
   gives the same weights as the run that was not interrupted; with the distributed optimizer and
   without it;
-- re-sharding: a checkpoint saved by two ranks at TP = 2 (or PP = 2) and resumed on one rank gives the
+- re-sharding: a checkpoint saved by two ranks at TP = 2, PP = 2 or DP = 2 and resumed on one rank gives the
   saving run's log-probs, and after one more optimizer step on each side, the same log-probs again
-  (so the Adam moments were re-sharded too);
+  (so the Adam moments were re-sharded too); EP = 2 resumed at EP = 1 exports the same weights;
 - a checkpoint of the earlier per-rank format is refused with an error naming its file.
 
 megatron's CUDA assumptions are pointed at the CPU by ``tests/megatron_cpu.py`` (tests only)."""
@@ -52,23 +52,25 @@ def _backend(cfg, path: str, rank: int = 0, world_size: int = 1):
                 dist.destroy_process_group()
 
 
-def _loss(data):
-    """A loss of the log-probs and entropies of the sampled tokens (weights of both signs)."""
+def _loss(data, share: float = 1.0):
+    """``share`` of a loss of the log-probs and entropies of the sampled tokens (weights of both signs)."""
     T = max(data["response_lengths"])
     mask = torch.tensor([[float(t < r) for t in range(T)] for r in data["response_lengths"]])
     weights = torch.linspace(-1.0, 1.0, len(data["tokens"]))
 
     def loss_fn(idx, lp, ent):
         m = mask[list(idx)]
-        loss = ((lp * weights[list(idx), None] - 0.01 * ent) * m).sum() / mask.sum()
+        loss = share * ((lp * weights[list(idx), None] - 0.01 * ent) * m).sum() / mask.sum()
         return loss, {"loss": loss.detach()}
 
     return loss_fn
 
 
 def _step(be, data) -> None:
+    """An optimizer step on ``data``; data-parallel ranks all get the whole of it, each a 1 / DP share of
+    the loss (the backend sums the ranks' shares), so the step is the one-rank step."""
     rows, T = list(range(len(data["tokens"]))), max(data["response_lengths"])
-    be.train_step(be.micro_batches(data, rows, T), 0.7, _loss(data))
+    be.train_step(be.micro_batches(data, rows, T), 0.7, _loss(data, 1 / be.dp_size))
 
 
 def _log_probs(be, data) -> torch.Tensor:
@@ -166,7 +168,8 @@ def _save_on_two_ranks(rank: int, port: int, overrides, path: str, out: str, dat
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("layout", ["parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2"])
+@pytest.mark.parametrize("layout", ["parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2",
+                                    "parallelism.tensor_parallel=1"])  # the last: DP = 2
 def test_resharded_resume_gives_the_same_log_probs(ckpt, tmp_path, layout):
     import torch.multiprocessing as mp
 

@@ -25,17 +25,17 @@ pageable memory). Small buffers (rotary tables) stay.
 Checkpoints: ``hf/`` (sharded safetensors with an index, config and tokenizer) and ``megatron/``, a
 ``megatron.core.dist_checkpointing`` checkpoint (torch_dist format) that every rank writes its part of:
 the model chunks' ``sharded_state_dict`` (each tensor under its global name and shape, the vocabulary's
-padding allowed to differ), the optimizer's (main weights and Adam moments; the distributed optimizer's
-in its ``fully_reshardable`` form, gathered over each data-parallel group to save), the reference
+padding allowed to differ), the optimizer's (main weights and Adam moments; the distributed optimizer's in
+its ``fully_reshardable`` form, gathered to each data-parallel group's first rank to save), the reference
 weights (``ref.*``), each rank's RNG states, and in the common part the step count, the parallel layout
-and the RL step's counters. So a resume may change the parallel layout (tested on CPU: TP, PP and EP
-of 2 resumed at 1): the shards are cut anew; RNG states come back only under the layout that saved them. The data position is
-the driver's ``data_state.json`` and the learning rate follows from the step count; the crash-safe
-write (``step_N.tmp`` renamed once complete) is :mod:`slime_hydra.checkpoint.ckpt`'s. The SDP attention
-spec has no parameters and our RMSNorm is a plain module, so megatron's default sharded state dict
-(replicated over TP) covers them; GLM-4's post norms ride on the row-parallel linears' own. Checkpoints
-of the earlier per-rank format (``megatron/rank_XXXXX.pt``) are refused with an error naming the file.
-Around megatron-core 0.16.1 with torch's Adam (no Transformer Engine, no apex): see
+and the RL step's counters. So a resume may change the parallel layout (tested on CPU: TP, PP, EP and DP
+of 2 resumed at 1): the shards are cut anew; RNG states come back only under the layout that saved them.
+The data position is the driver's ``data_state.json``, the learning rate follows from the step count, and
+the crash-safe write (``step_N.tmp`` renamed once complete) is :mod:`slime_hydra.checkpoint.ckpt`'s. The
+SDP attention spec has no parameters and our RMSNorm is a plain module, so megatron's default sharded
+state dict (replicated over TP) covers them; GLM-4's post norms ride on the row-parallel linears' own.
+Checkpoints of the earlier per-rank format (``megatron/rank_XXXXX.pt``) are refused with an error naming
+the file. Around megatron-core 0.16.1 with torch's Adam (no Transformer Engine, no apex):
 :meth:`MegatronBackend._init_optimizer_state` and :meth:`MegatronBackend._load_optimizer`.
 """
 
@@ -65,9 +65,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CKPT_FORMAT = "torch_dist"  # megatron.core.dist_checkpointing's backend
-# the distributed optimizer's state in a form that re-shards over TP / PP / DP (gathered on each DP group's
-# first rank to save); keys by parameter name, without the chained optimizers' prefixes
-_OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+# the distributed optimizer's state in a form that re-shards over TP / PP / EP / DP, gathered to save on each
+# DP group's first rank over gloo in host memory (not over NCCL into every rank's GPU: a colocated run saves
+# while the engines hold the GPU); keyed by parameter name, without the chained optimizers' prefixes
+_OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
+                       "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
 @dataclass
