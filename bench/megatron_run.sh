@@ -4,7 +4,7 @@
 # packed micro-batches of <= 16k tokens, megatron DDP + distributed Adam, offload/onload around the
 # rollouts, CUDA IPC weight pushes. No learning is expected (random labels); this checks and times the
 # path, and the train/rollout log-prob gap must stay within bf16 tolerance (sync.max_logprob_diff fails
-# the run otherwise). A checkpoint is saved at the last step (hf/ + per-rank megatron state).
+# the run otherwise). A checkpoint is saved at the last step (hf/ + megatron/, dist_checkpointing).
 #   device: source .device-bundle/install.sh && bash bench/megatron_run.sh     (carry .device-bundle)
 set -uo pipefail
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"

@@ -16,6 +16,7 @@ from typing import Dict
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 pytest.importorskip("megatron.core")
 
@@ -119,6 +120,36 @@ def cuda_on_cpu():
     mp.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     try:
         yield
+    finally:
+        mp.undo()
+
+
+class _CudaTensorsOnCpu(TorchFunctionMode):
+    """megatron's optimizer makes its loss-scale tensors with ``device='cuda'``: make them on the CPU; and
+    the distributed optimizer accepts only ``torch.cuda.*Tensor`` parameters: CPU tensors say they are
+    (and ``.cuda()`` leaves them where they are)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cuda:
+            return args[0]
+        kwargs = dict(kwargs or {})
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and out.startswith("torch."):
+            out = out.replace("torch.", "torch.cuda.", 1)
+        return out
+
+
+@contextlib.contextmanager
+def trainer_on_cpu():
+    """:func:`cuda_on_cpu` plus what megatron's optimizers and dist_checkpointing's writer assume
+    (CUDA tensors, ``torch.cuda.synchronize``): for a whole trainer backend on the CPU."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    try:
+        with cuda_on_cpu(), _CudaTensorsOnCpu():
+            yield
     finally:
         mp.undo()
 

@@ -3,37 +3,22 @@ and optimizer (the non-distributed one: the distributed optimizer asserts CUDA t
 micro-batches in row order, log-probs equal to the torch backend's on the same checkpoint, gradients of
 the same loss with the same norm (the loss scaling), and the weights it pushes and exports equal to the
 checkpoint's bit for bit. megatron's DDP and schedules assume CUDA, so the CUDA calls are pointed at
-the CPU here (``tests/megatron_cpu.py`` and ``_CudaTensorsOnCpu``, tests only); the optimizer step and
+the CPU here (``tests/megatron_cpu.py``, tests only); the optimizer step and
 the whole run need a GPU (``bench/megatron_run.sh``)."""
 
 from __future__ import annotations
-
-import contextlib
 
 import megatron_cpu
 import pytest
 import torch
 from megatron_cpu import saved_checkpoint, tiny_hf_model  # skips without megatron
-from torch.overrides import TorchFunctionMode
 from train.tiny_trainer import fake_rollout
 
 from conftest import resolved
 
 
-class _CudaTensorsOnCpu(TorchFunctionMode):
-    """megatron's optimizer makes its loss-scale tensors with ``device='cuda'``: make them on the CPU."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if str(kwargs.get("device", "")).startswith("cuda"):
-            kwargs["device"] = "cpu"
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
 def cuda_on_cpu():
-    with megatron_cpu.cuda_on_cpu(), _CudaTensorsOnCpu():
-        yield
+    return megatron_cpu.trainer_on_cpu()
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,27 @@ gradient buffers' storage is freed (``_ParamAndGradBuffer.offload_to_cpu``; zero
 optimizer's float32 main weights and Adam moments move to the host (``MegatronOptimizer.offload_to_cpu``,
 pageable memory). Small buffers (rotary tables) stay.
 
-Checkpoints: ``hf/`` (sharded safetensors with an index, config and tokenizer) and, per rank,
-``megatron/rank_XXXXX.pt`` (the rank's model shards, the optimizer's main weights and Adam state, the
-step count, RNG). Per-rank files, not ``megatron.core.dist_checkpointing``: our module spec's
-``SDPAttention`` and the parallel layout are not re-shardable through it without TE-free sharded
-state dict support we have not verified on 0.16.1; so a resume needs the same parallel layout.
+Checkpoints: ``hf/`` (sharded safetensors with an index, config and tokenizer) and ``megatron/``, a
+``megatron.core.dist_checkpointing`` checkpoint (torch_dist format) that every rank writes its part of:
+the model chunks' ``sharded_state_dict`` (each tensor under its global name and shape, the vocabulary's
+padding allowed to differ), the optimizer's (main weights and Adam moments; the distributed optimizer's in
+its ``fully_reshardable`` form, gathered to each data-parallel group's first rank to save), the reference
+weights (``ref.*``), each rank's RNG states, and in the common part the step count, the parallel layout
+and the RL step's counters. So a resume may change the parallel layout (tested on CPU: TP, PP, EP and DP
+of 2 resumed at 1): the shards are cut anew; RNG states come back only under the layout that saved them.
+The data position is the driver's ``data_state.json``, the learning rate follows from the step count, and
+the crash-safe write (``step_N.tmp`` renamed once complete) is :mod:`slime_hydra.checkpoint.ckpt`'s. The
+SDP attention spec has no parameters and our RMSNorm is a plain module, so megatron's default sharded
+state dict (replicated over TP) covers them; GLM-4's post norms ride on the row-parallel linears' own.
+Checkpoints of the earlier per-rank format (``megatron/rank_XXXXX.pt``) are refused with an error naming
+the file. Around megatron-core 0.16.1 with torch's Adam (no Transformer Engine, no apex):
+:meth:`MegatronBackend._init_optimizer_state` and :meth:`MegatronBackend._load_optimizer`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -52,6 +63,13 @@ if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
+
+CKPT_FORMAT = "torch_dist"  # megatron.core.dist_checkpointing's backend
+# the distributed optimizer's state in a form that re-shards over TP / PP / EP / DP, gathered to save on each
+# DP group's first rank over gloo in host memory (not over NCCL into every rank's GPU: a colocated run saves
+# while the engines hold the GPU); keyed by parameter name, without the chained optimizers' prefixes
+_OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
+                       "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
 @dataclass
@@ -479,62 +497,164 @@ class MegatronBackend(TrainerBackend):
     def _inner_optimizers(self):
         return getattr(self.opt, "chained_optimizers", [self.opt])
 
-    def _rank_file(self, ckpt_dir: str) -> str:
-        return os.path.join(ckpt_dir, "megatron", f"rank_{self.rank:05d}.pt")
+    def _layout(self) -> Dict[str, Any]:
+        return {"tp": self.parallel.tp, "pp": self.parallel.pp, "vpp": self.parallel.vpp, "ep": self.parallel.ep,
+                "world_size": self.world_size}
 
-    def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
-        """Every rank writes ``out_dir/megatron/rank_XXXXX.pt``; rank 0 adds ``trainer_state``."""
+    def _rng_state(self) -> Dict[str, Any]:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-        os.makedirs(os.path.join(out_dir, "megatron"), exist_ok=True)
-        opts = []
+        return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if self.cuda else None,
+                "tracker": get_cuda_rng_tracker().get_states() if self.cuda else None}
+
+    def _set_rng_state(self, rng: Dict[str, Any]) -> None:
+        torch.set_rng_state(rng["cpu"])
+        if self.cuda and rng["cuda"] is not None:
+            from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+            torch.cuda.set_rng_state(rng["cuda"])
+            get_cuda_rng_tracker().set_states(rng["tracker"])
+
+    def _ref_sharded(self) -> Dict[str, Any]:
+        """The reference weights as sharded tensors: the model's own entries renamed ``ref.<key>``, with
+        the pinned host copies as their data."""
+        from dataclasses import replace
+
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+        ref = {id(p): t for p, t in zip(self._params(), self.ref_state)}
+        out: Dict[str, Any] = {}
+        for i, c in enumerate(self.chunks):
+            for name, v in c.module.sharded_state_dict().items():
+                if isinstance(v, (ShardedTensor, ShardedTensorFactory)) and id(v.data) in ref:
+                    out[f"{i}.{name}"] = replace(v, key="ref." + v.key, data=ref.pop(id(v.data)))
+        if ref:
+            raise RuntimeError(f"reference weights: {len(ref)} parameter(s) have no entry in the model's sharded "
+                               "state dict")
+        return out
+
+    def _init_optimizer_state(self) -> None:
+        """Adam's state exists only after a first step, and megatron's distributed optimizer with torch's
+        Adam (no Transformer Engine or apex) builds its sharded state dict only once it does (0.16.1
+        asserts otherwise): a step at learning rate 0 on zero gradients creates it, leaving the weights
+        as they are, and its step counts go back to 0 (so Adam's bias correction is a fresh one's)."""
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
         for o in self._inner_optimizers():
-            main = [p.detach().cpu() for g in o.optimizer.param_groups for p in g["params"]]
-            opts.append({"adam": o.optimizer.state_dict(), "main": main})
-        state = {
-            "layout": {"tp": self.parallel.tp, "pp": self.parallel.pp, "vpp": self.parallel.vpp,
-                       "ep": self.parallel.ep, "world_size": self.world_size},
-            "model": [p.detach().cpu() for p in self._params()],
-            "optimizers": opts, "steps_done": self.steps_done, "ref": self.ref_state,
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state() if self.cuda else None,
-            "tracker": get_cuda_rng_tracker().get_states() if self.cuda else None,
-            "trainer_state": trainer_state,
-        }
-        torch.save(state, self._rank_file(out_dir))
+            if not isinstance(o, DistributedOptimizer) or o.optimizer.state:
+                continue
+            lrs = [g["lr"] for g in o.optimizer.param_groups]
+            for g in o.optimizer.param_groups:
+                g["lr"] = 0.0
+                for p in g["params"]:
+                    p.grad = torch.zeros_like(p)
+            o.optimizer.step()
+            o.optimizer.zero_grad(set_to_none=True)
+            for g, lr in zip(o.optimizer.param_groups, lrs):
+                g["lr"] = lr
+            for st in o.optimizer.state.values():
+                st["step"] = torch.zeros_like(st["step"])
+
+    def _load_optimizer(self, state: Dict[Any, Any]) -> None:
+        """``self.opt.load_state_dict(state)``, past two megatron-core 0.16.1 bugs of the distributed
+        optimizer with torch's Adam: its fully_reshardable load copies every per-parameter state entry,
+        torch's ``step`` counts included, from a checkpoint that keeps the step elsewhere (KeyError:
+        'step'); and it gives every parameter the same ``step`` tensor, which Adam then increments once
+        per parameter. The counts are held aside during the copy and put back, one tensor each."""
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        inner = self._inner_optimizers()
+        for o, st in zip(inner, _per_optimizer(state, len(inner))):
+            if not isinstance(o, DistributedOptimizer):
+                o.load_state_dict(st)
+                continue
+            o.load_state_dict({k: v for k, v in st.items() if k != "param_state"})  # steps, groups, scaler
+            steps = {p: ps.pop("step") for p, ps in o.optimizer.state.items() if "step" in ps}
+            o.load_parameter_state_from_fully_reshardable(st["param_state"])
+            for p, step in steps.items():
+                o.optimizer.state[p]["step"] = step.clone()
+        if len(inner) > 1:
+            self.opt._synchronize_steps()
+
+    def _sharded_state(self, *, loading: bool, rng: bool) -> Dict[str, Any]:
+        """The checkpoint as megatron's sharded state dict (see the module docstring)."""
+        from megatron.core.dist_checkpointing import ShardedObject
+
+        self._init_optimizer_state()
+        sd: Dict[str, Any] = {f"model{i}": c.module.sharded_state_dict() for i, c in enumerate(self.chunks)}
+        sd["optimizer"] = self.opt.sharded_state_dict(sd, is_loading=loading, metadata=_OPTIMIZER_SHARDING)
+        if self.ref_state is not None:
+            sd["ref"] = self._ref_sharded()
+        if rng:
+            sd["rng"] = ShardedObject("rng_state", self._rng_state(), (self.world_size,), (self.rank,), replica_id=0)
+        return sd
+
+    def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
+        """Every rank writes its shards of ``out_dir/megatron`` (a dist_checkpointing checkpoint)."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+        path = os.path.join(out_dir, "megatron")
+        os.makedirs(path, exist_ok=True)
+        sd = self._sharded_state(loading=False, rng=True)
+        sd.update(steps_done=self.steps_done, layout=self._layout(), has_ref=self.ref_state is not None,
+                  trainer_state=trainer_state)
+        dist_checkpointing.save(sd, path, sharded_strategy=get_default_save_sharded_strategy(CKPT_FORMAT))
         dist.barrier()
 
     def load(self, ckpt_dir: str) -> Dict[str, Any]:
-        path = self._rank_file(ckpt_dir)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no megatron checkpoint for trainer rank {self.rank} (a resume needs the "
-                                    "layout the checkpoint was saved with; to change it, start from its hf/ with "
-                                    "model.path)")
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        want = {"tp": self.parallel.tp, "pp": self.parallel.pp, "vpp": self.parallel.vpp, "ep": self.parallel.ep,
-                "world_size": self.world_size}
-        if state["layout"] != want:
-            raise ValueError(f"{path}: saved with parallel layout {state['layout']}, this run has {want}; start from "
-                             f"{os.path.join(ckpt_dir, 'hf')} with model.path instead")
+        """Restore ``ckpt_dir/megatron`` into this run's layout, whichever layout saved it."""
+        from megatron.core import dist_checkpointing
+
+        path = os.path.join(ckpt_dir, "megatron")
+        if not dist_checkpointing.check_is_distributed_checkpoint(path):
+            legacy = sorted(glob.glob(os.path.join(path, "rank_*.pt")))
+            if legacy:
+                raise ValueError(f"{legacy[0]}: a per-rank megatron checkpoint of an earlier slime_hydra, which "
+                                 f"this version does not resume (checkpoints are megatron.core.dist_checkpointing "
+                                 f"now); start a new run from {os.path.join(ckpt_dir, 'hf')} with model.path")
+            raise FileNotFoundError(f"{path}: no megatron checkpoint (dist_checkpointing's metadata.json is missing)")
+        common = dist_checkpointing.load_common_state_dict(path)
+        same_layout = common["layout"] == self._layout()
+        sd = self._sharded_state(loading=True, rng=same_layout)
+        if not common["has_ref"]:
+            sd.pop("ref", None)
+        ref_targets = {k: v.data for k, v in sd.get("ref", {}).items()}
+        state = dist_checkpointing.load(sd, path)
+        for i, c in enumerate(self.chunks):
+            c.module.load_state_dict(state[f"model{i}"])
+        self._load_optimizer(state["optimizer"])
         with torch.no_grad():
-            for p, t in zip(self._params(), state["model"]):
-                p.copy_(t)
-            for o, s in zip(self._inner_optimizers(), state["optimizers"]):
-                o.optimizer.load_state_dict(s["adam"])
-                for p, t in zip([p for g in o.optimizer.param_groups for p in g["params"]], s["main"]):
-                    p.copy_(t)
-        if self.ref_state is not None and state.get("ref") is not None:
-            for v, t in zip(self.ref_state, state["ref"]):
-                v.copy_(t)
+            for k, t in state.get("ref", {}).items():
+                ref_targets[k].copy_(t)
+        if same_layout:
+            self._set_rng_state(state["rng"])
+        else:
+            log.info("%s: saved with parallel layout %s, this run has %s: the shards were re-sharded, the RNG "
+                     "states are not restored", path, common["layout"], self._layout())
         self.steps_done = state["steps_done"]
         self._set_lr()
-        torch.set_rng_state(state["rng"])
-        if self.cuda and state.get("cuda_rng") is not None:
-            from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
-            torch.cuda.set_rng_state(state["cuda_rng"])
-            get_cuda_rng_tracker().set_states(state["tracker"])
         return state["trainer_state"]
+
+
+def _per_optimizer(state: Dict[Any, Any], n: int) -> List[Dict[str, Any]]:
+    """The loaded optimizer state, one dict per optimizer of this run. megatron chains an optimizer per
+    kind of parameter whose data-parallel group differs (dense and expert parameters at EP > 1, one
+    optimizer at EP = 1), so the count may change with the layout: the common parts (parameter groups,
+    step) come keyed by the saving run's count, the sharded ones (``param_state``) by this run's."""
+    keyed = sorted(k for k in state if isinstance(k, int))
+    saved = [state[k] for k in keyed] if keyed else [state]
+    if len(saved) == n:
+        return saved
+    if any(s.get("param_state_sharding_type") != "fully_reshardable" for s in saved):
+        raise ValueError(f"the checkpoint's optimizer is chained from {len(saved)} optimizer(s), this run's from {n} "
+                         "(the expert-parallel size changed); only the distributed optimizer "
+                         "(trainer.use_distributed_optimizer=true) re-shards across that")
+    groups = [g for s in saved for g in s["optimizer"]["param_groups"]]
+    common = {k: v for k, v in saved[0].items() if k != "param_state"}
+    common["optimizer"] = {**saved[0]["optimizer"], "param_groups": groups}
+    mine = [state] if n == 1 else [state[i] for i in range(n)]
+    return [{**common, "param_state": m["param_state"]} for m in mine]
 
 
 def _recompute_overrides(recompute: str) -> Dict[str, Any]:
