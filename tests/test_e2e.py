@@ -43,7 +43,9 @@ def leftover_processes() -> list:
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
             if f"SLIME_HYDRA_TEST_TAG={TAG}".encode() in env and int(pid) != os.getpid():
-                alive.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:120]!r}")
+                ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()[:60].rstrip(bytes(1))
+                alive.append(f"{pid} (parent {ppid}) {cmd!r}")
         except (OSError, ValueError):
             continue
     return alive

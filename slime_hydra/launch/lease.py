@@ -63,19 +63,34 @@ def processes_with_token(token: str) -> List[int]:
     return out
 
 
-def reap(token: str, timeout: float = 10.0, spare_children: bool = False) -> List[int]:
-    """SIGKILL every process carrying ``token`` (``spare_children``: but this process's own children,
-    such as wandb's service finishing its files); returns their pids once they are gone."""
-    pids = [p for p in processes_with_token(token) if not (spare_children and _parent(p) == os.getpid())]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _is_wandb(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return os.path.basename(argv0).startswith(b"wandb")
+
+
+def reap(token: str, timeout: float = 10.0, spare_wandb: bool = False) -> List[int]:
+    """SIGKILL every process carrying ``token`` (``spare_wandb``: but this process's own wandb
+    service, still finishing its files); returns their pids once they are gone. Kills again until a
+    pass finds nothing new: a dying parent (a raylet) may have forked between the listing and the kill."""
+    def targets() -> List[int]:
+        return [p for p in processes_with_token(token)
+                if not (spare_wandb and _parent(p) == os.getpid() and _is_wandb(p))]
+
+    killed: List[int] = []
     deadline = time.monotonic() + timeout
-    while set(pids) & set(processes_with_token(token)) and time.monotonic() < deadline:
+    while (pids := targets()) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed += [p for p in pids if p not in killed]
         time.sleep(0.1)
-    return pids
+    return killed
 
 
 class RunLease:
@@ -97,7 +112,7 @@ class RunLease:
 
     def __exit__(self, *exc) -> None:
         # Ray is shut down by now; its agents can take long to notice (seconds under load): end them
-        late = reap(self.token, timeout=5.0, spare_children=True)
+        late = reap(self.token, timeout=5.0, spare_wandb=True)
         if late:
             log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
         os.environ.pop(TOKEN_ENV, None)

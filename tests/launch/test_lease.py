@@ -48,3 +48,20 @@ def test_leftovers_of_a_killed_driver_are_killed_and_the_lease_is_released(tmp_p
         for p in (leftover, bystander):
             p.kill()
             p.wait()
+
+
+def test_a_driver_ending_kills_what_of_its_run_still_runs_but_its_wandb_service(tmp_path):
+    """Ray's agents can outlive ``ray.shutdown()``; wandb's service, a child of the driver, is still
+    writing its files and is left to finish."""
+    with RunLease(str(tmp_path)):
+        ray_like = subprocess.Popen(["sleep", "60"])  # inherits the run's token, as Ray's processes do
+        wandb_like = subprocess.Popen(["bash", "-c", "exec -a wandb-core sleep 60"])
+        spawner = subprocess.Popen(["bash", "-c", "while true; do sleep 60 & sleep 0.05; done"])
+    try:
+        assert ray_like.wait(timeout=10) == -9
+        assert spawner.wait(timeout=10) == -9
+        assert wandb_like.poll() is None
+    finally:
+        for p in (ray_like, wandb_like, spawner):
+            p.kill()
+            p.wait()
