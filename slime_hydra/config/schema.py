@@ -36,6 +36,7 @@ class ArchConfig:
     head_dim: Optional[int] = None  # None: hidden_size // num_heads
     max_position_embeddings: int = 32768
     rope_theta: float = 1_000_000.0
+    rope_scaling: Optional[Dict[str, Any]] = None  # HF rope_scaling: {rope_type: llama3 | yarn, factor, ...}; None: plain
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -45,6 +46,10 @@ class ArchConfig:
     moe_intermediate_size: Optional[int] = None
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
+    norm_topk_prob: Optional[bool] = None  # renormalise the top-k router weights; None: the HF class default
+    n_group: Optional[int] = None  # DeepSeek-V3 group-limited routing: expert groups; None: the HF default
+    topk_group: Optional[int] = None  # DeepSeek-V3: groups each token may route to; None: the HF default
+    routed_scaling_factor: Optional[float] = None  # DeepSeek-V3: routed experts' output scale; None: HF default
     # Multi-head latent attention (DeepSeek-V3)
     q_lora_rank: Optional[int] = None
     kv_lora_rank: Optional[int] = None
@@ -182,6 +187,7 @@ class ParallelismConfig:
     pipeline_parallel: int = 1
     context_parallel: int = 1
     expert_parallel: int = 1
+    expert_tensor_parallel: Optional[int] = None  # megatron: TP size inside the experts; None: tensor_parallel
     virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
     sequence_parallel: bool = False
     gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)
