@@ -46,9 +46,10 @@ def hf_config_kwargs(arch: ArchConfig) -> Dict[str, Any]:
 
 
 def hf_config(arch: ArchConfig, **extra):
+    """The transformers config of ``arch``; ``extra`` fields are added and win over the preset's."""
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(arch.type, **hf_config_kwargs(arch), **extra)
+    return AutoConfig.for_model(arch.type, **{**hf_config_kwargs(arch), **extra})
 
 
 def build_random_checkpoint(model: ModelConfig, out_dir: str) -> str:
