@@ -216,7 +216,8 @@ def test_megatron_shards_weights_by_model_parallel_and_the_optimizer_over_data_p
     replicated = resolved(["model=deepseek_v3", "rollout=sglang", "parallelism=colocate_8gpu"])
     torch_est = M.estimate(replicated, make_plan(replicated))
     state = ("weights", "grads", "adam")
-    assert sum(est.trainer[k] for k in state) < sum(torch_est.trainer[k] for k in state) / 100
+    # the experts, most of the model, are split 64 ways (EP x TP x PP) and Adam is a third of torch's 16 bytes
+    assert sum(est.trainer[k] for k in state) < sum(torch_est.trainer[k] for k in state) / 40
 
 
 def test_megatron_optimizer_state_is_whole_on_every_rank_without_the_distributed_optimizer():
