@@ -199,9 +199,9 @@ def test_sglang_kv_cache_and_weights_must_fit_in_mem_fraction_static():
 def test_megatron_shards_weights_by_model_parallel_and_the_optimizer_over_data_parallel():
     cfg = resolved(["model=deepseek_v3", "rollout=sglang", "trainer=megatron", "parallelism=split_4_4",
                     "parallelism.num_nodes=16", "parallelism.trainer_gpus=64", "parallelism.rollout_gpus=64",
-                    "parallelism.gpus_per_engine=16", "parallelism.tensor_parallel=4", "parallelism.pipeline_parallel=4",
-                    "parallelism.expert_parallel=4", "parallelism.sequence_parallel=true",
-                    "+trainer.megatron.num_layers_in_last_pipeline_stage=13"])
+                    "parallelism.gpus_per_engine=16", "parallelism.tensor_parallel=4",
+                    "parallelism.pipeline_parallel=4", "parallelism.expert_parallel=4",
+                    "parallelism.sequence_parallel=true", "+trainer.megatron.num_layers_in_last_pipeline_stage=13"])
     a, n = cfg.model.arch, M.param_count(cfg.model.arch)
     est = M.estimate(cfg, make_plan(cfg))
     # the largest stage: 16 of the 61 layers (16 + 16 + 16 + 13), 16 of the 58 MoE layers, one vocabulary matrix

@@ -8,9 +8,9 @@ from typing import Any, Dict, Tuple
 
 from slime_hydra.config.schema import ArchConfig, ModelConfig
 
-
 # arch field -> its transformers config name, where the two differ (the rest share a name)
-HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"}
+HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads"}
 # and for DeepSeek-V3's config class
 DEEPSEEK_V3_NAMES = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",
                      "first_k_dense_layers": "first_k_dense_replace"}

@@ -36,7 +36,7 @@ class ArchConfig:
     head_dim: Optional[int] = None  # None: hidden_size // num_heads
     max_position_embeddings: int = 32768
     rope_theta: float = 1_000_000.0
-    rope_scaling: Optional[Dict[str, Any]] = None  # HF rope_scaling: {rope_type: llama3 | yarn, factor, ...}; None: plain
+    rope_scaling: Optional[Dict[str, Any]] = None  # HF rope_scaling {rope_type: llama3 | yarn, factor, ...}; None: none
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False
