@@ -106,6 +106,11 @@ def test_layouts_that_cannot_fit_are_refused_with_numbers(overrides, pattern):
     assert int(match.group(1)) > cfg.parallelism.gpu_memory_gib
 
 
+def test_expert_and_tensor_parallel_need_sequence_parallel():
+    errs = validate(_cfg("qwen3_30b_a3b_grpo_math", "parallelism.sequence_parallel=false"))
+    assert any(e.startswith("parallelism.sequence_parallel: must be true with expert") for e in errs), errs
+
+
 def test_the_experts_grid_must_divide_the_trainer_gpus():
     errs = validate(_cfg("qwen3_30b_a3b_grpo_math", "parallelism.expert_tensor_parallel=null"))  # = TP 4
     assert any("expert_parallel x expert_tensor_parallel x pipeline_parallel = 8 x 4 x 1 = 32, must divide "

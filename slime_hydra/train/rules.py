@@ -116,6 +116,9 @@ def _check_megatron(cfg: RunConfig) -> List[str]:
         errs.append(f"parallelism.expert_parallel: the experts' grid, expert_parallel x expert_tensor_parallel x "
                     f"pipeline_parallel = {p.expert_parallel} x {etp} x {p.pipeline_parallel} = {experts}, must divide "
                     f"trainer_gpus={p.trainer_gpus} (expert_tensor_parallel defaults to tensor_parallel)")
+    if p.expert_parallel > 1 and p.tensor_parallel > 1 and not p.sequence_parallel:
+        errs.append("parallelism.sequence_parallel: must be true with expert and tensor parallelism together "
+                    "(megatron-core's ModelParallelConfig says so, as a warning; slime's MoE scripts set it)")
     if t.gradient_checkpointing:
         errs.append("trainer.gradient_checkpointing: the torch backend's switch; with trainer=megatron use "
                     "trainer.recompute=selective|full")
