@@ -45,7 +45,8 @@ def leftover_processes() -> list:
             if f"SLIME_HYDRA_TEST_TAG={TAG}".encode() in env and int(pid) != os.getpid():
                 ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()[:60].rstrip(bytes(1))
-                alive.append(f"{pid} (parent {ppid}) {cmd!r}")
+                token = [v for v in env.split(bytes(1)) if v.startswith(b"SLIME_HYDRA_RUN_TOKEN=")]
+                alive.append(f"{pid} (parent {ppid}) {cmd!r} {token}")
         except (OSError, ValueError):
             continue
     return alive

@@ -149,9 +149,14 @@ def test_torch_backend_refuses_big_models_on_colocate_8gpu_with_the_numbers(mode
     assert f"weights {4 * n / M.GIB:.1f}, grads {4 * n / M.GIB:.1f}, Adam {8 * n / M.GIB:.1f}" in training
 
 
-def test_qwen3_4b_experiment_fits_on_colocate_8gpu():
-    cfg = resolved(["experiment=qwen3_4b_grpo_math"])
-    assert cfg.parallelism.name == "colocate_8gpu" and cfg.model.name == "qwen3_4b"
+# the Qwen3-4B experiment on the data-parallel torch backend (its own file runs trainer=megatron)
+TORCH_4B = ["experiment=qwen3_4b_grpo_math", "trainer=torch", "parallelism=colocate_8gpu", "trainer.micro_batch_size=1",
+            "trainer.gradient_checkpointing=true"]
+
+
+def test_qwen3_4b_on_the_torch_backend_fits_on_colocate_8gpu():
+    cfg = resolved(TORCH_4B)
+    assert cfg.parallelism.name == "colocate_8gpu" and cfg.model.name == "qwen3_4b" and cfg.trainer.backend == "torch"
     plan = make_plan(cfg)
     assert M.memory_problems(cfg, plan, cfg.parallelism.gpu_memory_gib) == []
     est = plan.memory
@@ -159,8 +164,7 @@ def test_qwen3_4b_experiment_fits_on_colocate_8gpu():
 
 
 def test_a_long_micro_batch_is_refused_with_what_to_change():
-    cfg = resolved(["experiment=qwen3_4b_grpo_math", "trainer.micro_batch_size=4",
-                    "trainer.gradient_checkpointing=false"])
+    cfg = resolved([*TORCH_4B, "trainer.micro_batch_size=4", "trainer.gradient_checkpointing=false"])
     (problem,) = M.memory_problems(cfg, make_plan(cfg), 140.0)
     assert problem.startswith("parallelism: colocated GPU, training needs ~")
     assert problem.endswith("lower trainer.micro_batch_size (now 4 samples of up to 8192 tokens) "
@@ -168,7 +172,7 @@ def test_a_long_micro_batch_is_refused_with_what_to_change():
 
 
 def test_colocated_peak_is_the_larger_phase_with_offload_and_the_sum_without():
-    base = ["experiment=qwen3_4b_grpo_math"]
+    base = TORCH_4B
     on = M.estimate(cfg := resolved(base), make_plan(cfg))
     no_offload = [*base, "parallelism.offload_train=false", "parallelism.offload_rollout=false"]
     off = M.estimate(cfg := resolved(no_offload), make_plan(cfg))
@@ -193,7 +197,9 @@ ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.bat
     ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5", "parallelism.offload_train=true"], (True, False)),
     ([*ANCHOR, "parallelism.offload_rollout=false"], (True, False)),  # nothing fits in 126: the most offload
     ([*ANCHOR, "rollout=embedded", "rollout.embedded_max_batch=64"], (False, False)),
-    (["experiment=qwen3_4b_grpo_math"], (True, True)),  # 105.4 training, 113.0 rollout: only with both
+    (["experiment=qwen3_4b_grpo_math"], (False, False)),  # TP 2, distributed optimizer: 119.0 side by side
+    # Adam unsharded: 135.8 side by side, 131.7 with the engine released; only with both (98.0)
+    (["experiment=qwen3_4b_grpo_math", "trainer.use_distributed_optimizer=false"], (True, True)),
     (["parallelism=cpu_colocate"], (True, True)),  # CPU slots: the colocated choreography
     ([], (False, False)),  # split
 ])
@@ -213,17 +219,20 @@ def test_dry_run_shows_the_peak_of_each_offload_and_the_choice():
 
 
 def test_colocated_without_offload_is_refused_with_what_would_fit():
+    # Qwen3-4B (4.02B parameters) unsharded: TP 1 and Adam on every rank (12 bytes a parameter, 45.0 GiB)
     cfg = resolved(["experiment=qwen3_4b_grpo_math", "parallelism.offload_train=false",
-                    "parallelism.offload_rollout=false"])
+                    "parallelism.offload_rollout=false", "parallelism.tensor_parallel=1",
+                    "trainer.use_distributed_optimizer=false"])
     training, rollout = M.memory_problems(cfg, make_plan(cfg), 140.0)
-    assert training.startswith("parallelism: colocated GPU, training needs ~203 GiB (trainer: weights 15.0")
-    assert training.endswith("; sglang engine 98.0) > parallelism.gpu_memory_gib=140; set "
-                             "parallelism.offload_rollout=true (the engine releases its memory while the trainer "
-                             "trains) or lower rollout.server_args.mem_fraction_static to at most 0.24 (now 0.7; the "
-                             "trainer needs 105.4 GiB beside the engine)")
-    assert rollout.startswith("parallelism: colocated GPU, rollout needs ~173 GiB (sglang engine: weights 3.7, KV "
-                              "cache 94.3; trainer state left on the GPU 74.9)")
-    assert "set parallelism.offload_train=true" in rollout and "mem_fraction_static to at most 0.46" in rollout
+    assert training.startswith("parallelism: colocated GPU, training needs ~173 GiB (trainer: weights 7.5, grads 15.0, "
+                               "Adam 45.0, activations 7.9; sglang engine 98.0)")
+    assert training.endswith("> parallelism.gpu_memory_gib=140; set parallelism.offload_rollout=true (the engine "
+                             "releases its memory while the trainer trains) or lower "
+                             "rollout.server_args.mem_fraction_static to at most 0.46 (now 0.7; the trainer needs "
+                             "75.4 GiB beside the engine)")
+    assert rollout.startswith("parallelism: colocated GPU, rollout needs ~165 GiB (sglang engine: weights 3.7, KV "
+                              "cache 94.3; trainer state left on the GPU 67.4)")
+    assert "set parallelism.offload_train=true" in rollout and "mem_fraction_static to at most 0.51" in rollout
     # SGLang with mem_fraction_static 0.9 beside a 30 GiB trainer: refused; at most 0.78 would fit
     big = resolved([*ANCHOR, "parallelism.offload_rollout=false", "rollout.server_args.mem_fraction_static=0.9"])
     (problem,) = M.memory_problems(big, make_plan(big), 140.0)
@@ -249,26 +258,45 @@ def test_sglang_kv_cache_and_weights_must_fit_in_mem_fraction_static():
 
 
 def test_megatron_shards_weights_by_model_parallel_and_the_optimizer_over_data_parallel():
-    cfg = resolved(["model=deepseek_v3", "rollout=sglang", "parallelism=split_4_4", "parallelism.num_nodes=16",
-                    "parallelism.trainer_gpus=64", "parallelism.rollout_gpus=64", "parallelism.gpus_per_engine=16",
-                    "parallelism.tensor_parallel=4", "parallelism.pipeline_parallel=4",
-                    "parallelism.expert_parallel=16",
-                    "parallelism.sequence_parallel=true", "trainer.micro_batch_size=1",
-                    "trainer.gradient_checkpointing=true"])
-    cfg.trainer.backend = "megatron"  # not wired in yet: the estimate is ready for it
-    n = M.param_count(cfg.model.arch)
+    cfg = resolved(["model=deepseek_v3", "rollout=sglang", "trainer=megatron", "parallelism=split_4_4",
+                    "parallelism.num_nodes=16", "parallelism.trainer_gpus=64", "parallelism.rollout_gpus=64",
+                    "parallelism.gpus_per_engine=16", "parallelism.tensor_parallel=4",
+                    "parallelism.pipeline_parallel=4", "parallelism.expert_parallel=4",
+                    "parallelism.sequence_parallel=true", "+trainer.megatron.num_layers_in_last_pipeline_stage=13"])
+    a, n = cfg.model.arch, M.param_count(cfg.model.arch)
     est = M.estimate(cfg, make_plan(cfg))
-    dense, experts = n.dense / 16, n.experts / (16 * 16)  # TP x PP; EP x TP x PP
+    # the largest stage: 16 of the 61 layers (16 + 16 + 16 + 13), 16 of the 58 MoE layers, one vocabulary matrix
+    vocab = a.vocab_size * a.hidden_size
+    dense = ((n.dense - 2 * vocab - a.hidden_size) * 16 / 61 + vocab + a.hidden_size) / 4  # / TP
+    experts = n.experts * 16 / 58 / (4 * 4)  # / EP x expert TP (= TP)
     assert est.trainer["weights"] == pytest.approx(2 * (dense + experts) / M.GIB)
     assert est.trainer["grads"] == pytest.approx(4 * (dense + experts) / M.GIB)
-    assert est.trainer["adam"] == pytest.approx(12 * (dense / 4 + experts / 1) / M.GIB)  # over 64 / 16 and 64 / 256
+    assert est.trainer["adam"] == pytest.approx(12 * (dense / 4 + experts / 1) / M.GIB)  # over 64 / 16 and 64 / 64
+    whole = resolved(["model=deepseek_v3", "rollout=sglang", "trainer=megatron", "parallelism=colocate_8gpu"])
+    assert M.estimate(whole, make_plan(whole)).trainer["weights"] == pytest.approx(2 * n.total / M.GIB)
     replicated = resolved(["model=deepseek_v3", "rollout=sglang", "parallelism=colocate_8gpu"])
     torch_est = M.estimate(replicated, make_plan(replicated))
-    assert est.trainer_total < torch_est.trainer_total / 100
+    state = ("weights", "grads", "adam")
+    # the experts, most of the model, split 64 ways (EP x TP x PP); 18 bytes a parameter to torch's 16 + 4
+    assert sum(est.trainer[k] for k in state) < sum(torch_est.trainer[k] for k in state) / 40
+
+
+def test_megatron_optimizer_state_is_whole_on_every_rank_without_the_distributed_optimizer():
+    base = ["experiment=qwen3_4b_grpo_math", "trainer.recompute=none"]
+    sharded = M.estimate(cfg := resolved(base), make_plan(cfg))
+    whole = M.estimate(cfg := resolved([*base, "trainer.use_distributed_optimizer=false"]), make_plan(cfg))
+    assert whole.trainer["adam"] == pytest.approx(4 * sharded.trainer["adam"])  # data parallel 4
+    assert whole.trainer["weights"] == sharded.trainer["weights"] and whole.trainer["grads"] == sharded.trainer["grads"]
+    assert sharded.trainer["activations"] > resolved_activations(["experiment=qwen3_4b_grpo_math"])
+
+
+def resolved_activations(overrides):
+    cfg = resolved(overrides)
+    return M.estimate(cfg, make_plan(cfg)).trainer["activations"]
 
 
 def test_dry_run_plan_prints_the_estimate_on_gpus_only():
-    text = make_plan(resolved(["experiment=qwen3_4b_grpo_math"])).describe()
+    text = make_plan(resolved(TORCH_4B)).describe()
     assert "Memory estimate, GiB per GPU (torch trainer; micro-batch 1 x 8192 tokens; a GPU has 140)" in text
     assert "colocated GPU, training: 105.4" in text and "~1,372,670 tokens of KV cache per engine" in text
     assert "Memory estimate" not in make_plan(resolved([])).describe()

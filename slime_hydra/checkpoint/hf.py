@@ -4,45 +4,52 @@ checkpoint that trainers and engines load (the ``--hf-checkpoint`` of slime)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from slime_hydra.config.schema import ArchConfig, ModelConfig
+
+# arch field -> its transformers config name, where the two differ (the rest share a name)
+HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads"}
+# and for DeepSeek-V3's config class
+DEEPSEEK_V3_NAMES = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",
+                     "first_k_dense_layers": "first_k_dense_replace"}
+BASE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+               "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings", "attention_bias")
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
+MLA_FIELDS = ("num_shared_experts", "first_k_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+              "qk_rope_head_dim", "v_head_dim", "n_group", "topk_group", "routed_scaling_factor")
+
+
+def hf_fields(arch: ArchConfig) -> Dict[str, Tuple[str, Any]]:
+    """The transformers config fields that the preset sets: HF name -> (arch field, value). Optional
+    fields left at None are left to the config class's default."""
+    names = list(BASE_FIELDS)
+    if arch.type != "deepseek_v3":
+        names.append("head_dim")  # MLA has no single head_dim
+    if arch.num_experts or arch.type == "deepseek_v3":
+        names += MOE_FIELDS
+    if arch.type == "deepseek_v3":
+        names += MLA_FIELDS
+    names.append("rope_scaling")
+    rename = {**HF_NAMES, **(DEEPSEEK_V3_NAMES if arch.type == "deepseek_v3" else {})}
+    out = {rename.get(n, n): (n, getattr(arch, n)) for n in names}
+    return {k: v for k, v in out.items() if v[1] is not None}
 
 
 def hf_config_kwargs(arch: ArchConfig) -> Dict[str, Any]:
     """Our arch fields -> the transformers config fields of ``arch.type`` (one of ``schema.ARCH_TYPES``)."""
-    kw: Dict[str, Any] = dict(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_kv_heads,
-        max_position_embeddings=arch.max_position_embeddings,
-        rope_theta=arch.rope_theta,
-        rms_norm_eps=arch.rms_norm_eps,
-        tie_word_embeddings=arch.tie_word_embeddings,
-        attention_bias=arch.attention_bias,
-    )
-    if arch.head_dim is not None:
-        kw["head_dim"] = arch.head_dim
-    if arch.num_experts:
-        kw.update(num_experts=arch.num_experts, num_experts_per_tok=arch.num_experts_per_tok,
-                  moe_intermediate_size=arch.moe_intermediate_size)
-    if arch.type == "deepseek_v3":
-        kw.pop("num_experts", None)
-        kw.update(n_routed_experts=arch.num_experts, n_shared_experts=arch.num_shared_experts,
-                  first_k_dense_replace=arch.first_k_dense_layers, q_lora_rank=arch.q_lora_rank,
-                  kv_lora_rank=arch.kv_lora_rank, qk_nope_head_dim=arch.qk_nope_head_dim,
-                  qk_rope_head_dim=arch.qk_rope_head_dim, v_head_dim=arch.v_head_dim)
-        kw.pop("head_dim", None)
+    kw = {k: value for k, (_, value) in hf_fields(arch).items()}
+    if "rope_scaling" in kw:
+        kw["rope_scaling"] = dict(kw["rope_scaling"])  # transformers adds rope_theta to the dict it is given
     return kw
 
 
 def hf_config(arch: ArchConfig, **extra):
+    """The transformers config of ``arch``; ``extra`` fields are added and win over the preset's."""
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(arch.type, **hf_config_kwargs(arch), **extra)
+    return AutoConfig.for_model(arch.type, **{**hf_config_kwargs(arch), **extra})
 
 
 def build_random_checkpoint(model: ModelConfig, out_dir: str) -> str:

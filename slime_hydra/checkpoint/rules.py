@@ -44,28 +44,46 @@ def check(cfg: RunConfig) -> List[str]:
 
 
 def _compare_with_hf_config(cfg: RunConfig) -> List[str]:
-    """Shape fields of the preset must match the checkpoint's config.json (slime's _hf_validate_args)."""
+    """Every field the preset sets (``checkpoint.hf.hf_fields``) must match the checkpoint's config.json
+    (slime's _hf_validate_args checks the shape ones); a field the file leaves out is its class default,
+    which is not known without importing transformers, so it is not compared."""
+    from slime_hydra.checkpoint.hf import hf_fields
+
     path = os.path.join(os.path.expanduser(cfg.model.path), "config.json")
     if not os.path.exists(path):
         return [f"model.path: {cfg.model.path!r} has no config.json"]
     with open(path) as f:
         hf = json.load(f)
     hf = {**hf.get("text_config", {}), **hf}
-    pairs = {
-        "hidden_size": "hidden_size",
-        "num_layers": "num_hidden_layers",
-        "num_heads": "num_attention_heads",
-        "num_kv_heads": "num_key_value_heads",
-        "intermediate_size": "intermediate_size",
-        "vocab_size": "vocab_size",
-        "tie_word_embeddings": "tie_word_embeddings",
-    }
+    file_rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    if "rope_theta" in file_rope:  # transformers 5 writes rope_theta inside rope_parameters
+        hf.setdefault("rope_theta", file_rope["rope_theta"])
     out = []
-    for ours, theirs in pairs.items():
-        if theirs in hf and hf[theirs] != getattr(cfg.model.arch, ours):
-            out.append(f"model.arch.{ours}: {getattr(cfg.model.arch, ours)!r} but {path} says {theirs}={hf[theirs]!r} "
+    for key, (field, ours) in hf_fields(cfg.model.arch).items():
+        if key != "rope_scaling" and key in hf and hf[key] != ours:
+            out.append(f"model.arch.{field}: {ours!r} but {path} says {key}={hf[key]!r} "
                        "(preset and checkpoint disagree)")
+    ours_rope, theirs_rope = _rope_scaling(cfg.model.arch.rope_scaling), _rope_scaling(file_rope)
+    if not ours_rope and theirs_rope:
+        out.append(f"model.arch.rope_scaling: None but {path} says rope_scaling={theirs_rope} "
+                   "(preset and checkpoint disagree)")
+    elif ours_rope:
+        for k in sorted(set(ours_rope) | set(theirs_rope)):
+            if ours_rope.get(k) != theirs_rope.get(k):
+                out.append(f"model.arch.rope_scaling.{k}: {ours_rope.get(k)!r} but {path} says "
+                           f"{theirs_rope.get(k)!r} (preset and checkpoint disagree)")
     return out
+
+
+def _rope_scaling(d) -> dict:
+    """A rope scaling dict in one spelling: ``rope_type`` (older files say ``type``), without the fields
+    that are not scaling (``rope_theta``, GLM-4's ``partial_rotary_factor``); plain rope is empty."""
+    d = dict(d or {})
+    kind = d.pop("type", None)
+    d.setdefault("rope_type", kind or "default")
+    for k in ("rope_theta", "partial_rotary_factor"):
+        d.pop(k, None)
+    return {} if d == {"rope_type": "default"} else d
 
 
 def _check_resume(resume: str, run_dir: str | None) -> List[str]:

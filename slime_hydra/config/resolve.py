@@ -50,6 +50,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
         p.rollout_gpus = p.trainer_gpus if p.colocate else p.gpus_per_engine
     if cfg.sync.max_logprob_diff is None:  # the log-prob gap guard is on, with a limit for the dtype
         cfg.sync.max_logprob_diff = LOGPROB_GAP_LIMITS.get(cfg.model.dtype, 0.05)
+    if p.expert_tensor_parallel is None:
+        p.expert_tensor_parallel = p.tensor_parallel  # megatron's default
     if a.eps_clip_high is None:
         a.eps_clip_high = a.eps_clip
     if a.critic_lr is None:

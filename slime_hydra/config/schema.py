@@ -39,6 +39,7 @@ class ArchConfig:
     head_dim: Optional[int] = None  # None: hidden_size // num_heads
     max_position_embeddings: int = 32768  # longest sequence the position encoding is set up for
     rope_theta: float = 1_000_000.0  # RoPE base frequency
+    rope_scaling: Optional[Dict[str, Any]] = None  # HF rope_scaling {rope_type: llama3 | yarn, factor, ...}; None: none
     rms_norm_eps: float = 1e-6  # epsilon of the RMSNorm layers
     tie_word_embeddings: bool = False  # the LM head shares the input embedding's weights
     attention_bias: bool = False  # biases on the attention projections
@@ -48,6 +49,10 @@ class ArchConfig:
     moe_intermediate_size: Optional[int] = None  # width of one expert's MLP
     num_shared_experts: int = 0  # always-active shared experts per MoE layer (deepseek_v3)
     first_k_dense_layers: int = 0  # leading layers with a dense MLP instead of experts (deepseek_v3)
+    norm_topk_prob: Optional[bool] = None  # renormalise the top-k router weights; None: the HF class default
+    n_group: Optional[int] = None  # DeepSeek-V3 group-limited routing: expert groups; None: the HF default
+    topk_group: Optional[int] = None  # DeepSeek-V3: groups each token may route to; None: the HF default
+    routed_scaling_factor: Optional[float] = None  # DeepSeek-V3: routed experts' output scale; None: HF default
     # Multi-head latent attention (DeepSeek-V3)
     q_lora_rank: Optional[int] = None  # multi-head latent attention (DeepSeek-V3): rank of the query compression
     kv_lora_rank: Optional[int] = None  # MLA: rank of the joint key/value compression
@@ -188,6 +193,7 @@ class ParallelismConfig:
     pipeline_parallel: int = 1  # trainer pipeline-parallel size (megatron)
     context_parallel: int = 1  # trainer context-parallel size (megatron)
     expert_parallel: int = 1  # trainer expert-parallel size (megatron, MoE; divides arch.num_experts)
+    expert_tensor_parallel: Optional[int] = None  # megatron: TP size inside the experts; None: tensor_parallel
     virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
     sequence_parallel: bool = False  # megatron sequence parallelism (with tensor_parallel > 1)
     gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)

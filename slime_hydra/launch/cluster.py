@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -23,8 +23,9 @@ LOCAL_HOST = "127.0.0.1"
 
 
 @contextlib.contextmanager
-def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
-    """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down.
+def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
+    """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down. Yields
+    the local cluster's session directory (None when joined).
 
     A local cluster is one machine: Ray and every server of the run listen on 127.0.0.1 only. A
     joined cluster may span machines: servers listen on their node's address (Ray's view of it)."""
@@ -39,6 +40,7 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, runtime_env={"env_vars": env}, log_to_driver=False,
                  logging_level=logging.WARNING)
+        session_dir = None
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token file
         need = len(plan.bundles) + 2
@@ -46,11 +48,12 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[None]:
         gpus = sum(b.get("GPU", 0) for b in plan.bundles) if plan.device == "cuda" else 0
         # one machine: Ray, the engines, the router and the weight-update groups all on the loopback
         # address (utils.proc.node_ip reads Ray's node address), reachable from no other host
-        ray.init(num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard, log_to_driver=False,
-                 logging_level=logging.WARNING, runtime_env={"env_vars": env}, num_gpus=gpus,
-                 _node_ip_address=LOCAL_HOST)
+        ctx = ray.init(num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard, log_to_driver=False,
+                       logging_level=logging.WARNING, runtime_env={"env_vars": env}, num_gpus=gpus,
+                       _node_ip_address=LOCAL_HOST)
+        session_dir = ctx.address_info["session_dir"]
     try:
-        yield
+        yield session_dir
     finally:
         ray.shutdown()
         if local:

@@ -58,16 +58,17 @@ def train(cfg: RunConfig, plan: ResourcePlan) -> Dict[str, Any]:
     nothing behind for long: the next start in its run directory kills its leftover processes
     (``RunLease``) and removes its half-written checkpoint."""
     t_start = time.perf_counter()
-    with RunLease(cfg.output_dir):
+    with RunLease(cfg.output_dir) as lease:
         partial = remove_partial(cfg.output_dir)
         if partial:
             log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
         model_path = initial_checkpoint(cfg.model, cfg.output_dir)
-        return _train(cfg, plan, model_path, t_start)
+        return _train(cfg, plan, model_path, t_start, lease)
 
 
-def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float) -> Dict[str, Any]:
-    with ray_cluster(cfg, plan):
+def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float, lease: RunLease) -> Dict[str, Any]:
+    with ray_cluster(cfg, plan) as ray_session_dir:
+        lease.note_ray_session(ray_session_dir)
         pg = create_placement_group(plan)
         plan = placed(plan, pg)
         from slime_hydra.rollout.manager import FLEET_GROUP, RolloutManager

@@ -5,8 +5,11 @@ its fate, the engine servers and the router die with their Ray actors), but not 
 leaves its dashboard and runtime-env agents running after the driver and raylet are gone. So the
 driver marks every process of its run: it puts a fresh token in its own environment (inherited by
 the local Ray cluster, the router and the engine servers) and in the Ray runtime environment (for
-workers on other nodes), and records the token with its pid in ``<run dir>/driver.json``. The next
-start in that run directory (a resume) kills whatever still carries the token on this machine.
+workers on other nodes), and records the token with its pid in ``<run dir>/driver.json``, then the
+local Ray cluster's session directory: Ray's agents rename themselves (setproctitle), which can wipe
+the environment the kernel shows for them, but they keep their log files open in that directory. The
+next start in that run directory (a resume) kills whatever still carries the token, or holds a file of
+that session directory open, on this machine.
 A driver still alive there is an error: two drivers must not write one run directory. A driver
 that ends normally kills what of its run is still running after Ray's shutdown.
 """
@@ -48,17 +51,36 @@ def _parent(pid: int) -> Optional[int]:
     return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
-def processes_with_token(token: str) -> List[int]:
-    """Live processes (not zombies) of this machine whose environment holds ``TOKEN_ENV=token``."""
+def _holds_file_under(pid: str, directory: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(directory):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def processes_of_run(token: str, ray_session_dir: Optional[str] = None) -> List[int]:
+    """Live processes (not zombies) of this machine, but this one, whose environment holds
+    ``TOKEN_ENV=token`` or that hold a file under ``ray_session_dir`` open."""
     needle = f"{TOKEN_ENV}={token}".encode()
+    session = os.path.join(ray_session_dir, "") if ray_session_dir else None
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read()
         except OSError:
             continue
-        if needle in env.split(b"\0") and int(pid) != os.getpid() and _start_time(int(pid)) is not None:
+        ours = needle in env.split(b"\0") or (session is not None and _holds_file_under(pid, session))
+        if ours and _start_time(int(pid)) is not None:
             out.append(int(pid))
     return out
 
@@ -72,12 +94,13 @@ def _is_wandb(pid: int) -> bool:
     return os.path.basename(argv0).startswith(b"wandb")
 
 
-def reap(token: str, timeout: float = 10.0, spare_wandb: bool = False) -> List[int]:
-    """SIGKILL every process carrying ``token`` (``spare_wandb``: but this process's own wandb
-    service, still finishing its files); returns their pids once they are gone. Kills again until a
-    pass finds nothing new: a dying parent (a raylet) may have forked between the listing and the kill."""
+def reap(token: str, ray_session_dir: Optional[str] = None, timeout: float = 10.0,
+         spare_wandb: bool = False) -> List[int]:
+    """SIGKILL every process of the run (``processes_of_run``; ``spare_wandb``: but this process's own
+    wandb service, still finishing its files); returns their pids once they are gone. Kills again until
+    a pass finds nothing new: a dying parent (a raylet) may have forked between the listing and the kill."""
     def targets() -> List[int]:
-        return [p for p in processes_with_token(token)
+        return [p for p in processes_of_run(token, ray_session_dir)
                 if not (spare_wandb and _parent(p) == os.getpid() and _is_wandb(p))]
 
     killed: List[int] = []
@@ -99,20 +122,29 @@ class RunLease:
     def __init__(self, run_dir: str):
         self.path = os.path.join(run_dir, LEASE_FILE)
         self.token = uuid.uuid4().hex
+        self.ray_session_dir: Optional[str] = None
 
     def __enter__(self) -> "RunLease":
         self._reap_previous()
         os.environ[TOKEN_ENV] = self.token
+        self._write()
+        return self
+
+    def note_ray_session(self, ray_session_dir: Optional[str]) -> None:
+        """The local Ray cluster's session directory (None: a joined cluster, not ours to kill)."""
+        self.ray_session_dir = ray_session_dir
+        self._write()
+
+    def _write(self) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"pid": os.getpid(), "start_time": _start_time(os.getpid()), "host": socket.gethostname(),
-                       "token": self.token}, f)
+                       "token": self.token, "ray_session_dir": self.ray_session_dir}, f)
         os.replace(tmp, self.path)
-        return self
 
     def __exit__(self, *exc) -> None:
         # Ray is shut down by now; its agents can take long to notice (seconds under load): end them
-        late = reap(self.token, timeout=5.0, spare_wandb=True)
+        late = reap(self.token, self.ray_session_dir, timeout=5.0, spare_wandb=True)
         if late:
             log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
         os.environ.pop(TOKEN_ENV, None)
@@ -135,7 +167,7 @@ class RunLease:
         if alive and prev["pid"] != os.getpid():
             raise RuntimeError(f"another driver (pid {prev['pid']}) is running in {os.path.dirname(self.path)}; "
                                "stop it first, or use another run directory")
-        pids = reap(prev["token"])
+        pids = reap(prev["token"], prev.get("ray_session_dir"))
         if pids:
             log.warning("killed %d leftover process(es) of the previous driver of this run directory (pid %d): %s",
                         len(pids), prev["pid"], pids)

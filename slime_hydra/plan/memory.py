@@ -17,12 +17,19 @@ Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY
   during a forward and backward (2P for bfloat16). PPO's critic adds the same again for the backbone.
   The reference model is a host copy (2 x 4P of host memory per rank: the weights and a staging
   buffer), not GPU memory.
-- megatron: ``model.dtype`` weights and float32 gradients sharded by TP x PP (routed experts by
-  EP x TP x PP, the expert tensor parallel size being Megatron's default, TP), and the distributed
-  optimizer's float32 master weights and moments (12 bytes a parameter) sharded further over the
-  trainer GPUs / (TP x PP) ranks of data x context parallel (experts: / (EP x TP x PP)). Activations:
-  split by TP (all of them with sequence parallel, else all but the per-hidden-unit part) and CP;
-  pipeline stage 0 holds PP micro-batches of layers / PP each, i.e. one micro-batch of every layer.
+- megatron (``slime_hydra.train.megatron_backend``): on the pipeline stage with the most decoder layers
+  (``stage_layers``: even, or Megatron's ``num_layers_in_first/last_pipeline_stage`` from
+  ``trainer.megatron``), its share of the layers' weights plus one vocabulary matrix (the embedding on the
+  first stage, the output layer on the last, a copy of it when tied), all of it with PP = 1; the dense
+  part split by TP, the routed experts by EP x expert TP (``expert_tensor_parallel``, TP unless set).
+  ``model.dtype`` weights, float32 gradients (DDP's grad buffer), and the optimizer's float32 main
+  weights and two moments (12 bytes a parameter), which the distributed optimizer
+  (``trainer.use_distributed_optimizer``) shards over the data-parallel ranks: trainer GPUs / (TP x PP)
+  for the dense part, trainer GPUs / (EP x expert TP x PP) for the experts. Activations: split by TP
+  (all of them with sequence parallel, else all but the per-hidden-unit part) and CP; with 1F1B the
+  first stage holds PP micro-batches of its layers (about one micro-batch of every layer). Colocated,
+  the backend moves weights and optimizer state to the host and frees the gradients while engines
+  generate (host memory: the weights and the optimizer state per rank).
 
 Activations of one micro-batch: ``min(trainer.micro_batch_size, global_batch_size / data parallel)``
 samples of ``rollout.max_prompt_len + rollout.max_response_len`` tokens (every sample padded to the
@@ -80,6 +87,7 @@ AUTO_OFFLOAD_HEADROOM = 0.1
 # (offload_train, offload_rollout) in the order choose_offload tries them, least memory moved first
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
 LOGPROB_CHUNK = 4096  # slime_hydra.train.batch.response_log_probs processes this many positions at once
+MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.megatron.logprobs.DEFAULT_CHUNK_BYTES
 
 # Activation bytes per token of one decoder layer (see the module docstring). "h": per hidden unit,
 # "attn_norm"/"attn": per query + key/value width with / without Qwen3's q/k RMSNorm, "ffn": per MLP unit.
@@ -208,10 +216,15 @@ def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
 
 def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
                      residual_bytes: int, checkpointing: bool, tensor_parallel: int = 1,
-                     sequence_parallel: bool = False) -> Dict[str, float]:
+                     sequence_parallel: bool = False, layers_held: float = 1.0,
+                     vocab_parallel_head: bool = False) -> Dict[str, float]:
     """Peak activation bytes of one micro-batch's forward and backward: the decoder layers (and the
     embedding output and final norm) and the log-prob head (logits, log-softmax), as the torch backend
-    computes them; with tensor parallelism, Megatron's split (vocab-parallel logits)."""
+    computes them; with tensor parallelism, Megatron's split (vocab-parallel logits). ``layers_held``:
+    the layer stack's activations are held this many times (a pipeline stage's micro-batches in flight
+    x its share of the layers). ``vocab_parallel_head``: the megatron backend's head, which keeps the
+    logits of its vocabulary slice (and their gradient) in the compute dtype and works in float32 only a
+    chunk at a time (``train/megatron/logprobs.py``)."""
     table = ACT_AUTOCAST if autocast else {k: v * compute_bytes / 4 for k, v in ACT_FP32.items()}
     tp = tensor_parallel
     h_split = tp if sequence_parallel else 1
@@ -223,10 +236,13 @@ def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int
     n_moe = _moe_layers(a)
     dense_layer, moe_layer = per_layer(False), (per_layer(True) if n_moe else 0.0)
     if checkpointing:  # each layer keeps its input; one layer at a time is recomputed in full
-        per_token = a.num_layers * residual_bytes * a.hidden_size / h_split + max(dense_layer, moe_layer)
+        per_token = layers_held * a.num_layers * residual_bytes * a.hidden_size / h_split + max(dense_layer, moe_layer)
     else:
-        per_token = (a.num_layers - n_moe) * dense_layer + n_moe * moe_layer
+        per_token = layers_held * ((a.num_layers - n_moe) * dense_layer + n_moe * moe_layer)
     layers = (per_token + ACT_BASE * a.hidden_size / h_split) * mb.positions
+    if vocab_parallel_head:
+        head = a.vocab_size / tp * 2 * compute_bytes * mb.positions + MEGATRON_LOGPROB_CHUNK_BYTES
+        return {"layers": layers, "logits": head}
     head = a.vocab_size / tp * (compute_bytes * mb.positions + (compute_bytes + 8) * mb.response_tokens
                                 + 8 * min(LOGPROB_CHUNK, mb.response_tokens))
     return {"layers": layers, "logits": head}
@@ -241,6 +257,7 @@ class TrainerMemory:
     gpu: Dict[str, float]
     offloaded: Tuple[str, ...] = ()
     host: Dict[str, float] = field(default_factory=dict)
+    micro_batch: Optional["MicroBatchShape"] = None  # the largest one a rank runs (None: micro_batch_shape's)
 
 
 TRANSIENT = ("autocast_copies", "activations")
@@ -269,31 +286,62 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemor
         host=host)
 
 
+def stage_layers(num_layers: int, pipeline_parallel: int, megatron: Optional[Dict] = None) -> List[int]:
+    """Decoder layers per pipeline stage, as Megatron splits them: evenly, or with
+    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` (``trainer.megatron``)
+    and the rest evenly over the middle stages (rounded down: the rules refuse a remainder)."""
+    pp, m = pipeline_parallel, megatron or {}
+    if pp <= 1:
+        return [num_layers]
+    first, last = m.get("num_layers_in_first_pipeline_stage"), m.get("num_layers_in_last_pipeline_stage")
+    middle = pp - (first is not None) - (last is not None)
+    each = (num_layers - (first or 0) - (last or 0)) // middle if middle > 0 else 0
+    stages = [each] * pp
+    if first is not None:
+        stages[0] = first
+    if last is not None:
+        stages[-1] = last
+    return stages
+
+
 def megatron_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemory:
     """A Megatron-core trainer (see the module docstring); colocated, slime releases all of it."""
-    a, p = cfg.model.arch, cfg.parallelism
+    a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     n = param_count(a)
     tp, pp, cp, ep = p.tensor_parallel, p.pipeline_parallel, p.context_parallel, p.expert_parallel
-    dense, experts = n.dense / (tp * pp), n.experts / (ep * tp * pp)
-    dp_dense = max(1, p.trainer_gpus // (tp * pp))  # the distributed optimizer shards over data x context
-    dp_experts = max(1, p.trainer_gpus // (ep * tp * pp))
+    etp = p.expert_tensor_parallel or tp
+    stages = stage_layers(a.num_layers, pp, t.megatron)
+    most, n_moe = max(stages), _moe_layers(a)
+    vocab = a.vocab_size * a.hidden_size
+    outside = vocab + n.lm_head + a.hidden_size  # embedding, output layer, final norm
+    layers_dense = n.dense - outside
+    dense = (n.dense if pp == 1 else layers_dense * most / a.num_layers + vocab + a.hidden_size) / tp
+    experts = n.experts * (min(most, n_moe) / n_moe if n_moe else 0) / (ep * etp)
+    sharded = t.use_distributed_optimizer  # over data x context parallel ranks
+    dp_dense = max(1, p.trainer_gpus // (tp * pp)) if sharded else 1
+    dp_experts = max(1, p.trainer_gpus // (ep * etp * pp)) if sharded else 1
     compute = _bytes(cfg.model.dtype)
     critic = (n.total - n.lm_head) / n.total if cfg.algo.advantage_estimator == "ppo" else 0.0
     mb = micro_batch_shape(cfg, plan.data_parallel)
-    budget = cfg.trainer.max_tokens_per_micro_batch
+    budget = t.max_tokens_per_micro_batch
     if budget is not None:  # packed micro-batches: as many full-length samples as the token budget holds
         mb = MicroBatchShape(min(mb.samples, max(1, budget // max(1, mb.prompt_len + mb.response_len))),
                              mb.prompt_len, mb.response_len)
-    # context parallel splits every sequence; pipeline stage 0 holds PP micro-batches of layers / PP each
-    mb = MicroBatchShape(mb.samples, mb.prompt_len // cp, mb.response_len // cp)
+    mb = MicroBatchShape(mb.samples, mb.prompt_len // cp, mb.response_len // cp)  # CP splits every sequence
     acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
-                            checkpointing=cfg.trainer.recompute != "none", tensor_parallel=tp,
-                            sequence_parallel=p.sequence_parallel)
+                            checkpointing=t.recompute != "none", tensor_parallel=tp,
+                            sequence_parallel=p.sequence_parallel, layers_held=pp * stages[0] / a.num_layers,
+                            vocab_parallel_head=True)
     state = {"weights": compute * (dense + experts), "grads": 4 * (dense + experts),
              "adam": 12 * (dense / dp_dense + experts / dp_experts)}
+    host = {}
+    if p.colocate and p.offload_train and p.device == "cuda":
+        host["offloaded_state"] = (1 + critic) * (state["weights"] + state["adam"])  # gradients are freed
+    if cfg.algo.kl_coef or cfg.algo.kl_loss_coef:
+        host["reference_copy"] = 2 * state["weights"]  # the reference's shards and a staging copy
     return TrainerMemory(gpu={**state, "critic": critic * sum(state.values()),
                               "activations": acts["layers"] + acts["logits"]},
-                         offloaded=("weights", "grads", "adam", "critic"))
+                         offloaded=("weights", "grads", "adam", "critic"), host=host, micro_batch=mb)
 
 
 # trainer.backend -> its memory per GPU; a new backend adds its function here
@@ -421,7 +469,7 @@ def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[fl
     est = MemoryEstimate(backend=backend, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
                          trainer=trainer, engine=engine, gpus=gpus, kv_cache_tokens=kv_tokens,
                          host_per_node={k: ranks_per_node * v / GIB for k, v in tm.host.items()},
-                         micro_batch=micro_batch_shape(cfg, plan.data_parallel))
+                         micro_batch=tm.micro_batch or micro_batch_shape(cfg, plan.data_parallel))
     if cfg.rollout.max_prompt_len is None:
         est.notes.append("(prompts count as 0 tokens: rollout.max_prompt_len is unset)")
     if cfg.rollout.engine == "sglang" and mem_fraction_static(cfg) is None:
@@ -478,9 +526,23 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     state = sum(v for k, v in est.trainer.items() if k not in TRANSIENT)
     if state > est.gpu_memory_gib:
         where = ("the torch backend replicates them on every GPU; a sharding backend (megatron) is needed"
-                 if cfg.trainer.backend == "torch" else "shard them further: tensor, pipeline or expert parallel")
+                 if cfg.trainer.backend == "torch" else
+                 "shard them further: tensor, pipeline or expert parallel, or trainer.use_distributed_optimizer=true"
+                 if not cfg.trainer.use_distributed_optimizer else
+                 "shard them further: tensor, pipeline or expert parallel")
         return f"; the weights, gradients and optimizer state alone take {state:.0f} GiB ({where})"
     mb, tips = est.micro_batch, []
+    if cfg.trainer.backend == "megatron":
+        t, p = cfg.trainer, cfg.parallelism
+        if mb is not None and mb.samples > 1:
+            tips.append(f"lower trainer.max_tokens_per_micro_batch (now {t.max_tokens_per_micro_batch}: "
+                        f"{mb.samples} samples of up to {mb.prompt_len + mb.response_len} tokens)")
+        if t.recompute != "full":
+            tips.append("set trainer.recompute=full")
+        if p.tensor_parallel > 1 and not p.sequence_parallel:
+            tips.append("set parallelism.sequence_parallel=true")
+        return "; " + (" or ".join(tips) if tips else "raise parallelism.tensor_parallel or shorten "
+                                                      "rollout.max_response_len")
     if mb is not None and mb.samples > 1:
         tips.append(f"lower trainer.micro_batch_size (now {mb.samples} samples of up to "
                     f"{mb.prompt_len + mb.response_len} tokens)")

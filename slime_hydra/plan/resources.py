@@ -100,6 +100,8 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
         for i in range(p.rollout_gpus // p.gpus_per_engine)
     ]
     mp = {"tp": p.tensor_parallel, "pp": p.pipeline_parallel, "cp": p.context_parallel}
+    if p.expert_parallel > 1:  # the experts' own grid: EP x expert TP (x PP), the rest is expert data parallel
+        mp.update(ep=p.expert_parallel, etp=p.expert_tensor_parallel or p.tensor_parallel)
     dp = p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
     r, t = cfg.rollout, cfg.trainer
     notes = [

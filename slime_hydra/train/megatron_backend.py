@@ -137,12 +137,14 @@ class MegatronBackend(TrainerBackend):
         p = parallelism
         vpp = p.virtual_pipeline_parallel
         self.parallel = Parallel(tp=p.tensor_parallel, pp=p.pipeline_parallel, vpp=vpp, cp=p.context_parallel,
-                                 ep=p.expert_parallel, sequence_parallel=p.sequence_parallel)
+                                 ep=p.expert_parallel, etp=p.expert_tensor_parallel,
+                                 sequence_parallel=p.sequence_parallel)
         ps.initialize_model_parallel(tensor_model_parallel_size=p.tensor_parallel,
                                      pipeline_model_parallel_size=p.pipeline_parallel,
                                      virtual_pipeline_model_parallel_size=vpp,
                                      context_parallel_size=p.context_parallel,
-                                     expert_model_parallel_size=p.expert_parallel)
+                                     expert_model_parallel_size=p.expert_parallel,
+                                     expert_tensor_parallel_size=p.expert_tensor_parallel)
         if self.cuda:
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 

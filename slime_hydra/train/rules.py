@@ -20,7 +20,8 @@ def check(cfg: RunConfig) -> List[str]:
     if t.micro_batch_size < 1:
         errs.append(f"trainer.micro_batch_size: must be >= 1, got {t.micro_batch_size}")
     sizes = {"tensor_parallel": p.tensor_parallel, "pipeline_parallel": p.pipeline_parallel,
-             "context_parallel": p.context_parallel, "expert_parallel": p.expert_parallel}
+             "context_parallel": p.context_parallel, "expert_parallel": p.expert_parallel,
+             "expert_tensor_parallel": p.expert_tensor_parallel or p.tensor_parallel}
     for name, size in sizes.items():
         if size < 1:
             errs.append(f"parallelism.{name}: must be >= 1, got {size}")
@@ -34,20 +35,36 @@ def check(cfg: RunConfig) -> List[str]:
     if arch.num_heads % p.tensor_parallel or not kv_heads_split:
         errs.append(f"parallelism.tensor_parallel: {p.tensor_parallel} must divide num_heads={arch.num_heads} and "
                     f"divide or be a multiple of num_kv_heads={arch.num_kv_heads}")
-    if arch.num_layers % p.pipeline_parallel:
-        errs.append(f"parallelism.pipeline_parallel: {p.pipeline_parallel} does not divide "
-                    f"num_layers={arch.num_layers}")
+    errs.extend(_check_pipeline_stages(cfg))
     if p.expert_parallel > 1 and (not arch.num_experts or arch.num_experts % p.expert_parallel):
         errs.append(f"parallelism.expert_parallel: {p.expert_parallel} must divide num_experts={arch.num_experts}")
     if p.sequence_parallel and p.tensor_parallel == 1:
         errs.append("parallelism.sequence_parallel: needs tensor_parallel > 1")
-    if t.backend == "torch" and (mp > 1 or p.expert_parallel > 1):
+    if t.backend == "torch" and (mp > 1 or p.expert_parallel > 1 or sizes["expert_tensor_parallel"] > 1):
         errs.append("parallelism.tensor_parallel: the torch trainer backend is data-parallel only; "
                     "tensor/pipeline/context/expert parallel sizes must be 1")
     if t.backend == "megatron":
         errs.extend(_check_megatron(cfg))
     errs.extend(_check_batches(cfg, data_parallel=max(p.trainer_gpus // mp, 1)))
     return errs
+
+
+def _check_pipeline_stages(cfg: RunConfig) -> List[str]:
+    """The decoder layers split over the pipeline stages: evenly, or (megatron) with the first and/or last
+    stage's count given in ``trainer.megatron`` and the rest evenly over the middle stages."""
+    p, arch, m = cfg.parallelism, cfg.model.arch, cfg.trainer.megatron or {}
+    pp, n = p.pipeline_parallel, arch.num_layers
+    ends = {k: m.get(f"num_layers_in_{k}_pipeline_stage") for k in ("first", "last")}
+    ends = {k: v for k, v in ends.items() if v is not None}
+    if not ends or cfg.trainer.backend != "megatron":
+        return [] if n % pp == 0 else [f"parallelism.pipeline_parallel: {pp} does not divide num_layers={n}"]
+    given = " + ".join(f"{k} {v}" for k, v in ends.items())
+    middle, rest = pp - len(ends), n - sum(ends.values())
+    if pp < 2 or middle < 0 or rest < 0 or min(ends.values()) < 1 or (rest % middle if middle else rest):
+        return [f"trainer.megatron.num_layers_in_{'_'.join(ends)}_pipeline_stage: num_layers={n} minus the {given} "
+                f"layers given leaves {rest}, which must split evenly over the other {middle} of "
+                f"pipeline_parallel={pp} stages"]
+    return []
 
 
 def _check_batches(cfg: RunConfig, data_parallel: int) -> List[str]:
@@ -93,6 +110,15 @@ def _check_megatron(cfg: RunConfig) -> List[str]:
         elif arch.num_layers % (p.pipeline_parallel * vpp):
             errs.append(f"parallelism.virtual_pipeline_parallel: pipeline_parallel x virtual = "
                         f"{p.pipeline_parallel * vpp} does not divide num_layers={arch.num_layers}")
+    etp = p.expert_tensor_parallel or p.tensor_parallel
+    experts = p.expert_parallel * etp * p.pipeline_parallel
+    if p.trainer_gpus % experts:
+        errs.append(f"parallelism.expert_parallel: the experts' grid, expert_parallel x expert_tensor_parallel x "
+                    f"pipeline_parallel = {p.expert_parallel} x {etp} x {p.pipeline_parallel} = {experts}, must divide "
+                    f"trainer_gpus={p.trainer_gpus} (expert_tensor_parallel defaults to tensor_parallel)")
+    if p.expert_parallel > 1 and p.tensor_parallel > 1 and not p.sequence_parallel:
+        errs.append("parallelism.sequence_parallel: must be true with expert and tensor parallelism together "
+                    "(megatron-core's ModelParallelConfig says so, as a warning; slime's MoE scripts set it)")
     if t.gradient_checkpointing:
         errs.append("trainer.gradient_checkpointing: the torch backend's switch; with trainer=megatron use "
                     "trainer.recompute=selective|full")

@@ -16,6 +16,7 @@ import pytest
 from test_e2e import ENV, leftover_processes, metrics, run
 
 from conftest import ROOT
+from slime_hydra.launch.lease import processes_of_run
 
 pytestmark = pytest.mark.e2e
 ARGS = ["trainer.num_rollout=6", "trainer.save_interval=2", "rollout.batch_size=4", "rollout.n_samples_per_prompt=4",
@@ -56,7 +57,13 @@ def data_state(run_dir: Path, step: int) -> dict:
     return json.loads((run_dir / "checkpoints" / f"step_{step:06d}" / "data_state.json").read_text())
 
 
-def check_same_run(d: Path, reference: Path, wandb_id: str) -> None:
+def killed_driver(run_dir: Path) -> dict:
+    lease = json.loads((run_dir / "driver.json").read_text())
+    assert lease["ray_session_dir"] and Path(lease["ray_session_dir"]).is_dir()
+    return lease
+
+
+def check_same_run(d: Path, reference: Path, wandb_id: str, killed: dict) -> None:
     assert comparable(metrics(d)) == comparable(metrics(reference))
     assert data_state(d, 6) == data_state(reference, 6)
     assert (d / "wandb_run_id").read_text() == wandb_id
@@ -66,6 +73,8 @@ def check_same_run(d: Path, reference: Path, wandb_id: str) -> None:
     while leftover_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not leftover_processes(), leftover_processes()
+    # by the killed run's token or its Ray session's open files (Ray's renamed agents may show no token)
+    assert processes_of_run(killed["token"], killed["ray_session_dir"]) == []
 
 
 def test_killed_inside_a_save_resumes_from_the_previous_checkpoint(tmp_path, reference):
@@ -76,10 +85,10 @@ def test_killed_inside_a_save_resumes_from_the_previous_checkpoint(tmp_path, ref
     assert (ckpts / "latest").read_text() == "step_000002"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000002", "step_000004.tmp"]
     assert [r["step"] for r in metrics(d)] == [0, 1, 2, 3, 4]  # step 4's row was written, its checkpoint was not
-    wandb_id = (d / "wandb_run_id").read_text()
+    wandb_id, killed = (d / "wandb_run_id").read_text(), killed_driver(d)
     run(d, *ARGS, "trainer.resume=auto")
     assert [r["step"] for r in metrics(d)] == list(range(7))
-    check_same_run(d, reference, wandb_id)
+    check_same_run(d, reference, wandb_id, killed)
     assert not (ckpts / "step_000004.tmp").exists()
 
 
@@ -94,6 +103,6 @@ def test_killed_anywhere_resumes_from_the_newest_checkpoint(tmp_path, reference,
         kill_when(proc, lambda: (d / "checkpoints" / "step_000004").exists())
     latest = (d / "checkpoints" / "latest").read_text()
     assert latest in ("step_000002", "step_000004")
-    wandb_id = (d / "wandb_run_id").read_text()
+    wandb_id, killed = (d / "wandb_run_id").read_text(), killed_driver(d)
     run(d, *ARGS, "trainer.resume=auto")
-    check_same_run(d, reference, wandb_id)
+    check_same_run(d, reference, wandb_id, killed)

@@ -9,14 +9,15 @@ import subprocess
 
 import pytest
 
-from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, RunLease, _start_time, processes_with_token
+from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, RunLease, _start_time, processes_of_run
 
 
-def record(run_dir, pid: int, token: str = "t0ken") -> None:
+def record(run_dir, pid: int, token: str = "t0ken", ray_session_dir=None) -> None:
     import socket
 
-    (run_dir / LEASE_FILE).write_text(json.dumps({"pid": pid, "start_time": _start_time(pid),
-                                                  "host": socket.gethostname(), "token": token}))
+    lease = {"pid": pid, "start_time": _start_time(pid), "host": socket.gethostname(), "token": token,
+             "ray_session_dir": ray_session_dir}
+    (run_dir / LEASE_FILE).write_text(json.dumps(lease))
 
 
 def test_a_live_driver_keeps_its_run_directory(tmp_path):
@@ -37,7 +38,7 @@ def test_leftovers_of_a_killed_driver_are_killed_and_the_lease_is_released(tmp_p
     leftover = subprocess.Popen(["sleep", "60"], env={**os.environ, TOKEN_ENV: "abc123"})
     bystander = subprocess.Popen(["sleep", "60"], env={**os.environ, TOKEN_ENV: "abc1234"})
     try:
-        assert processes_with_token("abc123") == [leftover.pid]
+        assert processes_of_run("abc123") == [leftover.pid]
         with RunLease(str(tmp_path)) as lease:
             assert leftover.wait(timeout=10) == -9
             assert bystander.poll() is None
@@ -63,5 +64,32 @@ def test_a_driver_ending_kills_what_of_its_run_still_runs_but_its_wandb_service(
         assert wandb_like.poll() is None
     finally:
         for p in (ray_like, wandb_like, spawner):
+            p.kill()
+            p.wait()
+
+
+def test_a_process_whose_environment_was_wiped_is_known_by_its_ray_session_files(tmp_path):
+    """Ray's agents rename themselves with setproctitle, which can wipe the environment /proc shows
+    (seen: ray::DashboardAgent left over with no token); they keep their logs open in the session dir."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    session = tmp_path / "session_2026_1"
+    (session / "logs").mkdir(parents=True)
+    (tmp_path / "session_2026_10").mkdir()  # another cluster's, whose name starts the same
+    record(tmp_path, dead.pid, token="abc123", ray_session_dir=str(session))
+    clean = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    agent = subprocess.Popen(["bash", "-c", f"exec 3>>{session}/logs/agent.log; exec sleep 60"], env=clean)
+    other = subprocess.Popen(["bash", "-c", f"exec 3>>{tmp_path}/session_2026_10/x.log; exec sleep 60"], env=clean)
+    try:
+        deadline = 50
+        while not processes_of_run("abc123", str(session)) and deadline:  # until bash has opened the file
+            subprocess.run(["sleep", "0.1"])
+            deadline -= 1
+        assert processes_of_run("abc123", str(session)) == [agent.pid]
+        with RunLease(str(tmp_path)):
+            assert agent.wait(timeout=10) == -9
+            assert other.poll() is None
+    finally:
+        for p in (agent, other):
             p.kill()
             p.wait()
