@@ -82,8 +82,8 @@ def parts(prompts: int, samples: int, max_new: int, repeats: int, work: Path) ->
     from slime_hydra.checkpoint.hf import build_random_checkpoint
     from slime_hydra.config.schema import RouterConfig
     from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
+    from slime_hydra.rollout.engines import ServerSpec, server_command
     from slime_hydra.rollout.router import Router
-    from slime_hydra.rollout.sglang import ServerSpec, server_command
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
     torch.set_num_threads(1)
@@ -133,8 +133,8 @@ def composed():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from slime_hydra.config import load, resolve
     from slime_hydra.config.store import register_configs
-    from slime_hydra.config.validate import load, resolve
 
     register_configs()
     GlobalHydra.instance().clear()
