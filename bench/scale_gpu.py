@@ -35,6 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
+from gpu_watch import GpuSampler, log, read_rows  # noqa: E402 - bench/ is on the path from here
+
 WORK = "/tmp/scalebench"
 PROMPTS, SAMPLES, NEW_TOKENS, PROMPT_WORDS = 32, 8, 256, 64
 PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on the H200 (bench/megatron_gpu.py)
@@ -65,10 +67,6 @@ LAYOUTS: Dict[str, Dict[str, Any]] = {
     # --cpu: the script's own plumbing
     "cpu": {"model": "tiny", "gpus": 2, "args": ["parallelism=cpu", "trainer=torch", "rollout=embedded"]},
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # ------------------------------------------------------------------------------------- build
@@ -131,37 +129,6 @@ def matmul_params(arch) -> int:
 
 
 # ---------------------------------------------------------------------------------------- run
-class GpuMemory:
-    """nvidia-smi every 0.5 s: each GPU's peak memory and mean utilisation while a run is going."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,memory.used,utilization.gpu",
-                                      "--format=csv,noheader,nounits", "-lms", "500"],
-                                     stdout=open(path, "w"), stderr=subprocess.DEVNULL)
-
-    def stop(self) -> Dict[str, Any]:
-        self.proc.terminate()
-        self.proc.wait()
-        per: Dict[str, List[List[float]]] = {}
-        for line in open(self.path):
-            parts = [p.strip() for p in line.split(",")]
-            try:
-                per.setdefault(f"gpu{int(parts[0])}", []).append([float(parts[1]), float(parts[2])])
-            except (ValueError, IndexError):
-                continue
-        return {g: {"peak_gib": round(max(m for m, _ in v) / 1024, 1),
-                    "mean_util": round(statistics.mean(u for _, u in v), 1)} for g, v in per.items()}
-
-
-def read_rows(path: str) -> List[Dict[str, Any]]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
-
-
 def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int, limit_s: float,
                cpu: bool) -> Dict[str, Any]:
     from slime_hydra.utils.proc import kill_tree, spawn, tail
@@ -183,7 +150,7 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
     log(out["command"])
     console = os.path.join(WORK, f"run_{name}.out")
     open(console, "w").close()
-    gpus = None if cpu else GpuMemory(os.path.join(WORK, f"gpu_{name}.csv"))
+    gpus = None if cpu else GpuSampler(os.path.join(WORK, f"gpu_{name}.csv"), interval_ms=500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
     metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -203,7 +170,8 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
     if first_row_at is not None and steps:  # launch -> the first step begins
         out["startup_s"] = round(first_row_at - steps[0]["perf/step_time"], 1)
     if gpus is not None:
-        out["gpus"] = gpus.stop()
+        gpus.stop()
+        out["gpus"] = gpus.peaks()
     out["console_tail"] = tail(console, 40)
     logs = os.path.join(run_dir, "logs")
     out["log_tails"] = {f: tail(os.path.join(logs, f), 15) for f in sorted(os.listdir(logs))} \

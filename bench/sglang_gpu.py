@@ -56,6 +56,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
+from gpu_watch import GpuSampler, log, read_rows  # noqa: E402 - bench/ is on the path from here
+
 WORK = "/tmp/sglbench"
 CKPT, DATA = f"{WORK}/q06", f"{WORK}/q06.jsonl"
 PROMPTS, SAMPLES, NEW_TOKENS, PROMPT_WORDS = 8, 8, 256, 64
@@ -87,10 +89,6 @@ def dry_run_on_cpu() -> None:
 
 
 # ------------------------------------------------------------------------------------ helpers
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def median(xs: List[float]) -> Optional[float]:
     return statistics.median(xs) if xs else None
 
@@ -349,37 +347,6 @@ def run_overrides(layout: str, phase: str, steps: int, extra: str = "") -> List[
     return common + extra.split()
 
 
-class GpuSampler:
-    """nvidia-smi every 200 ms: each GPU's utilisation over time (for the split layout's idle share)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
-                                      "--format=csv,noheader,nounits", "-lms", "200"],
-                                     stdout=open(path, "w"), stderr=subprocess.DEVNULL)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
-
-    def idle_share(self, since_wall: float) -> Dict[str, Any]:
-        per: Dict[str, List[float]] = {}
-        with open(self.path) as f:
-            for line in f:
-                parts = [p.strip() for p in line.split(",")]
-                if len(parts) != 3:
-                    continue
-                try:
-                    stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
-                    util = float(parts[2])
-                except ValueError:
-                    continue
-                if stamp >= since_wall:
-                    per.setdefault(f"gpu{parts[1]}", []).append(util)
-        return {g: {"samples": len(u), "idle_share": sum(x < 5 for x in u) / len(u), "mean_util": statistics.mean(u)}
-                for g, u in per.items() if u}
-
-
 def phase_run(layout: str, engine: str, steps: int, limit_s: float, out: Dict[str, Any], extra: str = "") -> None:
     """``engine``: the run phase (sglang, sglang_offload, embedded)."""
     from slime_hydra.utils.proc import kill_tree, spawn, tail
@@ -504,14 +471,6 @@ def phase_trl(steps: int, out: Dict[str, Any]) -> None:
     out["wall_s"] = time.perf_counter() - t0
     if cuda:
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-
-
-def read_rows(path: str) -> List[Dict[str, Any]]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def sglang_log_times(path: str) -> Dict[str, float]:
