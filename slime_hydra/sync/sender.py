@@ -94,6 +94,7 @@ class WeightSender:
         if kind not in ("distributed", "tensor", "disk"):
             raise ValueError(f"unknown weight transport {kind!r}")
         self.kind, self.endpoints, self.device = kind, endpoints, device
+        self.every_rank = needs_every_rank(kind, endpoints, device)  # handles from every trainer rank's GPU
         self.bucket_bytes = bucket_mb << 20
         self.disk_dir = disk_dir
         self.model_path = model_path  # config and tokenizer files for disk pushes
@@ -204,21 +205,20 @@ class WeightSender:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies land before the engine reads
         blob = transport.serialize(payload)
-        if needs_every_rank(self.kind, self.endpoints, self.device):
-            import torch.distributed as dist
-
-            try:
+        try:
+            if self.every_rank:
                 by_gpu = _all_handles(blob, self.device)
                 handles = [self._engine_handles(e, by_gpu) for e in self.endpoints]
-                self._all("/update_weights_from_tensor",
-                          lambda i: {"serialized_named_tensors": handles[i], "flush_cache": False,
-                                     "weight_version": v, "load_format": "flattened_bucket"})
-            finally:
-                dist.barrier()  # the other ranks may free their copies
-        else:
+            else:
+                handles = [[blob] * e.gpus for e in self.endpoints]
             self._all("/update_weights_from_tensor",
-                      lambda i: {"serialized_named_tensors": [blob] * self.endpoints[i].gpus, "flush_cache": False,
+                      lambda i: {"serialized_named_tensors": handles[i], "flush_cache": False,
                                  "weight_version": v, "load_format": "flattened_bucket"})
+        finally:
+            if self.every_rank:
+                import torch.distributed as dist
+
+                dist.barrier()  # the other ranks may free their copies
         del payload
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()
