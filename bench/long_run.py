@@ -104,8 +104,8 @@ def analyse(samples: List[dict], rows: List[dict], steps: int) -> dict:
 def report(result: dict, steps: int, overrides: List[str], wall_s: float) -> str:
     lines = [f"# Long run: {steps} steps of the embedded default on CPU", "",
              f"`python bench/long_run.py --steps {steps}" + (f" -- {' '.join(overrides)}" if overrides else "") + "`, "
-             f"{wall_s / 60:.1f} min wall on {os.cpu_count()} cores (shared with other work: absolute times are "
-             "not a benchmark). Memory: mean RSS per group of processes over steps "
+             f"{wall_s / 60:.1f} min wall on {os.cpu_count()} cores (absolute times depend on what else the machine "
+             "runs: the check is growth, not speed). Memory: mean RSS per group of processes over steps "
              f"{result['early_window'][0]}-{result['early_window'][1] - 1} (after {result['warm_up_steps']} warm-up "
              f"steps) and over steps {result['late_window'][0]}-{steps - 1}; step time: medians over the same windows.",
              "", "| what | early | late | growth | within |", "| --- | --- | --- | --- | --- |"]
