@@ -37,6 +37,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Dict
 
 import torch
 import torch.distributed as dist
@@ -163,6 +164,8 @@ def throughput(args) -> dict:
         ),
         [model],
     )
+    if args.fused_adam:
+        fuse_adam(optimizer)
     batches = random_micro_batches(args.micro_batches, args.tokens, args.sample_lengths, hf.vocab_size, args.seed)
     batches = [b.to("cuda") for b in batches]
     forward_backward = get_forward_backward_func()
@@ -178,8 +181,8 @@ def throughput(args) -> dict:
 
         return out, loss_func
 
-    times = []
-    for step in range(args.warmup + args.steps):
+    def one_step():
+        """One optimizer step; returns (forward-backward seconds, optimizer seconds, grad norm)."""
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         model.zero_grad_buffer()
@@ -192,12 +195,21 @@ def throughput(args) -> dict:
             seq_length=args.tokens,
             micro_batch_size=1,
         )
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
         ok, grad_norm, _ = optimizer.step()
         torch.cuda.synchronize()
+        return t1 - t0, time.perf_counter() - t1, grad_norm
+
+    times, parts = [], []
+    for step in range(args.warmup + args.steps):
+        fb, opt, grad_norm = one_step()
         if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-        print(f"step {step}: {time.perf_counter() - t0:.3f} s, grad norm {grad_norm}", flush=True)
+            times.append(fb + opt)
+            parts.append((fb, opt))
+        print(f"step {step}: {fb + opt:.3f} s (forward-backward {fb:.3f}, optimizer {opt:.3f}), grad norm {grad_norm}")
     step_s = sorted(times)[len(times) // 2]
+    kernels = kernel_profile(one_step, args.profile) if args.profile else None
     tokens = args.micro_batches * args.tokens
     flops = 6.0 * matmul_params(hf) * tokens + attention_flops(hf, batches)
     impl = resolve_attention_impl(args.attention)
@@ -209,7 +221,10 @@ def throughput(args) -> dict:
         tokens_per_micro_batch=args.tokens,
         sample_lengths=list(args.sample_lengths),
         recompute=args.recompute,
+        fused_adam=args.fused_adam,
         median_step_s=round(step_s, 4),
+        median_forward_backward_s=round(sorted(p[0] for p in parts)[len(parts) // 2], 4),
+        median_optimizer_s=round(sorted(p[1] for p in parts)[len(parts) // 2], 4),
         tokens_per_s=round(tokens / step_s),
         tflops_per_s=round(flops / step_s / 1e12, 1),
         mfu=round(flops / step_s / 1e12 / PEAK_TFLOPS, 4),
@@ -218,8 +233,53 @@ def throughput(args) -> dict:
         torch=torch.__version__,
         gpu=torch.cuda.get_device_name(),
     )
+    if kernels:
+        result["gpu_time_by_kernel_kind"] = kernels
     dist.destroy_process_group()
     return result
+
+
+def fuse_adam(optimizer) -> int:
+    """Switch megatron's fallback torch Adam (no TE or apex) from the foreach to the fused CUDA kernel.
+
+    Megatron builds ``torch.optim.Adam(W)`` with torch's defaults; its param groups carry ``fused`` and
+    ``foreach``, which ``step`` reads each time. Returns how many torch optimizers were switched."""
+    torch_opts = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    for opt in torch_opts:
+        for group in opt.param_groups:
+            group.update(fused=True, foreach=False)
+    return len(torch_opts)
+
+
+KERNEL_KINDS = [  # first match wins; names as CUDA kernels are reported on Hopper with torch 2.11
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas")),
+    ("attention", ("flash", "fmha", "attn", "sdpa")),
+    ("optimizer", ("adam", "foreach", "multi_tensor", "l2norm")),
+    ("copy / cast", ("copy", "cast", "memcpy", "memset", "fill")),
+    ("reduction", ("reduce", "softmax", "norm", "sum", "max")),
+]
+
+
+def kernel_profile(one_step, top: int) -> dict:
+    """GPU time of one step by kind of kernel (share of the step's kernel time), and the ``top`` kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        one_step()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in rows)
+    kinds: Dict[str, float] = {}
+    for e in rows:
+        name = e.key.lower()
+        kind = next((k for k, words in KERNEL_KINDS if any(w in name for w in words)), "other elementwise")
+        kinds[kind] = kinds.get(kind, 0.0) + e.self_device_time_total
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    for e in rows[:top]:
+        print(f"{e.self_device_time_total / 1e3:9.1f} ms {e.count:6d}x  {e.key[:110]}")
+    return {
+        "kernel_s": round(total / 1e6, 4),
+        "share": {k: round(v / total, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+    }
 
 
 def _log_probs(model, batch, vocab, tp_group, pp: int):
@@ -347,6 +407,8 @@ def main() -> None:
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--no-varlen", action="store_true", help="packed attention: one SDPA call per sequence")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--fused-adam", action="store_true", help="torch's fused Adam kernel (see fuse_adam)")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile one more step: kernel kinds, top N")
     p.add_argument("--compare", action="store_true", help="the 2-GPU TP / PP log-prob comparison")
     p.add_argument("--out", help="also write the result as JSON here")
     args = p.parse_args()
