@@ -132,7 +132,7 @@ def throughput(args) -> dict:
 
     from slime_hydra.train.megatron import spec
     from slime_hydra.train.megatron.logprobs import packed_response_log_probs
-    from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
+    from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
     from slime_hydra.train.megatron.spec import packed_attention_path, resolve_attention_impl
 
     init_distributed()
@@ -165,7 +165,7 @@ def throughput(args) -> dict:
         [model],
     )
     if args.fused_adam:
-        fuse_adam(optimizer)
+        use_fused_adam(optimizer)
     batches = random_micro_batches(args.micro_batches, args.tokens, args.sample_lengths, hf.vocab_size, args.seed)
     batches = [b.to("cuda") for b in batches]
     forward_backward = get_forward_backward_func()
@@ -237,18 +237,6 @@ def throughput(args) -> dict:
         result["gpu_time_by_kernel_kind"] = kernels
     dist.destroy_process_group()
     return result
-
-
-def fuse_adam(optimizer) -> int:
-    """Switch megatron's fallback torch Adam (no TE or apex) from the foreach to the fused CUDA kernel.
-
-    Megatron builds ``torch.optim.Adam(W)`` with torch's defaults; its param groups carry ``fused`` and
-    ``foreach``, which ``step`` reads each time. Returns how many torch optimizers were switched."""
-    torch_opts = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
-    for opt in torch_opts:
-        for group in opt.param_groups:
-            group.update(fused=True, foreach=False)
-    return len(torch_opts)
 
 
 KERNEL_KINDS = [  # first match wins; names as CUDA kernels are reported on Hopper with torch 2.11
@@ -407,7 +395,7 @@ def main() -> None:
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--no-varlen", action="store_true", help="packed attention: one SDPA call per sequence")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--fused-adam", action="store_true", help="torch's fused Adam kernel (see fuse_adam)")
+    p.add_argument("--fused-adam", action="store_true", help="torch's fused Adam kernel (as the trainer uses)")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile one more step: kernel kinds, top N")
     p.add_argument("--compare", action="store_true", help="the 2-GPU TP / PP log-prob comparison")
     p.add_argument("--out", help="also write the result as JSON here")

@@ -136,3 +136,31 @@ def test_gradients_match_the_torch_backend(backend, ckpt, cfg):
     assert len(mbs) > 1 and norm > 0
     assert abs(norm - want.grad_norm) < 1e-5 * want.grad_norm, (norm, want.grad_norm)
     assert abs(metrics["loss"] - want.metrics["loss"]) < 1e-6
+
+
+def test_adam_steps_with_torchs_fused_kernel(backend):
+    """Without TE or apex, megatron's torch Adam is switched to the fused kernel, and that switch made after
+    construction steps exactly as an AdamW built fused (and as the foreach one, to rounding)."""
+    from types import SimpleNamespace
+
+    from slime_hydra.train.megatron.model import use_fused_adam
+
+    groups = [g for o in getattr(backend.opt, "chained_optimizers", [backend.opt]) for g in o.optimizer.param_groups]
+    assert groups and all(g["fused"] and not g["foreach"] for g in groups)
+
+    def trained(make, switch=False):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(64, 32))
+        opt = make([w])
+        if switch:
+            assert use_fused_adam(SimpleNamespace(optimizer=opt)) == 1
+        for _ in range(3):
+            opt.zero_grad()
+            (w.sin() * torch.arange(32.0)).sum().backward()
+            opt.step()
+        return w.detach()
+
+    kw = dict(lr=1e-2, weight_decay=0.1)
+    switched = trained(lambda p: torch.optim.AdamW(p, foreach=True, **kw), switch=True)
+    assert torch.equal(switched, trained(lambda p: torch.optim.AdamW(p, fused=True, **kw)))
+    torch.testing.assert_close(switched, trained(lambda p: torch.optim.AdamW(p, foreach=True, **kw)))

@@ -121,7 +121,7 @@ class MegatronBackend(TrainerBackend):
         from transformers import AutoConfig
 
         from slime_hydra.train.megatron.convert import Layout, stage_shard
-        from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
+        from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
         from slime_hydra.train.megatron.weights import load_hf_weights
 
         self.algo, self.trainer_cfg, self.model_cfg = algo, trainer, model
@@ -186,6 +186,7 @@ class MegatronBackend(TrainerBackend):
             params_dtype=self.dtype, use_distributed_optimizer=trainer.use_distributed_optimizer,
             main_params_dtype=torch.float32, main_grads_dtype=torch.float32,
         ), self.chunks)
+        use_fused_adam(self.opt)
         if half:
             self.config.grad_scale_func = self.opt.scale_loss
         self.steps_done = 0
