@@ -258,7 +258,7 @@ def kernel_profile(one_step, top: int) -> dict:
     total = sum(e.self_device_time_total for e in rows)
     kinds: Dict[str, float] = {}
     for e in rows:
-        name = e.key.lower()
+        name = e.key.lower().replace("nocast", "")  # gpu_kernel_impl_nocast: elementwise, no cast
         kind = next((k for k, words in KERNEL_KINDS if any(w in name for w in words)), "other elementwise")
         kinds[kind] = kinds.get(kind, 0.0) + e.self_device_time_total
     rows.sort(key=lambda e: -e.self_device_time_total)
