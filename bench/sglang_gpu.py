@@ -277,10 +277,35 @@ def phase_raw(layout: str, out: Dict[str, Any]) -> None:
                 check(out, "release_resume_push", False, repr(e))
         del w1, sharp
         torch.cuda.empty_cache()
+        check_batched(url, out)
         check_aborts(url, out)
     finally:
         kill_tree(proc)
         out["server_log"] = server_log
+
+
+def check_batched(url: str, out: Dict[str, Any]) -> None:
+    """One group as one /generate (SGLang's batched form, as the rollout sends a group): a list of
+    ``input_ids``, one ``sampling_params`` and one ``rid`` per sample; the answer is a list in the same
+    order, each sample under its own rid. Timed against the same samples sent one request each."""
+    import httpx
+
+    ids = prompt_ids(1)[0]
+    rids = [f"bench-group-{k}" for k in range(SAMPLES)]
+    body = {"input_ids": [ids] * SAMPLES, "rid": rids, "return_logprob": True,
+            "sampling_params": [sampling_params(k, 32) for k in range(SAMPLES)]}
+    try:
+        t = time.perf_counter()
+        r = httpx.post(url + "/generate", json=body, timeout=120)
+        batched_s = time.perf_counter() - t
+        r.raise_for_status()
+        outs = r.json()
+        got = [o["meta_info"]["id"] for o in outs] if isinstance(outs, list) else outs
+        lens = [len(o["meta_info"]["output_token_logprobs"]) for o in outs] if isinstance(outs, list) else []
+        check(out, "batched_generate", got == rids and lens == [32] * SAMPLES,
+              f"{SAMPLES} samples in one request: {batched_s:.3f}s; ids in order: {got == rids}; tokens {lens}")
+    except (httpx.HTTPError, KeyError, TypeError) as e:
+        check(out, "batched_generate", False, repr(e))
 
 
 def check_aborts(url: str, out: Dict[str, Any]) -> None:
@@ -315,6 +340,19 @@ def check_aborts(url: str, out: Dict[str, Any]) -> None:
         reason = o["meta_info"]["finish_reason"]
         check(out, "abort_rid", reason["type"] == "abort", f"finish_reason {reason}, "
               f"{o['meta_info']['completion_tokens']} tokens")
+        # one sample of a batched request aborted by its rid, the others a second later (abort_all): the
+        # one stopped first, the others decoded on in between
+        rids = [f"bench-abort-group-{k}" for k in range(4)]
+        fut = pool.submit(post, {"input_ids": [ids] * 4, "sampling_params": [long] * 4, "rid": rids})
+        time.sleep(1.0)
+        control(url, "/abort_request", {"rid": rids[1]})
+        time.sleep(1.0)
+        control(url, "/abort_request", {"abort_all": True})
+        outs = fut.result()
+        kinds = [o["meta_info"]["finish_reason"]["type"] for o in outs]
+        lens = [o["meta_info"]["completion_tokens"] for o in outs]
+        check(out, "abort_rid_in_batch", kinds == ["abort"] * 4 and lens[1] < min(lens[:1] + lens[2:]),
+              f"finish reasons {kinds}, tokens {lens} (sample 1 aborted a second before the others)")
 
 
 # ------------------------------------------------------------------------------ runs (phase)
