@@ -287,13 +287,13 @@ def phase_raw(layout: str, out: Dict[str, Any]) -> None:
 def check_batched(url: str, out: Dict[str, Any]) -> None:
     """One group as one /generate (SGLang's batched form, as the rollout sends a group): a list of
     ``input_ids``, one ``sampling_params`` and one ``rid`` per sample; the answer is a list in the same
-    order, each sample under its own rid. Timed against the same samples sent one request each."""
+    order, each sample under its own rid."""
     import httpx
 
     ids = prompt_ids(1)[0]
     rids = [f"bench-group-{k}" for k in range(SAMPLES)]
     body = {"input_ids": [ids] * SAMPLES, "rid": rids, "return_logprob": True,
-            "sampling_params": [sampling_params(k, 32) for k in range(SAMPLES)]}
+            "sampling_params": [{**sampling_params(k, 32), "ignore_eos": True} for k in range(SAMPLES)]}
     try:
         t = time.perf_counter()
         r = httpx.post(url + "/generate", json=body, timeout=120)
