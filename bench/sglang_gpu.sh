@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # One table in one device call (one H200, at most 9 minutes): seconds per GRPO step split into rollout,
-# train and sync for run.py with SGLang colocated without offload and with offload, TRL 1.16's
-# GRPOTrainer (HF generate), and run.py with the embedded engine, against raw SGLang serving the same
-# requests; plus pass/fail checks against the live server (weight updates over disk and CUDA IPC, memory
-# release/resume, abort). bench/sglang_gpu.py says what each phase does.
+# train and sync for run.py with SGLang colocated without offload and with offload and TRL 1.16's
+# GRPOTrainer (HF generate), against raw SGLang serving the same requests; plus pass/fail checks against
+# the live server (weight updates over disk and CUDA IPC, memory release/resume, a group as one batched
+# request, aborts). run.py with the embedded engine is a sixth phase that one call has no room for
+# (three SGLang start-ups take 100-135 s each): PHASES=build,embedded in a call of its own.
+# bench/sglang_gpu.py says what each phase does.
 #
 #   here:    ../shared/tools/sglang-bundle.sh .sglang-bundle
 #            EXTRA="trl==1.16.0 accelerate==1.15.0" ../shared/tools/device-bundle.sh .device-bundle
 #            (and .gpu-extra/: the sglang-router, datasets and math-verify wheels for Python 3.12)
-#   device:  call 1 (carry .sglang-bundle):   source .sglang-bundle/install.sh
-#            call 2 (carry .device-bundle .gpu-extra):
-#                     source .device-bundle/install.sh && bash bench/sglang_gpu.sh
+#   device:  three calls within 30 s of each other (each carry is one call's; together over 64 MiB):
+#            call 1 (carry .sglang-bundle):  source .sglang-bundle/install.sh
+#            call 2 (carry .device-bundle):  source .device-bundle/install.sh
+#            call 3 (carry .gpu-extra):      bash bench/sglang_gpu.sh
 #   CPU dry run of every phase (tiny model, the embedded engine for SGLang, TRL on the CPU):
-#            python bench/sglang_gpu.py --cpu --budget 1500 --out /tmp/sglbench_cpu_out
+#            python bench/sglang_gpu.py --cpu --budget 1500 --phases build,raw,sglang,sglang_offload,trl,embedded
 #
 # WORKLOAD=256x256 (32 prompts x 8 samples x 256 tokens) instead of TRL's anchor (8 x 8 x 256); PHASES=
 # picks phases (build,raw,sglang,sglang_offload,trl,embedded); STEPS, OFFLOAD_STEPS, EMBEDDED_STEPS,
