@@ -4,10 +4,10 @@
 
 - ``step_dataflow.png``: what runs once and what runs every step, with the file and function of each part.
 - ``placement_timeline.png``: one H200 shared by the trainer and the engine (colocated, sync loop) against
-  two H200s (split, async loop), drawn to scale from the step times measured on 2026-11-30
+  two H200s (split, async loop), drawn to scale from the step times measured on 2026-11-30 and 12-01
   (``bench/measured/h200_sglang_colocated.json``, ``bench/measured/h200x2_sglang_split_async.json``).
-- ``weight_sync.png``: the three weight transports and their measured cost per push, from the same files
-  and ``bench/measured/h200_gpu_components.json``.
+- ``weight_sync.png``: the three weight transports and their measured cost per push, from the same files,
+  ``h200_sglang_colocated_nooffload.json`` and ``bench/measured/h200_gpu_components.json``.
 
 Every number drawn is read from those files here, so a new measurement redraws the figures.
 """
@@ -28,7 +28,8 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "measured"
-COLOCATED = MEASURED / "h200_sglang_colocated.json"
+COLOCATED = MEASURED / "h200_sglang_colocated.json"  # every phase; its offload run is the timeline's
+NO_OFFLOAD = MEASURED / "h200_sglang_colocated_nooffload.json"
 SPLIT_ASYNC = MEASURED / "h200x2_sglang_split_async.json"
 COMPONENTS = MEASURED / "h200_gpu_components.json"
 FIGURES = ("step_dataflow.png", "placement_timeline.png", "weight_sync.png")
@@ -36,9 +37,10 @@ FIGURES = ("step_dataflow.png", "placement_timeline.png", "weight_sync.png")
 SETUP, ROLLOUT, TRAIN, SYNC, REST = "#dfe7f2", "#cde8d3", "#f6dcc3", "#e6d5f0", "#eeeeee"
 
 
-def step_medians(path: Path) -> Dict[str, float]:
-    """The medians of the ``perf/*`` metrics over the steps after the first (as the .md tables report them)."""
-    rows = json.loads(path.read_text())["sglang"]["rows"][1:]
+def step_medians(path: Path, phase: str = "sglang") -> Dict[str, float]:
+    """The medians of the ``perf/*`` metrics of one run phase over the steps after the first (as the .md
+    tables report them)."""
+    rows = json.loads(path.read_text())[phase]["rows"][1:]
     keys = ("step_time", "rollout_wait_time", "rollout_time", "train_time", "weight_sync_time", "weight_sync_bytes")
     return {k: statistics.median(r[f"perf/{k}"] for r in rows) for k in keys}
 
@@ -125,7 +127,7 @@ def step_dataflow(out: Path) -> None:
 
 
 def placement_timeline(out: Path) -> None:
-    co, sp = step_medians(COLOCATED), step_medians(SPLIT_ASYNC)
+    co, sp = step_medians(COLOCATED, "sglang_offload"), step_medians(SPLIT_ASYNC)
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(12, 5.4), gridspec_kw={"height_ratios": [1, 1.6]})
 
     def bar(ax, lane: int, start: float, width: float, color: str, label: str) -> None:
@@ -145,8 +147,8 @@ def placement_timeline(out: Path) -> None:
             bar(a1, 0, t, width, color, label)
             t += width
     a1.set_yticks([0], ["GPU 0:\ntrainer + engine"])
-    a1.set_title(f"colocated, sync loop, one H200: {co['step_time']:.2f} s a step "
-                 f"({COLOCATED.relative_to(ROOT)})", fontsize=9.5, loc="left")
+    a1.set_title(f"colocated with both offloads, sync loop, one H200: {co['step_time']:.2f} s a step "
+                 f"({COLOCATED.relative_to(ROOT)}, sglang_offload)", fontsize=9.5, loc="left")
 
     # split, async: trainer GPU and engine GPU; the engine generates step + 1 while the trainer trains
     t = 0.0
@@ -176,12 +178,15 @@ def placement_timeline(out: Path) -> None:
 
 def sync_costs() -> List[Tuple[str, float, float, str]]:
     """(label, seconds per push, GiB pushed, source file) of every measured weight push."""
-    co, sp = step_medians(COLOCATED), step_medians(SPLIT_ASYNC)
+    co, sp = step_medians(COLOCATED, "sglang_offload"), step_medians(SPLIT_ASYNC)
+    nooff = step_medians(NO_OFFLOAD)
     raw = json.loads(COLOCATED.read_text())["raw"]["push_s"]
     comp = json.loads(COMPONENTS.read_text())["sync"]
     gib = co["weight_sync_bytes"] / 2**30
     return [
         ("tensor (CUDA IPC), SGLang, push only", raw["tensor_v2"], gib, COLOCATED.name),
+        ("tensor, SGLang, in run.py (no offload)", nooff["weight_sync_time"], nooff["weight_sync_bytes"] / 2**30,
+         NO_OFFLOAD.name),
         ("tensor, SGLang, in run.py (with trainer offload, engine resume)", co["weight_sync_time"], gib,
          COLOCATED.name),
         ("tensor, embedded engine", comp["tensor"]["seconds"], comp["tensor"]["GiB"], COMPONENTS.name),
