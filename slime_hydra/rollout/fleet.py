@@ -10,7 +10,8 @@ Without fault tolerance an engine that dies fails the rollout within ``ENGINE_PO
 engines are awake), an engine whose process exits or whose ``/health_generate`` gets no answer
 within the deadline is taken out: removed from the router, its process group SIGKILLed (a frozen
 process ignores anything else), and restarted in the background on the same GPUs by its Ray actor
-(a new actor on the same bundles if the actor died). Its requests fail at the router; the generate
+(a new actor on the same bundles if the actor died). Its requests fail (at the router, or at the engine
+itself for the group requests sent straight to one: :meth:`EngineFleet.engine_url`); the generate
 client asks :meth:`EngineFleet.requeue` and sends them again once an engine serves (the same
 request with the same ``sampling_seed``: nothing is generated twice into a sample, nothing lost).
 A restarted engine runs the initial checkpoint, so it takes no traffic until the driver has pushed
@@ -124,6 +125,7 @@ class EngineFleet:
         self._restarting: Dict[int, asyncio.Future] = {}
         self.version: Optional[int] = None  # the weights the serving engines run (the last push)
         self.rollout_version: Optional[int] = None  # the weights the running rollout asked for
+        self._turn = 0  # round robin of engine_url()
 
     @classmethod
     def start(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
@@ -195,6 +197,20 @@ class EngineFleet:
         """Where /generate goes: the router, or the one engine of a run without one (validation
         allows that only with exactly one engine)."""
         return self.router.url if self.router is not None else self.engines[0].url
+
+    async def engine_url(self) -> str:
+        """A serving engine for a request the router cannot forward (SGLang's batched /generate: one
+        request per group, see ``rollout.client``), round robin; waits while none serves (fault
+        tolerance is restarting them). Restarted engines serve only once they run the current weights."""
+        while not self.urls:
+            if self.fatal is not None:
+                raise self.fatal
+            if self._serving.is_set():  # nothing is restarting either
+                raise EngineError("no engine serves")
+            await self._serving.wait()
+        urls = self.urls
+        self._turn += 1
+        return urls[self._turn % len(urls)]
 
     def endpoints(self) -> List[Dict[str, Any]]:
         """Where the trainer pushes weights: each running engine's URL, GPU count and first GPU (serving,
