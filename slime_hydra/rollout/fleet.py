@@ -122,6 +122,7 @@ class EngineFleet:
         self._taking_out = 0  # failed engines being removed from the router right now
         self._last_out = -math.inf  # when the last failed engine had left the router
         self._check: Optional[asyncio.Future] = None
+        self._check_started = -math.inf
         self._restarting: Dict[int, asyncio.Future] = {}
         self.version: Optional[int] = None  # the weights the serving engines run (the last push)
         self.rollout_version: Optional[int] = None  # the weights the running rollout asked for
@@ -300,12 +301,16 @@ class EngineFleet:
             if probe:
                 next_probe = time.monotonic() + self.ft.health_check_interval_s
 
-    async def check(self, probe: bool = False) -> None:
+    async def check(self, probe: bool = False, since: float = -math.inf) -> None:
         """Take out (and restart) every serving engine that has exited, or with ``probe`` that fails
-        its health check. Concurrent callers share one check. Raises once the restart budget is spent."""
+        its health check. Concurrent callers share one check, if it started at ``since`` (monotonic)
+        or later. Raises once the restart budget is spent."""
         if self.fatal is not None:
             raise self.fatal
+        if self._check is not None and not self._check.done() and self._check_started < since:
+            await asyncio.shield(self._check)  # it may have looked before what the caller saw happened
         if self._check is None or self._check.done():
+            self._check_started = time.monotonic()
             self._check = asyncio.ensure_future(self._check_engines(probe))
         await asyncio.shield(self._check)
 
@@ -446,7 +451,9 @@ class EngineFleet:
         if self.ft is None:
             return False
         if not self._failed_since(sent_at):
-            await self.check()  # an engine killed a moment ago: its requests fail before the monitor looks
+            # an engine killed a moment ago: its requests fail before the monitor looks, or while it
+            # looks (a group's request is the only one on its engine: no later request sees the death)
+            await self.check(since=time.monotonic())
         if not self._failed_since(sent_at) and self._serving.is_set():
             return False
         self.counters["requeued_requests"] += 1
