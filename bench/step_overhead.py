@@ -15,9 +15,11 @@ A size is prompts x samples per rollout, with ``:L`` the most tokens per answer
    the first step is counted from the command's start (Ray start-up, engine and router launch
    included).
 2. The parts of a rollout timed directly: the tiny model's decoding of P x N requests inside the
-   engine process's code (no HTTP), the same requests over HTTP to an embedded engine server
-   (directly and through sglang-router), one weight push over the distributed transport, and the
-   reward function over P x N samples.
+   engine process's code (no HTTP), the same samples over HTTP to an embedded engine server: P
+   requests of N samples (SGLang's batched form, as the default generate function sends a group,
+   straight to the engine: sglang-router cannot forward it), and P x N requests of one sample
+   (directly and through sglang-router, as a custom generate function sends them), one weight push
+   over the distributed transport, and the reward function over P x N samples.
 
 The table is printed and written to ``bench/results/step_overhead.md``.
 """
@@ -118,6 +120,7 @@ def parts(prompts: int, samples: int, max_new: int, repeats: int, work: Path) ->
     try:
         wait_http(url + "/health_generate", proc, 120, log)
         out["http_direct_ms"] = median_ms(http_rollouts(url, ids, n, max_new, repeats))
+        out["http_group_ms"] = median_ms(http_rollouts(url, ids, n, max_new, repeats, group=samples))
         router = Router(RouterConfig(policy=cfg.rollout.router.policy), "127.0.0.1", str(work / "router.log"))
         router.add_worker(url)
         out["http_router_ms"] = median_ms(http_rollouts(router.url, ids, n, max_new, repeats))
@@ -158,18 +161,25 @@ def reward_ms(cfg, n: int, repeats: int) -> float:
     return median_ms(times)
 
 
-def http_rollouts(base: str, ids: List[int], n: int, max_new: int, repeats: int) -> List[float]:
-    """``n`` concurrent /generate requests, one per sample, as the default generate function sends them."""
+def http_rollouts(base: str, ids: List[int], n: int, max_new: int, repeats: int, group: int = 1) -> List[float]:
+    """``n`` samples in concurrent /generate requests: one per sample (a custom generate function),
+    or with ``group`` > 1 one per group of ``group`` samples in SGLang's batched form (the default one)."""
     from slime_hydra.rollout.client import GenerateClient
+
+    def body(seeds: List[int]) -> Dict:
+        params = [{"max_new_tokens": max_new, "sampling_seed": seed} for seed in seeds]
+        if group == 1:
+            return {"input_ids": ids, "return_logprob": True, "sampling_params": params[0]}
+        return {"input_ids": [ids] * len(seeds), "return_logprob": True, "sampling_params": params,
+                "rid": [f"{seeds[0]}-{i}" for i in range(len(seeds))]}
 
     async def rollouts():
         client = GenerateClient(base, concurrency=max(n, 512))
         times = []
         for r in range(repeats + 2):
             t = time.perf_counter()
-            await asyncio.gather(*(client.post("/generate", {
-                "input_ids": ids, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": max_new, "sampling_seed": r * n + i}}) for i in range(n)))
+            await asyncio.gather(*(client.post("/generate", body(list(range(r * n + i, r * n + i + group))))
+                                   for i in range(0, n, group)))
             times.append(time.perf_counter() - t)
         await client.aclose()
         return times[2:]  # the first opens the connections
@@ -194,13 +204,16 @@ def pushes(url: str, ckpt: str, work: Path, repeats: int) -> List[float]:
 
 # ---------------------------------------------------------------------------------------- main
 def table(results: List[Tuple[str, Dict[str, float]]]) -> str:
-    lines = ["| size[:tokens] | step | rollout (manager) | Ray hand-over | train | weight sync | driver | first step | "
-             "decode (in process) | HTTP direct | HTTP via router | push alone | reward |",
-             "| --- | " + " | ".join(["---"] * 12) + " |"]
+    columns = [("step", "step_ms", "ms"), ("rollout (manager)", "rollout_ms", "ms"), ("Ray hand-over", "ray_ms", "ms"),
+               ("train", "train_ms", "ms"), ("weight sync", "sync_ms", "ms"), ("driver", "driver_ms", "ms"),
+               ("first step", "first_step_s", "s"), ("decode (in process)", "decode_ms", "ms"),
+               ("HTTP per group", "http_group_ms", "ms"), ("HTTP per sample direct", "http_direct_ms", "ms"),
+               ("HTTP per sample via router", "http_router_ms", "ms"), ("push alone", "push_ms", "ms"),
+               ("reward", "reward_ms", "ms")]
+    lines = ["| size[:tokens] | " + " | ".join(name for name, _, _ in columns) + " |",
+             "| --- | " + " | ".join(["---"] * len(columns)) + " |"]
     for size, r in results:
-        lines.append(f"| {size} | {r['step_ms']} ms | {r['rollout_ms']} ms | {r['ray_ms']} ms | {r['train_ms']} ms | "
-                     f"{r['sync_ms']} ms | {r['driver_ms']} ms | {r['first_step_s']} s | {r['decode_ms']} ms | "
-                     f"{r['http_direct_ms']} ms | {r['http_router_ms']} ms | {r['push_ms']} ms | {r['reward_ms']} ms |")
+        lines.append(f"| {size} | " + " | ".join(f"{r[key]} {unit}" for _, key, unit in columns) + " |")
     return "\n".join(lines)
 
 

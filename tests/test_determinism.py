@@ -56,6 +56,48 @@ def test_each_sample_gets_its_own_seed():
 
 
 @pytest.mark.e2e
+def test_one_request_per_group_samples_what_one_request_per_sample_does(engine_url):
+    """The default generate function sends each group in one batched /generate; a custom one sends
+    one request per sample. Against the same engine, with the same seeds, both make the same samples
+    (tokens, log-probs, rewards), training and evaluation alike."""
+    from rollout_harness import make_rollout
+    from slime_hydra.rollout.client import GenerateClient
+
+    async def per_sample(ctx, s, sp, evaluation=False):  # not the default function: one request per sample
+        return await generate(ctx, s, sp, evaluation)
+
+    from slime_hydra.rollout.sampling import sampling_params
+
+    def groups(custom):
+        m = make_rollout(["rollout.batch_size=4", "rollout.n_samples_per_prompt=4", "rollout.max_response_len=6",
+                          "eval.datasets=[{name: heldout, n_samples_per_prompt: 4, temperature: 1.0, max_prompts: 2}]"],
+                         urls=[engine_url])
+        if custom:
+            m.set_generate(per_sample)
+        held = m.evaluator.sets["heldout"]
+
+        async def both():
+            m.ctx.sampler.ctx.client = GenerateClient(engine_url, 64)
+            try:
+                train, _ = await m.collect(rollout_id=3)
+                sp = sampling_params(m.cfg.rollout, held.cfg)
+                evals = await asyncio.gather(*(m.ctx.sampler.group(g, sp, True) for g in held.groups()))
+                return train + evals, m.ctx.sampler.ctx.requests
+            finally:
+                await m.ctx.sampler.ctx.client.aclose()
+
+        return asyncio.run(both())
+
+    (batched, requests), (single, single_requests) = groups(custom=False), groups(custom=True)
+    assert (requests, single_requests) == (6, 24)  # 4 training groups and 2 eval groups of 4 samples
+    flat = [(s, t) for a, b in zip(batched, single, strict=True) for s, t in zip(a, b, strict=True)]
+    assert sum(s.response_length for s, _ in flat) > len(flat)  # more than one token each, on the whole
+    for s, t in flat:
+        assert (s.index, s.tokens, s.status, s.reward) == (t.index, t.tokens, t.status, t.reward)
+        assert s.rollout_log_probs == pytest.approx(t.rollout_log_probs, abs=1e-5)
+
+
+@pytest.mark.e2e
 def test_same_seed_same_run(tmp_path):
     """Two short runs of the default with the same seed write the same metrics.jsonl, but for the
     timings and the engine-vs-trainer log-prob gap (float noise that depends on the batch)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import time
 
 import httpx
 import pytest
@@ -42,6 +43,14 @@ def test_generate_single_and_batch(engine_url):
     assert meta["finish_reason"]["type"] in ("stop", "length") and meta["prompt_tokens"] == len(PROMPT)
     code, outs = gen(engine_url, {"input_ids": [PROMPT, PROMPT[:3]], "sampling_params": {"max_new_tokens": 3}})
     assert code == 200 and isinstance(outs, list) and len(outs) == 2
+    # SGLang's batched form with a field per prompt: the answers in prompt order, each under its rid
+    params = [{"max_new_tokens": 2}, {"max_new_tokens": 4, "ignore_eos": True}]
+    code, outs = gen(engine_url, {"input_ids": [PROMPT, PROMPT[:3]], "rid": ["p0", "p1"],
+                                  "return_logprob": [False, True], "sampling_params": params})
+    assert code == 200 and [o["meta_info"]["id"] for o in outs] == ["p0", "p1"]
+    assert [o["meta_info"]["prompt_tokens"] for o in outs] == [len(PROMPT), 3] and len(outs[1]["output_ids"]) == 4
+    assert "output_token_logprobs" not in outs[0]["meta_info"]
+    assert len(outs[1]["meta_info"]["output_token_logprobs"]) == 4
     code, outs = gen(engine_url, {"text": "123=", "sampling_params": {"max_new_tokens": 2, "n": 3}})
     assert code == 200 and len(outs) == 3
 
@@ -85,6 +94,19 @@ def test_bad_requests_are_400(engine_url):
     assert code == 400 and "error" in body
     r = httpx.post(engine_url + "/generate", content=b"{not json", timeout=60)
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    # a batch whose per-prompt lists do not match its prompts: the field is named
+    batch = {"input_ids": [PROMPT, PROMPT], "sampling_params": [{}, {}], "rid": ["a", "b"]}
+    for field, value, message in [
+        ("sampling_params", [{}], "sampling_params has 1 entries for 2 prompt(s)"),
+        ("sampling_params", [{}, {}, {}], "sampling_params has 3 entries for 2 prompt(s)"),
+        ("rid", ["a"], "rid has 1 entries for 2 prompt(s)"),
+        ("return_logprob", [True, True, True], "return_logprob has 3 entries for 2 prompt(s)"),
+        ("rid", ["a", "a"], "Duplicate request IDs detected within the request: ['a']"),
+        ("sampling_params", [{"n": 1}, {"n": 2}], "parallel_sample_num should be the same"),
+        ("sampling_params", [{}, 3], "sampling_params must be an object"),
+    ]:
+        code, body = gen(engine_url, {**batch, field: value})
+        assert code == 400 and message in body["error"]["message"], (field, value, body)
 
 
 def test_info_endpoints(engine_url, tiny_ckpt):
@@ -105,8 +127,6 @@ def test_pause_then_abort_all(engine_url):
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futs = [pool.submit(gen, engine_url, body) for _ in range(4)]
-        import time
-
         time.sleep(0.5)
         assert all(not f.done() for f in futs)  # paused: nothing runs
         control(engine_url, "/abort_request", {"abort_all": True})
@@ -115,6 +135,36 @@ def test_pause_then_abort_all(engine_url):
     assert all(code == 200 and o["meta_info"]["finish_reason"]["type"] == "abort" for code, o in outs)
     after = gen(engine_url, body)[1]  # later requests are not aborted
     assert after["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def _running(url: str, n: int, timeout: float = 30.0) -> None:
+    """Wait until the engine decodes ``n`` requests."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/v1/loads").json()["loads"][0]["num_running_reqs"] < n:
+        assert time.monotonic() < deadline, f"{n} requests were not running within {timeout}s"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("abort", [{"rid": "b-1"}, {"abort_all": True}], ids=["one rid", "all"])
+def test_abort_inside_a_batched_request(engine_url, abort):
+    """A batched request's prompts have their own rids: /abort_request of one cuts that prompt's
+    sample off and the others run to the end; abort_all cuts every one off. Each answer keeps the
+    tokens made before the abort."""
+    budget = 3000
+    body = {"input_ids": [PROMPT] * 3, "rid": ["b-0", "b-1", "b-2"], "return_logprob": True,
+            "sampling_params": [{"max_new_tokens": budget, "ignore_eos": True, "sampling_seed": i} for i in range(3)]}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(gen, engine_url, body)
+        _running(engine_url, 3)
+        time.sleep(0.2)  # a few tokens in
+        control(engine_url, "/abort_request", abort)
+        code, outs = answer.result()
+    assert code == 200 and [o["meta_info"]["id"] for o in outs] == ["b-0", "b-1", "b-2"]
+    aborted = [o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs]
+    assert aborted == ([False, True, False] if "rid" in abort else [True] * 3)
+    for out, cut in zip(outs, aborted):
+        assert (0 < len(out["output_ids"]) < budget) if cut else len(out["output_ids"]) == budget
+        assert len(out["meta_info"]["output_token_logprobs"]) == len(out["output_ids"])
 
 
 def _scaled_weights(tiny_ckpt, factor):

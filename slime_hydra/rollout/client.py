@@ -1,5 +1,12 @@
 """``/generate`` calls to SGLang-protocol servers (SGLang itself, the embedded engine, sglang-router)
 through one shared aiohttp session with retries, like slime's http_utils.
+
+SGLang's batched form of ``/generate`` (a list of prompts, with lists of ``sampling_params`` and
+``rid``: one request per group of samples) goes straight to an engine, not through sglang-router:
+the router parses ``/generate`` into a typed request with one ``sampling_params`` object, one ``rid``
+string and one ``text`` string (sglang-router 0.3.2, the installed one, and ``GenerateRequest`` in
+sgl-model-gateway/src/protocols/generate.rs today), answers 422 to the batched form, and drops
+sampling parameters it does not know when it forwards a single one.
 """
 
 from __future__ import annotations
@@ -21,16 +28,26 @@ READ_TIMEOUT_S = 14400.0
 CONNECT_TIMEOUT_S = 30.0  # a server that is up accepts in milliseconds
 
 
+def is_batch(payload: Dict[str, Any]) -> bool:
+    """SGLang's batched /generate: a list of prompts (``input_ids`` of lists, or ``text`` a list)."""
+    ids = payload.get("input_ids")
+    return isinstance(payload.get("text"), list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
+
+
 class GenerateClient:
     """POST /generate with retries on transport errors and 5xx (not on 4xx: those are our bugs, nor
     on a read timeout: the engine may still be working on it).
+
+    ``engine_url`` (async) names the engine for a batched /generate (:func:`is_batch`), asked again at
+    every attempt (a failed engine's request goes to another); None: ``base_url``.
 
     aiohttp, not httpx: with hundreds of concurrent requests httpx's connection pool dominated a
     rollout (256 tiny requests: 2-7 s with httpx, 0.2-0.35 s with aiohttp, same server)."""
 
     def __init__(self, base_url: str, concurrency: int, retries: int = 60, retry_interval: float = 1.0,
                  read_timeout: float = READ_TIMEOUT_S,
-                 requeue: Optional[Callable[[float], Awaitable[bool]]] = None):
+                 requeue: Optional[Callable[[float], Awaitable[bool]]] = None,
+                 engine_url: Optional[Callable[[], Awaitable[str]]] = None):
         import aiohttp
 
         self.base_url = base_url.rstrip("/")
@@ -41,6 +58,7 @@ class GenerateClient:
         # fault tolerance (EngineFleet.requeue): asked about a failed request (with the monotonic time
         # it was sent); True: its engine failed, it is sent again once an engine serves (not a retry)
         self.requeue = requeue
+        self.engine_url = engine_url
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
                                           timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
                                                                         sock_read=read_timeout))
@@ -50,20 +68,21 @@ class GenerateClient:
 
         last: Any = None
         attempt = 0
+        direct = self.engine_url is not None and path == "/generate" and is_batch(payload)
         async with self.sem:
             while True:
+                base = await self.engine_url() if direct else self.base_url
                 sent = time.monotonic()
                 try:
-                    async with self.http.post(self.base_url + path, json=payload) as r:
+                    async with self.http.post(base + path, json=payload) as r:
                         if r.status < 400:
                             return await r.json(content_type=None)
                         text = await r.text()
                         if r.status < 500:
-                            raise EngineError(f"POST {self.base_url}{path} -> HTTP {r.status}: {text[:500]}")
+                            raise EngineError(f"POST {base}{path} -> HTTP {r.status}: {text[:500]}")
                         last = f"HTTP {r.status}: {text[:200]}"
                 except aiohttp.SocketTimeoutError as e:
-                    raise EngineError(f"POST {self.base_url}{path}: no reply within {self.read_timeout:g}s "
-                                      f"({e!r})") from e
+                    raise EngineError(f"POST {base}{path}: no reply within {self.read_timeout:g}s ({e!r})") from e
                 except aiohttp.ClientError as e:
                     last = repr(e)
                 if self.requeue is not None and await self.requeue(sent):
@@ -71,9 +90,9 @@ class GenerateClient:
                 if attempt >= self.retries:
                     break
                 attempt += 1
-                log.warning("POST %s%s failed (%s); retry %d/%d", self.base_url, path, last, attempt, self.retries)
+                log.warning("POST %s%s failed (%s); retry %d/%d", base, path, last, attempt, self.retries)
                 await asyncio.sleep(self.retry_interval)
-        raise EngineError(f"POST {self.base_url}{path} failed after {self.retries} retries: {last}")
+        raise EngineError(f"POST {base}{path} failed after {self.retries} retries: {last}")
 
     async def aclose(self) -> None:
         await self.http.close()

@@ -10,7 +10,8 @@ Without fault tolerance an engine that dies fails the rollout within ``ENGINE_PO
 engines are awake), an engine whose process exits or whose ``/health_generate`` gets no answer
 within the deadline is taken out: removed from the router, its process group SIGKILLed (a frozen
 process ignores anything else), and restarted in the background on the same GPUs by its Ray actor
-(a new actor on the same bundles if the actor died). Its requests fail at the router; the generate
+(a new actor on the same bundles if the actor died). Its requests fail (at the router, or at the engine
+itself for the group requests sent straight to one: :meth:`EngineFleet.engine_url`); the generate
 client asks :meth:`EngineFleet.requeue` and sends them again once an engine serves (the same
 request with the same ``sampling_seed``: nothing is generated twice into a sample, nothing lost).
 A restarted engine runs the initial checkpoint, so it takes no traffic until the driver has pushed
@@ -121,9 +122,11 @@ class EngineFleet:
         self._taking_out = 0  # failed engines being removed from the router right now
         self._last_out = -math.inf  # when the last failed engine had left the router
         self._check: Optional[asyncio.Future] = None
+        self._check_started = -math.inf
         self._restarting: Dict[int, asyncio.Future] = {}
         self.version: Optional[int] = None  # the weights the serving engines run (the last push)
         self.rollout_version: Optional[int] = None  # the weights the running rollout asked for
+        self._turn = 0  # round robin of engine_url()
 
     @classmethod
     def start(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
@@ -195,6 +198,20 @@ class EngineFleet:
         """Where /generate goes: the router, or the one engine of a run without one (validation
         allows that only with exactly one engine)."""
         return self.router.url if self.router is not None else self.engines[0].url
+
+    async def engine_url(self) -> str:
+        """A serving engine for a request the router cannot forward (SGLang's batched /generate: one
+        request per group, see ``rollout.client``), round robin; waits while none serves (fault
+        tolerance is restarting them). Restarted engines serve only once they run the current weights."""
+        while not self.urls:
+            if self.fatal is not None:
+                raise self.fatal
+            if self._serving.is_set():  # nothing is restarting either
+                raise EngineError("no engine serves")
+            await self._serving.wait()
+        urls = self.urls
+        self._turn += 1
+        return urls[self._turn % len(urls)]
 
     def endpoints(self) -> List[Dict[str, Any]]:
         """Where the trainer pushes weights: each running engine's URL, GPU count and first GPU (serving,
@@ -284,12 +301,16 @@ class EngineFleet:
             if probe:
                 next_probe = time.monotonic() + self.ft.health_check_interval_s
 
-    async def check(self, probe: bool = False) -> None:
+    async def check(self, probe: bool = False, since: float = -math.inf) -> None:
         """Take out (and restart) every serving engine that has exited, or with ``probe`` that fails
-        its health check. Concurrent callers share one check. Raises once the restart budget is spent."""
+        its health check. Concurrent callers share one check, if it started at ``since`` (monotonic)
+        or later. Raises once the restart budget is spent."""
         if self.fatal is not None:
             raise self.fatal
+        if self._check is not None and not self._check.done() and self._check_started < since:
+            await asyncio.shield(self._check)  # it may have looked before what the caller saw happened
         if self._check is None or self._check.done():
+            self._check_started = time.monotonic()
             self._check = asyncio.ensure_future(self._check_engines(probe))
         await asyncio.shield(self._check)
 
@@ -430,7 +451,9 @@ class EngineFleet:
         if self.ft is None:
             return False
         if not self._failed_since(sent_at):
-            await self.check()  # an engine killed a moment ago: its requests fail before the monitor looks
+            # an engine killed a moment ago: its requests fail before the monitor looks, or while it
+            # looks (a group's request is the only one on its engine: no later request sees the death)
+            await self.check(since=time.monotonic())
         if not self._failed_since(sent_at) and self._serving.is_set():
             return False
         self.counters["requeued_requests"] += 1

@@ -18,16 +18,22 @@ Aborts (dynamic sampling has enough groups): the engines answer in-flight reques
 function must then stop and return the sample with ``status = ABORTED``; with
 ``rollout.partial_rollout`` it is called again with that sample in a later rollout and continues
 from ``sample.tokens`` with the budget left (``max_new_tokens - response_length``).
+
+With the default generate function the sampler sends each group in one request instead
+(:func:`generate_group`, SGLang's batched ``/generate``); every sample keeps its own
+``sampling_seed`` and budget, so the samples are those :func:`generate` would make.
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from slime_hydra.rollout.client import GenerateClient
 from slime_hydra.rollout.sample import Sample, Status, status_from_finish
+from slime_hydra.utils.http import EngineError
 
 
 @dataclass
@@ -36,10 +42,12 @@ class GenerateContext:
     tokenizer: Any
     client: GenerateClient
     aborting: bool = False  # set by the manager while it cuts a rollout off
+    requests: int = 0  # /generate requests sent to the engines (the manager reads and resets it)
 
     async def post(self, path: str, payload: Dict[str, Any]) -> Any:
         if self.aborting and path == "/generate":
             return aborted_output(payload)
+        self.requests += path == "/generate"
         return await self.client.post(path, payload)
 
     def encode(self, text: str) -> List[int]:
@@ -95,22 +103,54 @@ def seeded(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any]
     return {**sampling_params, "sampling_seed": sampling_seed(ctx.cfg.rollout.seed, rollout_id, sample.index)}
 
 
-async def generate(
-    ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False
-) -> Sample:
-    """One completion for ``sample.prompt``; continues a partial response (aborted earlier)."""
+def _request_params(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any],
+                    evaluation: bool) -> Optional[Dict[str, Any]]:
+    """The sample's ``sampling_params`` for its next request: its seed and the budget left (a partial
+    response continues from ``sample.tokens``). None, and the sample TRUNCATED, when none is left."""
     if not sample.tokens:
         sample.tokens = ctx.encode(sample.prompt) if isinstance(sample.prompt, str) else list(sample.prompt)
     remaining = sampling_params["max_new_tokens"] - sample.response_length
     if remaining <= 0:
         sample.status = Status.TRUNCATED
+        return None
+    return {**seeded(ctx, sample, sampling_params, evaluation), "max_new_tokens": remaining}
+
+
+async def generate(
+    ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False
+) -> Sample:
+    """One completion for ``sample.prompt``; continues a partial response (aborted earlier)."""
+    params = _request_params(ctx, sample, sampling_params, evaluation)
+    if params is None:
         return sample
-    out = await ctx.post(
-        "/generate",
-        {
-            "input_ids": sample.tokens,
-            "sampling_params": {**seeded(ctx, sample, sampling_params, evaluation), "max_new_tokens": remaining},
-            "return_logprob": True,
-        },
-    )
+    out = await ctx.post("/generate", {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True})
     return apply_output(sample, out)
+
+
+async def generate_group(
+    ctx: GenerateContext, samples: List[Sample], sampling_params: Dict[str, Any], evaluation: bool = False
+) -> List[Sample]:
+    """:func:`generate` for every sample of ``samples`` in ONE /generate request, SGLang's batched form
+    (sglang/srt/managers/io_struct.py, ``GenerateReqInput.normalize_batch_and_arguments``: ``input_ids``
+    a list of token-id lists, ``sampling_params`` a list with one dict per prompt, ``rid`` a list of
+    unique strings, one bool ``return_logprob`` for all; the answer is a list of the single form's
+    outputs, in order). Each sample keeps its own ``sampling_seed``, budget and ``rid`` (so
+    ``/abort_request`` can cut one off), and the engine decodes them together. A rollout then costs
+    one HTTP request per group instead of one per sample."""
+    todo = [(s, p) for s in samples if (p := _request_params(ctx, s, sampling_params, evaluation)) is not None]
+    if not todo:
+        return samples
+    batch = uuid.uuid4().hex[:16]
+    outs = await ctx.post("/generate", {
+        "input_ids": [s.tokens for s, _ in todo],
+        "sampling_params": [p for _, p in todo],
+        "rid": [f"{batch}-{i}" for i in range(len(todo))],
+        "return_logprob": True,
+    })
+    if not isinstance(outs, list) or len(outs) != len(todo):
+        got = f"{len(outs)} outputs" if isinstance(outs, list) else type(outs).__name__
+        raise EngineError(f"a batched /generate of {len(todo)} prompts was answered with {got}; expected a list "
+                          f"of {len(todo)} (SGLang's batched form)")
+    for (s, _), out in zip(todo, outs):
+        apply_output(s, out)
+    return samples

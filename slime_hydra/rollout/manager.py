@@ -59,7 +59,8 @@ class RolloutManager:
         # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
         self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
                                              r.router.request_timeout_secs,
-                                             self.fleet.requeue if r.fault_tolerance else None))
+                                             self.fleet.requeue if r.fault_tolerance else None,
+                                             self.fleet.engine_url))
         tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
         self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
         self.rollout_fn = load_rollout_function(r.rollout_function)
@@ -112,6 +113,7 @@ class RolloutManager:
         t0 = time.perf_counter()
         self.data_state.rollout_starts(rollout_id)  # for a checkpoint taken meanwhile
         start_state = self.data_state.state_dict(rollout_id)
+        self.ctx.sampler.ctx.requests = 0
         while True:
             self.fleet.rollout_version = weight_version
             try:
@@ -133,6 +135,7 @@ class RolloutManager:
         metrics.update(staleness_metrics(samples, rollout_id))
         if r.fault_tolerance:
             metrics.update(self.fleet.take_counters())
+        metrics["rollout/generate_requests"] = float(self.ctx.sampler.ctx.requests)  # one per group by default
         metrics["perf/rollout_time"] = time.perf_counter() - t0
         parts = split_by_rank(data, self.data_parallel, cfg.trainer.global_batch_size)
         return [ray.put(part) for part in parts], metrics
@@ -183,6 +186,7 @@ def staleness_metrics(samples: List[Any], trainer_version: int) -> Dict[str, flo
     return {"rollout/staleness_max": float(max(lags)), "rollout/staleness_mean": sum(lags) / len(lags)}
 
 
-async def _make_client(base: str, concurrency: int, read_timeout: float, requeue=None) -> GenerateClient:
+async def _make_client(base: str, concurrency: int, read_timeout: float, requeue=None,
+                       engine_url=None) -> GenerateClient:
     """On the manager's loop: the client's aiohttp session belongs to the loop it was made on."""
-    return GenerateClient(base, concurrency, read_timeout=read_timeout, requeue=requeue)
+    return GenerateClient(base, concurrency, read_timeout=read_timeout, requeue=requeue, engine_url=engine_url)

@@ -227,11 +227,14 @@ def test_generate_must_return_a_sample():
 
 # ---------------------------------------------------- over-sampling, abort, partial rollout: real
 @pytest.mark.e2e
-def test_abort_and_partial_rollout_against_the_engine(engine_url):
+@pytest.mark.parametrize("per_group", [True, False], ids=["one request per group", "one request per sample"])
+def test_abort_and_partial_rollout_against_the_engine(engine_url, per_group):
     """Over-sampling 6 groups for a batch of 2: the 2 fast groups are kept, the 4 long ones are
     cut off by abort_request in the middle of generating, go back to the buffer with their partial
-    tokens, and the next rollout continues them from there with the budget left."""
-    from slime_hydra.rollout.client import GenerateClient
+    tokens, and the next rollout continues them from there with the budget left. With the default
+    generate function (one batched request per group) and with a custom one (one request per sample)."""
+    from slime_hydra.rollout.client import GenerateClient, is_batch
+    from slime_hydra.rollout.generate import sampling_seed
 
     budget = 1000
     m = make_rollout(
@@ -245,24 +248,33 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
         ],
         urls=[engine_url],
     )
-    payloads: List[Dict[str, Any]] = []
 
-    async def generate(ctx, s: Sample, sp, evaluation=False):
-        if s.group_index in fast:  # answered without the engine, after the long ones started
-            await asyncio.sleep(0.5)
-            s.tokens = ctx.encode(s.prompt) + [1]
-            s.append_response([1], [-0.1], text="")
-            s.status = Status.COMPLETED
-            return s
-        payloads.append({"len": len(s.tokens), "response_length": s.response_length})
-        return await default_generate(ctx, s, {**sp, "ignore_eos": True}, evaluation)
+    async def per_sample(ctx, s: Sample, sp, evaluation=False):  # not the default function: one request per sample
+        return await default_generate(ctx, s, sp, evaluation)
+
+    if not per_group:
+        m.set_generate(per_sample)
+    answer = {"text": "", "output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"},
+                                                           "output_token_logprobs": [[-0.1, 1, None]]}}
 
     class SpyClient(GenerateClient):
+        """Answers the fast groups itself, after the long ones started; the long ones never stop early."""
+
         async def post(self, path, payload):
-            sent.append((len(payload["input_ids"]), payload["sampling_params"]["max_new_tokens"]))
+            batch = is_batch(payload)
+            params = payload["sampling_params"] if batch else [payload["sampling_params"]]
+            if params[0]["sampling_seed"] in fast:
+                await asyncio.sleep(0.5)
+                return [dict(answer) for _ in params] if batch else dict(answer)
+            requests.append(len(params))
+            prompts = payload["input_ids"] if batch else [payload["input_ids"]]
+            sent.extend((len(ids), p["max_new_tokens"]) for ids, p in zip(prompts, params))
+            for p in params:
+                p["ignore_eos"] = True
             return await super().post(path, payload)
 
-    sent: List[tuple] = []
+    sent: List[tuple] = []  # (tokens, budget) of each sample sent to the engine
+    requests: List[int] = []  # samples per request sent to the engine
 
     async def rollout(rollout_id):
         client = m.ctx.sampler.ctx.client = SpyClient(engine_url, 64)
@@ -271,11 +283,11 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
         finally:
             await client.aclose()
 
-    m.set_generate(generate)
-    fast = {0, 1}
+    fast = {sampling_seed(m.cfg.rollout.seed, 1, i) for i in range(4)}  # groups 0 and 1 (samples 0-3)
     groups, metrics = asyncio.run(rollout(1))
     assert [g[0].group_index for g in groups] == [0, 1]
     assert metrics["rollout/aborted_groups"] == 4 and metrics["rollout/recycled_groups"] == 4
+    assert requests == ([2] * 4 if per_group else [1] * 8)
     buffered = [s for g in m.source.buffer for s in g]
     assert len(m.source.buffer) == 4 and all(s.status == Status.ABORTED for s in buffered)
     assert any(0 < s.response_length < budget for s in buffered), [s.response_length for s in buffered]
@@ -284,19 +296,20 @@ def test_abort_and_partial_rollout_against_the_engine(engine_url):
         assert s.metadata["start_rollout_id"] == 1
     saved = {s.index: (list(s.tokens), s.response_length) for s in buffered}
 
-    fast, payloads[:], sent[:] = set(), [], []
+    fast, sent[:], requests[:] = set(), [], []
     # a batch of exactly the buffered groups, served first
     m.cfg.rollout.batch_size = m.cfg.rollout.over_sampling_batch_size = 4
     groups, metrics = asyncio.run(rollout(2))
     assert sorted(g[0].group_index for g in groups) == [2, 3, 4, 5] and m.source.buffer == []
     assert metrics["rollout/resumed_samples"] == 8 and metrics["rollout/aborted_groups"] == 0
+    assert requests == ([2] * 4 if per_group else [1] * 8)
     done = {s.index: s for g in groups for s in g}
     for idx, s in done.items():
         tokens, length = saved[idx]
         assert s.tokens[: len(tokens)] == tokens  # continued, not restarted
         assert s.response_length == budget and s.status == Status.TRUNCATED
         assert len(s.rollout_log_probs) == budget and s.loss_mask == [1] * budget
-    # each request continued from the sample's tokens (prompt + partial response), budget reduced
+    # each sample continued from its tokens (prompt + partial response), its budget reduced
     assert sorted(sent) == sorted((len(t), budget - n) for t, n in saved.values())
 
 

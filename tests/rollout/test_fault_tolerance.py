@@ -1,7 +1,8 @@
 """Fault tolerance (``rollout.fault_tolerance``, slime_hydra/rollout/fleet.py): two embedded engines
 behind the real router; one is SIGKILLed, or frozen with SIGSTOP, while it serves a rollout. The run
 finishes with every group it promised (the data position shows no prompt lost or repeated), and its
-metrics show the restart and the re-queued requests."""
+metrics show the restart and the re-queued requests (one request per group: the default generate
+function's groups go straight to an engine, and a dead engine's group is sent again to another)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def test_run_survives_an_engine_failure_mid_rollout(tmp_path, fault, overrides):
     assert all(r["rollout/samples"] == BATCH * N for r in rows)
     assert sum(r["rollout/engine_restarts"] for r in rows) >= 1  # more only if a busy engine missed a probe
     assert sum(r["rollout/requeued_requests"] for r in rows) >= 1
+    if "trainer.mode=async" not in overrides:  # (there a rollout generated again counts its requests twice)
+        assert [r["rollout/generate_requests"] for r in rows] == [BATCH] * STEPS  # one per group, re-queued too
     if "trainer.mode=async" in overrides:  # one step off-policy, or none for the rollout generated again
         assert max(r["rollout/staleness_max"] for r in rows) <= 1
     rank = next(int(p.stem.split("_")[1]) for p in (d / "logs").glob("engine_*.log")

@@ -1,7 +1,8 @@
 """The engine fleet (slime_hydra/rollout/fleet.py) over engines it did not start, so without Ray: its
 addresses, and against real embedded engines, sglang-router registration, aborts, the colocated
-memory calls, and two engines behind the router taking requests and weight pushes over every
-transport that runs on CPU. (Watching engine actors: test_engine_watchdog.py.)"""
+memory calls, and two engines behind the router taking requests (group requests straight to them)
+and weight pushes over every transport that runs on CPU. (Watching engine actors:
+test_engine_watchdog.py.)"""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def test_addresses_without_router():
         return 7
 
     assert asyncio.run(fleet.watched(work())) == 7  # no actors to watch: awaited as it is
+
+    async def picks(n):
+        return [await fleet.engine_url() for _ in range(n)]
+
+    assert sorted(asyncio.run(picks(4))) == [a, a, b, b]  # group requests: round robin over the engines
     assert fleet.dead_engines() == []
     fleet.shutdown()  # nothing it started
 
@@ -109,9 +115,34 @@ def local_greedy(model, prompt, tokens: int) -> list:
     return ids[len(prompt):]
 
 
+def group_requests(fleet: EngineFleet, prompt) -> list:
+    """Four groups of two samples in SGLang's batched form: the router refuses it (its /generate reads
+    one sampling_params object and one rid: 422), the client sends it to ``fleet.engine_url``.
+    Returns how many samples each engine ran."""
+    def group(k):
+        return {"input_ids": [prompt] * 2, "rid": [f"g{k}-0", f"g{k}-1"], "return_logprob": True,
+                "sampling_params": [{"max_new_tokens": 2, "sampling_seed": 2 * k + i} for i in range(2)]}
+
+    r = httpx.post(fleet.base_url + "/generate", json=group(0), timeout=60)
+    assert r.status_code == 422 and "Failed to deserialize" in r.text, (r.status_code, r.text)
+    before = [served(u) for u in fleet.urls]
+
+    async def send():
+        client = GenerateClient(fleet.base_url, 8, engine_url=fleet.engine_url)
+        try:
+            return await asyncio.gather(*(client.post("/generate", group(k)) for k in range(4)))
+        finally:
+            await client.aclose()
+
+    outs = asyncio.run(send())
+    assert [[o["meta_info"]["id"] for o in out] for out in outs] == [[f"g{k}-0", f"g{k}-1"] for k in range(4)]
+    return [served(u) - b for u, b in zip(fleet.urls, before)]
+
+
 @pytest.mark.e2e
 def test_two_engines_behind_the_router_share_requests_and_weights(tiny_ckpt, tmp_path):
-    """Two engines behind the real sglang-router (round robin): requests reach both; then weights
+    """Two engines behind the real sglang-router (round robin): requests reach both (a group's batched
+    request goes straight to one, round robin too: the router cannot forward it); then weights
     are pushed to both over each transport that runs on CPU (gloo broadcast, shared-memory handles,
     safetensors on disk), each push different, and after each both engines report its version and
     decode a prompt greedily to the same tokens as the pushed model does here, directly and through
@@ -132,6 +163,7 @@ def test_two_engines_behind_the_router_share_requests_and_weights(tiny_ckpt, tmp
             counts = [served(u) - b for u, b in zip(urls, before)]
             assert counts == [4, 4], counts  # round robin: half each
             assert len(first) == 1  # the same checkpoint on both
+            assert group_requests(fleet, prompt) == [4, 4]
             previous = first.pop()
             for version, transport in enumerate(["distributed", "tensor", "disk"], start=1):
                 # noise at 3x the initial std (0.02): each push decodes the prompt differently
@@ -211,10 +243,12 @@ def test_requeue_only_requests_of_failed_engines():
         fleet._last_out = time.monotonic()
         fleet._update_serving()
         waiting = asyncio.ensure_future(fleet.requeue(sent))
+        picking = asyncio.ensure_future(fleet.engine_url())  # where a group request goes next
         await asyncio.sleep(0.2)
-        assert not waiting.done()  # no engine serves
+        assert not waiting.done() and not picking.done()  # no engine serves
         fleet.engines[0].state = "serving"  # restarted and given the weights
         fleet._update_serving()
+        assert await asyncio.wait_for(picking, 5) == "http://a"
         return await asyncio.wait_for(waiting, 5)
 
     assert asyncio.run(scenario()) is True

@@ -391,8 +391,8 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
 
 class GenerateFirst:
     """/generate straight on ASGI, everything else through Starlette: a rollout sends one request per
-    sample, and Starlette's request, routing and exception layers were a third of the server's time
-    on a rollout of 512 one-token requests (py-spy)."""
+    group (per sample with a custom generate function), and Starlette's request, routing and exception
+    layers were a third of the server's time on a rollout of 512 one-token requests (py-spy)."""
 
     def __init__(self, app: Starlette, generate: Callable[[Any], Awaitable[Tuple[int, Any]]]):
         self.app, self.generate, self.state = app, generate, app.state
@@ -416,7 +416,12 @@ class GenerateFirst:
 
 
 def _parse_generate(data: Dict[str, Any], engine: EmbeddedEngine, epoch: int):
-    """GenerateReqInput -> (is_batch, [Request]); a batch is a list of prompts or n > 1."""
+    """GenerateReqInput -> (is_batch, [Request]), as SGLang 0.5.17 normalizes it
+    (``GenerateReqInput.normalize_batch_and_arguments`` in sglang/srt/managers/io_struct.py): a batch
+    is a list of prompts (``input_ids`` of lists, or ``text`` a list) or n > 1; then ``sampling_params``,
+    ``rid`` and ``return_logprob`` are each one value for all prompts or a list with one per prompt,
+    and the answer is a list of outputs in prompt order (n per prompt). A list of the wrong length
+    is a 400 naming the field (SGLang checks ``rid``'s and lets a short ``sampling_params`` fail later)."""
     if ("text" in data) == ("input_ids" in data):
         raise ValueError("exactly one of 'text' and 'input_ids' must be given")
     prompts = data.get("input_ids")
@@ -430,26 +435,46 @@ def _parse_generate(data: Dict[str, Any], engine: EmbeddedEngine, epoch: int):
             raise ValueError("input_ids cannot be empty")
         batch = isinstance(prompts[0], list)
         prompts = prompts if batch else [prompts]
-    sp = data.get("sampling_params") or {}
-    sps = sp if isinstance(sp, list) else [sp] * len(prompts)
-    if len(sps) != len(prompts):
-        raise ValueError(f"{len(sps)} sampling_params for {len(prompts)} prompts")
-    n = int(sps[0].get("n", 1) if sps else 1)
+    sps = _per_prompt(data, "sampling_params", len(prompts), {}, "one object for all")
+    if not all(isinstance(p, dict) or p is None for p in sps):
+        raise ValueError("sampling_params must be an object, or (a batch) a list of objects")
+    sps = [p or {} for p in sps]
+    ns = {int(p.get("n") or 1) for p in sps}
+    if len(ns) > 1:
+        raise ValueError("The parallel_sample_num should be the same for all samples in sample params.")
+    n = ns.pop()
     rid = data.get("rid")
-    rids = rid if isinstance(rid, list) else [f"{rid}_{i}" if rid and batch else rid for i in range(len(prompts))]
-    logprob = bool(data.get("return_logprob", False))
+    rids = _per_prompt(data, "rid", len(prompts), None, "or one string (SGLang appends _<i>)")
+    if isinstance(rid, str) and batch:
+        rids = [f"{rid}_{i}" if rid else None for i in range(len(prompts))]
+    if not all(r is None or isinstance(r, str) for r in rids):
+        raise ValueError("rid must be a string, or (a batch) a list of strings")
+    duplicates = sorted({r for r in rids if r and rids.count(r) > 1})
+    if duplicates:
+        raise ValueError(f"Duplicate request IDs detected within the request: {duplicates}")
+    logprobs = _per_prompt(data, "return_logprob", len(prompts), False, "or one bool for all")
     logprob_text = bool(data.get("return_text_in_logprobs", False))
     reqs = []
     parent = rid if isinstance(rid, str) and rid else None
-    for ids, p, r in zip(prompts, sps, rids):
+    for ids, p, r, logprob in zip(prompts, sps, rids, logprobs):
         if not ids or not all(isinstance(t, int) and 0 <= t < engine.vocab_size for t in ids):
             raise ValueError(f"input_ids must be non-empty token ids in [0, {engine.vocab_size})")
         params = SamplingParams.from_dict(p)
         for k in range(n):
             child = (r if n == 1 else f"{r}_{k}") if r else f"req-{next(_RIDS)}"
-            reqs.append(Request(list(ids), params, rid=child, return_logprob=logprob,
+            reqs.append(Request(list(ids), params, rid=child, return_logprob=bool(logprob),
                                 return_text_in_logprobs=logprob_text, parent=parent, epoch=epoch))
     return batch or n > 1, reqs
+
+
+def _per_prompt(data: Dict[str, Any], key: str, prompts: int, default: Any, or_else: str) -> List[Any]:
+    """Field ``key`` of a /generate request, one value per prompt: a list must have one per prompt."""
+    value = data.get(key, default)
+    if not isinstance(value, list):
+        return [value] * prompts
+    if len(value) != prompts:
+        raise ValueError(f"{key} has {len(value)} entries for {prompts} prompt(s): give one per prompt, {or_else}")
+    return value
 
 
 def main(argv: Optional[List[str]] = None) -> None:
