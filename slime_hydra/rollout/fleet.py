@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 ENGINE_POLL_S = 1.0  # how often rollouts and evals check that every engine still runs
 SERVING, RESTARTING, AWAITING_WEIGHTS = "serving", "restarting", "awaiting_weights"
 RESTART_WINDOW_S = 3600.0  # rollout.max_engine_restarts_per_hour counts restarts within this window
+# how long a failed request's question waits for its engine's exit to show: a killed process closes
+# its sockets before it counts as exited (seconds before each look)
+EXIT_CHECK_PAUSES_S = (0.0, 0.1, 0.4)
 
 
 class WeightsChanged(RuntimeError):
@@ -202,13 +205,17 @@ class EngineFleet:
     async def engine_url(self) -> str:
         """A serving engine for a request the router cannot forward (SGLang's batched /generate: one
         request per group, see ``rollout.client``), round robin; waits while none serves (fault
-        tolerance is restarting them). Restarted engines serve only once they run the current weights."""
+        tolerance is restarting them). Restarted engines serve only once they run the current weights;
+        if those are newer than the running rollout's (an async run whose engines all failed), the
+        rollout starts again (``WeightsChanged``), as :meth:`requeue` decides for a re-queued request."""
         while not self.urls:
             if self.fatal is not None:
                 raise self.fatal
             if self._serving.is_set():  # nothing is restarting either
                 raise EngineError("no engine serves")
             await self._serving.wait()
+        if None not in (self.version, self.rollout_version) and self.version != self.rollout_version:
+            raise WeightsChanged(self.version)
         urls = self.urls
         self._turn += 1
         return urls[self._turn % len(urls)]
@@ -450,9 +457,13 @@ class EngineFleet:
         one serves, and the client sends it again (True). False: a plain failure, retried as usual."""
         if self.ft is None:
             return False
-        if not self._failed_since(sent_at):
+        for pause in EXIT_CHECK_PAUSES_S:
+            if self._failed_since(sent_at):
+                break
             # an engine killed a moment ago: its requests fail before the monitor looks, or while it
-            # looks (a group's request is the only one on its engine: no later request sees the death)
+            # looks (a group's request is the only one on its engine: no later request sees the death),
+            # and its connections close a moment before its process counts as exited
+            await asyncio.sleep(pause)
             await self.check(since=time.monotonic())
         if not self._failed_since(sent_at) and self._serving.is_set():
             return False
