@@ -4,7 +4,8 @@
    the reference model's (KL) and the critic's values (PPO), all from the backend. With one policy
    step per rollout and no KL reward shaping, the old policy is the policy of that step's own
    forward pass: its log-probs are taken there (detached), which saves a forward pass and changes
-   nothing (slime recomputes them in a pass of their own).
+   nothing (slime recomputes them in a pass of their own). This assumes that a training pass
+   computes what an evaluation pass does: no dropout, as in the LLMs RL post-trains.
 2. Advantages and returns on the rank's rows, whitened with moments over every data-parallel rank.
 3. ``num_steps_per_rollout`` optimiser steps (a critic step, then a policy step), each with a
    :class:`~slime_hydra.train.algorithms.Reducer` built from step totals over all ranks and the
