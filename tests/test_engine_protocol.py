@@ -210,12 +210,28 @@ def test_weight_push_changes_the_policy(engine_url, tiny_ckpt, tmp_path, transpo
         assert pushed("3815=").input_ids == AutoTokenizer.from_pretrained(tiny_ckpt)("3815=").input_ids
 
 
-def test_failed_push_raises(engine_url, tiny_ckpt, tmp_path):
+def test_failed_push_raises_and_generation_continues(engine_url, tiny_ckpt, tmp_path):
+    """The push paused generation; it continues after a failed push too (or every later request would wait)."""
     sender = WeightSender("tensor", [Endpoint(engine_url, 1)], torch.device("cpu"), 1, str(tmp_path), tiny_ckpt)
     with pytest.raises(WeightSyncError, match="no_such.weight|unknown parameter"):
         sender.push([("no_such.weight", torch.zeros(3))], version=99)
     assert weight_version(engine_url) != "99"
     sender.close()
+    assert gen(engine_url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}})[0] == 200
+
+
+def test_control_errors_are_engine_errors(engine_url):
+    """A refused connection and an HTTP error status raise EngineError naming the call and the answer."""
+    from slime_hydra.utils.proc import free_port
+
+    with pytest.raises(EngineError, match="/health failed"):
+        control(f"http://127.0.0.1:{free_port()}", "/health", method="GET", timeout=5)
+    with pytest.raises(EngineError, match=r"/pause_generation -> HTTP 400"):
+        control(engine_url, "/pause_generation", {"mode": "freeze"})
+    with pytest.raises(EngineError, match=r"/destroy_weights_update_group -> HTTP 400: .*does not exist"):
+        control(engine_url, "/destroy_weights_update_group", {"group_name": "never_made"})
+    assert control(engine_url, "/health", method="GET") is None  # an empty body
+    assert "weight_version" in control(engine_url, "/model_info", method="GET")
 
 
 def test_release_and_resume_memory(engine_url, tiny_ckpt, tmp_path):

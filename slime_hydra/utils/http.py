@@ -1,49 +1,51 @@
 """Control calls to SGLang-protocol servers (SGLang, the embedded engine, sglang-router): synchronous
-httpx requests, few per step (flush, abort, memory, weight updates), for the rollout side and the
+requests, few per step (flush, abort, memory, weight updates), for the rollout side and the
 trainer's weight sender alike. ``/generate`` has its own async client (``rollout.client``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Optional
 
-import httpx
+import urllib3
 
 
 class EngineError(RuntimeError):
     pass
 
 
-_http: Optional[httpx.Client] = None
+_pool: Optional[urllib3.PoolManager] = None
 
 
-def _client() -> httpx.Client:
-    """One client per process for control calls: building an httpx client loads the TLS
-    certificates (about 25 ms, measured), which made each weight push's four calls cost 0.1 s."""
-    global _http
-    if _http is None:
-        _http = httpx.Client()
-    return _http
+def _client() -> urllib3.PoolManager:
+    """One connection pool per process for control calls, urllib3's: it sends a request's headers
+    and body in one write, where httpx's two writes wake the server twice (a weight push's five
+    calls took 0.7 ms each with httpx, 0.5 ms with urllib3, measured on 2 cores)."""
+    global _pool
+    if _pool is None:
+        _pool = urllib3.PoolManager(maxsize=16, retries=False)
+    return _pool
 
 
 def control(
     url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, method: str = "POST", timeout: float = 600.0
 ) -> Any:
     """One control call; raises EngineError on a transport error, a non-2xx status or success=false."""
+    body = json.dumps(payload).encode() if payload is not None and method != "GET" else None
+    headers = {"Content-Type": "application/json"} if body is not None else None
     try:
-        r = _client().request(
-            method, url.rstrip("/") + path, json=payload if method != "GET" else None, timeout=timeout
-        )
-    except httpx.HTTPError as e:
+        r = _client().request(method, url.rstrip("/") + path, body=body, headers=headers, timeout=timeout)
+    except urllib3.exceptions.HTTPError as e:
         raise EngineError(f"{method} {url}{path} failed: {e!r}") from e
-    body: Any = None
-    if r.content:
+    answer: Any = None
+    if r.data:
         try:
-            body = r.json()
+            answer = json.loads(r.data)
         except ValueError:
-            body = r.text
-    if r.status_code >= 300 or (isinstance(body, dict) and body.get("success") is False):
-        raise EngineError(f"{method} {url}{path} -> HTTP {r.status_code}: {body}")
-    return body
+            answer = r.data.decode(errors="replace")
+    if r.status >= 300 or (isinstance(answer, dict) and answer.get("success") is False):
+        raise EngineError(f"{method} {url}{path} -> HTTP {r.status}: {answer}")
+    return answer
 
 
 def weight_version(url: str) -> str:

@@ -48,6 +48,33 @@ def test_log_probs_follow_temperature_and_reference(tiny_ckpt):
         backend(config("algo.kl_loss_coef=0"), tiny_ckpt).log_probs(mbs, 0.7, reference=True)
 
 
+def test_the_forward_pass_without_attention_mask_is_the_masked_one(tiny_ckpt):
+    """The backend runs its right-padded rows without an attention mask (causal attention never lets a
+    real token see a pad): log-probs and their gradients are those of the masked forward pass."""
+    from slime_hydra.train.batch import response_log_probs
+
+    be = backend(config(), tiny_ckpt)
+    data = fake_rollout(6)  # sequences of 6 to 8 tokens: rows 0, 1, 3, 4 are padded
+    mb = be.micro_batches(data, list(range(6)), 3)[0]
+    assert not mb.attention_mask.all()
+
+    def masked_pass():
+        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = be.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos).logits
+        return response_log_probs(logits, mb, 0.7)[0]
+
+    grads = []
+    for forward in (masked_pass, lambda: be._forward(mb, 0.7)[0]):
+        be.model.zero_grad()
+        lp = forward()
+        (lp * mb.loss_mask).sum().backward()
+        grads.append((lp.detach() * mb.loss_mask, [p.grad.clone() for p in be.model.parameters()]))
+    (want, want_grads), (got, got_grads) = grads
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w)
+
+
 def test_micro_batches_keep_rows_in_order(tiny_ckpt):
     be = backend(config("trainer.micro_batch_size=3"), tiny_ckpt)
     data = fake_rollout(8)

@@ -64,3 +64,59 @@ def test_steps_split_the_rollout_evenly(tiny_ckpt):
     rl, _ = rl_trainer(cfg, tiny_ckpt)
     train(rl, cfg, fake_rollout(8))
     assert rl.state_dict() == {"steps_done": 2, "rollouts_done": 1}
+
+
+def count_log_prob_passes(be) -> list:
+    """The backend's ``log_probs`` passes from now on, as their ``reference`` flags."""
+    passes = []
+    log_probs = be.log_probs
+
+    def counted(mbs, temperature, reference=False):
+        passes.append(reference)
+        return log_probs(mbs, temperature, reference=reference)
+
+    be.log_probs = counted
+    return passes
+
+
+@pytest.mark.parametrize("overrides", [
+    (),  # the default: GRPO with a KL loss
+    ("algo=gspo",),
+    ("algo=cispo",),
+    ("algo=ppo", "algo.num_critic_only_steps=0"),
+    ("algo.use_tis=true",),
+    ("algo.use_rollout_logprobs=true",),
+    ("trainer.micro_batch_size=3",),  # several micro-batches in the one step
+])
+def test_old_log_probs_from_the_policy_step_train_as_a_pass_of_their_own(tiny_ckpt, overrides):
+    """With one optimiser step per rollout the old policy is the step's own: taking its log-probs from
+    that step's forward pass saves a pass (only the reference's is left) and gives the same
+    weights and metrics over several rollouts as recomputing them."""
+    cfg = config("rollout.n_samples_per_prompt=2", "rollout.batch_size=4", *overrides)
+    assert cfg.trainer.num_steps_per_rollout == 1
+    runs = []
+    for reuse in (True, False):
+        rl, be = rl_trainer(cfg, tiny_ckpt)
+        rl.reuse_step_log_probs = reuse
+        passes = count_log_prob_passes(be)
+        metrics = [train(rl, cfg, fake_rollout(8, seed=s)) for s in range(3)]
+        runs.append((metrics, passes, {k: v.clone() for k, v in be.model.state_dict().items()}))
+    (reused, reused_passes, reused_w), (recomputed, recomputed_passes, recomputed_w) = runs
+    assert False not in reused_passes and recomputed_passes.count(False) == 3
+    for a, b in zip(reused, recomputed):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    for k in reused_w:
+        torch.testing.assert_close(reused_w[k], recomputed_w[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [("trainer.global_batch_size=4",), ("algo=reinforce_plus_plus",)])
+def test_old_log_probs_get_their_own_pass_where_the_step_is_not_the_old_policy(tiny_ckpt, overrides):
+    """Two optimiser steps (the second step's policy is no longer the old one), or KL reward shaping
+    (the advantages read the old log-probs before any step): the old policy gets its own pass."""
+    cfg = config("rollout.n_samples_per_prompt=2", "rollout.batch_size=4", *overrides)
+    rl, be = rl_trainer(cfg, tiny_ckpt)
+    passes = count_log_prob_passes(be)
+    train(rl, cfg, fake_rollout(8))
+    assert passes.count(False) == 1
