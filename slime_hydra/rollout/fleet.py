@@ -214,8 +214,7 @@ class EngineFleet:
             if self._serving.is_set():  # nothing is restarting either
                 raise EngineError("no engine serves")
             await self._serving.wait()
-        if None not in (self.version, self.rollout_version) and self.version != self.rollout_version:
-            raise WeightsChanged(self.version)
+        self._check_weights()
         urls = self.urls
         self._turn += 1
         return urls[self._turn % len(urls)]
@@ -472,9 +471,14 @@ class EngineFleet:
             await self._serving.wait()
         if self.fatal is not None:
             raise self.fatal
+        self._check_weights()
+        return True
+
+    def _check_weights(self) -> None:
+        """Raise WeightsChanged if the serving engines run newer weights than the running rollout asked for
+        (every engine failed and came back after a push): the rollout is generated again."""
         if None not in (self.version, self.rollout_version) and self.version != self.rollout_version:
             raise WeightsChanged(self.version)
-        return True
 
     def _failed_since(self, sent_at: float) -> bool:
         return self._taking_out > 0 or sent_at <= self._last_out
