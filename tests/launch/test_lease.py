@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -18,6 +19,16 @@ def record(run_dir, pid: int, token: str = "t0ken", ray_session_dir=None) -> Non
     lease = {"pid": pid, "start_time": _start_time(pid), "host": socket.gethostname(), "token": token,
              "ray_session_dir": ray_session_dir}
     (run_dir / LEASE_FILE).write_text(json.dumps(lease))
+
+
+def _wait_until_named(pid: int, argv0: bytes, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().split(b"\0")[0] == argv0:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} was not named {argv0!r} within {timeout}s")
 
 
 def test_a_live_driver_keeps_its_run_directory(tmp_path):
@@ -57,6 +68,7 @@ def test_a_driver_ending_kills_what_of_its_run_still_runs_but_its_wandb_service(
     with RunLease(str(tmp_path)):
         ray_like = subprocess.Popen(["sleep", "60"])  # inherits the run's token, as Ray's processes do
         wandb_like = subprocess.Popen(["bash", "-c", "exec -a wandb-core sleep 60"])
+        _wait_until_named(wandb_like.pid, b"wandb-core")  # under load bash may not have exec'd yet
         spawner = subprocess.Popen(["bash", "-c", "while true; do sleep 60 & sleep 0.05; done"])
     try:
         assert ray_like.wait(timeout=10) == -9
