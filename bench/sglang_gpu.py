@@ -771,6 +771,8 @@ def main() -> None:
     for i, phase in enumerate(phases):
         # what the phases after this one need stays theirs; a phase that cannot get its own need is skipped
         need, cap = PLAN[phase] if not args.cpu else (0, args.budget)  # --cpu: only the budget counts
+        if i == len(phases) - 1:
+            cap = args.budget  # the last phase may take what is left (a first SGLang start on a fresh machine)
         reserve = 0 if args.cpu else sum(PLAN[p][0] for p in phases[i + 1:])
         limit = min(cap, t_end - time.perf_counter() - reserve)
         if limit < max(need, 30):
@@ -791,6 +793,10 @@ def main() -> None:
             check(results, f"run_{phase}", res.get("returncode") == 0 and s.get("steps") == want,
                   f"rc {res.get('returncode')}, {s.get('steps', 0)}/{want} steps, wall {res.get('wall_s', 0):.0f}s"
                   + (f"; {res['error']}" if res.get("error") else ""))
+            reqs = [r["rollout/generate_requests"] for r in res.get("rows") or [] if "rollout/generate_requests" in r]
+            if reqs:  # the default generate function sends a group as one batched request
+                check(results, f"group_requests_{phase}", all(n == PROMPTS for n in reqs),
+                      f"{reqs} generate requests a step for {PROMPTS} groups of {SAMPLES}")
             if s.get("logprob_gap_max") is not None and phase != "trl":
                 check(results, f"logprob_gap_{phase}", s["logprob_gap_max"] < 0.05,
                       f"max {s['logprob_gap_max']:.4f}, median {s['logprob_gap_median']:.4f} (bf16 engine, "
