@@ -15,7 +15,8 @@ Phases (each a child process with its own time limit, so one that hangs or dies 
             /get_weight_version 404), weight updates over disk, CUDA IPC (and NCCL broadcast when the
             server has its own GPU) that must change the policy and restore it exactly, memory release
             and resume around a push (colocated), abort of all requests and of one rid.
-  sglang    python run.py rollout=sglang on the same checkpoint and data, colocated without offload
+  sglang    python run.py rollout=sglang algo=grpo (no KL loss, as TRL's default) on the same checkpoint
+            and data, colocated without offload
             (parallelism.offload_train=false offload_rollout=false: nothing moves, the push reads the
             trainer's GPU tensors; split: the layout's own): per-step rollout, train and sync seconds,
             the train/rollout log-prob gap, startup (run start to the first step, engines up, SGLang's
@@ -364,7 +365,10 @@ def run_overrides(layout: str, phase: str, steps: int, extra: str = "") -> List[
               "data.apply_chat_template=false", "eval.datasets=[]", f"rollout.batch_size={PROMPTS}",
               f"rollout.n_samples_per_prompt={SAMPLES}", f"rollout.max_response_len={NEW_TOKENS}",
               f"trainer.num_rollout={steps}", f"trainer.micro_batch_size={MICRO_BATCH}", "trainer.save_interval=1000",
-              "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05"]
+              "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05",
+              # no KL loss: TRL's default (beta 0), so both run the same objective; algo=grpo's KL 0.04 adds a
+              # reference pass, which bench/train_gpu.py times
+              "algo.kl_loss_coef=0"]
     if DEVICE == "cpu":
         common += ["parallelism=cpu_colocate"] if layout == "colocated" else ["parallelism=cpu", "trainer.mode=async"]
     elif layout == "colocated":

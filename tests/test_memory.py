@@ -137,13 +137,16 @@ def test_trainer_estimate_is_within_10_percent_of_the_measured_h200_run():
 
 
 # ----------------------------------------------------------------------------------- layouts
-@pytest.mark.parametrize("model, state_gib", [("deepseek_v3", 12499), ("qwen3_30b_a3b", 569)])
-def test_torch_backend_refuses_big_models_on_colocate_8gpu_with_the_numbers(model, state_gib):
+@pytest.mark.parametrize("model, state_gib, kl", [("deepseek_v3", 12499, 0), ("qwen3_30b_a3b", 569, 0),
+                                                 ("qwen3_30b_a3b", 682, 0.04)])
+def test_torch_backend_refuses_big_models_on_colocate_8gpu_with_the_numbers(model, state_gib, kl):
     cfg = resolved([f"model={model}", "rollout=sglang", "parallelism=colocate_8gpu", "trainer.micro_batch_size=1",
-                    "trainer.gradient_checkpointing=true"])
+                    "trainer.gradient_checkpointing=true", f"algo.kl_loss_coef={kl}"])
     problems = M.memory_problems(cfg, make_plan(cfg), cfg.parallelism.gpu_memory_gib)
     training = next(p for p in problems if p.startswith("parallelism: colocated GPU, training needs"))
-    assert f"the weights, gradients and optimizer state alone take {state_gib} GiB" in training
+    what = "weights, gradients, optimizer state and reference weights" if kl else \
+        "weights, gradients and optimizer state"
+    assert f"the {what} alone take {state_gib} GiB" in training
     assert "> parallelism.gpu_memory_gib=140" in training and "replicates them on every GPU" in training
     n = M.param_count(cfg.model.arch).total
     assert f"weights {4 * n / M.GIB:.1f}, grads {4 * n / M.GIB:.1f}, Adam {8 * n / M.GIB:.1f}" in training
@@ -189,9 +192,9 @@ ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.bat
 
 
 @pytest.mark.parametrize("overrides, offload", [
-    # trainer 30.4 + engine 0.5 x 140 = 100.4 GiB <= 126 (90% of 140): nothing moves
+    # trainer 32.6 + engine 0.5 x 140 = 102.6 GiB <= 126 (90% of 140): nothing moves
     ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5"], (False, False)),
-    # engine 0.7 x 140: 128.4 together > 126; the engine releases while training, the trainer stays (106.9)
+    # engine 0.7 x 140: 130.6 together > 126; the engine releases while training, the trainer stays (109.1)
     (ANCHOR, (False, True)),
     # a set value stays: the other is chosen around it
     ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5", "parallelism.offload_train=true"], (True, False)),
@@ -211,8 +214,8 @@ def test_unset_offload_is_the_least_that_fits_in_90_percent_of_the_gpu(overrides
 def test_dry_run_shows_the_peak_of_each_offload_and_the_choice():
     text = make_plan(resolved([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5"])).describe()
     assert "offload: train=False rollout=False" in text
-    assert "colocated GPU, training: 100.4" in text and "colocated GPU, rollout: 78.9" in text
-    assert ("peak by what is offloaded: none 100.4, engine 78.9, trainer 100.4, both 70.0; unset "
+    assert "colocated GPU, training: 102.6" in text and "colocated GPU, rollout: 81.1" in text
+    assert ("peak by what is offloaded: none 102.6, engine 81.1, trainer 102.6, both 70.0; unset "
             "parallelism.offload_train / offload_rollout take the least offload within 126 GiB (90%)") in text
     assert "peak by what is offloaded" not in make_plan(resolved(["model=qwen3_4b", "rollout=sglang",
                                                                   "parallelism=split_4_4"])).describe()
@@ -233,11 +236,11 @@ def test_colocated_without_offload_is_refused_with_what_would_fit():
     assert rollout.startswith("parallelism: colocated GPU, rollout needs ~165 GiB (sglang engine: weights 3.7, KV "
                               "cache 94.3; trainer state left on the GPU 67.4)")
     assert "set parallelism.offload_train=true" in rollout and "mem_fraction_static to at most 0.51" in rollout
-    # SGLang with mem_fraction_static 0.9 beside a 30 GiB trainer: refused; at most 0.78 would fit
+    # SGLang with mem_fraction_static 0.9 beside a 33 GiB trainer: refused; at most 0.76 would fit
     big = resolved([*ANCHOR, "parallelism.offload_rollout=false", "rollout.server_args.mem_fraction_static=0.9"])
     (problem,) = M.memory_problems(big, make_plan(big), 140.0)
-    assert "training needs ~156 GiB" in problem and "mem_fraction_static to at most 0.78 (now 0.9" in problem
-    fits = resolved([*ANCHOR, "parallelism.offload_rollout=false", "rollout.server_args.mem_fraction_static=0.78"])
+    assert "training needs ~159 GiB" in problem and "mem_fraction_static to at most 0.76 (now 0.9" in problem
+    fits = resolved([*ANCHOR, "parallelism.offload_rollout=false", "rollout.server_args.mem_fraction_static=0.76"])
     assert M.memory_problems(fits, make_plan(fits), 140.0) == []
     embedded = resolved([*ANCHOR, "rollout=embedded", "parallelism.offload_rollout=false",
                          "rollout.embedded_max_batch=4096", "rollout.max_response_len=1024"])

@@ -15,8 +15,8 @@ Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY
   another 4P when there is more than one rank (torch's default ``gradient_as_bucket_view=False``; the
   offloader does not move them), and the ``model.dtype`` copies of the weights that autocast caches
   during a forward and backward (2P for bfloat16). PPO's critic adds the same again for the backbone.
-  The reference model is a host copy (2 x 4P of host memory per rank: the weights and a staging
-  buffer), not GPU memory.
+  The reference model's weights (KL) are a frozen copy in the master dtype (4P on GPUs), offloaded
+  with the rest.
 - megatron (``slime_hydra.train.megatron_backend``): on the pipeline stage with the most decoder layers
   (``stage_layers``: even, or Megatron's ``num_layers_in_first/last_pipeline_stage`` from
   ``trainer.megatron``), its share of the layers' weights plus one vocabulary matrix (the embedding on the
@@ -274,15 +274,17 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemor
     autocast = gpu and compute < 4
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
                             residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing)
-    host = {"reference_copy": 2 * master * n} if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else {}
-    if p.colocate and p.offload_train and gpu:
-        host["offloaded_state"] = master * 3 * (n + critic)  # weights and Adam's moments; gradients are dropped
+    ref = master * n if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else 0
+    host = {}
+    if p.colocate and p.offload_train and gpu:  # weights, Adam's moments and the reference; gradients are dropped
+        host["offloaded_state"] = master * 3 * (n + critic) + ref
     return TrainerMemory(
-        gpu={"weights": master * n, "grads": master * n, "adam": 2 * master * n, "critic": 4 * master * critic,
+        gpu={"weights": master * n, "grads": master * n, "adam": 2 * master * n, "reference": ref,
+             "critic": 4 * master * critic,
              "ddp_buckets": master * (n + critic) if plan.data_parallel > 1 else 0,
              "autocast_copies": compute * (n + critic) if autocast else 0,
              "activations": acts["layers"] + acts["logits"]},
-        offloaded=("weights", "grads", "adam", "critic"),  # not DDP's buckets
+        offloaded=("weights", "grads", "adam", "reference", "critic"),  # not DDP's buckets
         host=host)
 
 
@@ -530,7 +532,9 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
                  "shard them further: tensor, pipeline or expert parallel, or trainer.use_distributed_optimizer=true"
                  if not cfg.trainer.use_distributed_optimizer else
                  "shard them further: tensor, pipeline or expert parallel")
-        return f"; the weights, gradients and optimizer state alone take {state:.0f} GiB ({where})"
+        what = ("the weights, gradients, optimizer state and reference weights" if est.trainer.get("reference")
+                else "the weights, gradients and optimizer state")
+        return f"; {what} alone take {state:.0f} GiB ({where})"
     mb, tips = est.micro_batch, []
     if cfg.trainer.backend == "megatron":
         t, p = cfg.trainer, cfg.parallelism

@@ -10,12 +10,13 @@ about 10 s per step; see bench/gpu_real_shape.sh for the numbers with this modul
 
 from __future__ import annotations
 
-from typing import Dict, Iterator
+from typing import Dict, Iterable, Iterator
 
 import torch
 
 
-def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]
+             ) -> Iterator[torch.Tensor]:
     seen = set()
     for p in model.parameters():
         if id(p) not in seen:
@@ -26,17 +27,21 @@ def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Iterator[tor
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:
                 yield v
+    yield from extra
 
 
 class Offloader:
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device):
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+                 extra: Iterable[torch.Tensor] = ()):
+        """``extra``: more tensors that move with the model (the reference model's weights)."""
         self.model, self.opt, self.device = model, opt, device
+        self.extra = list(extra)
         self.host: Dict[int, torch.Tensor] = {}  # id(tensor) -> its pinned host buffer
 
     def offload(self) -> None:
         if self.device.type != "cuda":
             return
-        for t in _tensors(self.model, self.opt):
+        for t in _tensors(self.model, self.opt, self.extra):
             if t.device.type != "cuda":
                 continue
             buf = self.host.get(id(t))
@@ -52,7 +57,7 @@ class Offloader:
     def onload(self) -> None:
         if self.device.type != "cuda":
             return
-        for t in _tensors(self.model, self.opt):
+        for t in _tensors(self.model, self.opt, self.extra):
             if t.device.type == "cpu":
                 t.data = t.data.to(self.device, non_blocking=True)
         torch.cuda.synchronize()

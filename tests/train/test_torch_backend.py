@@ -1,4 +1,4 @@
-"""The torch trainer backend on the tiny model: the reference swap, log-probs, micro-batches,
+"""The torch trainer backend on the tiny model: the reference model, log-probs, micro-batches,
 checkpoints."""
 
 from __future__ import annotations
@@ -12,21 +12,24 @@ def snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def test_reference_swap_restores_tied_weights_exactly(tiny_ckpt):
-    """Regression: with tied embeddings, backing up the LM head after the embedding had been
-    overwritten restored the *reference* embeddings, silently undoing every update to them."""
+def test_reference_log_probs_are_the_first_weights_tied_head_included(tiny_ckpt):
+    """The reference runs the policy's modules with its own weights (functional_call): after the
+    policy has moved, its log-probs are those of the checkpoint's model, the LM head tied to the
+    *reference* embedding (a head left on the policy's embedding would score differently), and the
+    policy's own weights are untouched by the pass."""
     be = backend(config(), tiny_ckpt)
     assert be.model.config.tie_word_embeddings and be.ref_state is not None
+    mbs = be.micro_batches(fake_rollout(6), list(range(6)), 3)
+    first = be.log_probs(mbs, 1.0)
     with torch.no_grad():
-        for p in be.model.parameters():
-            p.add_(0.5)  # the policy has moved away from the reference
+        be.model.get_input_embeddings().weight.add_(0.5)  # the policy has moved (the tied head with it)
     before = snapshot(be.model)
-    with be.swapped_in(be.ref_state):
-        inside = snapshot(be.model)
+    moved = be.log_probs(mbs, 1.0)
+    assert not torch.allclose(moved, first)
+    torch.testing.assert_close(be.log_probs(mbs, 1.0, reference=True), first, rtol=0, atol=0)
     after = snapshot(be.model)
-    for k in before:
-        assert torch.equal(after[k], before[k]), k
-        assert torch.allclose(inside[k], before[k] - 0.5, atol=1e-6), k  # the reference is in use inside
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    torch.testing.assert_close(be.log_probs(mbs, 1.0), moved, rtol=0, atol=0)
 
 
 def test_log_probs_follow_temperature_and_reference(tiny_ckpt):

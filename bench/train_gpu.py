@@ -1,0 +1,192 @@
+"""The torch trainer's GRPO step on the GPU, taken apart: where a training step's time goes.
+
+    python bench/train_gpu.py [--out DIR]          # one H200: about a minute after the imports
+    python bench/train_gpu.py --device cpu --preset tiny --batch 16 --new-tokens 8   # a check of this script
+
+On a Qwen3-0.6B-shaped model with random weights (``gpu_components.build_checkpoint``), for TRL's anchor
+batch (64 samples of 64 prompt + 256 response tokens, micro-batches of 16) and 256 x 256:
+
+- ``RLTrainer.train`` as run.py runs it, with GRPO's KL loss (``algo.kl_loss_coef=0.04``: a reference
+  pass) and without (0, TRL's default beta): seconds a step (median of ``--steps`` after a warm-up),
+  peak memory;
+- the floor: the same micro-batches through the bare Hugging Face model (float32 weights under bfloat16
+  autocast, the response tokens' log-probs, backward, fused AdamW), the least a step of this model
+  and batch costs without the RL step around it;
+- with ``--profile``: one trainer step under torch.profiler: GPU busy time against the wall clock and
+  the kernels that take the most GPU time.
+
+Writes ``train_gpu.json`` under ``--out`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Dict, List
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+from gpu_components import build_checkpoint, sync  # noqa: E402 - bench/ is on the path from here
+
+PROMPT = 64
+
+
+def trainer(path: str, batch: int, micro: int, preset: str, device: str, kl: float):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slime_hydra.config import load, resolve
+    from slime_hydra.train.torch_backend import TorchBackend
+    from slime_hydra.train.trainer import RLTrainer
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(HERE), "conf"), version_base="1.3"):
+        cfg = resolve(load(compose("config", overrides=[
+            f"model={preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
+            "parallelism=1gpu" if device == "cuda" else "parallelism=cpu", "data=jsonl",
+            f"data.path={path}/config.json",
+            "eval.datasets=[]", f"rollout.batch_size={batch // 8}", "rollout.n_samples_per_prompt=8",
+            f"trainer.micro_batch_size={micro}", f"algo.kl_loss_coef={kl}"])))
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    backend = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
+                           model_path=path, rank=0, world_size=1, device=dev)
+    return backend, RLTrainer(backend, cfg.algo, cfg.trainer.num_steps_per_rollout)
+
+
+def rollout(batch: int, resp: int, vocab: int, seed: int = 0) -> Dict[str, list]:
+    g = torch.Generator().manual_seed(seed)
+    return {"tokens": [torch.randint(2, vocab, (PROMPT + resp,), generator=g).tolist() for _ in range(batch)],
+            "response_lengths": [resp] * batch, "loss_masks": [None] * batch,
+            "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
+            "rollout_log_probs": [[-1.0] * resp for _ in range(batch)]}
+
+
+def timed(fn, steps: int, device: str) -> List[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(steps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_trainer(path: str, batch: int, resp: int, args, kl: float) -> Dict[str, Any]:
+    backend, rl = trainer(path, batch, args.micro, args.preset, args.device, kl)
+    data = rollout(batch, resp, min(1000, backend.model.config.vocab_size))
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device)
+    res = {"kl_loss_coef": kl, "seconds": statistics.median(times), "all_s": times,
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None}
+    if kl and args.device == "cuda":  # the reference's weights move with the trainer's state and come back whole
+        mbs = backend.micro_batches(data, list(range(batch)), resp)
+        before = backend.log_probs(mbs, 1.0, reference=True)
+        backend.offload()
+        res["offloaded_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+        backend.onload()
+        res["reference_exact_after_offload"] = torch.equal(backend.log_probs(mbs, 1.0, reference=True), before)
+    if args.profile and kl == 0:
+        res["profile"] = profile(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.device)
+    return res  # the trainer goes with this frame; the caller empties the CUDA cache
+
+
+def bench_floor(path: str, batch: int, resp: int, args) -> Dict[str, Any]:
+    """The bare model: forward under autocast, the response tokens' log-probs, backward, fused AdamW."""
+    from transformers import AutoModelForCausalLM
+
+    dev = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    cuda = args.device == "cuda"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if cuda else torch.bfloat16).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=cuda)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, min(1000, model.config.vocab_size), (batch, PROMPT + resp), generator=g).to(dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for mb in ids.split(args.micro):
+            with torch.autocast(args.device, dtype=torch.bfloat16):
+                logits = model(input_ids=mb).logits[:, PROMPT - 1:-1]
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, mb[:, PROMPT:, None])[..., 0]
+            (-lp.mean() * mb.shape[0] / batch).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    times = timed(step, args.steps, args.device)
+    return {"seconds": statistics.median(times), "all_s": times}
+
+
+def profile(fn, device: str, top: int = 12) -> Dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    fn()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with torch_profile(activities=acts) as prof:
+        fn()
+        sync(device)
+    wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.device_time_total > 0 and not e.is_user_annotation]
+    gpu_us = sum(e.self_device_time_total for e in events)
+    kernels = sorted(events, key=lambda e: -e.self_device_time_total)[:top]
+    return {"wall_s": wall, "gpu_busy_s": gpu_us / 1e6,
+            "kernels": [{"name": e.key[:90], "ms": e.self_device_time_total / 1e3, "calls": e.count}
+                        for e in kernels]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--preset", default="qwen3_0_6b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 256], help="samples a step")
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    path = build_checkpoint("/tmp/bench_ckpt", args.preset)
+    res: Dict[str, Any] = {"gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                           "preset": args.preset, "cmdline": " ".join(sys.argv), "runs": []}
+    for batch in args.batch:
+        row = {"batch": batch, "tokens": batch * (PROMPT + args.new_tokens)}
+        for key, kl in (("kl", 0.04), ("no_kl", 0.0)):
+            row[key] = bench_trainer(path, batch, args.new_tokens, args, kl)
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+        row["floor"] = bench_floor(path, batch, args.new_tokens, args)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        res["runs"].append(row)
+        with open(os.path.join(args.out, "train_gpu.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"{res['gpu']}, {args.preset} shape, {PROMPT} + {args.new_tokens} tokens a sample, micro-batches of "
+          f"{args.micro}; seconds a step, median of {args.steps}")
+    print(f"{'samples':>8} {'GRPO (KL 0.04)':>15} {'GRPO (KL 0)':>12} {'bare model':>11} {'peak GiB':>9}")
+    for r in res["runs"]:
+        peak = r["kl"]["peak_gib"]
+        print(f"{r['batch']:>8} {r['kl']['seconds']:>15.3f} {r['no_kl']['seconds']:>12.3f} "
+              f"{r['floor']['seconds']:>11.3f} {peak if peak is None else round(peak, 1)!s:>9}")
+        if "reference_exact_after_offload" in r["kl"]:
+            print(f"  offload with KL: {r['kl']['offloaded_allocated_gib']:.2f} GiB left allocated; reference "
+                  f"log-probs exact after the round trip: {r['kl']['reference_exact_after_offload']}")
+        p = r["no_kl"].get("profile")
+        if p:
+            print(f"  profile (KL 0): wall {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_s']:.3f} s")
+            for k in p["kernels"]:
+                print(f"    {k['ms']:8.1f} ms {k['calls']:6d}x  {k['name']}")
+
+
+if __name__ == "__main__":
+    main()
