@@ -67,12 +67,14 @@ def response_mask(data: Dict[str, list], indices: Sequence[int], resp_len: int) 
 
 
 def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float = 1.0,
-                       with_entropy: bool = False, chunk: int = 4096) -> tuple:
+                       with_entropy: bool = False, chunk: int = 4096, entropy_grad: bool = True) -> tuple:
     """Log-probs (and entropies) of the response tokens under ``softmax(logits / temperature)``.
 
     logits [B, L, V] of a causal LM: position p predicts token p + 1, so response token t of row b
     is scored by logits[b, start_b - 1 + t]. Rows are gathered first so only ``B x T`` positions
-    reach the (float32) log-softmax, processed ``chunk`` positions at a time."""
+    reach the (float32) log-softmax, processed ``chunk`` positions at a time. ``entropy_grad=False``:
+    the entropies are a metric only (no entropy bonus), so autograd keeps nothing of theirs (two
+    float32 ``chunk x V`` tensors a chunk until the backward pass)."""
     B, T = mb.response_ids.shape
     pos = mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]
     pos = pos.clamp(0, logits.shape[1] - 1)
@@ -83,7 +85,8 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float 
         lp = torch.log_softmax(rows[s:s + chunk].float() / temperature, dim=-1)
         lps.append(lp.gather(-1, targets[s:s + chunk, None])[:, 0])
         if with_entropy:
-            ents.append(-(lp.exp() * lp).sum(-1))
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ents.append(-(lp.exp() * lp).sum(-1))
     log_probs = torch.cat(lps).view(B, T)
     entropy: Optional[torch.Tensor] = torch.cat(ents).view(B, T) if with_entropy else None
     return log_probs, entropy

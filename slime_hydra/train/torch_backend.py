@@ -182,7 +182,7 @@ class TorchBackend(TrainerBackend):
                 logits = self.net(**inputs).logits
             else:  # the tied LM head follows the embedding (tie_weights), buffers stay the model's
                 logits = torch.func.functional_call(self.model, weights, (), inputs, strict=False).logits
-        return response_log_probs(logits, mb, temperature, with_entropy)
+        return response_log_probs(logits, mb, temperature, with_entropy, entropy_grad=bool(self.algo.entropy_coef))
 
     @torch.no_grad()
     def _log_probs(self, mbs: Sequence[MicroBatch], temperature: float,

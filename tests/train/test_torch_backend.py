@@ -108,3 +108,16 @@ def test_save_and_load_round_trip(tiny_ckpt, tmp_path):
     assert all(torch.equal(be.ref_state[k], fresh.ref_state[k]) for k in be.ref_state)
     assert fresh_rl.state_dict() == rl.state_dict() == {"steps_done": 1, "rollouts_done": 1}
     assert fresh.lr == be.lr
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_entropy_keeps_a_graph_only_for_an_entropy_bonus(tiny_ckpt, entropy_coef):
+    """Without an entropy bonus the entropies are a metric: the same values, no autograd graph (whose
+    saved float32 vocabulary-wide tensors would wait for the backward pass)."""
+    be = backend(config(f"algo.entropy_coef={entropy_coef}"), tiny_ckpt)
+    mb = be.micro_batches(fake_rollout(4), list(range(4)), 3)[0]
+    log_probs, entropy = be._forward(mb, 1.0, with_entropy=True)
+    assert log_probs.requires_grad and entropy.requires_grad == bool(entropy_coef)
+    with torch.no_grad():
+        _, expected = be._forward(mb, 1.0, with_entropy=True)
+    torch.testing.assert_close(entropy.detach(), expected, rtol=0, atol=0)
