@@ -562,7 +562,8 @@ def summarize_run(res: Dict[str, Any]) -> Dict[str, Any]:
     (perf/offload_time), i.e. every offload and onload of the step (issue 10's goal counts them all)."""
     rows = res.get("rows") or []
     s = {k: steady(rows, f"perf/{k}") for k in ("step_time", "rollout_wait_time", "rollout_time", "train_time",
-                                                "weight_sync_time", "offload_time")}
+                                                "weight_sync_time", "offload_time", "weight_push_time",
+                                                "weight_transfer_time")}
     s["sync_all"] = (s["weight_sync_time"] or 0.0) + (s["offload_time"] or 0.0) \
         if s["weight_sync_time"] is not None else None
     s["logprob_gap_max"] = max((r["train/train_rollout_logprob_abs_diff"] for r in rows
@@ -625,6 +626,11 @@ def report(results: Dict[str, Any], path: str) -> None:
         times = res.get("server_log_times") or res.get("log_times")
         if times:
             lines.append(f"- {name} startup parts: " + ", ".join(f"{k} {v}" for k, v in times.items() if k != "logs"))
+        s = summarize_run(res) if res.get("rows") else {}
+        if s.get("weight_push_time") is not None:
+            lines.append(f"- {name} sync parts (medians): the push {s['weight_push_time']:.3f} s, of which the "
+                         f"weights' transfer {s['weight_transfer_time']:.3f} s (the rest: pause, cache flush, resume, "
+                         "version check)")
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
     if (results.get("trl") or {}).get("config"):

@@ -82,6 +82,8 @@ def test_embedded_default_learns(tmp_path):
                 "perf/weight_sync_time", "perf/tokens_per_s", "train/train_rollout_logprob_abs_diff", "train/kl_loss",
                 "train/pg_loss"):
         assert key in rows[1], key
+    assert all(0 < r["perf/weight_transfer_time"] <= r["perf/weight_push_time"] <= r["perf/weight_sync_time"]
+               for r in rows[1:])
     # One optimiser step per rollout (ratio 1) and one-token answers: the token-mean pg_loss is minus
     # the mean advantage, 0 when rewards are normalised per group (measured |pg_loss| <= 1.4e-8 over
     # 40 steps); on raw rewards it is minus the mean reward (-0.053 at step 1, seed 1234).

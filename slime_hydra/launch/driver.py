@@ -150,6 +150,8 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
             sync = push_weights(manager, trainers, step, offload, ft)
             version = step
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
+            metrics["perf/weight_push_time"] = sync["seconds"]  # the pushing rank's, of perf/weight_sync_time
+            metrics["perf/weight_transfer_time"] = sync["transfer_seconds"]  # the weights alone, of the push
         t_sync = time.perf_counter() - t2
         if cfg.eval.datasets and periodic(step, cfg.eval.interval, num_rollout):
             evals = _eval(manager, logger, step)

@@ -152,7 +152,9 @@ class WeightSender:
 
     # ------------------------------------------------------------------------------------- push
     def push(self, named: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, float]:
-        """Send all weights; returns {"bytes", "seconds"}. Raises WeightSyncError if it fails.
+        """Send all weights; returns {"bytes", "seconds", "transfer_seconds"} (the weights' own transfer,
+        without the pause, cache flush, resume and version check around it). Raises WeightSyncError if
+        it fails.
 
         Generation continues as soon as the weights are in (or the push failed), while the engines'
         weight versions are read: one round trip for both, not two in a row (a push of the tiny
@@ -163,12 +165,14 @@ class WeightSender:
             try:
                 self._all("/pause_generation", lambda i: {"mode": "in_place"})
                 self._flush_caches()
+                t_transfer = time.perf_counter()
                 if self.kind == "disk":
                     nbytes = self._push_disk(named, v)
                 else:
                     for bucket in transport.buckets(named, self.bucket_bytes):
                         nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
                         (self._push_distributed if self.kind == "distributed" else self._push_tensor)(bucket, v)
+                t_transfer = time.perf_counter() - t_transfer
             except (EngineError, RuntimeError) as e:
                 raise WeightSyncError(f"weight push v{v} over {self.kind} failed: {e}") from e
             finally:
@@ -184,7 +188,7 @@ class WeightSender:
         stale = [(ep.url, g) for ep, g in zip(self.endpoints, got) if g != v]
         if stale:
             raise WeightSyncError(f"weights did not arrive: engines report versions {stale}, expected {v}")
-        return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0}
+        return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0, "transfer_seconds": t_transfer}
 
     def _flush_caches(self, timeout_s: float = 60.0) -> None:
         """Empty every engine's prefix cache before the weights change: its KV was computed with the old
