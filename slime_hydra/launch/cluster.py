@@ -48,9 +48,10 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
         gpus = sum(b.get("GPU", 0) for b in plan.bundles) if plan.device == "cuda" else 0
         # one machine: Ray, the engines, the router and the weight-update groups all on the loopback
         # address (utils.proc.node_ip reads Ray's node address), reachable from no other host
-        ctx = ray.init(num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard, log_to_driver=False,
-                       logging_level=logging.WARNING, runtime_env={"env_vars": env}, num_gpus=gpus,
-                       _node_ip_address=LOCAL_HOST)
+        # address="local": a cluster of its own, never one that RAY_ADDRESS or an earlier `ray start` names
+        ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard,
+                       log_to_driver=False, logging_level=logging.WARNING, runtime_env={"env_vars": env},
+                       num_gpus=gpus, _node_ip_address=LOCAL_HOST)
         session_dir = ctx.address_info["session_dir"]
     try:
         yield session_dir

@@ -140,3 +140,17 @@ def test_cluster_address_auto_joins_the_running_cluster(cluster, monkeypatch):
         assert set(node_names().values()) == {"head", *NODES}
         assert HOST_ENV not in os.environ and node_ip() == ray.util.get_node_ip_address()
     ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+
+
+def test_without_cluster_address_a_run_starts_a_cluster_of_its_own(cluster, monkeypatch):
+    """Another cluster on the machine (here RAY_ADDRESS names it; also after `ray start` or beside another
+    run) is not joined: Ray would refuse the run's own sizing ("When connecting to an existing cluster,
+    num_cpus and num_gpus must not be provided", seen with two runs on one machine)."""
+    from slime_hydra.launch.cluster import ray_cluster
+
+    cfg = resolved([])
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    ray.shutdown()
+    with ray_cluster(cfg, make_plan(cfg)) as session_dir:
+        assert session_dir and set(node_names().values()) == {"head"} and len(ray.nodes()) == 1
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
