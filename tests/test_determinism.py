@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -116,3 +117,39 @@ def test_same_seed_same_run(tmp_path):
         assert {k: a.get(k) for k in keep + ["eval/heldout/reward"]} == {
             k: b.get(k) for k in keep + ["eval/heldout/reward"]
         }
+
+
+class CalcEngine:
+    """An engine stub for the calculator agent: calls the tool, then answers 6; records each request."""
+
+    def __init__(self):
+        self.payloads = []
+
+    async def post(self, path, payload):
+        self.payloads.append(copy.deepcopy(payload))
+        token = 23 if len(self.payloads) % 2 else 8  # <call>, then "6"
+        return {"text": "", "output_ids": [token],
+                "meta_info": {"output_token_logprobs": [[-0.5, token, None]], "finish_reason": {"type": "length"}}}
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_every_turn_of_a_custom_generate_function_is_seeded(evaluation):
+    """A custom generate function (here the multi-turn calculator agent, one request per turn) gets
+    the sample's ``sampling_seed`` too: without it the engine drew every turn from its shared
+    generator, so what a run sampled depended on how requests were batched, and runs with one seed
+    differed."""
+    from examples.calculator.agent import generate as agent_generate
+    from slime_hydra.config.schema import RewardConfig
+    from slime_hydra.data.tokenizer import builtin_tokenizer
+    from slime_hydra.rollout.sampling import GroupSampler
+
+    ctx = GenerateContext(cfg=SimpleNamespace(rollout=SimpleNamespace(seed=1234)),
+                          tokenizer=builtin_tokenizer("builtin:calc"), client=CalcEngine())
+    generate_fn = functools.partial(agent_generate, turn_max_tokens=1)
+    sampler = GroupSampler(generate_fn, ctx, RewardConfig(type="custom", custom="examples.calculator.agent.reward"))
+    s = Sample(prompt="12*13-150", label="6", index=7)
+    sp = {"max_new_tokens": 12, "temperature": 1.0}
+    out = asyncio.run(sampler.sample(s, sp, evaluation, rollout_id=3))
+    assert out.reward == 1.0 and out.metadata["num_turns"] == 2
+    seeds = [p["sampling_params"]["sampling_seed"] for p in ctx.client.payloads]
+    assert seeds == [sampling_seed(1234, "eval" if evaluation else 3, 7)] * 2

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 
-from slime_hydra.rollout.generate import GenerateContext, generate as default_generate, generate_group
+from slime_hydra.rollout.generate import GenerateContext, generate as default_generate, generate_group, seeded
 from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.utils.hooks import call_maybe_async
 
@@ -70,6 +70,9 @@ class GroupSampler:
         if not self._starts(s, evaluation, rollout_id):
             return s
         versions_before = len(s.weight_versions)
+        # the sample's own sampling_seed for every request it makes, so that a custom (e.g. multi-turn)
+        # generate function samples what the run seed says, whatever the batching and timing
+        sp = seeded(self.ctx, s, sp, evaluation)
         out = await call_maybe_async(self.generate_fn, self.ctx, s, sp, evaluation)
         if not isinstance(out, Sample):
             what = "a list (fan-out is not supported: a group keeps n_samples_per_prompt samples)" \
