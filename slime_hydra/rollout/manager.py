@@ -53,22 +53,31 @@ class RolloutManager:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
         r = cfg.rollout
-        log_dir = os.path.join(cfg.output_dir, "logs")
-        self.fleet = EngineFleet.start(engine_specs(cfg, plan, model_path), plan, pg, log_dir, r.startup_timeout_s,
-                                       r.router, FaultTolerance.from_config(r))
-        # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
-        self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
-                                             r.router.request_timeout_secs,
-                                             self.fleet.requeue if r.fault_tolerance else None,
-                                             self.fleet.engine_url))
-        tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
-        self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
-        self.rollout_fn = load_rollout_function(r.rollout_function)
-        eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
-        self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
-        self.data_state = DataState(self.ctx.source)
-        log.info("data: %d training prompts; eval sets: %s", len(self.ctx.source),
-                 {k: len(v.prompts) for k, v in eval_sets.items()})
+        t0 = time.perf_counter()
+        # the engines and the router start in the background while the data loads (none of it needs them)
+        self.fleet = EngineFleet.launch(engine_specs(cfg, plan, model_path), plan, pg,
+                                        os.path.join(cfg.output_dir, "logs"), r.startup_timeout_s, r.router,
+                                        FaultTolerance.from_config(r))
+        try:
+            # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
+            self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
+                                                 r.router.request_timeout_secs,
+                                                 self.fleet.requeue if r.fault_tolerance else None,
+                                                 self.fleet.engine_url))
+            tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
+            self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
+            self.rollout_fn = load_rollout_function(r.rollout_function)
+            eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
+            self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
+            self.data_state = DataState(self.ctx.source)
+        except BaseException:
+            self.fleet.kill()
+            raise
+        log.info("data ready in %.1fs, while the engines start: %d training prompts; eval sets: %s",
+                 time.perf_counter() - t0, len(self.ctx.source), {k: len(v.prompts) for k, v in eval_sets.items()})
+        self.fleet.wait_up()  # kills the engines and the router if one fails
+        self.client.base_url = self.fleet.base_url  # without a router: the engine's, known once it is up
+        log.info("rollout side up in %.1fs", time.perf_counter() - t0)
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
