@@ -45,7 +45,6 @@ FLEET_GROUP = "fleet"  # ray.remote(concurrency_groups={FLEET_GROUP: 1}) when th
 
 class RolloutManager:
     def __init__(self, cfg: "RunConfig", plan: "ResourcePlan", pg, model_path: str):
-        from slime_hydra.data.tokenizer import load_tokenizer
         from slime_hydra.logging.setup import setup_actor_logging
 
         setup_actor_logging(cfg, "rollout_manager")
@@ -59,25 +58,34 @@ class RolloutManager:
                                         os.path.join(cfg.output_dir, "logs"), r.startup_timeout_s, r.router,
                                         FaultTolerance.from_config(r))
         try:
-            # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
-            self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
-                                                 r.router.request_timeout_secs,
-                                                 self.fleet.requeue if r.fault_tolerance else None,
-                                                 self.fleet.engine_url))
-            tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
-            self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
-            self.rollout_fn = load_rollout_function(r.rollout_function)
-            eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
-            self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
-            self.data_state = DataState(self.ctx.source)
+            self._load(model_path)
         except BaseException:
             self.fleet.kill()
             raise
-        log.info("data ready in %.1fs, while the engines start: %d training prompts; eval sets: %s",
-                 time.perf_counter() - t0, len(self.ctx.source), {k: len(v.prompts) for k, v in eval_sets.items()})
         self.fleet.wait_up()  # kills the engines and the router if one fails
         self.client.base_url = self.fleet.base_url  # without a router: the engine's, known once it is up
         log.info("rollout side up in %.1fs", time.perf_counter() - t0)
+
+    def _load(self, model_path: str) -> None:
+        """The tokenizer, the data, the eval sets, the rollout function and the generate client: all that
+        needs no running engine."""
+        from slime_hydra.data.tokenizer import load_tokenizer
+
+        cfg, r = self.cfg, self.cfg.rollout
+        t0 = time.perf_counter()
+        # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
+        self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
+                                             r.router.request_timeout_secs,
+                                             self.fleet.requeue if r.fault_tolerance else None,
+                                             self.fleet.engine_url))
+        tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
+        self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
+        self.rollout_fn = load_rollout_function(r.rollout_function)
+        eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
+        self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
+        self.data_state = DataState(self.ctx.source)
+        log.info("data ready in %.1fs, while the engines start: %d training prompts; eval sets: %s",
+                 time.perf_counter() - t0, len(self.ctx.source), {k: len(v.prompts) for k, v in eval_sets.items()})
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

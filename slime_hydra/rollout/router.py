@@ -1,7 +1,8 @@
 """The real sglang-router (a Rust binary from the ``sglang-router`` package), run as a child
-process of the rollout manager; it can come up in the background while the engines start. Engines register with ``POST /workers`` after they are healthy and
-are removed with ``DELETE /workers/<id>``. As in slime, the router's own health checks and circuit
-breaker are off: the manager checks engine health itself."""
+process of the rollout manager; it comes up in the background while the engines start. Engines
+register with ``POST /workers`` after they are healthy and are removed with ``DELETE /workers/<id>``.
+As in slime, the router's own health checks and circuit breaker are off: the manager checks engine
+health itself."""
 
 from __future__ import annotations
 
