@@ -69,10 +69,10 @@ class RolloutManager:
     def _load(self, model_path: str) -> None:
         """The tokenizer, the data, the eval sets, the rollout function and the generate client: all that
         needs no running engine."""
-        from slime_hydra.data.tokenizer import load_tokenizer
+        t0 = time.perf_counter()
+        from slime_hydra.data.tokenizer import load_tokenizer  # imports transformers: seconds
 
         cfg, r = self.cfg, self.cfg.rollout
-        t0 = time.perf_counter()
         # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
         self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
                                              r.router.request_timeout_secs,
