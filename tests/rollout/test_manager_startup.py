@@ -56,6 +56,9 @@ def start_manager(tmp_path, model_path, monkeypatch, overrides):
 
     token = uuid.uuid4().hex
     monkeypatch.setenv(TOKEN_ENV, token)  # ray_cluster gives it to every process of the run
+    # a private cluster, even while another test's `ray start`-style cluster runs on this machine (ray.init()
+    # would join that one, named in /tmp/ray/ray_current_cluster, and refuse num_cpus)
+    monkeypatch.setenv("RAY_ADDRESS", "local")
     cfg = resolved(["logging.wandb=false", *overrides])
     cfg.output_dir = str(tmp_path)
     plan = make_plan(cfg)
