@@ -1,9 +1,9 @@
 """The engine fleet: the rollout engines of a run and everything done to all of them at once.
 
-It starts the engines through their Ray actors (``EngineFleet.start``), registers them with
-sglang-router, watches their health (``dead_engines``, ``watched``), aborts their requests, releases
-and resumes their memory (colocated runs), and names their URLs for the trainer's weight push
-(``endpoints``).
+It starts the engines through their Ray actors and sglang-router at once (``EngineFleet.launch``;
+``wait_up`` waits for them while the caller loads its data), registers the engines with the router,
+watches their health (``dead_engines``, ``watched``), aborts their requests, releases and resumes
+their memory (colocated runs), and names their URLs for the trainer's weight push (``endpoints``).
 
 Without fault tolerance an engine that dies fails the rollout within ``ENGINE_POLL_S``. With it
 (``rollout.fault_tolerance``, :class:`FaultTolerance`), while a rollout or an eval runs (when the
@@ -114,8 +114,11 @@ class EngineFleet:
         self.engines = engines
         self.router = router
         self.ft = fault_tolerance
-        # engine rank -> new Ray actors for it on its bundles (set by start(); restarts of dead actors)
-        self.launch: Optional[Callable[[int], List[Any]]] = None
+        # engine rank -> new Ray actors for it on its bundles (set by launch(); restarts of dead actors)
+        self.new_actors: Optional[Callable[[int], List[Any]]] = None
+        self._starting: List[List[Any]] = []  # launch() -> wait_up(): each engine's start() calls
+        self._started = 0.0
+        self._kind = "no"
         self.memory = "awake"  # awake | released | weights (colocated runs: what the engines hold)
         self.counters: Counter = Counter()  # engine_restarts, requeued_requests: read by take_counters()
         self.fatal: Optional[EngineError] = None  # the restart budget is spent: every later call raises it
@@ -135,8 +138,16 @@ class EngineFleet:
     def start(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
               startup_timeout_s: float, router: "RouterConfig",
               fault_tolerance: Optional[FaultTolerance] = None) -> "EngineFleet":
-        """Start one engine per entry of ``specs`` (its specs per node) on the plan's engine slots of
-        placement group ``pg``, all at once, then the router (``router.enabled``) with every engine."""
+        """``launch`` and ``wait_up``: the fleet once every engine serves, behind the router."""
+        return cls.launch(specs, plan, pg, log_dir, startup_timeout_s, router, fault_tolerance).wait_up()
+
+    @classmethod
+    def launch(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
+               startup_timeout_s: float, router: "RouterConfig",
+               fault_tolerance: Optional[FaultTolerance] = None) -> "EngineFleet":
+        """Start the router (``router.enabled``) and one engine per entry of ``specs`` (its specs per
+        node) on the plan's engine slots of placement group ``pg``, all at once, without waiting for
+        them: the caller does meanwhile what needs no engine, then ``wait_up`` (or ``kill``)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -147,7 +158,7 @@ class EngineFleet:
         env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if plan.device == "cuda" else {}
         actor = ray.remote(EngineActor)
 
-        def launch(rank: int) -> List[Any]:
+        def new_actors(rank: int) -> List[Any]:
             """Engine ``rank``'s actors: one per node it spans, on that node's first bundle; node 0 serves HTTP."""
             slot, node_specs = plan.engines[rank], specs[rank]
             node_bundles = [b for i, b in enumerate(slot.bundles) if i % plan.gpus_per_node == 0]
@@ -156,28 +167,63 @@ class EngineFleet:
                         runtime_env={"env_vars": env}, **share).remote(spec, slot.rank, log_dir, startup_timeout_s)
                     for b, spec in zip(node_bundles, node_specs)]
 
-        engines: List[EngineHandle] = []
-        for slot, node_specs in zip(plan.engines, specs):
-            actors = launch(slot.rank)
-            engines.append(EngineHandle(slot.rank, url="", gpus=node_specs[0].gpus, actors=actors,
-                                        logs=[engine_log_path(log_dir, slot.rank, spec) for spec in node_specs]))
-        for e in engines:
-            join_nodes(e.actors)
-        t0 = time.perf_counter()
-        starts = [[a.start.remote() for a in e.actors] for e in engines]  # all engines start at once
-        for e, refs in zip(engines, starts):
-            e.url = ray.get(refs)[0]
-            e.first_gpu = ray.get(e.actors[0].first_gpu.remote())
-        fleet = cls(engines, fault_tolerance=fault_tolerance)
-        fleet.launch = launch
-        kind = specs[0][0].engine if specs else "no"
-        log.info("%d %s engine(s) up in %.1fs: %s", len(engines), kind, time.perf_counter() - t0, fleet.urls)
-        if router.enabled:
-            fleet.start_router(router, os.path.join(log_dir, "router.log"))
+        fleet = cls([], fault_tolerance=fault_tolerance)
+        fleet.new_actors = new_actors
+        fleet._kind = specs[0][0].engine if specs else "no"
+        try:
+            if router.enabled:
+                fleet.launch_router(router, os.path.join(log_dir, "router.log"))
+            for slot, node_specs in zip(plan.engines, specs):
+                fleet.engines.append(EngineHandle(slot.rank, url="", gpus=node_specs[0].gpus,
+                                                  actors=new_actors(slot.rank),
+                                                  logs=[engine_log_path(log_dir, slot.rank, s) for s in node_specs]))
+            for e in fleet.engines:
+                join_nodes(e.actors)
+            fleet._started = time.perf_counter()
+            fleet._starting = [[a.start.remote() for a in e.actors] for e in fleet.engines]
+        except BaseException:
+            fleet.kill()
+            raise
         return fleet
 
+    def wait_up(self) -> "EngineFleet":
+        """After ``launch``: wait until every engine serves (an engine that fails raises with its log's
+        tail) and the router answers, and register the engines with it. On failure, ``kill``."""
+        import ray
+
+        try:
+            for e, refs in zip(self.engines, self._starting):
+                e.url = ray.get(refs)[0]
+                e.first_gpu = ray.get(e.actors[0].first_gpu.remote())
+            self._starting = []
+            log.info("%d %s engine(s) up in %.1fs: %s", len(self.engines), self._kind,
+                     time.perf_counter() - self._started, self.urls)
+            if self.router is not None:
+                self.router.wait_ready()  # it started with the engines: up by now, as a rule
+                self._register()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def kill(self) -> None:
+        """After a failed start: the router stops, the engine actors (some may still be starting: they
+        would answer ``stop`` only then) are killed at once, and their servers die with them."""
+        import ray
+
+        if self.router is not None:
+            self.router.stop()
+        for a in (a for e in self.engines for a in e.actors):
+            ray.kill(a)
+
     def start_router(self, cfg: "RouterConfig", log_path: str) -> None:
-        """sglang-router, a child of this process (so on this node), with every engine registered."""
+        """sglang-router for engines that are up already, with every engine registered."""
+        self.launch_router(cfg, log_path)
+        self.router.wait_ready()
+        self._register()
+
+    def launch_router(self, cfg: "RouterConfig", log_path: str) -> None:
+        """sglang-router, a child of this process (so on this node), coming up in the background."""
         from slime_hydra.rollout.router import Router
         from slime_hydra.utils.proc import node_ip
 
@@ -186,9 +232,13 @@ class EngineFleet:
             # them once an engine serves; the router's own retries would resend them unseen, or
             # to the same dead worker while it is still registered
             cfg = replace(cfg, args={"disable_retries": True, **cfg.args})
-        self.router = Router(cfg, node_ip(), log_path)
+        self.router = Router(cfg, node_ip(), log_path, wait=False)
+
+    def _register(self) -> None:
+        t0 = time.perf_counter()
         for url in self.urls:
             self.router.add_worker(url)
+        log.info("%d engine(s) registered with the router in %.1fs", len(self.urls), time.perf_counter() - t0)
 
     # ------------------------------------------------------------------------------- addresses
     @property
@@ -396,7 +446,7 @@ class EngineFleet:
         import ray
 
         if not e.actors:
-            e.actors = self.launch(e.rank)
+            e.actors = self.new_actors(e.rank)
             join_nodes(e.actors)
         elif len(e.actors) > 1:
             join_nodes(e.actors)  # a fresh address for the nodes to meet

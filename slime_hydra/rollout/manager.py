@@ -45,7 +45,6 @@ FLEET_GROUP = "fleet"  # ray.remote(concurrency_groups={FLEET_GROUP: 1}) when th
 
 class RolloutManager:
     def __init__(self, cfg: "RunConfig", plan: "ResourcePlan", pg, model_path: str):
-        from slime_hydra.data.tokenizer import load_tokenizer
         from slime_hydra.logging.setup import setup_actor_logging
 
         setup_actor_logging(cfg, "rollout_manager")
@@ -53,9 +52,27 @@ class RolloutManager:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
         r = cfg.rollout
-        log_dir = os.path.join(cfg.output_dir, "logs")
-        self.fleet = EngineFleet.start(engine_specs(cfg, plan, model_path), plan, pg, log_dir, r.startup_timeout_s,
-                                       r.router, FaultTolerance.from_config(r))
+        t0 = time.perf_counter()
+        # the engines and the router start in the background while the data loads (none of it needs them)
+        self.fleet = EngineFleet.launch(engine_specs(cfg, plan, model_path), plan, pg,
+                                        os.path.join(cfg.output_dir, "logs"), r.startup_timeout_s, r.router,
+                                        FaultTolerance.from_config(r))
+        try:
+            self._load(model_path)
+        except BaseException:
+            self.fleet.kill()
+            raise
+        self.fleet.wait_up()  # kills the engines and the router if one fails
+        self.client.base_url = self.fleet.base_url  # without a router: the engine's, known once it is up
+        log.info("rollout side up in %.1fs", time.perf_counter() - t0)
+
+    def _load(self, model_path: str) -> None:
+        """The tokenizer, the data, the eval sets, the rollout function and the generate client: all that
+        needs no running engine."""
+        t0 = time.perf_counter()
+        from slime_hydra.data.tokenizer import load_tokenizer  # imports transformers: seconds
+
+        cfg, r = self.cfg, self.cfg.rollout
         # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
         self.client = self._run(_make_client(self.fleet.base_url, r.concurrency * len(self.fleet.engines),
                                              r.router.request_timeout_secs,
@@ -67,8 +84,8 @@ class RolloutManager:
         eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
         self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
         self.data_state = DataState(self.ctx.source)
-        log.info("data: %d training prompts; eval sets: %s", len(self.ctx.source),
-                 {k: len(v.prompts) for k, v in eval_sets.items()})
+        log.info("data ready in %.1fs, while the engines start: %d training prompts; eval sets: %s",
+                 time.perf_counter() - t0, len(self.ctx.source), {k: len(v.prompts) for k, v in eval_sets.items()})
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

@@ -1,13 +1,15 @@
 """The real sglang-router (a Rust binary from the ``sglang-router`` package), run as a child
-process of the rollout manager. Engines register with ``POST /workers`` after they are healthy and
-are removed with ``DELETE /workers/<id>``. As in slime, the router's own health checks and circuit
-breaker are off: the manager checks engine health itself."""
+process of the rollout manager; it comes up in the background while the engines start. Engines
+register with ``POST /workers`` after they are healthy and are removed with ``DELETE /workers/<id>``.
+As in slime, the router's own health checks and circuit breaker are off: the manager checks engine
+health itself."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List
 
 import httpx
@@ -40,13 +42,28 @@ def router_command(host: str, port: int, cfg: RouterConfig) -> List[str]:
 
 
 class Router:
-    def __init__(self, cfg: RouterConfig, host: str, log_path: str, startup_timeout: float = 60.0):
+    def __init__(self, cfg: RouterConfig, host: str, log_path: str, startup_timeout: float = 60.0,
+                 wait: bool = True):
+        """Spawn sglang-router and, with ``wait``, return once it answers; else it comes up in the
+        background (a thread waits for its /health and logs how long it took) and ``wait_ready`` waits."""
         self.host, self.port = host, free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
+        self.policy = cfg.policy
         self.proc = spawn(router_command(host, self.port, cfg), log_path)
-        wait_http(self.url + "/health", self.proc, startup_timeout, log_path, interval=0.2)
-        log.info("sglang-router at %s (policy %s)", self.url, cfg.policy)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="router-start")
+        self._up = pool.submit(self._wait_healthy, startup_timeout, time.perf_counter())
+        pool.shutdown(wait=False)  # its thread ends once the router answers, fails or is stopped
+        if wait:
+            self.wait_ready()
+
+    def _wait_healthy(self, timeout: float, t0: float) -> None:
+        wait_http(self.url + "/health", self.proc, timeout, self.log_path, interval=0.2)
+        log.info("sglang-router at %s (policy %s) up in %.1fs", self.url, self.policy, time.perf_counter() - t0)
+
+    def wait_ready(self) -> None:
+        """Until the router answers; raises if it exited first (with its log's tail) or timed out."""
+        self._up.result()
 
     def workers(self) -> List[Dict[str, Any]]:
         return httpx.get(self.url + "/workers", timeout=30).json().get("workers", [])
