@@ -95,7 +95,8 @@ def test_dapo_dynamic_sampling_with_partial_rollout(tmp_path):
 
 def test_calculator_agent_learns_the_tool_protocol(tmp_path):
     """experiment=calculator_agent as shipped (150 steps, ~3-5 min on 2 busy CPU cores): the
-    held-out reward rises from 0 (measured: 0.87) and every answer goes through the calculator."""
+    held-out reward rises from 0 and every answer goes through the calculator (seed 1234 passes; seeds 1-4
+    ended at 0.50, 0.96, 0.55, 0.33: the experiment is not reliable yet, see its yaml)."""
     d = tmp_path / "run"
     summary = run(d, "experiment=calculator_agent", "trainer.save_interval=0", "eval.interval=50", *FAST)
     rows = metrics(d)
