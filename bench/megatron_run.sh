@@ -6,6 +6,12 @@
 # path, and the train/rollout log-prob gap must stay within bf16 tolerance (sync.max_logprob_diff fails
 # the run otherwise). A checkpoint is saved at the last step (hf/ + megatron/, dist_checkpointing).
 #   device: source .device-bundle/install.sh && bash bench/megatron_run.sh     (carry .device-bundle)
+# LAYOUT= other parallelism overrides, e.g. two GPUs, megatron TP 2 and two 1-GPU engines behind the router:
+#   LAYOUT="parallelism=colocate_4gpu_tp2 parallelism.name=colocate_2gpu_tp2 parallelism.gpus_per_node=2
+#   parallelism.trainer_gpus=2 parallelism.rollout_gpus=2"
+# Two engines need sglang-router, which needs the SGLang bundle's setproctitle and orjson: carry .sglang-bundle
+# (and install it) in a call before, then .gpu-extra (the router wheel). Tried on 2 H200s on 2026-12-01 with
+# the router wheel alone: the router exited at import (no setproctitle, then no orjson), before a step.
 set -uo pipefail
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
@@ -20,8 +26,8 @@ with open("/tmp/q06.jsonl", "w") as f:
 PY
 run=/tmp/q06_megatron
 timeout 420 python3 run.py trainer=megatron model=qwen3_0_6b model.path=/tmp/q06 model.dtype=bfloat16 \
-  parallelism=1gpu data=jsonl data.path=/tmp/q06.jsonl data.apply_chat_template=false eval.datasets=[] \
-  rollout.router.enabled=false rollout.max_response_len=128 trainer.num_rollout=${STEPS:-6} \
+  ${LAYOUT:-parallelism=1gpu rollout.router.enabled=false} data=jsonl data.path=/tmp/q06.jsonl data.apply_chat_template=false eval.datasets=[] \
+  rollout.max_response_len=128 trainer.num_rollout=${STEPS:-6} \
   trainer.max_tokens_per_micro_batch=16384 trainer.save_interval=100 algo.kl_loss_coef=0.04 \
   sync.max_logprob_diff=0.05 logging.wandb=false logging.progress=false hydra.run.dir=$run 2>&1 \
   | grep -v "Loading weights" | tail -n 25
