@@ -88,7 +88,9 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
     }
 
 
-def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int, preset: str, device: str) -> dict:
+def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_loss_coef: float = 0.04):
+    """The torch backend and the RL step as run.py builds them, for ``batch`` samples a rollout (8 per
+    prompt) in micro-batches of ``micro``; GRPO with ``algo.kl_loss_coef``."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -99,43 +101,23 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     GlobalHydra.instance().clear()
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        cfg = resolve(
-            load(
-                compose(
-                    "config",
-                    overrides=[
-                        f"model={preset}",
-                        f"model.path={path}",
-                        "model.tokenizer=null",
-                        "model.dtype=bfloat16",
-                        "parallelism=1gpu" if device == "cuda" else "parallelism=cpu",
-                        "data=jsonl",
-                        f"data.path={path}/config.json",
-                        "eval.datasets=[]",
-                        f"rollout.batch_size={batch // 8}",
-                        "rollout.n_samples_per_prompt=8",
-                        f"trainer.micro_batch_size={micro}",
-                        "algo.kl_loss_coef=0.04",
-                    ],
-                )
-            )
-        )
+        cfg = resolve(load(compose("config", overrides=[
+            f"model={preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
+            "parallelism=1gpu" if device == "cuda" else "parallelism=cpu", "data=jsonl",
+            f"data.path={path}/config.json", "eval.datasets=[]", f"rollout.batch_size={batch // 8}",
+            "rollout.n_samples_per_prompt=8", f"trainer.micro_batch_size={micro}",
+            f"algo.kl_loss_coef={kl_loss_coef}"])))
     cfg.output_dir = "/tmp"
     dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-    tr = TorchBackend(
-        model=cfg.model,
-        algo=cfg.algo,
-        trainer=cfg.trainer,
-        parallelism=cfg.parallelism,
-        model_path=path,
-        rank=0,
-        world_size=1,
-        device=dev,
-    )
-    rl = RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout)
-    g = torch.Generator().manual_seed(0)
-    vocab = min(1000, cfg.model.arch.vocab_size)
-    data = {
+    tr = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
+                      model_path=path, rank=0, world_size=1, device=dev)
+    return tr, RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout)
+
+
+def fake_rollout(batch: int, prompt_len: int, resp_len: int, vocab: int, seed: int = 0) -> dict:
+    """A rollout's training data: random tokens (ids below ``vocab``), random rewards."""
+    g = torch.Generator().manual_seed(seed)
+    return {
         "tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
         "response_lengths": [resp_len] * batch,
         "loss_masks": [None] * batch,
@@ -143,6 +125,11 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
         "raw_rewards": [0.0] * batch,
         "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)],
     }
+
+
+def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int, preset: str, device: str) -> dict:
+    tr, rl = torch_trainer(path, batch, micro, preset, device)
+    data = fake_rollout(batch, prompt_len, resp_len, min(1000, tr.model.config.vocab_size))
     rl.train(data, temperature=1.0, max_response_len=resp_len)  # warm-up
     sync(device)
     if device == "cuda":

@@ -33,39 +33,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
-from gpu_components import build_checkpoint, sync  # noqa: E402 - bench/ is on the path from here
+from gpu_components import build_checkpoint, fake_rollout, sync, torch_trainer  # noqa: E402 - bench/ is on the path
 
 PROMPT = 64
-
-
-def trainer(path: str, batch: int, micro: int, preset: str, device: str, kl: float):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from slime_hydra.config import load, resolve
-    from slime_hydra.train.torch_backend import TorchBackend
-    from slime_hydra.train.trainer import RLTrainer
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(HERE), "conf"), version_base="1.3"):
-        cfg = resolve(load(compose("config", overrides=[
-            f"model={preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
-            "parallelism=1gpu" if device == "cuda" else "parallelism=cpu", "data=jsonl",
-            f"data.path={path}/config.json",
-            "eval.datasets=[]", f"rollout.batch_size={batch // 8}", "rollout.n_samples_per_prompt=8",
-            f"trainer.micro_batch_size={micro}", f"algo.kl_loss_coef={kl}"])))
-    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-    backend = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
-                           model_path=path, rank=0, world_size=1, device=dev)
-    return backend, RLTrainer(backend, cfg.algo, cfg.trainer.num_steps_per_rollout)
-
-
-def rollout(batch: int, resp: int, vocab: int, seed: int = 0) -> Dict[str, list]:
-    g = torch.Generator().manual_seed(seed)
-    return {"tokens": [torch.randint(2, vocab, (PROMPT + resp,), generator=g).tolist() for _ in range(batch)],
-            "response_lengths": [resp] * batch, "loss_masks": [None] * batch,
-            "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
-            "rollout_log_probs": [[-1.0] * resp for _ in range(batch)]}
 
 
 def timed(fn, steps: int, device: str) -> List[float]:
@@ -81,8 +51,8 @@ def timed(fn, steps: int, device: str) -> List[float]:
 
 
 def bench_trainer(path: str, batch: int, resp: int, args, kl: float) -> Dict[str, Any]:
-    backend, rl = trainer(path, batch, args.micro, args.preset, args.device, kl)
-    data = rollout(batch, resp, min(1000, backend.model.config.vocab_size))
+    backend, rl = torch_trainer(path, batch, args.micro, args.preset, args.device, kl)
+    data = fake_rollout(batch, PROMPT, resp, min(1000, backend.model.config.vocab_size))
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device)
