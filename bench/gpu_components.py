@@ -95,7 +95,7 @@ def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, k
     from hydra.core.global_hydra import GlobalHydra
 
     from slime_hydra.config import load, resolve
-    from slime_hydra.train.torch_backend import TorchBackend
+    from slime_hydra.train.backends.torch.backend import TorchBackend
     from slime_hydra.train.trainer import RLTrainer
 
     GlobalHydra.instance().clear()

@@ -10,7 +10,7 @@ Throughput (one GPU):
 
 Each optimizer step runs ``--micro-batches`` micro-batches of ``--tokens`` packed tokens (samples of
 random lengths in ``--sample-lengths``, THD format, no padding), forward and backward through our
-module spec (``slime_hydra/train/megatron/spec.py``: SDPA / varlen flash attention, no Transformer
+module spec (``slime_hydra/train/backends/megatron/spec.py``: SDPA / varlen flash attention, no Transformer
 Engine needed), a policy-gradient-shaped loss on the vocab-parallel log-probs of the second half of
 each sample, megatron's DDP with the distributed optimizer (Adam, fp32 main weights). Printed (and
 written with ``--out``): training tokens/s, TFLOP/s and MFU against 790 TFLOP/s (the bf16 dense matmul
@@ -92,7 +92,7 @@ def init_distributed() -> int:
 
 def random_micro_batches(n: int, tokens: int, lengths: tuple, vocab: int, seed: int):
     """``n`` packed micro-batches of exactly ``tokens`` tokens; each sample's second half is scored."""
-    from slime_hydra.train.megatron.packing import pack
+    from slime_hydra.train.backends.megatron.packing import pack
 
     rng = random.Random(seed)
     out = []
@@ -130,10 +130,10 @@ def throughput(args) -> dict:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from slime_hydra.train.megatron import spec
-    from slime_hydra.train.megatron.logprobs import packed_response_log_probs
-    from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
-    from slime_hydra.train.megatron.spec import packed_attention_path, resolve_attention_impl
+    from slime_hydra.train.backends.megatron import spec
+    from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
+    from slime_hydra.train.backends.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
+    from slime_hydra.train.backends.megatron.spec import packed_attention_path, resolve_attention_impl
 
     init_distributed()
     parallel_state.initialize_model_parallel(1, 1)
@@ -274,7 +274,7 @@ def _log_probs(model, batch, vocab, tp_group, pp: int):
     """Response log-probs of one packed batch (forward only, through megatron's pipeline schedule)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from slime_hydra.train.megatron.logprobs import packed_response_log_probs
+    from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
 
     got = []
 
@@ -306,9 +306,9 @@ def compare(args) -> dict:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from slime_hydra.train.megatron.convert import Layout, stage_shard
-    from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
-    from slime_hydra.train.megatron.weights import export_hf_state, load_hf_weights, model_chunks_state
+    from slime_hydra.train.backends.megatron.convert import Layout, stage_shard
+    from slime_hydra.train.backends.megatron.model import Parallel, build_gpt_model, transformer_config
+    from slime_hydra.train.backends.megatron.weights import export_hf_state, load_hf_weights, model_chunks_state
 
     init_distributed()
     rank = dist.get_rank()

@@ -31,7 +31,7 @@ def compose(overrides: List[str] = ()):
 
 def resolved(overrides: List[str] = ()):
     from slime_hydra.config import load, resolve
-    from slime_hydra.plan.memory import resolve_offload
+    from slime_hydra.plan.fit import resolve_offload
 
     return resolve_offload(resolve(load(compose(overrides))))
 

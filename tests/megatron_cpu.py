@@ -77,7 +77,7 @@ def tiny_hf_model(family: str, seed: int = 0):
 
 def saved_checkpoint(model, path: str) -> Dict[str, torch.Tensor]:
     """Save ``model`` as a sharded safetensors checkpoint (with an index) and return its tensors by name."""
-    from slime_hydra.train.megatron.convert import HFCheckpoint
+    from slime_hydra.train.backends.megatron.convert import HFCheckpoint
 
     model.save_pretrained(path, max_shard_size="40KB")
     ck = HFCheckpoint(path)
@@ -173,7 +173,7 @@ def megatron_on_cpu():
 def megatron_model(hf_config, tp: int = 1, **overrides):
     """A float32 megatron GPTModel for ``hf_config`` (this process's TP rank, PP = 1) with the SDPA
     spec, in eval mode."""
-    from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config
+    from slime_hydra.train.backends.megatron.model import Parallel, build_gpt_model, transformer_config
 
     # torch.compile'd fusions cost seconds of compilation on CPU and compute the same thing
     overrides = {"bias_activation_fusion": False, "bias_dropout_fusion": False, **overrides}

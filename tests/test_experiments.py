@@ -138,8 +138,8 @@ def test_uneven_stages_are_megatrons():
     pytest.importorskip("megatron.core")
     from slime_hydra.checkpoint.hf import hf_config
     from slime_hydra.plan.memory import stage_layers
-    from slime_hydra.train.megatron.model import Parallel, transformer_config
-    from slime_hydra.train.megatron.spec import stage_layers as megatron_stage
+    from slime_hydra.train.backends.megatron.model import Parallel, transformer_config
+    from slime_hydra.train.backends.megatron.spec import stage_layers as megatron_stage
 
     cfg = _cfg("deepseek_v3_grpo_math")
     p = cfg.parallelism

@@ -1,8 +1,12 @@
-"""The packages of slime_hydra (config, data, rollout, train, ...) import each other without a cycle.
+"""The packages of slime_hydra (config, data, rollout, train, ...) import each other without a cycle, and
+so do its files.
 
 Every import of every module counts, also those inside functions and under ``TYPE_CHECKING`` (a cycle
-that only runs lazily is still two packages that cannot be understood, tested or replaced apart). A
-module ``slime_hydra.<package>.<...>`` belongs to ``<package>``; imports within a package are free.
+that only runs lazily is still two parts that cannot be understood, tested or replaced apart). A
+module ``slime_hydra.<package>.<...>`` belongs to ``<package>``. Within a package, files may import each
+other freely in one direction only: ``from slime_hydra.plan.memory import x`` is an edge to the file
+``plan/memory.py``; importing a package (``from slime_hydra.train import algorithms``) is an edge to its
+``__init__.py``, and an ``__init__.py`` that imports its own modules re-exports them (no edge back).
 """
 
 from __future__ import annotations
@@ -52,6 +56,35 @@ def package_graph() -> Dict[Tuple[str, str], Set[str]]:
     return edges
 
 
+def module_file(name: str) -> str | None:
+    """The file under slime_hydra/ that the module (or package) ``name`` is, if it exists."""
+    parts = name.split(".")
+    for n in range(len(parts), 1, -1):  # `from slime_hydra.x.y import z` may name the module x.y or the package
+        base = ROOT.joinpath(*parts[:n])
+        if base.with_suffix(".py").is_file():
+            return str(base.with_suffix(".py").relative_to(ROOT))
+        if (base / "__init__.py").is_file():
+            return str((base / "__init__.py").relative_to(ROOT))
+    return None
+
+
+def file_graph() -> Dict[Tuple[str, str], Set[str]]:
+    """(importing file, imported file) -> the lines that make the edge, for every file of the package."""
+    edges: Dict[Tuple[str, str], Set[str]] = defaultdict(set)
+    for path in sorted(SOURCE.rglob("*.py")):
+        src = str(path.relative_to(ROOT))
+        for name, line in imported_names(path):
+            target = module_file(name) if name.startswith("slime_hydra.") else None
+            if target is None or target == src:
+                continue
+            if path.name == "__init__.py" and Path(target).parent == Path(src).parent:
+                continue  # a package's __init__ re-exporting its own module
+            if Path(target).name == "__init__.py" and Path(src).is_relative_to(Path(target).parent):
+                continue  # a module of a package importing that package's __init__ (it runs first anyway)
+            edges[(src, target)].add(f"{src}:{line}")
+    return edges
+
+
 def cycle_edges(edges) -> Set[Tuple[str, str]]:
     graph = nx.DiGraph(list(edges))
     components = [c for c in nx.strongly_connected_components(graph) if len(c) > 1]
@@ -91,3 +124,9 @@ def test_config_imports_no_other_package_but_utils():
 def test_package_imports_have_no_cycle():
     edges = package_graph()
     assert not cycle_edges(edges), "import cycles between packages:\n" + describe_cycles(edges)
+
+
+def test_file_imports_have_no_cycle():
+    edges = file_graph()
+    assert ("slime_hydra/plan/fit.py", "slime_hydra/plan/memory.py") in edges  # the graph sees files
+    assert not cycle_edges(edges), "import cycles between files:\n" + describe_cycles(edges)

@@ -65,7 +65,7 @@ def test_micro_batches_keep_row_order_within_the_token_budget(backend):
 
 
 def test_log_probs_equal_the_torch_backends(backend, ckpt, cfg):
-    from slime_hydra.train.torch_backend import TorchBackend
+    from slime_hydra.train.backends.torch.backend import TorchBackend
 
     data = fake_rollout(8)
     rows, T = list(range(8)), max(data["response_lengths"])
@@ -120,7 +120,7 @@ def _policy_loss(data, T):
 def test_gradients_match_the_torch_backend(backend, ckpt, cfg):
     """The same loss through both backends: the same gradient norm (megatron's optimizer step itself
     asserts CUDA tensors, so the step stops at the accumulated ``main_grad`` buffers here)."""
-    from slime_hydra.train.torch_backend import TorchBackend
+    from slime_hydra.train.backends.torch.backend import TorchBackend
 
     data = fake_rollout(8)
     rows, T = list(range(8)), max(data["response_lengths"])
@@ -143,7 +143,7 @@ def test_adam_steps_with_torchs_fused_kernel(backend):
     construction steps exactly as an AdamW built fused (and as the foreach one, to rounding)."""
     from types import SimpleNamespace
 
-    from slime_hydra.train.megatron.model import use_fused_adam
+    from slime_hydra.train.backends.megatron.model import use_fused_adam
 
     groups = [g for o in getattr(backend.opt, "chained_optimizers", [backend.opt]) for g in o.optimizer.param_groups]
     assert groups and all(g["fused"] and not g["foreach"] for g in groups)

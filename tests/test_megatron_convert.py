@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_hydra.train.megatron.convert import (  # noqa: E402  (after the importorskip in megatron_cpu)
+from slime_hydra.train.backends.megatron.convert import (  # noqa: E402  (after the importorskip in megatron_cpu)
     HFCheckpoint,
     Layout,
     Shard,
@@ -49,8 +49,8 @@ def checkpoints(tmp_path_factory):
 def test_megatron_forward_matches_hf(family, checkpoints, cpu_megatron):
     """HF checkpoint -> megatron: the same logits (batched [s, b] inputs) and the same response
     log-probs (packed THD micro-batch through SDPAttention's packed path), to 1e-4 in float32."""
-    from slime_hydra.train.megatron.logprobs import packed_response_log_probs
-    from slime_hydra.train.megatron.packing import pack
+    from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
+    from slime_hydra.train.backends.megatron.packing import pack
 
     hf_model, path, _ = checkpoints[family]
     hf_config = hf_model.config
@@ -148,7 +148,7 @@ def test_pp2_ep2_shards_round_trip(family, checkpoints, cpu_megatron):
     """PP = 2 (megatron's own layer split) x EP = 2 x TP = 2: every tensor lands on exactly the ranks
     that hold it (embedding first stage, head last stage; a tied embedding's copy on the last stage),
     and merging all ranks gives the checkpoint back bit for bit."""
-    from slime_hydra.train.megatron.model import Parallel, transformer_config
+    from slime_hydra.train.backends.megatron.model import Parallel, transformer_config
 
     hf_model, _, tensors = checkpoints[family]
     moe = family != "llama"
@@ -174,7 +174,7 @@ def test_pp2_ep2_shards_round_trip(family, checkpoints, cpu_megatron):
 def test_unsupported_configs_are_named():
     from transformers import Qwen2Config
 
-    from slime_hydra.train.megatron.model import transformer_config
+    from slime_hydra.train.backends.megatron.model import transformer_config
 
     with pytest.raises(ValueError, match="model_type 'qwen2'"):
         transformer_config(Qwen2Config(num_hidden_layers=1))
@@ -188,7 +188,7 @@ def test_unsupported_configs_are_named():
 def test_virtual_pipeline_and_uneven_stages_follow_megatron():
     """Chunks of the interleaved schedule (PP = 2 x VPP = 2 of 8 layers) and uneven first/last stages
     get megatron's layers; only the very first chunk embeds and only the very last one has the head."""
-    from slime_hydra.train.megatron.model import Parallel, transformer_config
+    from slime_hydra.train.backends.megatron.model import Parallel, transformer_config
 
     hf = tiny_hf_config("qwen3")
     config = transformer_config(hf, Parallel(pp=2, vpp=2), dtype=torch.float32, overrides={"num_layers": 8})
@@ -207,7 +207,7 @@ def test_virtual_pipeline_and_uneven_stages_follow_megatron():
 def test_transformer_engine_names_round_trip(family):
     """With Transformer Engine the norms fuse into the next linear and experts are grouped: every
     parameter gets a distinct TE name, which maps back."""
-    from slime_hydra.train.megatron.convert import from_te_name, megatron_params, te_name
+    from slime_hydra.train.backends.megatron.convert import from_te_name, megatron_params, te_name
 
     layout = Layout.from_hf(tiny_hf_config(family), te=False)
     seen = set()

@@ -13,7 +13,7 @@ BUCKET_BYTES = 8 * 1024
 
 
 def _logprobs_tp2(rank: int, group) -> None:
-    from slime_hydra.train.megatron.logprobs import vocab_parallel_log_probs
+    from slime_hydra.train.backends.megatron.logprobs import vocab_parallel_log_probs
 
     torch.manual_seed(0)
     rows, vocab, padded = 33, 100, 128
@@ -36,8 +36,8 @@ def _logprobs_tp2(rank: int, group) -> None:
 
 
 def _export(rank: int, group, cases) -> None:
-    from slime_hydra.train.megatron.convert import HFCheckpoint, hf_to_megatron
-    from slime_hydra.train.megatron.weights import export_hf_weights
+    from slime_hydra.train.backends.megatron.convert import HFCheckpoint, hf_to_megatron
+    from slime_hydra.train.backends.megatron.weights import export_hf_weights
 
     for family, path, layout, shards, groups in cases:
         ck = HFCheckpoint(path)
@@ -59,9 +59,9 @@ def _megatron_tp2(rank: int, models) -> None:
     converter's shards: the packed batch's response log-probs are the HF model's."""
     from megatron.core import parallel_state
 
-    from slime_hydra.train.megatron.convert import Shard
-    from slime_hydra.train.megatron.logprobs import packed_response_log_probs
-    from slime_hydra.train.megatron.weights import load_hf_weights
+    from slime_hydra.train.backends.megatron.convert import Shard
+    from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
+    from slime_hydra.train.backends.megatron.weights import load_hf_weights
     from tests.megatron_cpu import cuda_on_cpu, megatron_model
 
     with cuda_on_cpu():
@@ -108,9 +108,9 @@ def test_two_ranks(tmp_path):
     pytest.importorskip("megatron.core")
     import torch.multiprocessing as mp
 
-    from slime_hydra.train.megatron.convert import Layout, stage_shard
-    from slime_hydra.train.megatron.model import Parallel, transformer_config
-    from slime_hydra.train.megatron.packing import pack
+    from slime_hydra.train.backends.megatron.convert import Layout, stage_shard
+    from slime_hydra.train.backends.megatron.model import Parallel, transformer_config
+    from slime_hydra.train.backends.megatron.packing import pack
     from tests.megatron_cpu import free_port, saved_checkpoint, tiny_hf_model
 
     cases, models = [], []

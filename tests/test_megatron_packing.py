@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from slime_hydra.train.megatron.logprobs import vocab_parallel_log_probs
-from slime_hydra.train.megatron.packing import pack, pack_micro_batches, token_budget_micro_batches
+from slime_hydra.train.backends.megatron.logprobs import vocab_parallel_log_probs
+from slime_hydra.train.backends.megatron.packing import pack, pack_micro_batches, token_budget_micro_batches
 
 
 def test_micro_batches_fit_the_budget_and_are_few_and_balanced():

@@ -54,8 +54,8 @@ def test_preset_parameter_count(name):
 def test_preset_maps_onto_megatron(name):
     pytest.importorskip("megatron.core")
     from slime_hydra.checkpoint.hf import hf_config
-    from slime_hydra.train.megatron.convert import Layout
-    from slime_hydra.train.megatron.model import Parallel, gpt_model_kwargs, transformer_config
+    from slime_hydra.train.backends.megatron.convert import Layout
+    from slime_hydra.train.backends.megatron.model import Parallel, gpt_model_kwargs, transformer_config
 
     hf = hf_config(_arch(name))
     config = transformer_config(hf, Parallel(tp=2))
@@ -172,7 +172,7 @@ def test_validation_compares_a_local_checkpoint_before_anything_starts(tmp_path)
 def test_rope_scaling_and_routing_fields_reach_megatron():
     pytest.importorskip("megatron.core")
     from slime_hydra.checkpoint.hf import hf_config
-    from slime_hydra.train.megatron.model import gpt_model_kwargs, transformer_config
+    from slime_hydra.train.backends.megatron.model import gpt_model_kwargs, transformer_config
 
     llama = gpt_model_kwargs(hf_config(_arch("llama3_8b")))
     assert llama["rope_scaling"] is True and llama["rope_scaling_factor"] == 8.0 and llama["rotary_base"] == 500000

@@ -83,7 +83,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
             ds.reward = cfg.reward.type
         if ds.max_response_len is None:
             ds.max_response_len = r.max_response_len
-    if not (p.colocate and p.device == "cuda"):  # colocated GPUs: plan.memory.resolve_offload, by the estimate
+    if not (p.colocate and p.device == "cuda"):  # colocated GPUs: plan.fit.resolve_offload, by the estimate
         if p.offload_train is None:  # CPU slots: the colocated choreography, as on GPUs that need it
             p.offload_train = p.colocate
         if p.offload_rollout is None:

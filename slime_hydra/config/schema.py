@@ -185,7 +185,7 @@ class ParallelismConfig:
     rollout_gpus: Optional[int] = None  # None: = trainer_gpus when colocated
     gpus_per_engine: int = 1  # accelerators of one engine (SGLang tp_size; may span nodes)
     colocate: bool = False  # trainers and engines share slots, taking turns on memory
-    # Colocated only. None: on GPUs, the least offload the memory estimate fits (plan/memory.py
+    # Colocated only. None: on GPUs, the least offload the memory estimate fits (plan/fit.py
     # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate.
     offload_train: Optional[bool] = None  # the trainer's state goes to the host while the engines generate
     offload_rollout: Optional[bool] = None  # the engines release their memory while the trainer trains

@@ -17,7 +17,8 @@ from slime_hydra.config import ConfigError, RunConfig, load, resolve
 from slime_hydra.data import rules as data_rules
 from slime_hydra.launch import rules as launch_rules
 from slime_hydra.logging import rules as logging_rules
-from slime_hydra.plan.memory import memory_problems, resolve_offload
+from slime_hydra.plan.fit import resolve_offload
+from slime_hydra.plan.memory import memory_problems
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rewards import rules as reward_rules
 from slime_hydra.rollout import rules as rollout_rules

@@ -10,14 +10,14 @@ would add about 1.5 s to ``dry_run``.
 
 Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY``; P = parameters):
 
-- torch (``slime_hydra.train.torch_backend``): data parallel only, so every GPU holds everything:
+- torch (``slime_hydra.train.backends.torch.backend``): data parallel only, so every GPU holds everything:
   float32 master weights 4P, float32 gradients 4P, AdamW's two moments 8P, DDP's gradient buckets
   another 4P when there is more than one rank (torch's default ``gradient_as_bucket_view=False``; the
   offloader does not move them), and the ``model.dtype`` copies of the weights that autocast caches
   during a forward and backward (2P for bfloat16). PPO's critic adds the same again for the backbone.
   The reference model's weights (KL) are a frozen copy in the master dtype (4P on GPUs), offloaded
   with the rest.
-- megatron (``slime_hydra.train.megatron_backend``): on the pipeline stage with the most decoder layers
+- megatron (``slime_hydra.train.backends.megatron.backend``): on the pipeline stage with the most decoder layers
   (``stage_layers``: even, or Megatron's ``num_layers_in_first/last_pipeline_stage`` from
   ``trainer.megatron``), its share of the layers' weights plus one vocabulary matrix (the embedding on the
   first stage, the output layer on the last, a copy of it when tied), all of it with PP = 1; the dense
@@ -57,10 +57,10 @@ and the KV cache of ``rollout.embedded_max_batch`` full-length sequences (Huggin
 
 Colocated GPUs take turns: with offload the peak is the larger of training (the trainer, plus the
 engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the trainer's state unless
-``offload_train`` moves it to the host); without offload the two add up. ``choose_offload`` picks the
-offload of colocated GPUs that the config leaves unset: the least that fits with ``AUTO_OFFLOAD_HEADROOM``
-of the GPU to spare (every offload costs time at every step: on one H200 with the Qwen3-0.6B shape,
-0.31 s of a 2.65 s step moved memory).
+``offload_train`` moves it to the host); without offload the two add up. ``choose_offload``
+(``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset: the least that fits
+with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
+H200 with the Qwen3-0.6B shape it is measured in ``bench/measured/h200_sglang_colocated.md``).
 
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation, SGLang's activations and CUDA
 graphs (outside ``mem_fraction_static``), quantized weights (``server_args.quantization``).
@@ -70,11 +70,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import ArchConfig, RunConfig
-    from slime_hydra.plan.resources import ResourcePlan
+
+
+class Plan(Protocol):
+    """What the estimate reads of :class:`slime_hydra.plan.resources.ResourcePlan` (this module is below it)."""
+
+    data_parallel: int
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -87,7 +92,7 @@ AUTO_OFFLOAD_HEADROOM = 0.1
 # (offload_train, offload_rollout) in the order choose_offload tries them, least memory moved first
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
 LOGPROB_CHUNK = 4096  # slime_hydra.train.batch.response_log_probs processes this many positions at once
-MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.megatron.logprobs.DEFAULT_CHUNK_BYTES
+MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.backends.megatron.logprobs.DEFAULT_CHUNK_BYTES
 
 # Activation bytes per token of one decoder layer (see the module docstring). "h": per hidden unit,
 # "attn_norm"/"attn": per query + key/value width with / without Qwen3's q/k RMSNorm, "ffn": per MLP unit.
@@ -224,7 +229,7 @@ def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int
     the layer stack's activations are held this many times (a pipeline stage's micro-batches in flight
     x its share of the layers). ``vocab_parallel_head``: the megatron backend's head, which keeps the
     logits of its vocabulary slice (and their gradient) in the compute dtype and works in float32 only a
-    chunk at a time (``train/megatron/logprobs.py``)."""
+    chunk at a time (``train/backends/megatron/logprobs.py``)."""
     table = ACT_AUTOCAST if autocast else {k: v * compute_bytes / 4 for k, v in ACT_FP32.items()}
     tp = tensor_parallel
     h_split = tp if sequence_parallel else 1
@@ -263,7 +268,7 @@ class TrainerMemory:
 TRANSIENT = ("autocast_copies", "activations")
 
 
-def torch_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemory:
+def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     """The torch backend (see the module docstring)."""
     a, p = cfg.model.arch, cfg.parallelism
     n = param_count(a).total
@@ -306,7 +311,7 @@ def stage_layers(num_layers: int, pipeline_parallel: int, megatron: Optional[Dic
     return stages
 
 
-def megatron_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMemory:
+def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     """A Megatron-core trainer (see the module docstring); colocated, slime releases all of it."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     n = param_count(a)
@@ -347,7 +352,7 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "ResourcePlan") -> TrainerMe
 
 
 # trainer.backend -> its memory per GPU; a new backend adds its function here
-TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "ResourcePlan"], TrainerMemory]] = {
+TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "Plan"], TrainerMemory]] = {
     "torch": torch_trainer_memory,
     "megatron": megatron_trainer_memory,
 }
@@ -447,7 +452,7 @@ def _parts(d: Dict[str, float]) -> str:
     return ", ".join(f"{PART_NAMES.get(k, k.replace('_', ' '))} {v:.1f}" for k, v in d.items() if v)
 
 
-def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[float] = None) -> MemoryEstimate:
+def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = None) -> MemoryEstimate:
     """Memory per GPU of ``cfg`` (resolved) laid out by ``plan`` (see the module docstring), on GPUs of
     ``gpu_memory_gib`` (default ``parallelism.gpu_memory_gib``)."""
     p = cfg.parallelism
@@ -480,7 +485,7 @@ def estimate(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: Optional[fl
     return est
 
 
-def memory_problems(cfg: "RunConfig", plan: "ResourcePlan", gpu_memory_gib: float) -> List[str]:
+def memory_problems(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> List[str]:
     """Why ``cfg`` cannot fit on GPUs of ``gpu_memory_gib`` GiB, with the numbers; empty when it fits
     (and on CPU, where nothing is estimated against a limit)."""
     if cfg.parallelism.device != "cuda":
@@ -572,40 +577,14 @@ def _room_hint(cfg: "RunConfig", est: MemoryEstimate, trainer_gib: float, offloa
 
 
 # ------------------------------------------------------------------------------------ offload
-def colocated_peaks(cfg: "RunConfig", plan: "ResourcePlan") -> Dict[Tuple[bool, bool], float]:
+def colocated_peaks(cfg: "RunConfig", plan: "Plan") -> Dict[Tuple[bool, bool], float]:
     """The peak GiB of a colocated GPU for each (offload_train, offload_rollout) of ``OFFLOAD_CHOICES``."""
     return {(train, rollout): estimate(replace(cfg, parallelism=replace(
         cfg.parallelism, offload_train=train, offload_rollout=rollout)), plan).peak
         for train, rollout in OFFLOAD_CHOICES}
 
 
-def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
-    """(offload_train, offload_rollout) for colocated GPUs, keeping a value the config sets: the first of
-    ``OFFLOAD_CHOICES`` whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU free, else the most offload.
-    With nothing offloaded, a step moves no memory and the weight push reads the trainer's GPU tensors."""
-    from slime_hydra.plan.resources import make_plan
-
-    p = cfg.parallelism
-    fixed = (p.offload_train, p.offload_rollout)
-    allowed = [c for c in OFFLOAD_CHOICES if all(f is None or f == v for f, v in zip(fixed, c))]
-    try:
-        peaks = colocated_peaks(cfg, make_plan(cfg))
-    except (ArithmeticError, ValueError):  # a layout that validation refuses (and says why): offload meanwhile
-        return allowed[-1]
-    limit = (1 - AUTO_OFFLOAD_HEADROOM) * p.gpu_memory_gib
-    return next((c for c in allowed if peaks[c] <= limit), allowed[-1])
-
-
-def resolve_offload(cfg: "RunConfig") -> "RunConfig":
-    """Fill the offload of colocated GPUs that ``config.resolve`` leaves unset (``choose_offload``: it
-    needs the resolved config and the plan, which ``config`` may not import). In place; returns ``cfg``."""
-    p = cfg.parallelism
-    if None in (p.offload_train, p.offload_rollout):
-        p.offload_train, p.offload_rollout = choose_offload(cfg)
-    return cfg
-
-
-def offload_summary(cfg: "RunConfig", plan: "ResourcePlan") -> str:
+def offload_summary(cfg: "RunConfig", plan: "Plan") -> str:
     """One line for ``dry_run``: the colocated GPU's peak for each offload, and the rule of the default."""
     names = {(False, False): "none", (False, True): "engine", (True, False): "trainer", (True, True): "both"}
     peaks = ", ".join(f"{names[c]} {v:.1f}" for c, v in colocated_peaks(cfg, plan).items())

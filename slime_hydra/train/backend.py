@@ -30,9 +30,9 @@ pipeline-parallel backend (Megatron-core) implements the same methods:
 - The backend decides which rank sends weights to the engines and what each rank writes in a
   checkpoint; the Ray actor asks (:attr:`~TrainerBackend.pushes_weights`) instead of assuming rank 0.
 
-Adding a backend: one module with a :class:`TrainerBackend` subclass, one line in :data:`BACKENDS`, and
-``conf/trainer/<name>.yaml``. The registry holds import strings so that config validation and
-``dry_run=true`` can list the names without importing torch.
+Adding a backend: a folder ``slime_hydra/train/backends/<name>/`` with a :class:`TrainerBackend`
+subclass, one line in :data:`BACKENDS`, and ``conf/trainer/<name>.yaml``. The registry holds import
+strings so that config validation and ``dry_run=true`` can list the names without importing torch.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 # trainer.backend -> "module:Class", imported only when a trainer rank starts
 BACKENDS: Dict[str, str] = {
-    "torch": "slime_hydra.train.torch_backend:TorchBackend",
-    "megatron": "slime_hydra.train.megatron_backend:MegatronBackend",
+    "torch": "slime_hydra.train.backends.torch.backend:TorchBackend",
+    "megatron": "slime_hydra.train.backends.megatron.backend:MegatronBackend",
 }
 
 

@@ -1,4 +1,4 @@
-"""The PPO critic (slime_hydra/train/critic.py) and the RL step's use of it over the torch backend, in
+"""The PPO critic (slime_hydra/train/backends/torch/critic.py) and the RL step's use of it over the torch backend, in
 process (no Ray): value-head shapes and positions, where the value loss's gradient goes, critic-only
 rollouts, checkpoint round trip, and DDP over two gloo ranks matching one rank on the whole batch."""
 
@@ -26,7 +26,7 @@ def micro_batch(data, rows, T=3):
 
 # ------------------------------------------------------------------------------------ the model
 def test_value_model_shape_and_positions(tiny_ckpt):
-    from slime_hydra.train.critic import ValueModel
+    from slime_hydra.train.backends.torch.critic import ValueModel
 
     model = ValueModel.from_pretrained(tiny_ckpt)
     assert not hasattr(model.backbone, "lm_head")
@@ -49,7 +49,7 @@ def test_value_model_shape_and_positions(tiny_ckpt):
 def test_backbone_is_the_policy_backbone(tiny_ckpt):
     from transformers import AutoModelForCausalLM
 
-    from slime_hydra.train.critic import ValueModel
+    from slime_hydra.train.backends.torch.critic import ValueModel
 
     critic = ValueModel.from_pretrained(tiny_ckpt)
     policy = AutoModelForCausalLM.from_pretrained(tiny_ckpt)

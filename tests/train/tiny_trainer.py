@@ -8,7 +8,7 @@ from conftest import resolved
 
 
 def backend(cfg, ckpt: str, rank: int = 0, world_size: int = 1):
-    from slime_hydra.train.torch_backend import TorchBackend
+    from slime_hydra.train.backends.torch.backend import TorchBackend
 
     return TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
                         model_path=ckpt, rank=rank, world_size=world_size, device=torch.device("cpu"))

@@ -1,5 +1,5 @@
 """The megatron-core trainer backend (:class:`~slime_hydra.train.backend.TrainerBackend`): a ``GPTModel``
-built from the checkpoint's Hugging Face config (:mod:`slime_hydra.train.megatron`), tensor / pipeline
+built from the checkpoint's Hugging Face config (:mod:`slime_hydra.train.backends.megatron`), tensor / pipeline
 (with virtual stages) / expert parallel as ``parallelism.*`` says, megatron's DDP and distributed
 optimizer (Adam with float32 main weights), packed micro-batches cut by a token budget.
 
@@ -55,8 +55,8 @@ import torch.distributed as dist
 
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
-from slime_hydra.train.megatron.packing import PackedBatch, pack
-from slime_hydra.train.megatron.weights import DEFAULT_BUCKET_BYTES
+from slime_hydra.train.backends.megatron.packing import PackedBatch, pack
+from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
 from slime_hydra.train.optim import lr_lambda
 
 if TYPE_CHECKING:
@@ -120,9 +120,14 @@ class MegatronBackend(TrainerBackend):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from transformers import AutoConfig
 
-        from slime_hydra.train.megatron.convert import Layout, stage_shard
-        from slime_hydra.train.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
-        from slime_hydra.train.megatron.weights import load_hf_weights
+        from slime_hydra.train.backends.megatron.convert import Layout, stage_shard
+        from slime_hydra.train.backends.megatron.model import (
+            Parallel,
+            build_gpt_model,
+            transformer_config,
+            use_fused_adam,
+        )
+        from slime_hydra.train.backends.megatron.weights import load_hf_weights
 
         self.algo, self.trainer_cfg, self.model_cfg = algo, trainer, model
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -285,7 +290,7 @@ class MegatronBackend(TrainerBackend):
                 torch.cuda.synchronize()
 
     def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
-        from slime_hydra.train.megatron.weights import export_hf_weights, model_chunks_state
+        from slime_hydra.train.backends.megatron.weights import export_hf_weights, model_chunks_state
 
         chunks = model_chunks_state(self.chunks, self.shards)
         if self._offloaded and any(g is not None for g in (self.tp_group, self.pp_group, self.ep_group)):
@@ -376,7 +381,7 @@ class MegatronBackend(TrainerBackend):
         the last stage and returns (loss, metrics). Returns the metrics of the last stage's micro-batches."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from slime_hydra.train.megatron.logprobs import packed_response_log_probs
+        from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
 
         vocab, tp_group = self.hf.vocab_size, self.tp_group
 

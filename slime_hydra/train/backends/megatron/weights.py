@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List, Mapping, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from slime_hydra.train.megatron.convert import (
+from slime_hydra.train.backends.megatron.convert import (
     COL,
     GLU,
     REP,

@@ -34,7 +34,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, 
 
 import torch
 
-from slime_hydra.train.megatron.families import family, moe_layers, padded_vocab_size
+from slime_hydra.train.backends.megatron.families import family, moe_layers, padded_vocab_size
 
 # TP split kinds of a megatron parameter
 COL, ROW, GLU, REP, VOCAB = "col", "row", "glu", "rep", "vocab"
@@ -67,7 +67,7 @@ class Layout:
     def from_hf(cls, hf, tp: int = 1, te: Optional[bool] = None) -> "Layout":
         """``te``: Transformer Engine module names (None: whether the spec uses TE, i.e. it is importable)."""
         if te is None:
-            from slime_hydra.train.megatron.spec import HAVE_TE as te
+            from slime_hydra.train.backends.megatron.spec import HAVE_TE as te
         fam = family(hf)
         moe = tuple(moe_layers(hf))
         return cls(
@@ -190,7 +190,7 @@ def stage_shard(config, *, tp_rank: int = 0, ep_rank: int = 0, etp_rank: Optiona
                 vp_stage: Optional[int] = None) -> Shard:
     """The shard of the model chunk that (``pp_rank``, ``vp_stage``) builds, in megatron's layer split.
     ``etp_rank`` is needed only when the expert tensor-parallel size differs from the TP size."""
-    from slime_hydra.train.megatron.spec import stage_layers
+    from slime_hydra.train.backends.megatron.spec import stage_layers
 
     tp, etp = config.tensor_model_parallel_size, config.expert_tensor_parallel_size
     if etp_rank is None:

@@ -1,4 +1,7 @@
-"""The megatron-core trainer backend's parts.
+"""The megatron-core trainer backend: ``backend.MegatronBackend`` and its parts.
+
+- ``backend``: the :class:`~slime_hydra.train.backend.TrainerBackend` (distributed optimizer, offload,
+  dist-checkpointing checkpoints, the weight export to the engines).
 
 - ``families``: what we know about Hugging Face configs (supported ``model_type``s, MoE layers, rope,
   vocabulary padding); no megatron-core import.

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-from slime_hydra.train.megatron.families import family, moe_layers, padded_vocab_size, rope
-from slime_hydra.train.megatron.spec import HAVE_TE, decoder_block_spec
+from slime_hydra.train.backends.megatron.families import family, moe_layers, padded_vocab_size, rope
+from slime_hydra.train.backends.megatron.spec import HAVE_TE, decoder_block_spec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ What the extra models cost in memory, with ``P`` the policy's parameter bytes:
   ``torch.func.functional_call``: nothing is copied for a reference pass (a host copy swapped into the
   policy, as slime's TensorBackuper does, moves ``3P`` over PCIe each time). Colocated, it is offloaded
   with the policy.
-- Critic (``needs_critic``: ``advantage_estimator=ppo``, :mod:`slime_hydra.train.critic`): a second
+- Critic (``needs_critic``: ``advantage_estimator=ppo``, :mod:`slime_hydra.train.backends.torch.critic`): a second
   trainable model on the device: the policy's backbone (``P`` minus an untied LM head) plus a
   ``hidden -> 1`` head, with its own gradients and AdamW's two moments (same dtype as the weights):
   about ``4P`` of accelerator memory, the same training state as the actor's, so PPO roughly doubles
@@ -43,9 +43,9 @@ from transformers import AutoModelForCausalLM
 
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
+from slime_hydra.train.backends.torch.critic import Critic
+from slime_hydra.train.backends.torch.offload import Offloader
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
-from slime_hydra.train.critic import Critic
-from slime_hydra.train.offload import Offloader
 from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
 
 if TYPE_CHECKING:
