@@ -1,0 +1,309 @@
+"""What every GPU bench needs, written once (bench/README.md says how a GPU run is set up):
+
+- a time budget shared by the phases of one device call (``Budget``): a phase gets what is left, less
+  what the phases after it need, and one that cannot get its need is skipped and reported;
+- phases as child processes (``run_child``, ``phase_output``): a phase that hangs or dies leaves the
+  others, and what it measured before survives it;
+- result files written whole (``write_json``, ``write_text``), pass/fail checks, markdown tables;
+- ``python run.py`` launched and watched until its limit (``run_py``), with the metrics rows as they appear;
+- nvidia-smi samples (``GpuSampler``: peak memory, idle share per GPU);
+- the logs' tails copied under ``$OUT`` (``copy_logs``).
+
+Only the standard library here: a bench imports it before torch, and its tests run on any CPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------- budget
+class Budget:
+    """The seconds one device call gives its phases (a call ends at 10 minutes, whatever runs then).
+
+    ``plan`` hands out one phase at a time, when it starts: its limit is the least of its cap and what
+    is left after the needs of the phases behind it (or, with ``equal_shares``, an equal share of what is
+    left); one whose room is under its need (and under ``floor``) is skipped, so that a slow phase costs
+    the ones behind it nothing they need."""
+
+    def __init__(self, seconds: float, floor: float = 30.0, clock: Callable[[], float] = time.perf_counter):
+        self.seconds, self.floor, self.clock = seconds, floor, clock
+        self.end = clock() + seconds
+
+    def left(self) -> float:
+        return self.end - self.clock()
+
+    def plan(self, names: Sequence[str], needs: Optional[Dict[str, Tuple[float, float]]] = None,
+             equal_shares: bool = False) -> Iterator[Tuple[str, float, Optional[str]]]:
+        """(phase, limit seconds, why it is skipped or None) per phase; ``needs``: phase -> (the least it
+        finishes in, the most it may take); the last phase may take all that is left."""
+        needs = needs or {}
+        for i, name in enumerate(names):
+            need, cap = needs.get(name, (0.0, math.inf))
+            if i == len(names) - 1:
+                cap = math.inf
+            room = self.left() - sum(needs.get(n, (0.0, 0.0))[0] for n in names[i + 1:])
+            limit = min(cap, room / (len(names) - i if equal_shares else 1))
+            if room < max(need, self.floor):
+                yield name, limit, f"{room:.0f}s left, needs {need or self.floor:.0f}s"
+            else:
+                yield name, limit, None
+
+
+# ------------------------------------------------------------------------------ phases as children
+def run_child(phase: str, limit_s: float, result_path: str, argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    """This script again (its own arguments, ``--phase`` and ``--limit`` added) for one phase, killed
+    ``limit_s`` + 30 s on; returns what the phase saved (``phase_output``) with ``phase_rc`` (its exit
+    status, or "timeout")."""
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    argv = sys.argv if argv is None else argv
+    cmd = [sys.executable, os.path.abspath(argv[0]), *argv[1:], "--phase", phase, "--limit", str(limit_s)]
+    log(f"phase {phase} (at most {limit_s:.0f}s)")
+    try:
+        rc: Any = subprocess.run(cmd, timeout=limit_s + 30).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    res = read_json(result_path) or {}
+    res["phase_rc"] = rc
+    return res
+
+
+@contextmanager
+def phase_output(path: str, every_s: float = 5.0) -> Iterator[Dict[str, Any]]:
+    """The dict a phase fills, written to ``path`` every ``every_s`` seconds and at the end (with
+    ``error`` when the phase raised): what it measured survives its being killed at its limit."""
+    out: Dict[str, Any] = {}
+    stop = threading.Event()
+
+    def autosave() -> None:
+        while not stop.wait(every_s):
+            write_json(path, out)
+
+    threading.Thread(target=autosave, daemon=True).start()
+    try:
+        yield out
+    except BaseException as e:
+        out["error"] = repr(e)
+        raise
+    finally:
+        stop.set()
+        write_json(path, out)
+
+
+# ------------------------------------------------------------------------------------- results
+def write_text(path: str, text: str) -> None:
+    """Written whole or not at all (a temp file renamed): a reader never sees half a file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def read_json(path: str) -> Optional[Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def check(results: Dict[str, Any], name: str, ok: bool, detail: str) -> bool:
+    """A pass/fail check, kept under ``results["checks"]`` and logged."""
+    results.setdefault("checks", {})[name] = {"pass": bool(ok), "detail": detail}
+    log(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+    return bool(ok)
+
+
+def failed(results: Dict[str, Any]) -> List[str]:
+    return [k for k, c in results.get("checks", {}).items() if not c["pass"]]
+
+
+def check_lines(results: Dict[str, Any]) -> List[str]:
+    return [f"- {'PASS' if c['pass'] else 'FAIL'} {k}: {c['detail']}" for k, c in results.get("checks", {}).items()]
+
+
+def cell(v: Any, fmt: str = ".2f") -> str:
+    """A number in a table cell, "-" for none."""
+    return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
+    """A markdown table's lines; a row shorter than the header is padded with empty cells."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        row = [str(c) for c in row] + [""] * (len(header) - len(row))
+        out.append("| " + " | ".join(row) + " |")
+    return out
+
+
+def median(xs: Sequence[float]) -> Optional[float]:
+    return statistics.median(xs) if xs else None
+
+
+def steady(rows: List[Dict[str, Any]], key: str) -> Optional[float]:
+    """Median of ``key`` over the steps after the first (warm-up); the first alone if it is all there is."""
+    return median([r[key] for r in rows[1:] if key in r] or [r[key] for r in rows if key in r])
+
+
+def gpu_names() -> List[str]:
+    """The GPUs' names from nvidia-smi (not torch: the calling process keeps no CUDA context)."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout
+    return [n.strip() for n in out.split("\n") if n.strip()]
+
+
+# ------------------------------------------------------------------------------------- run.py
+def read_rows(path: str) -> List[Dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` written so far ([] before it exists or while a line is half-written)."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass
+class Run:
+    """One ``python run.py``: how it ended and what its metrics said."""
+
+    command: str
+    returncode: Optional[int]
+    wall_s: float
+    rows: List[Dict[str, Any]]
+    seen: Dict[int, float] = field(default_factory=dict)  # step -> seconds from launch to its row
+    started: float = 0.0  # wall clock (time.time) at launch
+
+    def startup_s(self) -> Optional[float]:
+        """Launch to the first step's start: its row's arrival less its own step time."""
+        steps = [r for r in self.rows if "perf/step_time" in r]
+        return self.seen[steps[0]["step"]] - steps[0]["perf/step_time"] if steps else None
+
+
+def run_py(overrides: List[str], run_dir: str, console: str, limit_s: float,
+           env: Optional[Dict[str, str]] = None) -> Run:
+    """``python run.py overrides hydra.run.dir=run_dir``, output to ``console``, stopped (with its Ray
+    processes: its own process group) at ``limit_s``; each step's row is timed as it appears."""
+    from slime_hydra.utils.proc import kill_tree, spawn
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, os.path.join(ROOT, "run.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    command = "python run.py " + " ".join(cmd[2:])
+    log(command)
+    open(console, "w").close()
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    seen: Dict[int, float] = {}
+    t0, wall0 = time.perf_counter(), time.time()
+    proc = spawn(cmd, console, env)
+    while proc.poll() is None and time.perf_counter() - t0 < limit_s:
+        time.sleep(0.2)
+        for row in read_rows(metrics):
+            seen.setdefault(row["step"], time.perf_counter() - t0)
+    if proc.poll() is None:
+        log(f"run over its {limit_s:.0f}s: stopped")
+        kill_tree(proc, timeout=20)
+    rows = read_rows(metrics)
+    for row in rows:
+        seen.setdefault(row["step"], time.perf_counter() - t0)
+    return Run(command, proc.returncode, time.perf_counter() - t0, rows, seen, wall0)
+
+
+# ---------------------------------------------------------------------------------- nvidia-smi
+class GpuSampler:
+    """nvidia-smi every ``interval_ms`` into ``path``: each GPU's memory and utilisation over time."""
+
+    QUERY = "timestamp,index,memory.used,utilization.gpu"
+
+    def __init__(self, path: str, interval_ms: int = 200, start: bool = True):
+        self.path = path
+        self.proc = None
+        if start:
+            self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
+                                          "-lms", str(interval_ms)], stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def samples(self) -> Iterator[Tuple[float, str, float, float]]:
+        """(wall time, "gpu<i>", MiB used, utilisation %) per line; unparsable lines are skipped."""
+        with open(self.path) as f:
+            for line in f:
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) != 4:
+                    continue
+                try:
+                    stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
+                    yield stamp, f"gpu{int(parts[1])}", float(parts[2]), float(parts[3])
+                except ValueError:
+                    continue
+
+    def peaks(self) -> Dict[str, Dict[str, float]]:
+        """Each GPU's peak memory (GiB) and mean utilisation over the whole run."""
+        per: Dict[str, List[Tuple[float, float]]] = {}
+        for _, gpu, mib, util in self.samples():
+            per.setdefault(gpu, []).append((mib, util))
+        return {g: {"peak_gib": round(max(m for m, _ in v) / 1024, 1),
+                    "mean_util": round(statistics.mean(u for _, u in v), 1)} for g, v in per.items()}
+
+    def idle_share(self, since_wall: float) -> Dict[str, Dict[str, float]]:
+        """From ``since_wall`` on: each GPU's share of samples under 5 % utilisation, and its mean."""
+        per: Dict[str, List[float]] = {}
+        for stamp, gpu, _, util in self.samples():
+            if stamp >= since_wall:
+                per.setdefault(gpu, []).append(util)
+        return {g: {"samples": len(u), "idle_share": sum(x < 5 for x in u) / len(u), "mean_util": statistics.mean(u)}
+                for g, u in per.items() if u}
+
+
+# ------------------------------------------------------------------------------------- logs
+def copy_logs(dest: str, files: Iterable[str] = (), run_dirs: Iterable[str] = (), lines: int = 80) -> List[str]:
+    """The last ``lines`` of each file, and of each run dir's run.log and logs/*.log (named
+    ``<run dir>_<log>``), with each run dir's metrics.jsonl whole, into ``dest``; returns what was written.
+    (A device call brings back at most 8 files of $OUT: bench/README.md.)"""
+    from slime_hydra.utils.proc import tail
+
+    os.makedirs(dest, exist_ok=True)
+    written = []
+
+    def put(name: str, text: str) -> None:
+        write_text(os.path.join(dest, name), text)
+        written.append(name)
+
+    for f in files:
+        if os.path.isfile(f):
+            put(os.path.basename(f), tail(f, lines) + "\n")
+    for d in run_dirs:
+        d = d.rstrip("/")
+        name = os.path.basename(d)
+        for f in [os.path.join(d, "run.log"), *sorted(glob.glob(os.path.join(d, "logs", "*.log")))]:
+            if os.path.isfile(f):
+                put(f"{name}_{os.path.basename(f)}", tail(f, lines) + "\n")
+        if os.path.isfile(os.path.join(d, "metrics.jsonl")):
+            shutil.copy(os.path.join(d, "metrics.jsonl"), os.path.join(dest, f"{name}_metrics.jsonl"))
+            written.append(f"{name}_metrics.jsonl")
+    return written
