@@ -5,9 +5,9 @@
 - ``step_dataflow.png``: what runs once and what runs every step, with the file and function of each part.
 - ``placement_timeline.png``: one H200 shared by the trainer and the engine (colocated, sync loop) against
   two H200s (split, async loop), drawn to scale from the step times measured on 2026-11-30 and 12-01
-  (``bench/measured/h200_sglang_colocated.json``, ``bench/measured/h200x2_sglang_split_async.json``).
+  (``bench/measured/h200_sglang_colocated_groups.json``, ``bench/measured/h200x2_sglang_split_async.json``).
 - ``weight_sync.png``: the three weight transports and their measured cost per push, from the same files,
-  ``h200_sglang_colocated_nooffload.json`` and ``bench/measured/h200_gpu_components.json``.
+  the raw pushes of ``bench/measured/h200_sglang_colocated.json`` and ``bench/measured/h200_gpu_components.json``.
 
 Every number drawn is read from those files here, so a new measurement redraws the figures.
 """
@@ -28,8 +28,8 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "measured"
-COLOCATED = MEASURED / "h200_sglang_colocated.json"  # every phase; its offload run is the timeline's
-NO_OFFLOAD = MEASURED / "h200_sglang_colocated_nooffload.json"
+COLOCATED = MEASURED / "h200_sglang_colocated_groups.json"  # the newest colocated runs, with and without offload
+RAW_PUSHES = MEASURED / "h200_sglang_colocated.json"  # the pushes to a bare SGLang server (its raw phase)
 SPLIT_ASYNC = MEASURED / "h200x2_sglang_split_async.json"
 COMPONENTS = MEASURED / "h200_gpu_components.json"
 FIGURES = ("step_dataflow.png", "placement_timeline.png", "weight_sync.png")
@@ -179,20 +179,20 @@ def placement_timeline(out: Path) -> None:
 def sync_costs() -> List[Tuple[str, float, float, str]]:
     """(label, seconds per push, GiB pushed, source file) of every measured weight push."""
     co, sp = step_medians(COLOCATED, "sglang_offload"), step_medians(SPLIT_ASYNC)
-    nooff = step_medians(NO_OFFLOAD)
-    raw = json.loads(COLOCATED.read_text())["raw"]["push_s"]
+    nooff = step_medians(COLOCATED)
+    raw = json.loads(RAW_PUSHES.read_text())["raw"]["push_s"]
     comp = json.loads(COMPONENTS.read_text())["sync"]
     gib = co["weight_sync_bytes"] / 2**30
     return [
-        ("tensor (CUDA IPC), SGLang, push only", raw["tensor_v2"], gib, COLOCATED.name),
+        ("tensor (CUDA IPC), SGLang, push only", raw["tensor_v2"], gib, RAW_PUSHES.name),
         ("tensor, SGLang, in run.py (no offload)", nooff["weight_sync_time"], nooff["weight_sync_bytes"] / 2**30,
-         NO_OFFLOAD.name),
+         COLOCATED.name),
         ("tensor, SGLang, in run.py (with trainer offload, engine resume)", co["weight_sync_time"], gib,
          COLOCATED.name),
         ("tensor, embedded engine", comp["tensor"]["seconds"], comp["tensor"]["GiB"], COMPONENTS.name),
         ("distributed (NCCL), SGLang on another GPU, in run.py", sp["weight_sync_time"],
          sp["weight_sync_bytes"] / 2**30, SPLIT_ASYNC.name),
-        ("disk (safetensors), SGLang", raw["disk_v1"], gib, COLOCATED.name),
+        ("disk (safetensors), SGLang", raw["disk_v1"], gib, RAW_PUSHES.name),
         ("disk, embedded engine", comp["disk"]["seconds"], comp["disk"]["GiB"], COMPONENTS.name),
     ]
 
