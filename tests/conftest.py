@@ -31,9 +31,11 @@ def compose(overrides: List[str] = ()):
 
 def resolved(overrides: List[str] = ()):
     from slime_hydra.config import load, resolve
-    from slime_hydra.plan.fit import resolve_offload
+    from slime_hydra.plan.fit import fit
 
-    return resolve_offload(resolve(load(compose(overrides))))
+    cfg = resolve(load(compose(overrides)))
+    fit(cfg)
+    return cfg
 
 
 @pytest.fixture(scope="session")

@@ -190,7 +190,8 @@ def test_colocated_peak_is_the_larger_phase_with_offload_and_the_sum_without():
 
 # the GRPO step of bench/sglang_gpu.py: Qwen3-0.6B shape, 8 prompts x 8 samples x 256 new tokens, one H200
 ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.batch_size=8",
-          "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.micro_batch_size=16"]
+          "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.micro_batch_size=16",
+          "trainer.gradient_checkpointing=false"]
 
 
 @pytest.mark.parametrize("overrides, offload", [

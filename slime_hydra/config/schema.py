@@ -267,8 +267,12 @@ class TrainerConfig:
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size
-    micro_batch_size: int = 64  # samples per forward/backward pass
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (torch backend)
+    # samples per forward/backward pass; "auto": on GPUs the largest that fits the memory estimate
+    # (plan/fit.py; dry_run prints the choice), else 64
+    micro_batch_size: Any = "auto"
+    # recompute activations in the backward pass (torch backend); "auto": only where the memory estimate
+    # needs it for a micro-batch of AUTO_TARGET_TOKENS (plan/fit.py)
+    gradient_checkpointing: Any = "auto"
     mode: str = "sync"  # sync | async (one-step off-policy; requires colocate=false)
     update_weights_interval: int = 1  # push weights to the engines every N steps (and after the last)
     # async: the most training steps a sample's weights may lag the trainer (trainer version minus
@@ -278,8 +282,10 @@ class TrainerConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
     # megatron backend only (trainer=megatron):
-    max_tokens_per_micro_batch: Optional[int] = None  # packed-token budget per micro-batch; None: micro_batch_size
-    recompute: str = "none"  # activation recompute: none | selective | full
+    # packed-token budget per micro-batch; None: micro_batch_size samples; "auto": on GPUs the largest
+    # power-of-two multiple of the longest sequence that fits the memory estimate (plan/fit.py)
+    max_tokens_per_micro_batch: Any = None
+    recompute: str = "none"  # activation recompute: none | selective | full | auto (full only where needed)
     use_distributed_optimizer: bool = True  # Adam state and main weights sharded over data-parallel ranks
     megatron: Dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig fields, passed through
 

@@ -17,13 +17,15 @@ log = logging.getLogger("slime_hydra")
 
 
 def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
+    choices: list = []
     try:
-        cfg = check(dcfg)
+        cfg = check(dcfg, notes=choices)
     except ConfigError as e:
         log.error("%s", e)
         sys.exit(2)
     cfg.output_dir = output_dir
     plan = make_plan(cfg)
+    plan.notes += choices
     if cfg.dry_run:
         print(plan.describe())
         print("config is valid (dry_run=true: nothing started)")

@@ -8,7 +8,7 @@ them. The collector sits in ``launch`` because it imports every component, and `
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from omegaconf import DictConfig
 
@@ -17,7 +17,7 @@ from slime_hydra.config import ConfigError, RunConfig, load, resolve
 from slime_hydra.data import rules as data_rules
 from slime_hydra.launch import rules as launch_rules
 from slime_hydra.logging import rules as logging_rules
-from slime_hydra.plan.fit import resolve_offload
+from slime_hydra.plan.fit import fit, suggestion
 from slime_hydra.plan.memory import memory_problems
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rewards import rules as reward_rules
@@ -38,13 +38,19 @@ def validate(cfg: RunConfig) -> List[str]:
     if not problems:
         plan = make_plan(cfg)
         problems = memory_problems(cfg, plan, cfg.parallelism.gpu_memory_gib)
+        if problems and (fits := suggestion(cfg)):
+            problems.append(f"trainer: {fits}")
     return problems
 
 
-def check(cfg: DictConfig | RunConfig) -> RunConfig:
-    """load + resolve (and the offload of colocated GPUs, by the memory estimate) + validate; raises
+def check(cfg: DictConfig | RunConfig, notes: Optional[List[str]] = None) -> RunConfig:
+    """load + resolve + fit (what the config leaves to the memory estimate: the micro-batch, recompute,
+    the offload of colocated GPUs; one line per choice is appended to ``notes``) + validate; raises
     ConfigError with every violation."""
-    run = resolve_offload(resolve(load(cfg)))
+    run = resolve(load(cfg))
+    choices = fit(run)
+    if notes is not None:
+        notes.extend(choices)
     errs = validate(run)
     if errs:
         raise ConfigError(errs)

@@ -1,15 +1,68 @@
-"""Choices the plan makes so that a run fits its GPUs: what colocated GPUs offload when the config leaves
-it unset. It sits above the estimate (``memory.py``) and the layout (``resources.py``) and uses both."""
+"""Choices the plan makes so that a run fits its GPUs, where the config leaves them to it: what colocated
+GPUs offload, the micro-batch (``trainer.micro_batch_size`` or, packed, ``max_tokens_per_micro_batch``)
+and activation recompute (``trainer.gradient_checkpointing`` / ``recompute``). It sits above the estimate
+(``memory.py``) and the layout (``resources.py``) and uses both.
+
+The order, and why:
+
+1. Offload: the least that fits a micro-batch of ``AUTO_TARGET_TOKENS`` (every offload costs time at every
+   step; a smaller micro-batch costs a little efficiency, so the offload is chosen for a good one).
+2. Micro-batch: the largest candidate (the rank's whole share of a step, then halves of it; packed budgets
+   are power-of-two multiples of the longest sequence) whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU
+   free, without recompute.
+3. Recompute: on only when, without it, the micro-batch that fits holds fewer than ``AUTO_TARGET_TOKENS``
+   tokens and recompute lets a larger one fit (it costs about a third more compute in the backward pass).
+
+A value the config sets is kept. What does not fit is refused by validation with the numbers;
+:func:`suggestion` then names settings that do fit. On CPU (no estimate) ``auto`` takes ``CPU_DEFAULTS``.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Tuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
-from slime_hydra.plan.memory import AUTO_OFFLOAD_HEADROOM, OFFLOAD_CHOICES, colocated_peaks
+from slime_hydra.plan.memory import AUTO_OFFLOAD_HEADROOM, OFFLOAD_CHOICES, TRAINER_MEMORY, colocated_peaks, estimate
 from slime_hydra.plan.resources import make_plan
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import RunConfig
+
+AUTO = "auto"
+# tokens a micro-batch should hold before recompute is worth avoiding: below this a GPU's matmuls run short
+# of work (megatron on a Qwen3-4B shape, one H200: 38.5% MFU at 4096 tokens, 45% at 8192,
+# bench/measured/h200_megatron_mfu.md)
+AUTO_TARGET_TOKENS = 4096
+# what ``auto`` means where nothing is estimated (CPU, or a backend without a memory function)
+CPU_DEFAULTS = {"micro_batch_size": 64, "gradient_checkpointing": False, "max_tokens_per_micro_batch": 16384,
+                "recompute": "none"}
+
+
+def fit(cfg: "RunConfig") -> List[str]:
+    """Fill every choice ``cfg`` leaves to the plan (``auto`` micro-batch and recompute, unset offload of
+    colocated GPUs), in place. Returns one line per choice made, for the plan's print-out."""
+    t = cfg.trainer
+    estimated = cfg.parallelism.device == "cuda" and t.backend in TRAINER_MEMORY
+    knobs = [k for k in _knob_keys(cfg) if getattr(t, k) == AUTO] if estimated else []
+    for k in CPU_DEFAULTS:  # what is not estimated, or not this backend's, takes the CPU default
+        if getattr(t, k) == AUTO and k not in knobs:
+            setattr(t, k, CPU_DEFAULTS[k])
+    if not knobs:
+        resolve_offload(cfg)
+        return []
+    _set(cfg, _knobs(cfg, _target_index(cfg), False, set(knobs)))
+    resolve_offload(cfg)  # the offload is chosen for a good micro-batch, then the micro-batch for the offload
+    _set(cfg, {k: AUTO for k in knobs})
+    return [_choose_micro_batch(cfg, set(knobs))]
+
+
+def resolve_offload(cfg: "RunConfig") -> "RunConfig":
+    """Fill the offload of colocated GPUs that ``config.resolve`` leaves unset (``choose_offload``: it
+    needs the resolved config and the plan, which ``config`` may not import). In place; returns ``cfg``."""
+    p = cfg.parallelism
+    if None in (p.offload_train, p.offload_rollout):
+        p.offload_train, p.offload_rollout = choose_offload(cfg)
+    return cfg
 
 
 def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
@@ -23,14 +76,126 @@ def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
         peaks = colocated_peaks(cfg, make_plan(cfg))
     except (ArithmeticError, ValueError):  # a layout that validation refuses (and says why): offload meanwhile
         return allowed[-1]
-    limit = (1 - AUTO_OFFLOAD_HEADROOM) * p.gpu_memory_gib
-    return next((c for c in allowed if peaks[c] <= limit), allowed[-1])
+    return next((c for c in allowed if peaks[c] <= _limit(cfg)), allowed[-1])
 
 
-def resolve_offload(cfg: "RunConfig") -> "RunConfig":
-    """Fill the offload of colocated GPUs that ``config.resolve`` leaves unset (``choose_offload``: it
-    needs the resolved config and the plan, which ``config`` may not import). In place; returns ``cfg``."""
-    p = cfg.parallelism
-    if None in (p.offload_train, p.offload_rollout):
-        p.offload_train, p.offload_rollout = choose_offload(cfg)
+def suggestion(cfg: "RunConfig") -> Optional[str]:
+    """For a config whose estimate does not fit: the micro-batch, recompute and offload the plan would
+    choose, when they fit (None when nothing does, or when they are what the config already has)."""
+    trial = replace(cfg, trainer=replace(cfg.trainer), parallelism=replace(cfg.parallelism))
+    for k in CPU_DEFAULTS:
+        setattr(trial.trainer, k, AUTO if k in _knob_keys(cfg) else getattr(cfg.trainer, k))
+    trial.parallelism.offload_train = trial.parallelism.offload_rollout = None
+    fit(trial)
+    if _peak(trial) > _limit(trial):
+        return None
+    keys = [f"trainer.{k}" for k in CPU_DEFAULTS] + ["parallelism.offload_train", "parallelism.offload_rollout"]
+    changed = [f"{k}={_get(trial, k)}" for k in keys if _get(trial, k) != _get(cfg, k)]
+    return (f"{' '.join(changed)} fits (~{_peak(trial):.0f} GiB; or leave them unset/auto for the plan to choose)"
+            if changed else None)
+
+
+# ---------------------------------------------------------------------------------------- inside
+def _limit(cfg: "RunConfig") -> float:
+    return (1 - AUTO_OFFLOAD_HEADROOM) * cfg.parallelism.gpu_memory_gib
+
+
+def _peak(cfg: "RunConfig") -> float:
+    return estimate(cfg, make_plan(cfg)).peak
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
     return cfg
+
+
+def _set(cfg: "RunConfig", knobs: Dict[str, Any]) -> None:
+    for k, v in knobs.items():
+        setattr(cfg.trainer, k, v)
+
+
+def _packed(cfg: "RunConfig") -> bool:
+    return cfg.trainer.backend == "megatron" and cfg.trainer.max_tokens_per_micro_batch is not None
+
+
+def _knob_keys(cfg: "RunConfig") -> Tuple[str, str]:
+    """The (size, recompute) keys of this backend."""
+    if cfg.trainer.backend == "megatron":
+        return ("max_tokens_per_micro_batch" if _packed(cfg) else "micro_batch_size", "recompute")
+    return ("micro_batch_size", "gradient_checkpointing")
+
+
+def _rank_samples(cfg: "RunConfig") -> int:
+    """Samples one data-parallel rank trains in an optimiser step: the largest micro-batch worth trying."""
+    r, t, p = cfg.rollout, cfg.trainer, cfg.parallelism
+    dp = max(1, p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel))
+    return max(1, (t.global_batch_size or r.batch_size * r.n_samples_per_prompt) // dp)
+
+
+def _seq_len(cfg: "RunConfig") -> int:
+    return (cfg.rollout.max_prompt_len or 0) + cfg.rollout.max_response_len
+
+
+def _sizes(cfg: "RunConfig") -> List[int]:
+    """Micro-batch sizes to try, largest first, in samples: the rank's whole step, then halves."""
+    n, out = _rank_samples(cfg), []
+    while n >= 1:
+        out.append(n)
+        n //= 2
+    return out
+
+
+def _target_index(cfg: "RunConfig") -> int:
+    """The smallest size that holds ``AUTO_TARGET_TOKENS`` (the whole step when it holds fewer)."""
+    sizes = _sizes(cfg)
+    return max((i for i, n in enumerate(sizes) if n * _seq_len(cfg) >= AUTO_TARGET_TOKENS), default=0)
+
+
+def _knobs(cfg: "RunConfig", index: int, recompute: bool, auto: Set[str]) -> Dict[str, Any]:
+    """The trainer settings of candidate ``index`` of :func:`_sizes` for the keys in ``auto``."""
+    size_key, rec_key = _knob_keys(cfg)
+    n = _sizes(cfg)[index]
+    size = n * _seq_len(cfg) if size_key == "max_tokens_per_micro_batch" else n
+    rec = ("full" if recompute else "none") if rec_key == "recompute" else recompute
+    return {k: v for k, v in ((size_key, size), (rec_key, rec)) if k in auto}
+
+
+def _choose_micro_batch(cfg: "RunConfig", auto: Set[str]) -> str:
+    """Set the size and recompute keys of ``cfg``'s backend named in ``auto`` (see the module docstring);
+    the line that says what was chosen and why."""
+    size_key, rec_key = _knob_keys(cfg)
+    t = cfg.trainer
+    tried: Dict[Tuple[int, bool], float] = {}
+
+    def peak(i: int, rec: bool) -> float:
+        if (i, rec) not in tried:
+            _set(cfg, _knobs(cfg, i, rec, auto))
+            try:
+                tried[(i, rec)] = _peak(cfg)
+            except (ArithmeticError, ValueError):  # a layout that validation refuses, and says why
+                tried[(i, rec)] = float("inf")
+        return tried[(i, rec)]
+
+    def largest(rec: bool) -> Optional[int]:
+        return next((i for i in range(len(_sizes(cfg))) if peak(i, rec) <= _limit(cfg)), None)
+
+    recs = [False, True] if rec_key in auto else [getattr(t, rec_key) not in (False, "none")]
+    best = largest(recs[0])
+    rec = recs[0]
+    seq = _seq_len(cfg)
+    if len(recs) == 2 and (best is None or _sizes(cfg)[best] * seq < min(AUTO_TARGET_TOKENS, _sizes(cfg)[0] * seq)):
+        with_rec = largest(True)
+        if with_rec is not None and (best is None or with_rec < best):
+            best, rec = with_rec, True
+    chosen = best if best is not None else len(_sizes(cfg)) - 1  # nothing fits: validation says by how much
+    if best is None and len(recs) == 2:
+        rec = True
+    _set(cfg, _knobs(cfg, chosen, rec, auto))
+    peak(chosen, rec)
+    shown = ", ".join(f"{_sizes(cfg)[i]}{'+rc' if r else ''} {v:.1f}" for (i, r), v in sorted(tried.items()))
+    what = (f"{size_key}={getattr(t, size_key)} ({_sizes(cfg)[chosen]} samples of up to {seq} tokens), "
+            f"{rec_key}={getattr(t, rec_key)}")
+    why = (f"the largest whose peak fits {_limit(cfg):g} GiB ({1 - AUTO_OFFLOAD_HEADROOM:.0%} of the GPU)"
+           if best is not None else f"nothing fits {_limit(cfg):g} GiB: the smallest, refused below")
+    return f"micro-batch (auto): {what}: {why}; peak GiB by samples (+rc: recompute): {shown}"

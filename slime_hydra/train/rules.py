@@ -17,8 +17,9 @@ def check(cfg: RunConfig) -> List[str]:
     t, p, arch = cfg.trainer, cfg.parallelism, cfg.model.arch
     choice(errs, "trainer.backend", t.backend, BACKENDS)
     choice(errs, "model.dtype", cfg.model.dtype, DTYPES)
-    if t.micro_batch_size < 1:
-        errs.append(f"trainer.micro_batch_size: must be >= 1, got {t.micro_batch_size}")
+    _positive_or_auto(errs, "trainer.micro_batch_size", t.micro_batch_size)
+    if t.gradient_checkpointing not in (True, False, "auto"):
+        errs.append(f"trainer.gradient_checkpointing: must be true, false or auto, got {t.gradient_checkpointing!r}")
     sizes = {"tensor_parallel": p.tensor_parallel, "pipeline_parallel": p.pipeline_parallel,
              "context_parallel": p.context_parallel, "expert_parallel": p.expert_parallel,
              "expert_tensor_parallel": p.expert_tensor_parallel or p.tensor_parallel}
@@ -47,6 +48,12 @@ def check(cfg: RunConfig) -> List[str]:
         errs.extend(_check_megatron(cfg))
     errs.extend(_check_batches(cfg, data_parallel=max(p.trainer_gpus // mp, 1)))
     return errs
+
+
+def _positive_or_auto(errs: List[str], key: str, value, also: str = "") -> None:
+    """``value`` must be an integer >= 1 or ``auto`` (left to the memory plan, ``plan/fit.py``)."""
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        errs.append(f"{key}: must be an integer >= 1, {also}or auto, got {value!r}")
 
 
 def _check_pipeline_stages(cfg: RunConfig) -> List[str]:
@@ -86,7 +93,7 @@ def _check_batches(cfg: RunConfig, data_parallel: int) -> List[str]:
     return errs
 
 
-RECOMPUTE = ["none", "selective", "full"]
+RECOMPUTE = ["none", "selective", "full", "auto"]
 
 
 def _check_megatron(cfg: RunConfig) -> List[str]:
@@ -97,8 +104,8 @@ def _check_megatron(cfg: RunConfig) -> List[str]:
     if p.device != "cuda":
         errs.append("parallelism.device: the megatron backend needs GPUs (megatron-core's DDP, optimizer and "
                     "schedules assume CUDA); use parallelism.device=cuda or trainer=torch")
-    if t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1:
-        errs.append(f"trainer.max_tokens_per_micro_batch: must be >= 1 or null, got {t.max_tokens_per_micro_batch}")
+    if t.max_tokens_per_micro_batch is not None:
+        _positive_or_auto(errs, "trainer.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch, "null, ")
     if p.context_parallel > 1:
         errs.append("parallelism.context_parallel: the megatron backend does not split sequences over context "
                     "parallel ranks yet (our attention spec has no context parallelism); use 1")
@@ -119,7 +126,7 @@ def _check_megatron(cfg: RunConfig) -> List[str]:
     if p.expert_parallel > 1 and p.tensor_parallel > 1 and not p.sequence_parallel:
         errs.append("parallelism.sequence_parallel: must be true with expert and tensor parallelism together "
                     "(megatron-core's ModelParallelConfig says so, as a warning; slime's MoE scripts set it)")
-    if t.gradient_checkpointing:
+    if t.gradient_checkpointing is True:
         errs.append("trainer.gradient_checkpointing: the torch backend's switch; with trainer=megatron use "
                     "trainer.recompute=selective|full")
     return errs

@@ -354,10 +354,8 @@ class MegatronBackend(TrainerBackend):
             for p in self._params():
                 p.data = p.data.to(self.device, non_blocking=True)
         self.opt.restore_from_cpu()
-        for o in self._inner_optimizers():  # restore_from_cpu moves Adam's step counts too: torch wants them on CPU
-            for st in o.optimizer.state.values():
-                if torch.is_tensor(st.get("step")) and st["step"].is_cuda:
-                    st["step"] = st["step"].cpu()
+        for o in self._inner_optimizers():
+            _place_step_counts(o.optimizer)
         torch.cuda.synchronize()
         self._offloaded = False
 
@@ -643,6 +641,20 @@ class MegatronBackend(TrainerBackend):
         self.steps_done = state["steps_done"]
         self._set_lr()
         return state["trainer_state"]
+
+
+def _place_step_counts(optimizer: torch.optim.Optimizer) -> None:
+    """Put Adam's step counts where its kernel reads them after ``restore_from_cpu`` moved them with the
+    moments: torch's fused and capturable kernels keep them on the parameters' device (``state_steps``
+    on the CPU fails the fused step: "Expected all tensors to be on the same device"), the foreach and
+    for-loop kernels on the CPU (a GPU count would cost a sync at every step)."""
+    for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")
+        for p in group["params"]:
+            st = optimizer.state.get(p, {})
+            step = st.get("step")
+            if torch.is_tensor(step):
+                st["step"] = step.to(p.device if on_device else "cpu")
 
 
 def _per_optimizer(state: Dict[Any, Any], n: int) -> List[Dict[str, Any]]:
