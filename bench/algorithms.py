@@ -38,18 +38,8 @@ def presets() -> List[str]:
 
 
 def run_preset(preset: str, steps: int, run_dir: Path, extra: List[str], timeout: float) -> Dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "run.py",
-        f"hydra.run.dir={run_dir}",
-        f"algo={preset}",
-        f"trainer.num_rollout={steps}",
-        "eval.interval=0",
-        "trainer.save_interval=0",
-        "logging.progress=false",
-        "logging.wandb=false",
-        *extra,
-    ]
+    cmd = [sys.executable, "run.py", f"hydra.run.dir={run_dir}", f"algo={preset}", f"trainer.num_rollout={steps}",
+           "eval.interval=0", "trainer.save_interval=0", "logging.progress=false", "logging.wandb=false", *extra]
     env = {**os.environ, "WANDB_MODE": "offline", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -70,23 +60,17 @@ def run_preset(preset: str, steps: int, run_dir: Path, extra: List[str], timeout
     if timed_out or proc.returncode != 0 or not summary_path.exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "bench_stderr.log").write_text(stdout + "\n" + stderr)
-        row["error"] = (
-            f"timed out after {timeout:.0f}s"
-            if timed_out
-            else (stderr.strip().splitlines() or ["(no output)"])[-1][:200]
-        )
+        row["error"] = (f"timed out after {timeout:.0f}s" if timed_out
+                        else (stderr.strip().splitlines() or ["(no output)"])[-1][:200])
         return row
     summary = json.loads(summary_path.read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
     step_times = [r["perf/step_time"] for r in rows if "perf/step_time" in r]
-    row.update(
-        eval_initial=summary["eval_reward_initial"],
-        eval_final=summary["eval_reward_final"],
-        train_reward_last10=sum(train[-10:]) / max(len(train[-10:]), 1),
-        train_reward_first10=sum(train[:10]) / max(len(train[:10]), 1),
-        s_per_step=sum(step_times) / max(len(step_times), 1),
-    )
+    row.update(eval_initial=summary["eval_reward_initial"], eval_final=summary["eval_reward_final"],
+               train_reward_last10=sum(train[-10:]) / max(len(train[-10:]), 1),
+               train_reward_first10=sum(train[:10]) / max(len(train[:10]), 1),
+               s_per_step=sum(step_times) / max(len(step_times), 1))
     return row
 
 
@@ -95,19 +79,15 @@ def fmt(x: Any, spec: str = ".3f") -> str:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    head = (
-        "| preset | eval reward (held-out, greedy) initial -> final | train reward, last 10 rollouts "
-        "| s/step | wall s |\n|---|---|---|---|---|"
-    )
+    head = ("| preset | eval reward (held-out, greedy) initial -> final | train reward, last 10 rollouts "
+            "| s/step | wall s |\n|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['preset']} | FAILED: {r['error']} | | | {r['wall_s']:.0f} |")
             continue
-        lines.append(
-            f"| {r['preset']} | {fmt(r['eval_initial'])} -> {fmt(r['eval_final'])} | "
-            f"{fmt(r['train_reward_last10'])} | {fmt(r['s_per_step'], '.2f')} | {r['wall_s']:.0f} |"
-        )
+        lines.append(f"| {r['preset']} | {fmt(r['eval_initial'])} -> {fmt(r['eval_final'])} | "
+                     f"{fmt(r['train_reward_last10'])} | {fmt(r['s_per_step'], '.2f')} | {r['wall_s']:.0f} |")
     return "\n".join(lines)
 
 
@@ -117,9 +97,8 @@ def main(argv: List[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1 :]
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150, help="rollouts (training steps) per preset (default 150)")
     p.add_argument("--presets", default=",".join(presets()), help="comma-separated algo presets (default: all)")
     p.add_argument("--out", default=str(RESULTS), help="results folder (default bench/results, git-ignored)")
@@ -140,21 +119,15 @@ def main(argv: List[str] | None = None) -> int:
         row = run_preset(name, args.steps, runs / name, extra, args.timeout)
         rows.append(row)
         if "error" in row:
-            print(
-                f"    FAILED after {row['wall_s']:.0f}s: {row['error']} (log: {runs / name / 'bench_stderr.log'})",
-                flush=True,
-            )
+            print(f"    FAILED after {row['wall_s']:.0f}s: {row['error']} (log: {runs / name / 'bench_stderr.log'})",
+                  flush=True)
         else:
-            print(
-                f"    eval {fmt(row['eval_initial'])} -> {fmt(row['eval_final'])}, train reward (last 10) "
-                f"{fmt(row['train_reward_last10'])}, {row['s_per_step']:.2f} s/step, {row['wall_s']:.0f}s",
-                flush=True,
-            )
-    md = (
-        f"# Algorithm presets on the embedded default ({args.steps} rollouts each)\n\n"
-        f"{time.strftime('%Y-%m-%d %H:%M')}; overrides: {' '.join(extra) or '(none)'}; "
-        f"total {time.perf_counter() - t0:.0f}s\n\n{table(rows)}\n"
-    )
+            print(f"    eval {fmt(row['eval_initial'])} -> {fmt(row['eval_final'])}, train reward (last 10) "
+                  f"{fmt(row['train_reward_last10'])}, {row['s_per_step']:.2f} s/step, {row['wall_s']:.0f}s",
+                  flush=True)
+    md = (f"# Algorithm presets on the embedded default ({args.steps} rollouts each)\n\n"
+          f"{time.strftime('%Y-%m-%d %H:%M')}; overrides: {' '.join(extra) or '(none)'}; "
+          f"total {time.perf_counter() - t0:.0f}s\n\n{table(rows)}\n")
     print("\n" + md)
     out.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"steps": args.steps, "overrides": extra, "rows": rows}, indent=2)

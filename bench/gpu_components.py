@@ -1,50 +1,29 @@
-"""GPU component timings on a Qwen3-0.6B-shaped model with random weights (no download):
+"""GPU component timings on a Qwen3-0.6B-shaped model with random weights (no download, bench/gpu/workload.py):
 embedded-engine decode throughput, one torch-backend training rollout, and a weight push to a
 colocated embedded engine over each transport that one GPU allows (tensor = CUDA IPC, disk).
+How a GPU run is set up: bench/README.md.
 
     python bench/gpu_components.py [--out DIR]
+    python bench/gpu_components.py --device cpu --preset tiny --batch 16 --new-tokens 8   # a check of this script
 
-Prints a table and writes ``gpu_components.json``. The tokenizer is a synthetic word-level one with
-Qwen3's vocabulary size, so the embedding and LM head have their real shapes.
+Prints a table and writes ``gpu_components.json``. Also the torch trainer and fake rollouts that
+bench/train_gpu.py times.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
 
-
-def build_checkpoint(out: str, preset: str = "qwen3_0_6b") -> str:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    from slime_hydra.checkpoint.hf import hf_config
-    from slime_hydra.config.schema import ArchConfig
-    from slime_hydra.config.store import register_configs
-
-    register_configs()
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        arch_node = compose("config", overrides=[f"model={preset}"]).model.arch
-    arch = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), arch_node))
-    vocab = ["<pad>", "<eos>"] + [f"t{i}" for i in range(arch.vocab_size - 2)]
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config(arch, pad_token_id=0, eos_token_id=1), dtype=torch.bfloat16)
-    model.save_pretrained(out)
-    fast.save_pretrained(out)
-    return out
+from gpu.harness import write_json  # noqa: E402 - bench/ is on the path from here
+from gpu.workload import build_checkpoint  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -59,15 +38,9 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
     g = torch.Generator().manual_seed(0)
 
     def reqs(n):
-        return [
-            Request(
-                torch.randint(2, eng.vocab_size, (prompt_len,), generator=g).tolist(),  # noqa: F821 - deleted after use
-                SamplingParams(max_new_tokens=new_tokens, ignore_eos=True),
-                rid=str(i),
-                return_logprob=True,
-            )
-            for i in range(n)
-        ]
+        return [Request(torch.randint(2, eng.vocab_size, (prompt_len,), generator=g).tolist(),  # noqa: F821 - deleted after use
+                        SamplingParams(max_new_tokens=new_tokens, ignore_eos=True), rid=str(i), return_logprob=True)
+                for i in range(n)]
 
     eng.generate(reqs(8))  # warm-up
     sync(device)
@@ -79,13 +52,8 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
     del eng
     if device == "cuda":
         torch.cuda.empty_cache()
-    return {
-        "batch": batch,
-        "new_tokens": new_tokens,
-        "seconds": dt,
-        "tokens_per_s": toks / dt,
-        "ms_per_decode_step": 1000 * dt / new_tokens,
-    }
+    return {"batch": batch, "new_tokens": new_tokens, "seconds": dt, "tokens_per_s": toks / dt,
+            "ms_per_decode_step": 1000 * dt / new_tokens}
 
 
 def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_loss_coef: float = 0.04):
@@ -117,14 +85,10 @@ def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, k
 def fake_rollout(batch: int, prompt_len: int, resp_len: int, vocab: int, seed: int = 0) -> dict:
     """A rollout's training data: random tokens (ids below ``vocab``), random rewards."""
     g = torch.Generator().manual_seed(seed)
-    return {
-        "tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
-        "response_lengths": [resp_len] * batch,
-        "loss_masks": [None] * batch,
-        "rewards": torch.randn(batch, generator=g).tolist(),
-        "raw_rewards": [0.0] * batch,
-        "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)],
-    }
+    return {"tokens": [torch.randint(2, vocab, (prompt_len + resp_len,), generator=g).tolist() for _ in range(batch)],
+            "response_lengths": [resp_len] * batch, "loss_masks": [None] * batch,
+            "rewards": torch.randn(batch, generator=g).tolist(), "raw_rewards": [0.0] * batch,
+            "rollout_log_probs": [[-1.0] * resp_len for _ in range(batch)]}
 
 
 def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int, preset: str, device: str) -> dict:
@@ -139,14 +103,8 @@ def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: in
     sync(device)
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    out = {
-        "batch": batch,
-        "tokens": batch * (prompt_len + resp_len),
-        "seconds": dt,
-        "tokens_per_s": batch * (prompt_len + resp_len) / dt,
-        "peak_gib": peak,
-        "grad_norm": m.get("grad_norm"),
-    }
+    out = {"batch": batch, "tokens": batch * (prompt_len + resp_len), "seconds": dt,
+           "tokens_per_s": batch * (prompt_len + resp_len) / dt, "peak_gib": peak, "grad_norm": m.get("grad_norm")}
     named = tr.hf_weights()
     return out, tr, named
 
@@ -156,9 +114,8 @@ def bench_sync(path: str, named, tmpdir: str, device: str) -> dict:
     from slime_hydra.sync.sender import Endpoint, WeightSender
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
-    spec = ServerSpec(
-        engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device=device, gpus=1, seed=0
-    )
+    spec = ServerSpec(engine="embedded", model_path=path, tokenizer_path=path, dtype="bfloat16", device=device, gpus=1,
+                      seed=0)
     port = free_port()
     log = os.path.join(tmpdir, "engine.log")
     proc = spawn(server_command(spec, "127.0.0.1", port, base_gpu_id=0), log)
@@ -183,7 +140,7 @@ def bench_sync(path: str, named, tmpdir: str, device: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--preset", default="qwen3_0_6b")
     ap.add_argument("--device", default="cuda", help="cpu: a quick check of this script with --preset tiny")
@@ -202,19 +159,14 @@ def main() -> None:
     if dev == "cuda":
         torch.cuda.empty_cache()
     res["sync"] = bench_sync(path, named, "/tmp/bench_sync", dev)
-    with open(os.path.join(args.out, "gpu_components.json"), "w") as f:
-        json.dump(res, f, indent=2)
+    write_json(os.path.join(args.out, "gpu_components.json"), res)
     print(f"{res['gpu']}, {args.preset} shape, random weights, bf16")
     for e in res["engine"]:
-        print(
-            f"engine decode  batch {e['batch']:>4}: {e['tokens_per_s']:>9.0f} tok/s  "
-            f"({e['ms_per_decode_step']:.1f} ms/step)"
-        )
+        print(f"engine decode  batch {e['batch']:>4}: {e['tokens_per_s']:>9.0f} tok/s  "
+              f"({e['ms_per_decode_step']:.1f} ms/step)")
     t = res["train"]
-    print(
-        f"train rollout  {t['batch']} x {128 + args.new_tokens} tok: {t['seconds']:.2f} s  "
-        f"{t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB"
-    )
+    print(f"train rollout  {t['batch']} x {128 + args.new_tokens} tok: {t['seconds']:.2f} s  "
+          f"{t['tokens_per_s']:.0f} tok/s  peak {t['peak_gib']:.1f} GiB")
     for k, s in res["sync"].items():
         print(f"weight push    {k:<8}: {s['seconds']:.3f} s for {s['GiB']:.2f} GiB ({s['GiB_per_s']:.1f} GiB/s)")
 

@@ -2,18 +2,12 @@
 # The run.py path with a real model shape on one GPU: Qwen3-0.6B (random weights, a synthetic
 # tokenizer of its vocabulary size), colocated, bf16 engine, float32 master weights + autocast,
 # reference swap, CUDA IPC pushes of 1.4 GB. No learning is expected (random labels); this checks
-# and times the production path.   source .device-bundle/install.sh && bash bench/gpu_real_shape.sh
+# and times the production path. Device set-up (.device-bundle carried): bench/README.md.
 set -uo pipefail
-OUT=${OUT:-bench/results}; mkdir -p "$OUT"
-export WANDB_MODE=disabled PYTHONUNBUFFERED=1
-python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_components as g; g.build_checkpoint('/tmp/q06')"
-python3 - <<'PY'
-import json, random
-rng = random.Random(0)
-with open("/tmp/q06.jsonl", "w") as f:
-    for _ in range(2048):
-        f.write(json.dumps({"prompt": " ".join(f"t{rng.randrange(1000)}" for _ in range(64)), "label": f"t{rng.randrange(10)}"}) + "\n")
-PY
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/gpu/env.sh
+source bench/gpu/env.sh || exit 1
+python3 bench/gpu/workload.py /tmp/q06 --prompts /tmp/q06.jsonl
 timeout 420 python3 run.py model=qwen3_0_6b model.path=/tmp/q06 parallelism=1gpu data=jsonl data.path=/tmp/q06.jsonl \
   data.apply_chat_template=false eval.datasets=[] rollout.router.enabled=false rollout.max_response_len=128 \
   trainer.num_rollout=${STEPS:-6} trainer.micro_batch_size=16 trainer.save_interval=100 algo.kl_loss_coef=0.04 \

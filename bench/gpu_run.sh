@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session (the lent H200): the embedded default, colocated on one GPU (trainer and
-# embedded engine take turns; weights go over CUDA IPC), then the component timings.
-#   ../shared/tools/device-bundle.sh .device-bundle   (here, with EXTRA="fastapi starlette pydantic
-#   pydantic-core annotated-types typing-inspection uvicorn"), then on the GPU machine:
-#   source .device-bundle/install.sh && bash bench/gpu_run.sh
+# embedded engine take turns; weights go over CUDA IPC), then the component timings
+# (bench/gpu_components.py). Device set-up (.device-bundle carried): bench/README.md.
 set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-export WANDB_MODE=disabled PYTHONUNBUFFERED=1
-nvidia-smi -L
-python3 -c "import torch, transformers, ray, hydra; print('torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/gpu/env.sh
+source bench/gpu/env.sh || exit 1
+python3 -c "import ray, hydra; print('ray', ray.__version__)"
 run=/tmp/gpu_tiny
 timeout 300 python3 run.py parallelism=1gpu rollout.router.enabled=false logging.wandb=false logging.progress=false \
   trainer.num_rollout=${STEPS:-100} eval.interval=20 hydra.run.dir=$run 2>&1 | grep -v "Loading weights" | tail -n 30

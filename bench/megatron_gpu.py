@@ -1,4 +1,5 @@
 """megatron-core training throughput on one GPU, and TP / PP log-prob agreement on two.
+How a GPU run is set up: bench/README.md.
 
 Needs only torch, megatron-core and transformers (no Ray, Hydra or omegaconf): the model shape is read
 from ``conf/model/<shape>.yaml`` with PyYAML and built with random weights in bf16.
@@ -44,7 +45,9 @@ import torch.distributed as dist
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from gpu.harness import write_json  # noqa: E402 - bench/ is on the path from here
 
 PEAK_TFLOPS = 790.0  # bf16 dense matmul, measured on the H200 (shared/reference/environment.md)
 
@@ -54,27 +57,18 @@ def hf_config(shape: str):
     from transformers import AutoConfig
 
     arch = yaml.safe_load((ROOT / "conf" / "model" / f"{shape}.yaml").read_text())["arch"]
-    kw = dict(
-        vocab_size=arch["vocab_size"],
-        hidden_size=arch["hidden_size"],
-        intermediate_size=arch["intermediate_size"],
-        num_hidden_layers=arch["num_layers"],
-        num_attention_heads=arch["num_heads"],
-        num_key_value_heads=arch["num_kv_heads"],
-        max_position_embeddings=arch.get("max_position_embeddings", 32768),
-        rope_theta=arch.get("rope_theta", 1e6),
-        rms_norm_eps=arch.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=arch.get("tie_word_embeddings", False),
-        attention_bias=arch.get("attention_bias", False),
-    )
+    kw = dict(vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
+              intermediate_size=arch["intermediate_size"], num_hidden_layers=arch["num_layers"],
+              num_attention_heads=arch["num_heads"], num_key_value_heads=arch["num_kv_heads"],
+              max_position_embeddings=arch.get("max_position_embeddings", 32768),
+              rope_theta=arch.get("rope_theta", 1e6), rms_norm_eps=arch.get("rms_norm_eps", 1e-6),
+              tie_word_embeddings=arch.get("tie_word_embeddings", False),
+              attention_bias=arch.get("attention_bias", False))
     if arch.get("head_dim"):
         kw["head_dim"] = arch["head_dim"]
     if arch.get("num_experts"):
-        kw.update(
-            num_experts=arch["num_experts"],
-            num_experts_per_tok=arch["num_experts_per_tok"],
-            moe_intermediate_size=arch["moe_intermediate_size"],
-        )
+        kw.update(num_experts=arch["num_experts"], num_experts_per_tok=arch["num_experts_per_tok"],
+                  moe_intermediate_size=arch["moe_intermediate_size"])
     return AutoConfig.for_model(arch["type"], **kw)
 
 
@@ -147,23 +141,13 @@ def throughput(args) -> dict:
             overrides.update(recompute_method="uniform", recompute_num_layers=1)
     config = transformer_config(hf, Parallel(), dtype=torch.bfloat16, overrides=overrides)
     model = build_gpt_model(hf, config, attention=args.attention).cuda()
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=True, overlap_grad_reduce=False
-    )
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+                                               overlap_grad_reduce=False)
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
     config.finalize_model_grads_func = finalize_model_grads
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam",
-            lr=1e-6,
-            weight_decay=0.1,
-            bf16=True,
-            params_dtype=torch.bfloat16,
-            use_distributed_optimizer=True,
-            clip_grad=1.0,
-        ),
-        [model],
-    )
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-6, weight_decay=0.1, bf16=True,
+                                                       params_dtype=torch.bfloat16, use_distributed_optimizer=True,
+                                                       clip_grad=1.0), [model])
     if args.fused_adam:
         use_fused_adam(optimizer)
     batches = random_micro_batches(args.micro_batches, args.tokens, args.sample_lengths, hf.vocab_size, args.seed)
@@ -187,14 +171,8 @@ def throughput(args) -> dict:
         t0 = time.perf_counter()
         model.zero_grad_buffer()
         optimizer.zero_grad()
-        forward_backward(
-            forward_step_func=forward_step,
-            data_iterator=iter(batches),
-            model=[model],
-            num_microbatches=len(batches),
-            seq_length=args.tokens,
-            micro_batch_size=1,
-        )
+        forward_backward(forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
+                         num_microbatches=len(batches), seq_length=args.tokens, micro_batch_size=1)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         ok, grad_norm, _ = optimizer.step()
@@ -214,25 +192,17 @@ def throughput(args) -> dict:
     flops = 6.0 * matmul_params(hf) * tokens + attention_flops(hf, batches)
     impl = resolve_attention_impl(args.attention)
     result = dict(
-        shape=args.shape,
-        params_b=round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
-        tokens_per_step=tokens,
-        micro_batches=args.micro_batches,
-        tokens_per_micro_batch=args.tokens,
-        sample_lengths=list(args.sample_lengths),
-        recompute=args.recompute,
-        fused_adam=args.fused_adam,
+        shape=args.shape, params_b=round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
+        tokens_per_step=tokens, micro_batches=args.micro_batches, tokens_per_micro_batch=args.tokens,
+        sample_lengths=list(args.sample_lengths), recompute=args.recompute, fused_adam=args.fused_adam,
         median_step_s=round(step_s, 4),
         median_forward_backward_s=round(sorted(p[0] for p in parts)[len(parts) // 2], 4),
         median_optimizer_s=round(sorted(p[1] for p in parts)[len(parts) // 2], 4),
-        tokens_per_s=round(tokens / step_s),
-        tflops_per_s=round(flops / step_s / 1e12, 1),
+        tokens_per_s=round(tokens / step_s), tflops_per_s=round(flops / step_s / 1e12, 1),
         mfu=round(flops / step_s / 1e12 / PEAK_TFLOPS, 4),
         peak_memory_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
         attention=impl if impl == "te" else packed_attention_path(torch.device("cuda"), torch.bfloat16),
-        torch=torch.__version__,
-        gpu=torch.cuda.get_device_name(),
-    )
+        torch=torch.__version__, gpu=torch.cuda.get_device_name())
     if kernels:
         result["gpu_time_by_kernel_kind"] = kernels
     dist.destroy_process_group()
@@ -264,10 +234,8 @@ def kernel_profile(one_step, top: int) -> dict:
     rows.sort(key=lambda e: -e.self_device_time_total)
     for e in rows[:top]:
         print(f"{e.self_device_time_total / 1e3:9.1f} ms {e.count:6d}x  {e.key[:110]}")
-    return {
-        "kernel_s": round(total / 1e6, 4),
-        "share": {k: round(v / total, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-    }
+    return {"kernel_s": round(total / 1e6, 4),
+            "share": {k: round(v / total, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}}
 
 
 def _log_probs(model, batch, vocab, tp_group, pp: int):
@@ -290,15 +258,9 @@ def _log_probs(model, batch, vocab, tp_group, pp: int):
         return out, loss_func
 
     with torch.no_grad():
-        get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter([batch]),
-            model=[model],
-            num_microbatches=1,
-            seq_length=batch.num_tokens,
-            micro_batch_size=1,
-            forward_only=True,
-        )
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([batch]), model=[model],
+                                    num_microbatches=1, seq_length=batch.num_tokens, micro_batch_size=1,
+                                    forward_only=True)
     return got[0] if got else None
 
 
@@ -324,19 +286,12 @@ def compare(args) -> dict:
         config = transformer_config(hf, Parallel(tp=tp, pp=pp, sequence_parallel=sp), dtype=torch.bfloat16)
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        model = (
-            build_gpt_model(
-                hf, config, attention=args.attention, pre_process=pp_rank == 0, post_process=pp_rank == pp - 1
-            )
-            .cuda()
-            .eval()
-        )
+        model = build_gpt_model(hf, config, attention=args.attention, pre_process=pp_rank == 0,
+                                post_process=pp_rank == pp - 1).cuda().eval()
         shard = stage_shard(config, tp_rank=tp_rank, pp_rank=pp_rank)
         layout = Layout.from_hf(hf, tp=tp)
-        groups = dict(
-            tp_group=parallel_state.get_tensor_model_parallel_group() if tp > 1 else None,
-            pp_group=parallel_state.get_pipeline_model_parallel_group() if pp > 1 else None,
-        )
+        groups = dict(tp_group=parallel_state.get_tensor_model_parallel_group() if tp > 1 else None,
+                      pp_group=parallel_state.get_pipeline_model_parallel_group() if pp > 1 else None)
         if hf_state is None:  # TP = 1: its random weights, exported, are everyone's weights
             hf_state = export_hf_state(model_chunks_state([model], [shard]), layout)
         else:
@@ -383,12 +338,8 @@ def main() -> None:
     p.add_argument("--shape", default="qwen3_0_6b", help="a dense preset of conf/model/")
     p.add_argument("--tokens", type=int, default=4096, help="packed tokens per micro-batch")
     p.add_argument("--micro-batches", type=int, default=4)
-    p.add_argument(
-        "--sample-lengths",
-        type=lambda s: tuple(int(x) for x in s.split(":")),
-        default=(256, 4096),
-        help="MIN:MAX tokens of the packed samples",
-    )
+    p.add_argument("--sample-lengths", type=lambda s: tuple(int(x) for x in s.split(":")), default=(256, 4096),
+                   help="MIN:MAX tokens of the packed samples")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--attention", default="auto", help="auto | sdpa | te")
@@ -404,7 +355,7 @@ def main() -> None:
     if result:
         print(json.dumps(result, indent=1))
         if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+            write_json(args.out, result)
 
 
 if __name__ == "__main__":

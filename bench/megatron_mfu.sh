@@ -4,10 +4,12 @@
 # the same with torch's fused Adam kernel, with 8 micro-batches a step, and with 8192-token micro-batches.
 # Writes $OUT/megatron_mfu.json (every run's result by name), a summary line
 # per run in $OUT/megatron_mfu.txt, and all runs' output in $OUT/megatron_mfu.log.
-#   device: source .device-bundle/install.sh && bash bench/megatron_mfu.sh     (carry .device-bundle)
+# Device set-up (.device-bundle carried): bench/README.md.
 set -uo pipefail
-OUT=${OUT:-bench/results}; mkdir -p "$OUT" /tmp/mfu
-export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/gpu/env.sh
+source bench/gpu/env.sh || exit 1
+mkdir -p /tmp/mfu
 run() {  # $1: name, the rest: bench/megatron_gpu.py arguments
   local name=$1; shift
   echo "=== $name: $*" >> "$OUT/megatron_mfu.log"

@@ -1,14 +1,14 @@
 """GRPO through run.py with trainer=megatron and rollout=sglang on several GPUs of one machine, one layout
-after another, in one device call (issue 13).
+after another, in one device call (issue 13). How a GPU run is set up: bench/README.md.
 
-    source .device-bundle/install.sh && bash bench/scale_gpu.sh            # (after the SGLang bundle: see there)
+    bash bench/scale_gpu.sh                                  # tp2_2gpu, pp2_2gpu, split_1_1 on two GPUs
     LAYOUTS=pp2_tp2_4gpu,split_2_2 STEPS=4 bash bench/scale_gpu.sh
 
 Each layout runs ``python run.py`` on a random-weight checkpoint of a real model's shape (Qwen3-4B; a
 Qwen3-30B-A3B shape cut to fewer layers for the MoE layout), prompts of 64 random words, 32 prompts x 8
 samples x 256 new tokens a step, and a reward that varies within a group (the share of even token ids in
-the response: bench/gpu_rewards.py), so every step has advantages, gradients and new weights to push: the train/rollout
-log-prob gap after a push checks the sync. Per layout it reports, over the steps after the first:
+the response: bench/gpu_rewards.py), so every step has advantages, gradients and new weights to push: the
+train/rollout log-prob gap after a push checks the sync. Per layout it reports, over the steps after the first:
 seconds per step split into rollout, train and sync; training tokens/s per trainer GPU and MFU; sync
 seconds per GB; peak memory per GPU (nvidia-smi, every 0.5 s); start-up time; the log-prob gap.
 
@@ -22,20 +22,16 @@ engine), to check its own code.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
-import statistics
-import subprocess
 import sys
-import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-from gpu_watch import GpuSampler, log, read_rows  # noqa: E402 - bench/ is on the path from here
+from gpu import harness as h  # noqa: E402 - bench/ is on the path from here
+from gpu.workload import arch_of, build_checkpoint, write_prompts  # noqa: E402
 
 WORK = "/tmp/scalebench"
 PROMPTS, SAMPLES, NEW_TOKENS, PROMPT_WORDS = 32, 8, 256, 64
@@ -69,53 +65,6 @@ LAYOUTS: Dict[str, Dict[str, Any]] = {
 }
 
 
-# ------------------------------------------------------------------------------------- build
-def arch_of(preset: str, overrides: List[str]):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from slime_hydra.config.schema import ArchConfig
-    from slime_hydra.config.store import register_configs
-
-    register_configs()
-    arch_over = [o for o in overrides if o.startswith("model.arch.")]
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        node = compose("config", overrides=[f"model={preset}", *arch_over]).model.arch
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), node))
-
-
-def build_checkpoint(out: str, arch, device: str) -> None:
-    """Random bf16 weights of ``arch`` (initialised on ``device``: minutes on a CPU for 4B) and a
-    word-level tokenizer over its vocabulary ("t0", "t1", ...)."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    from slime_hydra.checkpoint.hf import hf_config
-
-    if os.path.exists(os.path.join(out, "config.json")):
-        return
-    vocab = ["<pad>", "<eos>"] + [f"t{i}" for i in range(arch.vocab_size - 2)]
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config(arch, pad_token_id=0, eos_token_id=1),
-                                                 dtype=torch.bfloat16)
-    model.save_pretrained(out + ".tmp")
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(out + ".tmp")
-    os.replace(out + ".tmp", out)
-    del model
-
-
-def write_data(path: str) -> None:
-    rng = random.Random(0)
-    with open(path, "w") as f:
-        for _ in range(4096):
-            words = " ".join(f"t{rng.randrange(1000)}" for _ in range(PROMPT_WORDS))
-            f.write(json.dumps({"prompt": words, "label": ""}) + "\n")
-
-
 def matmul_params(arch) -> int:
     """Parameters in a matmul per token: attention and MLP (the routed experts a token visits, the
     router) of every layer, and the LM head."""
@@ -131,10 +80,9 @@ def matmul_params(arch) -> int:
 # ---------------------------------------------------------------------------------------- run
 def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int, limit_s: float,
                cpu: bool) -> Dict[str, Any]:
-    from slime_hydra.utils.proc import kill_tree, spawn, tail
+    from slime_hydra.utils.proc import tail
 
     run_dir = os.path.join(WORK, f"run_{name}")
-    subprocess.run(["rm", "-rf", run_dir])
     args = [f"model={spec['model']}", f"model.path={ckpt}", "model.tokenizer=null", "data=jsonl",
             f"data.path={data}", "data.apply_chat_template=false", "eval.datasets=[]",
             f"rollout.batch_size={PROMPTS}", f"rollout.n_samples_per_prompt={SAMPLES}",
@@ -145,30 +93,14 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
         args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS,
                  "trainer.micro_batch_size=16", "trainer.max_tokens_per_micro_batch=8192"]
     args += spec["args"] + os.environ.get("EXTRA", "").split()  # EXTRA: more overrides for every layout
-    cmd = [sys.executable, os.path.join(ROOT, "run.py"), *args, f"hydra.run.dir={run_dir}"]
-    out: Dict[str, Any] = {"layout": name, "command": "python run.py " + " ".join(cmd[2:])}
-    log(out["command"])
     console = os.path.join(WORK, f"run_{name}.out")
-    open(console, "w").close()
-    gpus = None if cpu else GpuSampler(os.path.join(WORK, f"gpu_{name}.csv"), interval_ms=500)
+    gpus = None if cpu else h.GpuSampler(os.path.join(WORK, f"gpu_{name}.csv"), interval_ms=500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
-    t0 = time.perf_counter()
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    first_row_at: Optional[float] = None
-    proc = spawn(cmd, console, env=env)
-    while proc.poll() is None and time.perf_counter() - t0 < limit_s:
-        time.sleep(0.5)
-        if first_row_at is None and any("perf/step_time" in r for r in read_rows(metrics)):
-            first_row_at = time.perf_counter() - t0
-    if proc.poll() is None:
-        log(f"{name}: over its {limit_s:.0f} s, stopped")
-        kill_tree(proc, timeout=20)
-    out["returncode"] = proc.returncode
-    out["wall_s"] = round(time.perf_counter() - t0, 1)
-    out["rows"] = read_rows(metrics)
-    steps = [r for r in out["rows"] if "perf/step_time" in r]
-    if first_row_at is not None and steps:  # launch -> the first step begins
-        out["startup_s"] = round(first_row_at - steps[0]["perf/step_time"], 1)
+    run = h.run_py(args, run_dir, console, limit_s, env=env)
+    out: Dict[str, Any] = {"layout": name, "command": run.command, "returncode": run.returncode,
+                           "wall_s": round(run.wall_s, 1), "rows": run.rows}
+    if run.startup_s() is not None:  # launch -> the first step begins
+        out["startup_s"] = round(run.startup_s(), 1)
     if gpus is not None:
         gpus.stop()
         out["gpus"] = gpus.peaks()
@@ -176,30 +108,24 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
     logs = os.path.join(run_dir, "logs")
     out["log_tails"] = {f: tail(os.path.join(logs, f), 15) for f in sorted(os.listdir(logs))} \
         if os.path.isdir(logs) else {}
-    log(f"{name}: rc={proc.returncode}, {len(out['rows'])} steps in {out['wall_s']} s")
+    h.log(f"{name}: rc={run.returncode}, {len(run.rows)} steps in {out['wall_s']} s")
     return out
 
 
 # ------------------------------------------------------------------------------------- report
 def summarize(res: Dict[str, Any], arch, trainer_gpus: int) -> Dict[str, Any]:
     steps = [r for r in res["rows"] if "perf/step_time" in r]
-    rows = steps[1:] or steps  # after the first step (warm-up)
-
-    def med(key: str) -> Optional[float]:
-        vals = [r[key] for r in rows if key in r]
-        return statistics.median(vals) if vals else None
-
     s: Dict[str, Any] = {"steps": len(steps), "returncode": res["returncode"],
                          "startup_s": res.get("startup_s")}
     for k in ("step_time", "rollout_wait_time", "train_time", "weight_sync_time"):
-        s[k] = med(f"perf/{k}")
-    tokens = med("rollout/response_tokens")
-    samples = med("rollout/samples")
+        s[k] = h.steady(steps, f"perf/{k}")
+    tokens = h.steady(steps, "rollout/response_tokens")
+    samples = h.steady(steps, "rollout/samples")
     if tokens and samples and s["train_time"]:
         trained = tokens + samples * PROMPT_WORDS
         s["train_tokens_per_s_per_gpu"] = round(trained / s["train_time"] / trainer_gpus)
         s["mfu"] = round(8 * matmul_params(arch) * s["train_tokens_per_s_per_gpu"] / (PEAK_TFLOPS * 1e12), 4)
-    gb = med("perf/weight_sync_bytes")
+    gb = h.steady(steps, "perf/weight_sync_bytes")
     if gb and s["weight_sync_time"]:
         s["sync_gb"] = round(gb / 1e9, 2)
         s["sync_s_per_gb"] = round(s["weight_sync_time"] / (gb / 1e9), 3)
@@ -213,33 +139,25 @@ def summarize(res: Dict[str, Any], arch, trainer_gpus: int) -> Dict[str, Any]:
 
 
 def report(results: Dict[str, Any], path: str) -> None:
-    with open(path + ".json.tmp", "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    os.replace(path + ".json.tmp", path + ".json")
-
-    def cell(v, fmt=".2f"):
-        return "-" if v is None else format(v, fmt)
-
+    h.write_json(path + ".json", results)
+    rows = []
+    for name, r in results["layouts"].items():
+        s, c = r.get("summary", {}), h.cell
+        rows.append([name, r.get("model"), f"{s.get('steps', 0)} (rc {s.get('returncode')})",
+                     c(s.get("startup_s"), ".0f"), c(s.get("step_time")), c(s.get("rollout_wait_time")),
+                     c(s.get("train_time")), c(s.get("weight_sync_time")), c(s.get("sync_s_per_gb"), ".3f"),
+                     c(s.get("train_tokens_per_s_per_gpu"), ".0f"), c(s.get("mfu"), ".3f"),
+                     c(s.get("logprob_gap_max"), ".4f"),
+                     " ".join(f"{v:.0f}" for v in s.get("peak_gib_per_gpu", {}).values()) or "-"])
     lines = [f"# GRPO with trainer=megatron, rollout=sglang on {results.get('gpu', '?')}", "",
              f"{PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens a step, {PROMPT_WORDS}-token "
              "prompts, random bf16 weights; medians over the steps after the first. train tokens/s and MFU "
              "per trainer GPU (8N FLOPs per token: recompute forward + training step); sync with offload "
              "and onload where colocated.", "",
-             "| layout | model | steps | start-up s | step s | rollout s | train s | sync s | sync s/GB | "
-             "train tok/s/GPU | MFU | log-prob gap max | peak GiB per GPU |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, r in results["layouts"].items():
-        s = r.get("summary", {})
-        peaks = " ".join(f"{v:.0f}" for v in s.get("peak_gib_per_gpu", {}).values()) or "-"
-        lines.append(f"| {name} | {r.get('model')} | {s.get('steps', 0)} (rc {s.get('returncode')}) | "
-                     f"{cell(s.get('startup_s'), '.0f')} | {cell(s.get('step_time'))} | "
-                     f"{cell(s.get('rollout_wait_time'))} | {cell(s.get('train_time'))} | "
-                     f"{cell(s.get('weight_sync_time'))} | {cell(s.get('sync_s_per_gb'), '.3f')} | "
-                     f"{cell(s.get('train_tokens_per_s_per_gpu'), '.0f')} | {cell(s.get('mfu'), '.3f')} | "
-                     f"{cell(s.get('logprob_gap_max'), '.4f')} | {peaks} |")
-    lines += ["", "Commands:", ""] + [f"- {n}: `{r.get('command')}`" for n, r in results["layouts"].items()]
-    with open(path + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+             *h.table(["layout", "model", "steps", "start-up s", "step s", "rollout s", "train s", "sync s",
+                       "sync s/GB", "train tok/s/GPU", "MFU", "log-prob gap max", "peak GiB per GPU"], rows),
+             "", "Commands:", ""] + [f"- {n}: `{r.get('command')}`" for n, r in results["layouts"].items()]
+    h.write_text(path + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
 
@@ -255,15 +173,13 @@ def main() -> None:
     if args.cpu:  # the tiny model's context is 64 tokens
         global NEW_TOKENS, PROMPT_WORDS
         NEW_TOKENS, PROMPT_WORDS = 16, 8
-    t0 = time.perf_counter()
+    budget = h.Budget(args.budget)
     names = ["cpu"] if args.cpu else [n for n in args.layouts.split(",") if n]
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown:
         sys.exit(f"unknown layouts {unknown}; known: {sorted(LAYOUTS)}")
     os.makedirs(WORK, exist_ok=True)
-    os.makedirs(args.out, exist_ok=True)
-    data = os.path.join(WORK, "prompts.jsonl")
-    write_data(data)
+    data = write_prompts(os.path.join(WORK, "prompts.jsonl"), 4096, PROMPT_WORDS, labels=False)
     results: Dict[str, Any] = {"layouts": {}, "steps": args.steps}
     if not args.cpu:
         import torch
@@ -274,12 +190,10 @@ def main() -> None:
         spec = LAYOUTS[name]
         arch = arch_of(spec["model"], spec["args"])
         ckpt = os.path.join(WORK, f"{spec['model']}_{arch.num_layers}l")
-        tb = time.perf_counter()
-        build_checkpoint(ckpt, arch, "cpu" if args.cpu else "cuda")
-        log(f"{name}: checkpoint {ckpt} ready in {time.perf_counter() - tb:.0f} s")
-        left = args.budget - (time.perf_counter() - t0)
+        build_checkpoint(ckpt, arch=arch, device="cpu" if args.cpu else "cuda", reuse=True)
+        left = budget.left()  # each layout: an equal share of what is left after its checkpoint
         if left < 60:
-            log(f"{name}: skipped, {left:.0f} s left of the budget")
+            h.log(f"{name}: skipped, {left:.0f} s left of the budget")
             continue
         res = run_layout(name, spec, ckpt, data, args.steps, left / (len(names) - i), args.cpu)
         trainer_gpus = 1 if args.cpu else {"split_2_2": 2}.get(name, spec["gpus"])  # gpus: the trainer's

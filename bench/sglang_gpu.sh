@@ -5,29 +5,18 @@
 # the live server (weight updates over disk and CUDA IPC, memory release/resume, a group as one batched
 # request, aborts). run.py with the embedded engine is a sixth phase that one call has no room for
 # (three SGLang start-ups take 100-135 s each): PHASES=build,embedded in a call of its own.
-# bench/sglang_gpu.py says what each phase does.
-#
-#   here:    ../shared/tools/sglang-bundle.sh .sglang-bundle
-#            EXTRA="trl==1.16.0 accelerate==1.15.0" ../shared/tools/device-bundle.sh .device-bundle
-#            (and .gpu-extra/: the sglang-router, datasets and math-verify wheels for Python 3.12)
-#   device:  three calls within 30 s of each other (each carry is one call's; together over 64 MiB):
-#            call 1 (carry .sglang-bundle):  source .sglang-bundle/install.sh
-#            call 2 (carry .device-bundle):  source .device-bundle/install.sh
-#            call 3 (carry .gpu-extra):      bash bench/sglang_gpu.sh
-#   CPU dry run of every phase (tiny model, the embedded engine for SGLang, TRL on the CPU):
-#            python bench/sglang_gpu.py --cpu --budget 1500 --phases build,raw,sglang,sglang_offload,trl,embedded
+# bench/sglang_gpu.py says what each phase does; bench/README.md how the device call is set up (the SGLang
+# bundle in one call, then this with .device-bundle and .gpu-extra carried).
 #
 # WORKLOAD=256x256 (32 prompts x 8 samples x 256 tokens) instead of TRL's anchor (8 x 8 x 256); PHASES=
 # picks phases (build,raw,sglang,sglang_offload,trl,embedded); STEPS, OFFLOAD_STEPS, EMBEDDED_STEPS,
 # TRL_STEPS set each run's steps. Results: $OUT/sglang_gpu_colocated[_256x256].{json,md}, the server and
 # run logs' tails in $OUT/logs/. Exits non-zero when a check failed or a phase did not finish (what was
-# measured is written anyway).
+# measured is written anyway). CPU dry run of every phase (tiny model, the embedded engine for SGLang):
+#   python bench/sglang_gpu.py --cpu --budget 1500 --phases build,raw,sglang,sglang_offload,trl,embedded
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=bench/sglang_gpu_env.sh
-source bench/sglang_gpu_env.sh || exit 1
+# shellcheck source=bench/gpu/env.sh
+BENCH_SGLANG=1 source bench/gpu/env.sh || exit 1
 python3 bench/sglang_gpu.py --layout colocated --steps "${STEPS:-6}" --offload-steps "${OFFLOAD_STEPS:-4}" \
   --embedded-steps "${EMBEDDED_STEPS:-2}" --trl-steps "${TRL_STEPS:-3}" --out "$OUT"
-rc=$?
-bench_logs colocated
-exit $rc

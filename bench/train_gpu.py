@@ -1,4 +1,5 @@
 """The torch trainer's GRPO step on the GPU, taken apart: where a training step's time goes.
+How a GPU run is set up: bench/README.md.
 
     python bench/train_gpu.py [--out DIR]          # one H200: about a minute after the imports
     python bench/train_gpu.py --device cpu --preset tiny --batch 16 --new-tokens 8   # a check of this script
@@ -21,7 +22,6 @@ Writes ``train_gpu.json`` under ``--out`` and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,7 +33,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
-from gpu_components import build_checkpoint, fake_rollout, sync, torch_trainer  # noqa: E402 - bench/ is on the path
+from gpu.harness import write_json  # noqa: E402 - bench/ is on the path
+from gpu.workload import build_checkpoint  # noqa: E402
+from gpu_components import fake_rollout, sync, torch_trainer  # noqa: E402
 
 PROMPT = 64
 
@@ -139,8 +141,7 @@ def main() -> None:
         if args.device == "cuda":
             torch.cuda.empty_cache()
         res["runs"].append(row)
-        with open(os.path.join(args.out, "train_gpu.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(os.path.join(args.out, "train_gpu.json"), res)
     print(f"{res['gpu']}, {args.preset} shape, {PROMPT} + {args.new_tokens} tokens a sample, micro-batches of "
           f"{args.micro}; seconds a step, median of {args.steps}")
     print(f"{'samples':>8} {'GRPO (KL 0.04)':>15} {'GRPO (KL 0)':>12} {'bare model':>11} {'peak GiB':>9}")

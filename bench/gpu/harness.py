@@ -40,9 +40,8 @@ class Budget:
     """The seconds one device call gives its phases (a call ends at 10 minutes, whatever runs then).
 
     ``plan`` hands out one phase at a time, when it starts: its limit is the least of its cap and what
-    is left after the needs of the phases behind it (or, with ``equal_shares``, an equal share of what is
-    left); one whose room is under its need (and under ``floor``) is skipped, so that a slow phase costs
-    the ones behind it nothing they need."""
+    is left after the needs of the phases behind it; one whose room is under its need (or under ``floor``)
+    is skipped, so that a slow phase costs the ones behind it nothing they need."""
 
     def __init__(self, seconds: float, floor: float = 30.0, clock: Callable[[], float] = time.perf_counter):
         self.seconds, self.floor, self.clock = seconds, floor, clock
@@ -51,17 +50,16 @@ class Budget:
     def left(self) -> float:
         return self.end - self.clock()
 
-    def plan(self, names: Sequence[str], needs: Optional[Dict[str, Tuple[float, float]]] = None,
-             equal_shares: bool = False) -> Iterator[Tuple[str, float, Optional[str]]]:
-        """(phase, limit seconds, why it is skipped or None) per phase; ``needs``: phase -> (the least it
-        finishes in, the most it may take); the last phase may take all that is left."""
+    def plan(self, names: Sequence[str], needs: Optional[Dict[str, Tuple[float, float]]] = None
+             ) -> Iterator[Tuple[str, float, Optional[str]]]:
+        """(phase, limit seconds, why it is skipped or None) per phase, each computed when that phase is
+        due; ``needs``: phase -> (the least it finishes in, the most it may take); the last phase may take
+        all that is left."""
         needs = needs or {}
         for i, name in enumerate(names):
             need, cap = needs.get(name, (0.0, math.inf))
-            if i == len(names) - 1:
-                cap = math.inf
             room = self.left() - sum(needs.get(n, (0.0, 0.0))[0] for n in names[i + 1:])
-            limit = min(cap, room / (len(names) - i if equal_shares else 1))
+            limit = room if i == len(names) - 1 else min(cap, room)
             if room < max(need, self.floor):
                 yield name, limit, f"{room:.0f}s left, needs {need or self.floor:.0f}s"
             else:
@@ -69,9 +67,10 @@ class Budget:
 
 
 # ------------------------------------------------------------------------------ phases as children
-def run_child(phase: str, limit_s: float, result_path: str, argv: Optional[List[str]] = None) -> Dict[str, Any]:
+def run_child(phase: str, limit_s: float, result_path: str, argv: Optional[List[str]] = None,
+              grace_s: float = 30.0) -> Dict[str, Any]:
     """This script again (its own arguments, ``--phase`` and ``--limit`` added) for one phase, killed
-    ``limit_s`` + 30 s on; returns what the phase saved (``phase_output``) with ``phase_rc`` (its exit
+    ``limit_s + grace_s`` on; returns what the phase saved (``phase_output``) with ``phase_rc`` (its exit
     status, or "timeout")."""
     if os.path.exists(result_path):
         os.remove(result_path)
@@ -79,7 +78,7 @@ def run_child(phase: str, limit_s: float, result_path: str, argv: Optional[List[
     cmd = [sys.executable, os.path.abspath(argv[0]), *argv[1:], "--phase", phase, "--limit", str(limit_s)]
     log(f"phase {phase} (at most {limit_s:.0f}s)")
     try:
-        rc: Any = subprocess.run(cmd, timeout=limit_s + 30).returncode
+        rc: Any = subprocess.run(cmd, timeout=limit_s + grace_s).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
     res = read_json(result_path) or {}
@@ -96,7 +95,10 @@ def phase_output(path: str, every_s: float = 5.0) -> Iterator[Dict[str, Any]]:
 
     def autosave() -> None:
         while not stop.wait(every_s):
-            write_json(path, out)
+            try:
+                write_json(path, out)
+            except RuntimeError:  # the phase changed ``out`` while it was written: the next save has it
+                pass
 
     threading.Thread(target=autosave, daemon=True).start()
     try:
@@ -307,3 +309,14 @@ def copy_logs(dest: str, files: Iterable[str] = (), run_dirs: Iterable[str] = ()
             shutil.copy(os.path.join(d, "metrics.jsonl"), os.path.join(dest, f"{name}_metrics.jsonl"))
             written.append(f"{name}_metrics.jsonl")
     return written
+
+
+def steps_table(metrics: str, keys: Sequence[str]) -> List[str]:
+    """A markdown table of ``keys`` per step of a ``metrics.jsonl``."""
+    return table(["step", *keys], [[r.get("step"), *(cell(r.get(k), ".4g") for k in keys)] for r in read_rows(metrics)])
+
+
+if __name__ == "__main__":  # python3 bench/gpu/harness.py RUN_DIR/metrics.jsonl KEY ...: the shell benches' step table
+    if len(sys.argv) < 3:
+        sys.exit("usage: python3 bench/gpu/harness.py METRICS_JSONL KEY [KEY ...]")
+    print("\n".join(steps_table(sys.argv[1], sys.argv[2:])))

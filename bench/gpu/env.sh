@@ -1,0 +1,35 @@
+# Sourced by every GPU bench script, from the repo root: the environment of a run on the lent GPU machine,
+# written once (bench/README.md says which bundles to carry in which call).
+#   - NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM); no other GPU setting is touched;
+#   - the device bundle (.device-bundle: ray, hydra, megatron-core, ...) in /tmp/site, installed from this
+#     call's carry or left there by an earlier call while the machine is warm;
+#   - the wheels of .gpu-extra/ (sglang-router, datasets, math-verify, ...) into /tmp/site when carried;
+#   - with BENCH_SGLANG=1: the SGLang stack (.sglang-bundle, unpacked once to /tmp/sglang-site) first on
+#     PYTHONPATH (its pinned transformers, fastapi and pydantic before the device bundle's);
+#   - OUT (default bench/results) exists; the versions that run and the GPUs are printed.
+# Returns non-zero (the caller exits) when the stack does not import.
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+export OUT WANDB_MODE=disabled PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled \
+       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -f .device-bundle/install.sh ] && [ ! -d /tmp/site/hydra ]; then
+  source .device-bundle/install.sh || return 1
+fi
+if ls .gpu-extra/*.whl >/dev/null 2>&1; then  # carried in this call (an earlier call's stay in /tmp/site)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu-extra/*.whl || return 1
+fi
+_stack="import torch, transformers"
+if [ "${BENCH_SGLANG:-0}" = 1 ]; then
+  if [ ! -d /tmp/sglang-site/site/sglang ]; then
+    if [ -f .sglang-bundle/install.sh ]; then source .sglang-bundle/install.sh
+    else echo "no SGLang stack: run 'source .sglang-bundle/install.sh' first (carry .sglang-bundle)"; return 1; fi
+  fi
+  export PYTHONPATH=/tmp/sglang-site/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  _stack="import sglang, sglang_router, ray, hydra, torch, transformers; print('sglang', sglang.__version__, end=' ')"
+  [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
+else  # as .device-bundle/install.sh orders it
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -c "$_stack; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+  || { echo "the stack does not import (see above)"; return 1; }
+nvidia-smi -L

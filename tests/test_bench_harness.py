@@ -1,0 +1,160 @@
+"""bench/gpu/harness.py, the part of every GPU bench that needs no GPU: the time budget shared by the
+phases of a device call, phases as child processes (one that fails or hangs leaves what it measured),
+result files written whole, tables, log tails, nvidia-smi's CSV (``--query-gpu=timestamp,index,
+memory.used,utilization.gpu --format=csv,noheader,nounits``) and the metrics rows of a run as they appear.
+The benches only run on the lent machine, so these run here, on what those would see."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu.harness import Budget, GpuSampler, copy_logs, read_rows, run_child, steps_table, table, write_json  # noqa: E402
+
+# bench/sglang_gpu.py's phases: (the least each finishes in, the most it may take)
+PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "trl": (50, 120)}
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_a_phase_gets_what_is_left_less_what_later_phases_need():
+    clock = Clock()
+    plan = Budget(540, clock=clock).plan(list(PLAN), PLAN)
+    assert next(plan) == ("build", 90, None)  # 540 - (150 + 150 + 50) = 190 left for it, capped at 90
+    clock.t = 43
+    assert next(plan) == ("raw", 180, None)  # 497 - 200
+    clock.t = 223
+    assert next(plan) == ("sglang", 230, None)  # 317 - 50
+    clock.t = 453
+    assert next(plan) == ("trl", 87, None)  # the last phase: all that is left, over its cap if need be
+    assert next(plan, None) is None
+
+
+def test_a_phase_that_cannot_get_its_need_is_skipped_and_the_next_still_runs():
+    clock = Clock()
+    plan = Budget(540, clock=clock).plan(list(PLAN), PLAN)
+    next(plan), next(plan)
+    clock.t = 400  # raw overran: 140 s left, 50 of them trl's
+    assert next(plan) == ("sglang", 90, "90s left, needs 150s")
+    assert next(plan) == ("trl", 140, None)
+
+
+def test_without_needs_a_phase_may_take_the_rest_down_to_the_floor():
+    clock = Clock()
+    plan = Budget(100, floor=30, clock=clock).plan(["a", "b"])
+    assert next(plan) == ("a", 100, None)
+    clock.t = 80
+    assert next(plan) == ("b", 20, "20s left, needs 30s")
+
+
+CHILD = """import sys, time
+sys.path.insert(0, {bench!r})
+from gpu.harness import phase_output
+phase = sys.argv[sys.argv.index("--phase") + 1]
+with phase_output(sys.argv[1], every_s=0.1) as out:
+    out["limit"] = float(sys.argv[sys.argv.index("--limit") + 1])
+    if phase == "hang":
+        time.sleep(60)
+    if phase == "fail":
+        raise RuntimeError("boom")
+    out["done"] = True
+"""
+
+
+@pytest.mark.parametrize("phase, want", [
+    ("ok", {"limit": 5.0, "done": True, "phase_rc": 0}),
+    ("fail", {"limit": 5.0, "error": "RuntimeError('boom')", "phase_rc": 1}),
+    ("hang", {"limit": 0.5, "phase_rc": "timeout"}),  # killed; what it saved before is there
+])
+def test_a_phase_child_leaves_what_it_measured_however_it_ends(tmp_path, phase, want):
+    script = tmp_path / "bench.py"
+    script.write_text(CHILD.format(bench=str(ROOT / "bench")))
+    result = tmp_path / f"{phase}.json"
+    result.write_text('{"stale": true}')  # a earlier call's result is not taken for this one's
+    got = run_child(phase, want["limit"], str(result), argv=[str(script), str(result)], grace_s=1.0)
+    assert got == want
+
+
+def test_result_json_is_written_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "out" / "result.json"
+    write_json(str(path), {"step_s": 1.41, "gpu": "H200"})
+    assert json.loads(path.read_text()) == {"step_s": 1.41, "gpu": "H200"}
+    circular = {}
+    circular["self"] = circular
+    with pytest.raises(ValueError):
+        write_json(str(path), circular)
+    assert json.loads(path.read_text()) == {"step_s": 1.41, "gpu": "H200"}  # the last good one stays
+    assert [p.name for p in path.parent.iterdir()] == ["result.json"]  # no temp file left behind
+
+
+def test_table_pads_short_rows():
+    assert table(["", "step s", "steps"], [["run.py", "1.41", 6], ["TRL", "no steps: rc 1"]]) == [
+        "|  | step s | steps |", "|---|---|---|", "| run.py | 1.41 | 6 |", "| TRL | no steps: rc 1 |  |"]
+
+
+def test_steps_table_from_the_command_line(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0, "perf/step_time": 2.651}\n{"step": 1, "perf/step_time": 1.4123, "x": 1}\n')
+    assert steps_table(str(metrics), ["perf/step_time", "train/kl_loss"])[2:] == [
+        "| 0 | 2.651 | - |", "| 1 | 1.412 | - |"]
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/harness.py"), str(metrics), "perf/step_time"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["| step | perf/step_time |", "|---|---|", "| 0 | 2.651 |", "| 1 | 1.412 |"]
+
+
+def test_copy_logs_keeps_the_tails_and_the_metrics(tmp_path):
+    work, dest = tmp_path / "work", tmp_path / "out" / "logs"
+    (work / "run_colocated_sglang" / "logs").mkdir(parents=True)
+    (work / "raw_colocated_server.log").write_text("".join(f"line {i}\n" for i in range(200)))
+    (work / "run_colocated_sglang" / "run.log").write_text("started\n")
+    (work / "run_colocated_sglang" / "logs" / "engine_0.log").write_text("up\n")
+    (work / "run_colocated_sglang" / "metrics.jsonl").write_text('{"step": 0}\n')
+    written = copy_logs(str(dest), [str(work / "raw_colocated_server.log"), str(work / "missing.out")],
+                        [str(work / "run_colocated_sglang") + "/"])
+    assert written == ["raw_colocated_server.log", "run_colocated_sglang_run.log",
+                       "run_colocated_sglang_engine_0.log", "run_colocated_sglang_metrics.jsonl"]
+    lines = (dest / "raw_colocated_server.log").read_text().splitlines()
+    assert len(lines) == 80 and lines[-1] == "line 199"
+    assert (dest / "run_colocated_sglang_metrics.jsonl").read_text() == '{"step": 0}\n'
+
+
+NVIDIA_SMI = """2026/12/01 03:00:00.123, 0, 1024, 0
+2026/12/01 03:00:01.120, 1, 2048, 90
+2026/12/01 03:00:02.118, 0, 30720, 100
+2026/12/01 03:00:02.118, 1, 4096, 2
+[Unknown Error]
+2026/12/01 03:00:03.101, 0, 20480, 3
+"""
+
+
+def test_peaks_and_idle_share_from_nvidia_smi_lines(tmp_path):
+    path = tmp_path / "gpu.csv"
+    path.write_text(NVIDIA_SMI)
+    sampler = GpuSampler(str(path), start=False)
+    assert sampler.peaks() == {"gpu0": {"peak_gib": 30.0, "mean_util": 34.3},
+                               "gpu1": {"peak_gib": 4.0, "mean_util": 46.0}}
+    since = time.mktime(time.strptime("2026/12/01 03:00:02", "%Y/%m/%d %H:%M:%S"))
+    assert sampler.idle_share(since) == {"gpu0": {"samples": 2, "idle_share": 0.5, "mean_util": 51.5},
+                                         "gpu1": {"samples": 1, "idle_share": 1.0, "mean_util": 2.0}}
+
+
+def test_read_rows_waits_for_whole_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert read_rows(str(path)) == []
+    path.write_text('{"step": 0}\n{"step": 1}\n')
+    assert read_rows(str(path)) == [{"step": 0}, {"step": 1}]
+    path.write_text('{"step": 0}\n{"ste')
+    assert read_rows(str(path)) == []
