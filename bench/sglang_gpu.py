@@ -5,34 +5,25 @@ How a GPU run is set up (bundles, environment, results): bench/README.md.
     WORKLOAD=256x256 bash bench/sglang_gpu.sh     # the same table for 32 prompts x 8 samples x 256 tokens
     bash bench/sglang_gpu_split.sh                # two H200s: trainer on GPU 0, SGLang on GPU 1, async
 
-Workloads (``--workload``): ``anchor``, TRL's GRPO anchor (8 prompts x 8 samples x 256 new tokens a step);
-``256x256``, 256 samples of 256 new tokens a step (32 prompts x 8 samples).
+Phases (``--phases``, in this order; each a child process with its own time limit, so one that hangs or dies
+leaves the others, and one that the budget cannot fit is skipped and reported), on a Qwen3-0.6B-shaped
+random checkpoint and prompts of 64 random words:
+  raw       SGLang from the engine class's own command line, the GRPO step's requests sent straight to it:
+            the reference time; then checks against the live server (bench/gpu/sglang_server.py).
+  sglang    python run.py rollout=sglang algo=grpo (no KL loss, as TRL's default), colocated without
+            offload (nothing moves, the push reads the trainer's GPU tensors; split: the layout's own):
+            per-step rollout, train and sync seconds, the train/rollout log-prob gap, startup (to the first
+            step, engines up, SGLang's own weight-load and CUDA-graph capture times).
+  sglang_offload  the same with both offloads (the trainer's state to the host while SGLang generates,
+            SGLang's memory released while the trainer trains).
+  trl       TRL's GRPOTrainer (HF generate) on the same checkpoint, prompts and batch (bench/gpu/trl_step.py).
+  embedded  the run.py run with the embedded engine (fewer steps); not a default phase (one 10-minute call
+            holds three SGLang start-ups, not a fourth run).
 
-Phases (each a child process with its own time limit, so one that hangs or dies leaves the others):
-  raw       SGLang started from the engine class's own command line on a Qwen3-0.6B-shaped random
-            checkpoint; the GRPO step's requests (64-token prompts, the run's sampling parameters) sent
-            straight to it: the reference time. Then checks against the live server (bench/gpu/sglang_server.py).
-  sglang    python run.py rollout=sglang algo=grpo (no KL loss, as TRL's default) on the same checkpoint
-            and data, colocated without offload
-            (parallelism.offload_train=false offload_rollout=false: nothing moves, the push reads the
-            trainer's GPU tensors; split: the layout's own): per-step rollout, train and sync seconds,
-            the train/rollout log-prob gap, startup (run start to the first step, engines up, SGLang's
-            own weight-load and CUDA-graph capture times).
-  sglang_offload  the same, colocated with both offloads on (the trainer's state to the host while
-            SGLang generates, SGLang's memory released while the trainer trains).
-  trl       TRL's GRPOTrainer (HF generate, no vLLM) on the same checkpoint, prompts and batch
-            (bench/gpu/trl_step.py).
-  embedded  the same run.py run with the embedded engine (fewer steps), for comparison; not in the default
-            phases (one 10-minute call holds three SGLang start-ups, not a fourth run).
-Phases run in that order (``--phases``); one that the time budget cannot fit is skipped and reported.
-
-Writes ``$OUT/sglang_gpu_<layout>.json`` and ``.md`` (a table) as it goes, the logs' tails to ``$OUT/logs/``,
-and exits non-zero when a check failed or a phase did not finish; speed goals (issue 10) are reported as met
-or missed, not checked. Every number comes from this run.
-
-``--cpu``: a dry run of this script's own code on a CPU machine: the tiny model, 16 new tokens, the embedded
-engine in place of SGLang for the raw phase, its checks and the sglang phases (it speaks the same
-protocol), TRL on the CPU: every phase runs.
+Writes ``$OUT/sglang_gpu_<layout>[_<workload>].json`` and ``.md`` (a table) as it goes, the logs' tails to
+``$OUT/logs/``, and exits non-zero when a check failed or a phase did not finish; speed goals (issue 10) are
+reported as met or missed, not checked. ``--cpu``: a dry run of this script's own code on a CPU (the tiny
+model, 16 new tokens, the embedded engine in place of SGLang: it speaks the same protocol).
 """
 
 from __future__ import annotations

@@ -122,10 +122,11 @@ def test_copy_logs_keeps_the_tails_and_the_metrics(tmp_path):
     (work / "run_colocated_sglang" / "run.log").write_text("started\n")
     (work / "run_colocated_sglang" / "logs" / "engine_0.log").write_text("up\n")
     (work / "run_colocated_sglang" / "metrics.jsonl").write_text('{"step": 0}\n')
-    written = copy_logs(str(dest), [str(work / "raw_colocated_server.log"), str(work / "missing.out")],
-                        [str(work / "run_colocated_sglang") + "/"])
-    assert written == ["raw_colocated_server.log", "run_colocated_sglang_run.log",
-                       "run_colocated_sglang_engine_0.log", "run_colocated_sglang_metrics.jsonl"]
+    copy_logs(str(dest), [str(work / "raw_colocated_server.log"), str(work / "missing.out")],
+              [str(work / "run_colocated_sglang") + "/"])
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "raw_colocated_server.log", "run_colocated_sglang_engine_0.log", "run_colocated_sglang_metrics.jsonl",
+        "run_colocated_sglang_run.log"]
     lines = (dest / "raw_colocated_server.log").read_text().splitlines()
     assert len(lines) == 80 and lines[-1] == "line 199"
     assert (dest / "run_colocated_sglang_metrics.jsonl").read_text() == '{"step": 0}\n'

@@ -1,15 +1,8 @@
-"""What every GPU bench needs, written once (bench/README.md says how a GPU run is set up):
-
-- a time budget shared by the phases of one device call (``Budget``): a phase gets what is left, less
-  what the phases after it need, and one that cannot get its need is skipped and reported;
-- phases as child processes (``run_child``, ``phase_output``): a phase that hangs or dies leaves the
-  others, and what it measured before survives it;
-- result files written whole (``write_json``, ``write_text``), pass/fail checks, markdown tables;
-- ``python run.py`` launched and watched until its limit (``run_py``), with the metrics rows as they appear;
-- nvidia-smi samples (``GpuSampler``: peak memory, idle share per GPU);
-- the logs' tails copied under ``$OUT`` (``copy_logs``).
-
-Only the standard library here: a bench imports it before torch, and its tests run on any CPU.
+"""What every GPU bench needs, written once (bench/README.md says how a GPU run is set up): a time budget
+shared by the phases of one device call (``Budget``); phases as child processes whose results survive them
+(``run_child``, ``phase_output``); result files written whole, pass/fail checks, markdown tables;
+``python run.py`` launched and watched (``run_py``); nvidia-smi samples (``GpuSampler``); log tails under
+``$OUT`` (``copy_logs``). Only the standard library: a bench imports it before torch, its tests run anywhere.
 """
 
 from __future__ import annotations
@@ -81,9 +74,12 @@ def run_child(phase: str, limit_s: float, result_path: str, argv: Optional[List[
         rc: Any = subprocess.run(cmd, timeout=limit_s + grace_s).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
-    res = read_json(result_path) or {}
-    res["phase_rc"] = rc
-    return res
+    try:
+        with open(result_path) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {}
+    return {**res, "phase_rc": rc}
 
 
 @contextmanager
@@ -123,14 +119,6 @@ def write_text(path: str, text: str) -> None:
 
 def write_json(path: str, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
-
-
-def read_json(path: str) -> Optional[Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def check(results: Dict[str, Any], name: str, ok: bool, detail: str) -> bool:
@@ -283,32 +271,23 @@ class GpuSampler:
 
 
 # ------------------------------------------------------------------------------------- logs
-def copy_logs(dest: str, files: Iterable[str] = (), run_dirs: Iterable[str] = (), lines: int = 80) -> List[str]:
+def copy_logs(dest: str, files: Iterable[str] = (), run_dirs: Iterable[str] = (), lines: int = 80) -> None:
     """The last ``lines`` of each file, and of each run dir's run.log and logs/*.log (named
-    ``<run dir>_<log>``), with each run dir's metrics.jsonl whole, into ``dest``; returns what was written.
-    (A device call brings back at most 8 files of $OUT: bench/README.md.)"""
+    ``<run dir>_<log>``), with each run dir's metrics.jsonl whole, into ``dest``. (A device call brings
+    back at most 8 files of $OUT: bench/README.md.)"""
     from slime_hydra.utils.proc import tail
 
+    named = [(os.path.basename(f), f) for f in files]
+    for d in (d.rstrip("/") for d in run_dirs):
+        logs = [os.path.join(d, "run.log"), *sorted(glob.glob(os.path.join(d, "logs", "*.log"))),
+                os.path.join(d, "metrics.jsonl")]
+        named += [(f"{os.path.basename(d)}_{os.path.basename(f)}", f) for f in logs]
     os.makedirs(dest, exist_ok=True)
-    written = []
-
-    def put(name: str, text: str) -> None:
-        write_text(os.path.join(dest, name), text)
-        written.append(name)
-
-    for f in files:
-        if os.path.isfile(f):
-            put(os.path.basename(f), tail(f, lines) + "\n")
-    for d in run_dirs:
-        d = d.rstrip("/")
-        name = os.path.basename(d)
-        for f in [os.path.join(d, "run.log"), *sorted(glob.glob(os.path.join(d, "logs", "*.log")))]:
-            if os.path.isfile(f):
-                put(f"{name}_{os.path.basename(f)}", tail(f, lines) + "\n")
-        if os.path.isfile(os.path.join(d, "metrics.jsonl")):
-            shutil.copy(os.path.join(d, "metrics.jsonl"), os.path.join(dest, f"{name}_metrics.jsonl"))
-            written.append(f"{name}_metrics.jsonl")
-    return written
+    for name, f in named:
+        if os.path.isfile(f) and name.endswith(".jsonl"):
+            shutil.copy(f, os.path.join(dest, name))
+        elif os.path.isfile(f):
+            write_text(os.path.join(dest, name), tail(f, lines) + "\n")
 
 
 def steps_table(metrics: str, keys: Sequence[str]) -> List[str]:
