@@ -1,0 +1,55 @@
+"""On a GPU: the megatron backend steps, offloads to the host, onloads and steps again, twice (the
+colocated choreography of every step). Step 2 used to fail in torch's fused AdamW after the optimizer
+state came back from the host ("state_steps is on cpu"). Skipped without CUDA and megatron-core; the GPU
+benches run it in every call (``bench/gpu/env.sh`` callers: ``python3 -m pytest -q tests/gpu``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a GPU", allow_module_level=True)
+pytest.importorskip("megatron.core")
+
+from megatron_cpu import saved_checkpoint, tiny_hf_model  # noqa: E402
+from train.tiny_trainer import fake_rollout  # noqa: E402
+
+from conftest import resolved  # noqa: E402
+
+
+def test_megatron_steps_after_offload_and_onload(tmp_path):
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.trainer import RLTrainer
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    saved_checkpoint(tiny_hf_model("qwen3"), str(tmp_path))
+    cfg = resolved(["trainer=megatron", "parallelism=1gpu", "trainer.max_tokens_per_micro_batch=64",
+                    "trainer.recompute=none", "model.dtype=bfloat16", "algo.lr=1e-3"])
+    be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
+                                  model_path=str(tmp_path), rank=0, world_size=1, device=torch.device("cuda"))
+    try:
+        rl = RLTrainer(be, cfg.algo, 1)
+        before = {k: v.float().clone() for k, v in be.hf_weights()}
+        for step in range(3):
+            out = rl.train(fake_rollout(8, seed=step), temperature=1.0, max_response_len=3)
+            assert all(torch.isfinite(torch.tensor(float(v))) for v in out.values() if isinstance(v, (int, float)))
+            free = torch.cuda.memory_allocated()
+            be.offload()
+            assert torch.cuda.memory_allocated() < free  # the state really left the GPU
+            be.onload()
+            for o in be._inner_optimizers():
+                for group in o.optimizer.param_groups:
+                    for p in group["params"]:
+                        step_count = o.optimizer.state[p]["step"]
+                        assert step_count.device.type == ("cuda" if group.get("fused") else "cpu")
+        after = dict(be.hf_weights())
+        assert any(not torch.equal(before[k], after[k].float()) for k in before)  # the steps moved the weights
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
