@@ -19,8 +19,10 @@ Offload (colocated engines): DDP's parameter buffer goes to a pinned host copy t
 point at meanwhile (the driver pushes weights while the trainer is offloaded; with
 ``use_distributed_optimizer=false`` there is no parameter buffer and the parameters move one by one), the
 gradient buffers' storage is freed (``_ParamAndGradBuffer.offload_to_cpu``; zeroed on return), and the
-optimizer's float32 main weights and Adam moments move to the host (``MegatronOptimizer.offload_to_cpu``,
-pageable memory). Small buffers (rotary tables) stay.
+optimizer's float32 main weights and Adam moments move to pinned host buffers allocated once (not
+``MegatronOptimizer.offload_to_cpu``: it copies into new pageable memory at every step, and its
+``restore_from_cpu`` moves Adam's step counts too, which torch's fused kernel then rejects on the host,
+or the foreach kernel pays a sync for on the GPU). Small buffers (rotary tables) stay.
 
 Checkpoints: ``hf/`` (sharded safetensors with an index, config and tokenizer) and ``megatron/``, a
 ``megatron.core.dist_checkpointing`` checkpoint (torch_dist format) that every rank writes its part of:
@@ -335,10 +337,28 @@ class MegatronBackend(TrainerBackend):
                     host = self._host[id(p)] = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
                 host.copy_(p.data)
                 p.data = host
-        self.opt.offload_to_cpu()
+        for t in self._optimizer_tensors():  # into pinned buffers kept across steps, asynchronously
+            host = self._host.get(id(t))
+            if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t.data, non_blocking=True)
+            t.data = host
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self._offloaded = True
+
+    def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
+        """The optimizer's float32 main weights and Adam moments (each once), not its step counts: those
+        stay where torch's kernel reads them (on the GPU for the fused one, which fails on host counts)."""
+        seen = set()
+        for o in self._inner_optimizers():
+            opt = o.optimizer
+            tensors = [p for g in opt.param_groups for p in g["params"]]
+            tensors += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+            for t in tensors:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    yield t
 
     def onload(self) -> None:
         if not self.cuda or not self._offloaded:
@@ -353,9 +373,8 @@ class MegatronBackend(TrainerBackend):
         if not self.ddp_config.use_distributed_optimizer:
             for p in self._params():
                 p.data = p.data.to(self.device, non_blocking=True)
-        self.opt.restore_from_cpu()
-        for o in self._inner_optimizers():
-            _place_step_counts(o.optimizer)
+        for t in self._optimizer_tensors():
+            t.data = t.data.to(self.device, non_blocking=True)
         torch.cuda.synchronize()
         self._offloaded = False
 
@@ -642,19 +661,6 @@ class MegatronBackend(TrainerBackend):
         self._set_lr()
         return state["trainer_state"]
 
-
-def _place_step_counts(optimizer: torch.optim.Optimizer) -> None:
-    """Put Adam's step counts where its kernel reads them after ``restore_from_cpu`` moved them with the
-    moments: torch's fused and capturable kernels keep them on the parameters' device (``state_steps``
-    on the CPU fails the fused step: "Expected all tensors to be on the same device"), the foreach and
-    for-loop kernels on the CPU (a GPU count would cost a sync at every step)."""
-    for group in optimizer.param_groups:
-        on_device = group.get("fused") or group.get("capturable")
-        for p in group["params"]:
-            st = optimizer.state.get(p, {})
-            step = st.get("step")
-            if torch.is_tensor(step):
-                st["step"] = step.to(p.device if on_device else "cpu")
 
 
 def _per_optimizer(state: Dict[Any, Any], n: int) -> List[Dict[str, Any]]:
