@@ -5,10 +5,11 @@ after another, in one device call (issue 13). How a GPU run is set up: bench/REA
     LAYOUTS=pp2_tp2_4gpu,split_2_2 STEPS=4 bash bench/scale_gpu.sh
 
 Each layout runs ``python run.py`` on a random-weight checkpoint of a real model's shape (Qwen3-4B; a
-Qwen3-30B-A3B shape cut to fewer layers for the MoE layout), prompts of 64 random words, 32 prompts x 8
-samples x 256 new tokens a step, and a reward that varies within a group (the share of even token ids in
-the response: bench/gpu_rewards.py), so every step has advantages, gradients and new weights to push: the
-train/rollout log-prob gap after a push checks the sync. Per layout it reports, over the steps after the first:
+Qwen3-30B-A3B shape cut to fewer layers for the MoE layout), prompts of 64 random words, 32 (env PROMPTS)
+prompts x 8 samples x 256 new tokens a step, the micro-batch and recompute chosen by the plan, and a
+reward that varies within a group (the share of even token ids in the response: bench/gpu_rewards.py),
+so every step has advantages, gradients and new weights to push: the train/rollout log-prob gap after a
+push checks the sync. Per layout it reports, over the steps after the first:
 seconds per step split into rollout, train and sync; training tokens/s per trainer GPU and MFU; sync
 seconds per GB; peak memory per GPU (nvidia-smi, every 0.5 s); start-up time; the log-prob gap.
 
@@ -34,7 +35,8 @@ from gpu import harness as h  # noqa: E402 - bench/ is on the path from here
 from gpu.workload import arch_of, build_checkpoint, write_prompts  # noqa: E402
 
 WORK = "/tmp/scalebench"
-PROMPTS, SAMPLES, NEW_TOKENS, PROMPT_WORDS = 32, 8, 256, 64
+PROMPTS = int(os.environ.get("PROMPTS", 32))  # 8: TRL's anchor batch (8 x 8 samples)
+SAMPLES, NEW_TOKENS, PROMPT_WORDS = 8, 256, 64
 PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on the H200 (bench/megatron_gpu.py)
 # what conf/rollout/sglang.yaml leaves to the deployment: the SGLang bundle has no FA3 kernels
 SERVER_ARGS = ["rollout.server_args.mem_fraction_static=0.5", "+rollout.server_args.attention_backend=triton",
@@ -45,6 +47,8 @@ SPLIT = ["trainer.mode=async", "+rollout.server_args.disable_prefill_cuda_graph=
 TWO = ["parallelism=1gpu", "parallelism.gpus_per_node=2", "parallelism.trainer_gpus=2"]
 MOE = ["model.arch.num_layers=8"]  # the Qwen3-30B-A3B shape, 8 of its 48 layers (5.4B parameters)
 LAYOUTS: Dict[str, Dict[str, Any]] = {
+    # one GPU, trainer and engine colocated, offload as the plan chooses (PROMPTS=8: issue 24's 4B run)
+    "colocate_1gpu": {"model": "qwen3_4b", "gpus": 1, "args": ["parallelism=1gpu"]},
     "colocate_4gpu": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=colocate_4gpu"]},
     "pp2_tp2_4gpu": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=pp2_tp2_4gpu"]},
     "split_2_2": {"model": "qwen3_4b", "gpus": 4, "args": ["parallelism=split_2_2", *SPLIT]},
@@ -90,8 +94,8 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
             "reward.type=custom", "reward.custom=gpu_rewards.even_tokens", "algo.kl_loss_coef=0.0",
             "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05"]
     if not cpu:
-        args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS,
-                 "trainer.micro_batch_size=16", "trainer.max_tokens_per_micro_batch=8192"]
+        # the packed micro-batch and recompute are the plan's (auto): the run log prints its choice
+        args += ["trainer=megatron", "rollout=sglang", f"rollout.concurrency={PROMPTS * SAMPLES}", *SERVER_ARGS]
     args += spec["args"] + os.environ.get("EXTRA", "").split()  # EXTRA: more overrides for every layout
     console = os.path.join(WORK, f"run_{name}.out")
     gpus = None if cpu else h.GpuSampler(os.path.join(WORK, f"gpu_{name}.csv"), interval_ms=500)
