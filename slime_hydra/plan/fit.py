@@ -156,7 +156,9 @@ def _knobs(cfg: "RunConfig", index: int, recompute: bool, auto: Set[str]) -> Dic
     """The trainer settings of candidate ``index`` of :func:`_sizes` for the keys in ``auto``."""
     size_key, rec_key = _knob_keys(cfg)
     n = _sizes(cfg)[index]
-    size = n * _seq_len(cfg) if size_key == "max_tokens_per_micro_batch" else n
+    size = n
+    if size_key == "max_tokens_per_micro_batch":  # unbounded prompts (max_prompt_len unset) need room beyond
+        size = max(n * _seq_len(cfg), AUTO_TARGET_TOKENS if cfg.rollout.max_prompt_len is None else 0)
     rec = ("full" if recompute else "none") if rec_key == "recompute" else recompute
     return {k: v for k, v in ((size_key, size), (rec_key, rec)) if k in auto}
 
