@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 AUTO = "auto"
 # tokens a micro-batch should hold before recompute is worth avoiding: below this a GPU's matmuls run short
-# of work (megatron on a Qwen3-4B shape, one H200: 38.5% MFU at 4096 tokens, 45% at 8192,
+# of work (megatron on a Qwen3-4B shape, one H200: 35.8% MFU at 4096 tokens, 44.7% at 8192,
 # bench/measured/h200_megatron_mfu.md)
 AUTO_TARGET_TOKENS = 4096
 # what ``auto`` means where nothing is estimated (CPU, or a backend without a memory function)
