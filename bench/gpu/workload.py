@@ -49,18 +49,12 @@ class Workload:
 
 def arch_of(preset: str, overrides: Sequence[str] = ()):
     """The ``ArchConfig`` of ``conf/model/<preset>.yaml``, with ``model.arch.*`` overrides applied."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from slime_hydra.config.describe import compose
     from slime_hydra.config.schema import ArchConfig
-    from slime_hydra.config.store import register_configs
 
-    register_configs()
-    GlobalHydra.instance().clear()
-    arch_over = [o for o in overrides if o.startswith("model.arch.")]
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        node = compose("config", overrides=[f"model={preset}", *arch_over]).model.arch
+    node = compose([f"model={preset}", *(o for o in overrides if o.startswith("model.arch."))]).model.arch
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), node))
 
 
