@@ -347,6 +347,20 @@ class MegatronBackend(TrainerBackend):
         torch.cuda.empty_cache()
         self._offloaded = True
 
+    def _rehook_grads(self) -> None:
+        """Hook megatron's DDP into the parameters' gradient accumulators again. A parameter whose ``.data``
+        moves between devices gets a new accumulator from torch (``set_data`` drops the old one), and DDP's
+        hook on the old one no longer runs: backward then leaves ``main_grad`` at zero and the optimizer
+        steps on nothing (every step after an offload, until this; tests/gpu/test_megatron_offload.py).
+        As ``DistributedDataParallel.__init__`` registers them (megatron-core 0.16.1)."""
+        for chunk in self.chunks:
+            chunk.grad_accs = []
+            for param in chunk.module.parameters():
+                if param.requires_grad:
+                    acc = param.expand_as(param).grad_fn.next_functions[0][0]
+                    acc.register_hook(chunk._make_backward_post_hook(param))
+                    chunk.grad_accs.append(acc)
+
     def _optimizer_tensors(self) -> Iterator[torch.Tensor]:
         """The optimizer's float32 main weights and Adam moments (each once), not its step counts: those
         stay where torch's kernel reads them (on the GPU for the fused one, which fails on host counts)."""
@@ -375,6 +389,7 @@ class MegatronBackend(TrainerBackend):
                 p.data = p.data.to(self.device, non_blocking=True)
         for t in self._optimizer_tensors():
             t.data = t.data.to(self.device, non_blocking=True)
+        self._rehook_grads()
         torch.cuda.synchronize()
         self._offloaded = False
 
