@@ -1,0 +1,216 @@
+"""``hydra/launcher=slime``: hydra-joblib-launcher's process pool, with every job on one Ray cluster.
+
+Each job runs in a loky worker process (joblib), ``sweep.max_concurrent`` at once, and is a Ray driver
+of its own that joins the sweep's cluster (cluster.py). Per job, the worker also
+- writes ``sweep_job.json`` (running, then ok / failed / pruned with the error's tail) for the report;
+- sends the job's console (its log lines, prints, progress bar) to ``<job dir>/console.log``, so the
+  sweep's console shows one status line per job instead of N interleaved logs;
+- names the job's wandb run by its overrides in a group named after the sweep;
+- with Optuna pruning configured, reports each eval to the study (optuna.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
+from hydra.types import HydraContext, TaskFunction
+from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from slime_hydra.sweep.cluster import SweepCluster
+from slime_hydra.sweep.jobs import write_status
+from slime_hydra.sweep.report import collect, status_line, write_report
+
+log = logging.getLogger(__name__)
+
+
+class JobPruned(Exception):
+    """A trial stopped by the sweep's pruner (raised by the job's eval hook; optuna.py)."""
+
+
+def job_dir_of(config: DictConfig) -> str:
+    """Where Hydra puts this job (``hydra.sweep.dir`` / ``hydra.sweep.subdir``), as run_job computes it."""
+    return os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
+
+
+def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext, config: DictConfig,
+                task_function: TaskFunction, singleton_state: Dict[Any, Any], prune: Optional[Dict[str, Any]]
+                ) -> JobReturn:
+    """One job, in a worker process (hydra-joblib-launcher's ``execute_job``, plus the sweep's bookkeeping)."""
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+        sweep_config.logging.progress = False  # the sweep prints status lines
+        if sweep_config.logging.wandb_group is None:
+            sweep_config.logging.wandb_group = os.path.basename(os.path.abspath(str(sweep_config.hydra.sweep.dir)))
+        shown = " ".join(filter_overrides(overrides))
+        if shown:
+            sweep_config.run_name = shown
+    HydraConfig.instance().set_config(sweep_config)
+    job_dir = job_dir_of(sweep_config)
+    started = time.time()
+    write_status(job_dir, idx, filter_overrides(overrides), "running", started=started)
+    from slime_hydra.launch import driver
+
+    hooks = []
+    if prune:
+        from slime_hydra.sweep.optuna import pruning_hook
+
+        hooks.append(pruning_hook(prune, idx))
+    driver.EVAL_HOOKS.extend(hooks)
+    saved = _redirect(os.path.join(job_dir, "console.log"))
+    try:
+        ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    except BaseException as e:  # noqa: BLE001 - a SystemExit of the task must not take the worker with it
+        ret = JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
+                        working_dir=job_dir, task_name=sweep_config.hydra.job.name, status=JobStatus.FAILED)
+        ret._return_value = e
+    finally:
+        _restore(saved)
+        for hook in hooks:
+            driver.EVAL_HOOKS.remove(hook)
+    if ret.status == JobStatus.COMPLETED:
+        write_status(job_dir, idx, filter_overrides(overrides), "ok", started=started)
+    else:
+        err = ret._return_value
+        pruned = isinstance(err, JobPruned)
+        tail = str(err) if pruned else "".join(traceback.format_exception(err))[-2000:]
+        write_status(job_dir, idx, filter_overrides(overrides), "pruned" if pruned else "failed", error=tail,
+                     started=started)
+        # what comes back to the sweep's process must unpickle there: the error's text, not its object
+        ret._return_value = err if pruned else RuntimeError(f"job {idx} failed: {tail}")
+    ret.cfg = ret.hydra_cfg = None  # the sweeper needs the status and value, not the configs
+    return ret
+
+
+def _redirect(path: str) -> Tuple[int, int, Any, Any]:
+    """Point this process's stdout and stderr (the file descriptors: also the servers it starts) at ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2), sys.stdout, sys.stderr)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    return saved
+
+
+def _restore(saved: Tuple[int, int, Any, Any]) -> None:
+    out, err, sys_out, sys_err = saved
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    sys.stdout, sys.stderr = sys_out, sys_err
+
+
+class StatusPrinter(threading.Thread):
+    """While jobs run: every ``interval`` seconds, a console line for each job whose state changed, and
+    the report rewritten when any did."""
+
+    def __init__(self, sweep_dir: str, interval: float):
+        super().__init__(daemon=True, name="sweep-status")
+        self.sweep_dir, self.interval = sweep_dir, interval
+        self.stopped = threading.Event()
+        self.shown: Dict[Any, str] = {}
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.update()
+
+    def update(self) -> None:
+        try:
+            rows = collect(self.sweep_dir)
+        except Exception as e:  # noqa: BLE001 - a status line must never stop the sweep
+            log.debug("sweep status: %s", e)
+            return
+        changed = False
+        for row in rows:
+            line = status_line(row)
+            if self.shown.get(row["job"]) != line:
+                self.shown[row["job"]] = line
+                print(line, flush=True)
+                changed = True
+        if changed:
+            write_report(self.sweep_dir)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=30)
+        self.update()
+
+
+class SweepLauncher(JoblibLauncher):
+    """See the module docstring. The sweepers (sweeper.py, optuna.py) call ``start`` with the cluster's
+    size before the first job and ``close`` after the last; ``launch`` runs one batch."""
+
+    def __init__(self, **joblib: Any) -> None:
+        super().__init__(**joblib)
+        self.cluster: Optional[SweepCluster] = None
+        self.prune: Optional[Dict[str, Any]] = None  # set by the Optuna sweeper when it prunes
+
+    def start(self, num_cpus: int, num_gpus: int) -> None:
+        if self.cluster is None:
+            cfg = self.config
+            self.cluster = SweepCluster(str(cfg.hydra.sweep.dir), num_cpus, num_gpus, cfg.cluster.address)
+            self.cluster.start()
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        return self.launch_jobs([(initial_job_idx + i, o) for i, o in enumerate(job_overrides)])
+
+    def launch_jobs(self, jobs: List[Tuple[int, Sequence[str]]]) -> List[JobReturn]:
+        """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order."""
+        from joblib import Parallel, delayed
+
+        setup_globals()
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        if self.cluster is None:
+            from slime_hydra.sweep.compose import cluster_size
+
+            self.start(*cluster_size(self.config, []))
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        os.makedirs(sweep_dir, exist_ok=True)
+        n_jobs = int(self.joblib.get("n_jobs") or 1)
+        log.info("sweep: %d job(s), %d at once, in %s", len(jobs), n_jobs, sweep_dir)
+        for idx, overrides in jobs:
+            log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+        printer = StatusPrinter(sweep_dir, float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0))
+        printer.start()
+        state = Singleton.get_state()
+        try:
+            runs = Parallel(n_jobs=n_jobs, backend="loky", batch_size=1, pre_dispatch="n_jobs")(
+                delayed(execute_job)(idx, overrides, self.hydra_context, self.config, self.task_function, state,
+                                     self.prune)
+                for idx, overrides in jobs)
+        finally:
+            printer.stop()
+        return list(runs)
+
+    def close(self) -> None:
+        """After the last job: the worker processes end, then the cluster."""
+        from joblib.externals.loky import get_reusable_executor
+
+        get_reusable_executor().shutdown(wait=True)
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
