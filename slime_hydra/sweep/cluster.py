@@ -24,9 +24,9 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Optional
+from typing import List, Optional
 
-from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _start_time, reap
+from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _parent, _start_time, processes_of_run, reap
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,31 @@ def reap_sweep(sweep_dir: str, token: Optional[str], ray_session_dir: Optional[s
             continue
         killed += len(reap(job["token"], job.get("ray_session_dir")))
     if token:
-        killed += len(reap(token, ray_session_dir))
+        killed += len(_reap_but_own_tracker(token, ray_session_dir))
+    return killed
+
+
+def _reap_but_own_tracker(token: str, ray_session_dir: Optional[str], timeout: float = 10.0) -> List[int]:
+    """lease.reap, but for this process's own joblib resource tracker (it ends with this process; killed
+    earlier, it warns of leaks that are not there)."""
+    def ours(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return _parent(pid) == os.getpid() and b"resource_tracker" in f.read()
+        except OSError:
+            return False
+
+    killed: List[int] = []
+    deadline = time.monotonic() + timeout
+    while (pids := [p for p in processes_of_run(token, ray_session_dir) if not ours(p)]) \
+            and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed += [p for p in pids if p not in killed]
+        time.sleep(0.1)
     return killed
 
 
@@ -80,8 +104,8 @@ class SweepCluster:
         os.environ[SWEEP_CLUSTER_ENV] = address
         self._start_watchdog()
         self.started = True
-        log.info("sweep: one Ray cluster for every job at %s (%d CPUs, %d GPUs), started in %.1fs", address,
-                 self.num_cpus, self.num_gpus, time.perf_counter() - t0)
+        log.info("sweep: one Ray cluster for every job at %s (%s CPUs, %s GPUs), started in %.1fs", address,
+                 self.num_cpus, "the machine's" if self.num_gpus is None else self.num_gpus, time.perf_counter() - t0)
         with open(os.path.join(self.sweep_dir, "sweep_cluster.json.tmp"), "w") as f:
             json.dump({"address": address, "num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "pid": os.getpid(),
                        "started": time.time()}, f)

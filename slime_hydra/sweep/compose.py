@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from slime_hydra.sweep.jobs import shown_overrides
+
 if TYPE_CHECKING:  # the validators import every component: loaded when a sweep starts, not when Hydra scans plugins
     from slime_hydra.config import RunConfig
     from slime_hydra.plan.resources import ResourcePlan
@@ -56,7 +58,7 @@ def compose(hydra_context, base: DictConfig, jobs: Sequence[Tuple[int, Sequence[
 
     out = []
     for num, overrides in jobs:
-        job = Job(num, [o for o in overrides if not o.startswith("hydra.")])
+        job = Job(num, shown_overrides(base, overrides))
         try:
             cfg = hydra_context.config_loader.load_sweep_config(base, list(overrides))
             with open_dict(cfg):

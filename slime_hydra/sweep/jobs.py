@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from slime_hydra.launch.lease import _start_time
 
@@ -21,6 +21,13 @@ def write_json_atomic(path: str, obj: Any) -> None:
     os.replace(path + ".tmp", path)
 
 
+def shown_overrides(config: Any, overrides: Sequence[str]) -> List[str]:
+    """A job's overrides as the report shows them: not Hydra's, nor the sweep-wide switches that
+    ``hydra.job.config.override_dirname.exclude_keys`` leaves out of its directory name."""
+    exclude = set(config.hydra.job.config.override_dirname.exclude_keys or [])
+    return [o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0].lstrip("+~") not in exclude]
+
+
 def write_status(job_dir: str, num: int, overrides: List[str], status: str, error: Optional[str] = None,
                  started: Optional[float] = None) -> None:
     """``status``: running | ok | failed | pruned. A running job records its process, so that a reader can
@@ -28,7 +35,8 @@ def write_status(job_dir: str, num: int, overrides: List[str], status: str, erro
     os.makedirs(job_dir, exist_ok=True)
     write_json_atomic(os.path.join(job_dir, STATUS_FILE), {
         "num": num, "overrides": list(overrides), "status": status, "error": error, "pid": os.getpid(),
-        "pid_start": _start_time(os.getpid()), "started": started, "ended": None if status == "running" else time.time()})
+        "pid_start": _start_time(os.getpid()), "started": started,
+        "ended": None if status == "running" else time.time()})
 
 
 def read_status(job_dir: str) -> Optional[Dict[str, Any]]:

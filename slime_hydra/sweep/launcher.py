@@ -27,7 +27,7 @@ from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from slime_hydra.sweep.cluster import SweepCluster
-from slime_hydra.sweep.jobs import write_status
+from slime_hydra.sweep.jobs import shown_overrides, write_status
 from slime_hydra.sweep.report import collect, status_line, write_report
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,14 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         sweep_config.logging.progress = False  # the sweep prints status lines
         if sweep_config.logging.wandb_group is None:
             sweep_config.logging.wandb_group = os.path.basename(os.path.abspath(str(sweep_config.hydra.sweep.dir)))
-        shown = " ".join(filter_overrides(overrides))
+        shown = " ".join(shown_overrides(sweep_config, overrides))
         if shown:
             sweep_config.run_name = shown
     HydraConfig.instance().set_config(sweep_config)
     job_dir = job_dir_of(sweep_config)
     started = time.time()
-    write_status(job_dir, idx, filter_overrides(overrides), "running", started=started)
+    label = shown_overrides(sweep_config, overrides)
+    write_status(job_dir, idx, label, "running", started=started)
     from slime_hydra.launch import driver
 
     hooks = []
@@ -83,12 +84,12 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         for hook in hooks:
             driver.EVAL_HOOKS.remove(hook)
     if ret.status == JobStatus.COMPLETED:
-        write_status(job_dir, idx, filter_overrides(overrides), "ok", started=started)
+        write_status(job_dir, idx, label, "ok", started=started)
     else:
         err = ret._return_value
         pruned = isinstance(err, JobPruned)
         tail = str(err) if pruned else "".join(traceback.format_exception(err))[-2000:]
-        write_status(job_dir, idx, filter_overrides(overrides), "pruned" if pruned else "failed", error=tail,
+        write_status(job_dir, idx, label, "pruned" if pruned else "failed", error=tail,
                      started=started)
         # what comes back to the sweep's process must unpickle there: the error's text, not its object
         ret._return_value = err if pruned else RuntimeError(f"job {idx} failed: {tail}")
