@@ -129,11 +129,11 @@ class StatusPrinter(threading.Thread):
     """While jobs run: every ``interval`` seconds, a console line for each job whose state changed, and
     the report rewritten when any did."""
 
-    def __init__(self, sweep_dir: str, interval: float):
+    def __init__(self, sweep_dir: str, interval: float, shown: Dict[Any, str]):
         super().__init__(daemon=True, name="sweep-status")
         self.sweep_dir, self.interval = sweep_dir, interval
         self.stopped = threading.Event()
-        self.shown: Dict[Any, str] = {}
+        self.shown = shown  # the last line printed per job (kept across a search's batches)
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
@@ -169,6 +169,7 @@ class SweepLauncher(JoblibLauncher):
         super().__init__(**joblib)
         self.cluster: Optional[SweepCluster] = None
         self.prune: Optional[Dict[str, Any]] = None  # set by the Optuna sweeper when it prunes
+        self.shown: Dict[Any, str] = {}
 
     def start(self, num_cpus: int, num_gpus: int) -> None:
         if self.cluster is None:
@@ -195,7 +196,8 @@ class SweepLauncher(JoblibLauncher):
         log.info("sweep: %d job(s), %d at once, in %s", len(jobs), n_jobs, sweep_dir)
         for idx, overrides in jobs:
             log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
-        printer = StatusPrinter(sweep_dir, float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0))
+        printer = StatusPrinter(sweep_dir, float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0),
+                               self.shown)
         printer.start()
         state = Singleton.get_state()
         try:

@@ -33,6 +33,7 @@ from slime_hydra.sweep.report import eval_reward
 from slime_hydra.sweep.sweeper import finish, prepare
 
 log = logging.getLogger(__name__)
+logging.getLogger("alembic").setLevel(logging.WARNING)  # optuna's sqlite storage: one line per schema step
 
 
 def storage_of(url: Optional[str]):

@@ -65,10 +65,28 @@ def _pruned(ret: JobReturn) -> bool:
 
 
 class SlimeSweeper(BasicSweeper):
-    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Any] = None) -> None:
-        super().__init__(max_batch_size=max_batch_size, params=params)
+    """``optuna``: hydra-optuna-sweeper's settings (conf/hparams_search/): search ``params`` with Optuna
+    (optuna.py) instead of running every combination. One sweeper for both, because Hydra 1.3 lets the
+    root config's choice of ``hydra/sweeper`` win over an ``hparams_search`` preset's."""
 
-    def sweep(self, arguments: List[str]) -> List[Sequence[JobReturn]]:
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Any] = None,
+                 optuna: Optional[Any] = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.optuna = None
+        if optuna is not None:
+            from slime_hydra.sweep.optuna import SlimeOptunaSweeper
+
+            self.optuna = SlimeOptunaSweeper(**optuna, params=params)
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        if self.optuna is not None:
+            self.optuna.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        else:
+            super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        if self.optuna is not None:
+            return self.optuna.sweep(arguments)
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         params_conf = self._parse_config()
         params_conf.extend(arguments)
