@@ -44,6 +44,7 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False,
                  logging_level=logging.WARNING)
+        log.info("joined the Ray cluster at %s%s", address, "" if cfg.cluster.address else " (the sweep's)")
         session_dir = None
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token file
