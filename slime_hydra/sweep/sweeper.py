@@ -39,8 +39,29 @@ def prepare(sweeper: Any, jobs: List[Job]) -> List[Job]:
             print(job.plan_line())
         print(f"{len(valid)} job(s) valid (dry_run=true: nothing started)", flush=True)
         sys.exit(0)
-    sweeper.launcher.start(cpus, gpus)
+    if hasattr(sweeper.launcher, "start"):  # the slime launcher; another (Slurm) places each job on its own
+        sweeper.launcher.start(cpus, gpus)
     return valid
+
+
+def launch(launcher: Any, todo: List[tuple]) -> List[JobReturn]:
+    """``(number, overrides)`` pairs through the slime launcher, or another launcher's ``launch`` (one call
+    per run of consecutive numbers: a resumed sweep skips some); the launcher closed afterwards."""
+    try:
+        if hasattr(launcher, "launch_jobs"):
+            return launcher.launch_jobs(todo)
+        returns: List[JobReturn] = []
+        i = 0
+        while i < len(todo):
+            j = i
+            while j + 1 < len(todo) and todo[j + 1][0] == todo[j][0] + 1:
+                j += 1
+            returns += launcher.launch([o for _, o in todo[i:j + 1]], initial_job_idx=todo[i][0])
+            i = j + 1
+        return returns
+    finally:
+        if hasattr(launcher, "close"):
+            launcher.close()
 
 
 def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn]) -> None:
@@ -98,11 +119,7 @@ class SlimeSweeper(BasicSweeper):
         os.makedirs(sweep_dir, exist_ok=True)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         todo = resume_plan(self.config, jobs, {j.num: overrides[j.num] for j in jobs})
-        returns: List[JobReturn] = []
-        try:
-            returns = self.launcher.launch_jobs(todo)
-        finally:
-            self.launcher.close()
+        returns = launch(self.launcher, todo)
         ran = {num for num, _ in todo}
         finish(self, [j for j in jobs if j.num in ran], returns)
         return [returns]
