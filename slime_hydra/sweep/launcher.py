@@ -37,6 +37,12 @@ class JobPruned(Exception):
     """A trial stopped by the sweep's pruner (raised by the job's eval hook; optuna.py)."""
 
 
+def sweep_id(sweep_dir: str) -> str:
+    """A sweep's name for wandb's group: the last two parts of its directory (Hydra's default is
+    ``multirun/<date>/<time>``, so ``<date>_<time>``)."""
+    return "_".join(os.path.abspath(sweep_dir).split(os.sep)[-2:])
+
+
 def job_dir_of(config: DictConfig) -> str:
     """Where Hydra puts this job (``hydra.sweep.dir`` / ``hydra.sweep.subdir``), as run_job computes it."""
     return os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
@@ -54,7 +60,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         sweep_config.hydra.job.num = idx
         sweep_config.logging.progress = False  # the sweep prints status lines
         if sweep_config.logging.wandb_group is None:
-            sweep_config.logging.wandb_group = os.path.basename(os.path.abspath(str(sweep_config.hydra.sweep.dir)))
+            sweep_config.logging.wandb_group = sweep_id(str(sweep_config.hydra.sweep.dir))
         shown = " ".join(shown_overrides(sweep_config, overrides))
         if shown:
             sweep_config.run_name = shown

@@ -94,7 +94,7 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
                 "trainer.num_rollout=2", "eval.interval=0", "sweep.max_concurrent=2", *FAST)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[sweep] 1 job(s) failed: job 1 [reward.type=custom reward.custom=tests.sweep.sweep_rewards.broken " \
-           "trainer.num_rollout=2 eval.interval=0 eval.before_train=false]" in out.stderr
+           "trainer.num_rollout=2 eval.interval=0 eval.before_train=False]" in out.stderr
     assert out.stderr.count("one Ray cluster for every job") == 1
     # the console: status lines per job, not the jobs' own logs
     assert "[sweep] job 0 | ok | step 2 | eval " in out.stdout and "[sweep] job 1 | failed | step 0 |" in out.stdout
@@ -102,9 +102,9 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     rows = table(d)
     jobs = sorted(p for p in d.iterdir() if p.is_dir())
     assert [p.name for p in jobs] == [
-        "0_eval.before_train=false,eval.interval=0,reward.custom=tests.sweep.sweep_rewards.broken,reward.type=exact,"
+        "0_eval.before_train=False,eval.interval=0,reward.custom=tests.sweep.sweep_rewards.broken,reward.type=exact,"
         "trainer.num_rollout=2",
-        "1_eval.before_train=false,eval.interval=0,reward.custom=tests.sweep.sweep_rewards.broken,reward.type=custom,"
+        "1_eval.before_train=False,eval.interval=0,reward.custom=tests.sweep.sweep_rewards.broken,reward.type=custom,"
         "trainer.num_rollout=2"]
     import json
 
@@ -114,7 +114,7 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     assert rows[0] == {
         "job": "0",
         "overrides": "reward.type=exact reward.custom=tests.sweep.sweep_rewards.broken trainer.num_rollout=2 "
-                     "eval.interval=0 eval.before_train=false",
+                     "eval.interval=0 eval.before_train=False",
         "status": "ok", "final_reward": str(round(summary["eval_reward_final"], 4)),
         "best_reward": str(round(summary["eval_reward_final"], 4)), "best_step": "2", "steps": "2",
         "s_per_step": str(round(sum(step_s) / len(step_s), 4)), "run_dir": str(jobs[0]), "error": ""}
@@ -129,7 +129,7 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     for job in jobs:
         assert "joined the Ray cluster at" in (job / "run.log").read_text()
         cfg = (job / "config.yaml").read_text()
-        assert "wandb_group: sweep" in cfg
+        assert f"wandb_group: {tmp_path.name}_sweep" in cfg
     assert "run_name: reward.type=exact reward.custom=" in (jobs[0] / "config.yaml").read_text()
     # the report rebuilds from the run directories alone, identically
     csv_before, md_before = (d / "sweep.csv").read_text(), md
