@@ -27,7 +27,8 @@ def prepare(sweeper: Any, jobs: List[Job]) -> List[Job]:
     ``dry_run=true``, every job's plan in one line, and exit."""
     config = sweeper.config
     cpus, gpus = cluster_size(config, jobs)
-    if not config.cluster.address:
+    shared = hasattr(sweeper.launcher, "start")  # the slime launcher: every job on the sweep's local cluster
+    if shared and not config.cluster.address:
         capacity_problems(jobs, cpus, gpus)
     try:
         valid = validate_jobs(config, jobs)
@@ -39,7 +40,7 @@ def prepare(sweeper: Any, jobs: List[Job]) -> List[Job]:
             print(job.plan_line())
         print(f"{len(valid)} job(s) valid (dry_run=true: nothing started)", flush=True)
         sys.exit(0)
-    if hasattr(sweeper.launcher, "start"):  # the slime launcher; another (Slurm) places each job on its own
+    if shared:  # another launcher (Slurm) gives each job a cluster of its own
         sweeper.launcher.start(cpus, gpus)
     return valid
 
