@@ -131,6 +131,16 @@ def _restore(saved: Tuple[int, int, Any, Any]) -> None:
     sys.stdout, sys.stderr = sys_out, sys_err
 
 
+def _result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
+    """The job's JobReturn; a job whose process died (killed, out of memory) is a failed one."""
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 - the worker process is gone: report, do not stop the sweep
+        ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+        ret._return_value = RuntimeError(f"job {idx}: its process ended: {type(e).__name__}: {e}")
+        return ret
+
+
 class StatusPrinter(threading.Thread):
     """While jobs run: every ``interval`` seconds, a console line for each job whose state changed, and
     the report rewritten when any did."""
@@ -187,8 +197,12 @@ class SweepLauncher(JoblibLauncher):
         return self.launch_jobs([(initial_job_idx + i, o) for i, o in enumerate(job_overrides)])
 
     def launch_jobs(self, jobs: List[Tuple[int, Sequence[str]]]) -> List[JobReturn]:
-        """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order."""
-        from joblib import Parallel, delayed
+        """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order.
+
+        joblib's loky process pool, used directly rather than through ``joblib.Parallel``: Parallel runs
+        ``n_jobs=1`` in this process, and this process is the sweep's (a Ray driver already, printing the
+        status lines); a job always gets a process of its own."""
+        from joblib.externals.loky import get_reusable_executor
 
         setup_globals()
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
@@ -198,28 +212,27 @@ class SweepLauncher(JoblibLauncher):
             self.start(*cluster_size(self.config, []))
         sweep_dir = str(self.config.hydra.sweep.dir)
         os.makedirs(sweep_dir, exist_ok=True)
-        n_jobs = int(self.joblib.get("n_jobs") or 1)
+        n_jobs = max(1, int(self.joblib.get("n_jobs") or 1))
         log.info("sweep: %d job(s), %d at once, in %s", len(jobs), n_jobs, sweep_dir)
         for idx, overrides in jobs:
             log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         printer = StatusPrinter(sweep_dir, float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0),
-                               self.shown)
+                                self.shown)
         printer.start()
         state = Singleton.get_state()
+        pool = get_reusable_executor(max_workers=n_jobs)
         try:
-            runs = Parallel(n_jobs=n_jobs, backend="loky", batch_size=1, pre_dispatch="n_jobs")(
-                delayed(execute_job)(idx, overrides, self.hydra_context, self.config, self.task_function, state,
-                                     self.prune)
-                for idx, overrides in jobs)
+            futures = [pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
+                                   state, self.prune) for idx, overrides in jobs]
+            return [_result(f, idx, overrides) for f, (idx, overrides) in zip(futures, jobs)]
         finally:
             printer.stop()
-        return list(runs)
 
     def close(self) -> None:
         """After the last job: the worker processes end, then the cluster."""
         from joblib.externals.loky import get_reusable_executor
 
-        get_reusable_executor().shutdown(wait=True)
+        get_reusable_executor(max_workers=1).shutdown(wait=True)
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
