@@ -12,6 +12,12 @@ from typing import Any, Dict, List, Optional, Sequence
 from slime_hydra.launch.lease import _start_time
 
 STATUS_FILE = "sweep_job.json"
+
+
+class JobPruned(Exception):
+    """A trial stopped by the sweep's pruner (raised by the job's eval hook, prune.py)."""
+
+
 FINISHED = ("ok", "pruned")  # a resumed sweep does not run these again
 
 

@@ -27,14 +27,10 @@ from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from slime_hydra.sweep.cluster import SweepCluster
-from slime_hydra.sweep.jobs import shown_overrides, write_status
+from slime_hydra.sweep.jobs import JobPruned, shown_overrides, write_status
 from slime_hydra.sweep.report import collect, status_line, write_report
 
 log = logging.getLogger(__name__)
-
-
-class JobPruned(Exception):
-    """A trial stopped by the sweep's pruner (raised by the job's eval hook; optuna.py)."""
 
 
 def sweep_id(sweep_dir: str) -> str:
@@ -73,7 +69,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
 
     hooks = []
     if prune:
-        from slime_hydra.sweep.optuna import pruning_hook
+        from slime_hydra.sweep.prune import pruning_hook
 
         hooks.append(pruning_hook(prune, idx))
     driver.EVAL_HOOKS.extend(hooks)

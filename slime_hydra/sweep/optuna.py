@@ -28,41 +28,12 @@ from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_p
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
-from slime_hydra.sweep.launcher import JobPruned
-from slime_hydra.sweep.report import eval_reward
-from slime_hydra.sweep.sweeper import finish, prepare
+from slime_hydra.sweep.flow import finish, prepare
+from slime_hydra.sweep.jobs import JobPruned
+from slime_hydra.sweep.prune import storage_of
 
 log = logging.getLogger(__name__)
 logging.getLogger("alembic").setLevel(logging.WARNING)  # optuna's sqlite storage: one line per schema step
-
-
-def storage_of(url: Optional[str]):
-    """An RDB storage that waits for sqlite's lock (the jobs report to it concurrently) instead of failing."""
-    import optuna
-
-    if url is None or not str(url).startswith("sqlite"):
-        return url
-    return optuna.storages.RDBStorage(str(url), engine_kwargs={"connect_args": {"timeout": 120}})
-
-
-def pruning_hook(prune: Dict[str, Any], number: int):
-    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/driver.py) for trial ``number``."""
-    import optuna
-    from hydra.utils import instantiate
-
-    pruner = prune["pruner"] if isinstance(prune["pruner"], optuna.pruners.BasePruner) else instantiate(prune["pruner"])
-    study = optuna.load_study(study_name=prune["study_name"], storage=storage_of(prune["storage"]), pruner=pruner)
-    trial = optuna.trial.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
-
-    def hook(step: int, metrics: Dict[str, float]) -> None:
-        value = eval_reward(metrics)
-        if value is None:
-            return
-        trial.report(value, step)
-        if trial.should_prune():
-            raise JobPruned(f"pruned at step {step} by {type(pruner).__name__}: held-out reward {value:.4f}")
-
-    return hook
 
 
 def corners(distributions: Dict[str, Any]) -> List[Dict[str, Any]]:
