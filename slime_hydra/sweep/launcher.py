@@ -71,7 +71,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     if prune:
         from slime_hydra.sweep.prune import pruning_hook
 
-        hooks.append(pruning_hook(prune, idx))
+        hooks.append(pruning_hook(prune, idx, sweep_config.trainer.num_rollout))
     driver.EVAL_HOOKS.extend(hooks)
     saved = _redirect(os.path.join(job_dir, "console.log"))
     try:
@@ -182,6 +182,7 @@ class SweepLauncher(JoblibLauncher):
         self.cluster: Optional[SweepCluster] = None
         self.prune: Optional[Dict[str, Any]] = None  # set by the Optuna sweeper when it prunes
         self.shown: Dict[Any, str] = {}
+        self.printer: Optional[StatusPrinter] = None
 
     def start(self, num_cpus: int, num_gpus: int) -> None:
         if self.cluster is None:
@@ -192,37 +193,57 @@ class SweepLauncher(JoblibLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         return self.launch_jobs([(initial_job_idx + i, o) for i, o in enumerate(job_overrides)])
 
-    def launch_jobs(self, jobs: List[Tuple[int, Sequence[str]]]) -> List[JobReturn]:
-        """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order.
+    @property
+    def n_jobs(self) -> int:
+        return max(1, int(self.joblib.get("n_jobs") or 1))
 
-        joblib's loky process pool, used directly rather than through ``joblib.Parallel``: Parallel runs
-        ``n_jobs=1`` in this process, and this process is the sweep's (a Ray driver already, printing the
-        status lines); a job always gets a process of its own."""
-        from joblib.externals.loky import get_reusable_executor
-
+    def begin(self) -> None:
+        """Before the first job of a launch: the cluster (if the sweeper did not start it) and the status
+        lines."""
         setup_globals()
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         if self.cluster is None:
             from slime_hydra.sweep.compose import cluster_size
 
             self.start(*cluster_size(self.config, []))
-        sweep_dir = str(self.config.hydra.sweep.dir)
-        os.makedirs(sweep_dir, exist_ok=True)
-        n_jobs = max(1, int(self.joblib.get("n_jobs") or 1))
-        log.info("sweep: %d job(s), %d at once, in %s", len(jobs), n_jobs, sweep_dir)
-        for idx, overrides in jobs:
-            log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
-        printer = StatusPrinter(sweep_dir, float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0),
-                                self.shown)
-        printer.start()
-        state = Singleton.get_state()
-        pool = get_reusable_executor(max_workers=n_jobs)
+        os.makedirs(str(self.config.hydra.sweep.dir), exist_ok=True)
+        if self.printer is None:
+            interval = float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0)
+            self.printer = StatusPrinter(str(self.config.hydra.sweep.dir), interval, self.shown)
+            self.printer.start()
+
+    def end(self) -> None:
+        if self.printer is not None:
+            self.printer.stop()
+            self.printer = None
+
+    def submit(self, idx: int, overrides: Sequence[str]) -> Any:
+        """Job ``idx`` into the process pool (``n_jobs`` processes); a future of its JobReturn (``result``).
+
+        joblib's loky process pool, used directly rather than through ``joblib.Parallel``: Parallel runs
+        ``n_jobs=1`` in this process, and this process is the sweep's (a Ray driver already, printing the
+        status lines); a job always gets a process of its own. Futures let the Optuna sweeper start the
+        next trial as soon as any trial ends."""
+        from joblib.externals.loky import get_reusable_executor
+
+        log.info("sweep: job #%d: %s", idx, " ".join(filter_overrides(overrides)))
+        pool = get_reusable_executor(max_workers=self.n_jobs)
+        return pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
+                           Singleton.get_state(), self.prune)
+
+    @staticmethod
+    def result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
+        return _result(future, idx, overrides)
+
+    def launch_jobs(self, jobs: List[Tuple[int, Sequence[str]]]) -> List[JobReturn]:
+        """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order."""
+        self.begin()
+        log.info("sweep: %d job(s), %d at once, in %s", len(jobs), self.n_jobs, self.config.hydra.sweep.dir)
         try:
-            futures = [pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
-                                   state, self.prune) for idx, overrides in jobs]
+            futures = [self.submit(idx, overrides) for idx, overrides in jobs]
             return [_result(f, idx, overrides) for f, (idx, overrides) in zip(futures, jobs)]
         finally:
-            printer.stop()
+            self.end()
 
     def close(self) -> None:
         """After the last job: the worker processes end, then the cluster."""

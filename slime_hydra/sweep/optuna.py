@@ -13,12 +13,14 @@ study handling, and changes its loop:
   study at every eval and stops when the pruner says so (``pruning_hook``); the trial is told PRUNED,
   its Ray resources go back to the cluster, and the report marks it ``pruned``. The plugin has no
   pruning hook of its own, so the job reaches the study itself (storage, study name and trial number).
-A batch is ``n_jobs`` trials (= ``sweep.max_concurrent`` in the presets); the next batch is asked for
-when the last trial of this one ends (the plugin's rhythm; a pruned trial's resources wait for it).
+- up to ``n_jobs`` trials run at once (= ``sweep.max_concurrent`` in the presets); the next trial is
+  asked for as soon as any trial ends (the plugin asks for a batch and waits for all of it), so the
+  bundles of a pruned trial go to a new trial at once.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 from typing import Any, Dict, List, Optional
@@ -91,21 +93,26 @@ class _Impl(OptunaSweeperImpl):
                 pruner = OmegaConf.to_container(pruner, resolve=True)
             self.launcher.prune = {"pruner": pruner, "study_name": study.study_name, "storage": self.storage}
         ran, returns = [], []
+        running: Dict[Any, Any] = {}  # future -> (trial, job)
+        self.launcher.begin()
         try:
-            while to_go > 0:
-                trials = [study.ask() for _ in range(min(self.n_jobs, to_go))]
-                to_go -= len(trials)
-                overrides = self._configure_trials(trials, distributions, fixed)
-                jobs = compose(self.hydra_context, self.config, [(t.number, o) for t, o in zip(trials, overrides)])
-                launch = []
-                for trial, job, o in zip(trials, jobs, overrides):
+            while to_go > 0 or running:
+                while to_go > 0 and len(running) < self.n_jobs:  # a trial for every free slot
+                    trial = study.ask()
+                    to_go -= 1
+                    overrides = list(self._configure_trials([trial], distributions, fixed)[0])
+                    job = compose(self.hydra_context, self.config, [(trial.number, overrides)])[0]
                     if job.problems:
                         log.warning("%s is invalid, told FAIL: %s", job.label(), "; ".join(job.problems))
                         study.tell(trial, state=TrialState.FAIL)
-                    else:
-                        launch.append((trial, job, o))
-                rets = self.launcher.launch_jobs([(job.num, list(o)) for _, job, o in launch])
-                for (trial, job, _), ret in zip(launch, rets):
+                        continue
+                    running[self.launcher.submit(job.num, overrides)] = (trial, job, overrides)
+                if not running:
+                    break
+                done, _ = concurrent.futures.wait(list(running), return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    trial, job, overrides = running.pop(future)
+                    ret = self.launcher.result(future, job.num, overrides)
                     if ret.status == JobStatus.COMPLETED:
                         study.tell(trial, values=[float(ret.return_value)] if len(directions) == 1
                                    else [float(v) for v in ret.return_value])
@@ -116,6 +123,7 @@ class _Impl(OptunaSweeperImpl):
                     ran.append(job)
                     returns.append(ret)
         finally:
+            self.launcher.end()
             self.launcher.close()
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if complete and len(directions) == 1:

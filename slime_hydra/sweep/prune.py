@@ -20,8 +20,9 @@ def storage_of(url: Optional[str]):
     return optuna.storages.RDBStorage(str(url), engine_kwargs={"connect_args": {"timeout": 120}})
 
 
-def pruning_hook(prune: Dict[str, Any], number: int):
-    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/driver.py) for trial ``number``."""
+def pruning_hook(prune: Dict[str, Any], number: int, last_step: Optional[int] = None):
+    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/driver.py) for trial ``number``. The eval
+    of ``last_step`` is reported but prunes nothing: the trial is done anyway, and its final value counts."""
     import optuna
     from hydra.utils import instantiate
 
@@ -34,7 +35,7 @@ def pruning_hook(prune: Dict[str, Any], number: int):
         if value is None:
             return
         trial.report(value, step)
-        if trial.should_prune():
+        if step != last_step and trial.should_prune():
             raise JobPruned(f"pruned at step {step} by {type(pruner).__name__}: held-out reward {value:.4f}")
 
     return hook
