@@ -95,7 +95,7 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[sweep] 1 job(s) failed: job 1 [reward.type=custom reward.custom=tests.sweep.sweep_rewards.broken " \
            "trainer.num_rollout=2 eval.interval=0 eval.before_train=False]" in out.stderr
-    assert out.stderr.count("one Ray cluster for every job") == 1
+    assert (out.stdout + out.stderr).count("one Ray cluster for every job") == 1
     # the console: status lines per job, not the jobs' own logs
     assert "[sweep] job 0 | ok | step 2 | eval " in out.stdout and "[sweep] job 1 | failed | step 0 |" in out.stdout
     assert "weights v0 pushed" not in out.stdout + out.stderr

@@ -24,7 +24,7 @@ def test_two_jobs_share_the_cluster_and_a_third_waits_for_their_bundles(tmp_path
     out = sweep(d, "seed=1,2,3", "trainer.num_rollout=3", "eval.interval=0", "sweep.max_concurrent=3",
                 "sweep.num_cpus=4", *FAST, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stderr.count("one Ray cluster for every job") == 1
+    assert (out.stdout + out.stderr).count("one Ray cluster for every job") == 1
     assert [r["status"] for r in table(d)] == ["ok", "ok", "ok"]
     jobs = sorted((p for p in d.iterdir() if p.is_dir()), key=lambda p: logged_at(p, "weights v0 pushed"))
     placed = [logged_at(p, "weights v0 pushed") for p in jobs]  # after the job's placement group was ready
@@ -81,7 +81,7 @@ def test_an_optuna_study_continues(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     out = sweep(d, *args, "hydra.sweeper.optuna.n_trials=3", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "2 trial(s) done, 1 to go" in out.stderr
+    assert "2 trial(s) done, 1 to go" in out.stdout + out.stderr
     import optuna
 
     study = optuna.load_study(study_name="grpo_digits", storage=f"sqlite:///{d}/optuna.db")
