@@ -141,3 +141,16 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     time.sleep(1)
     assert not leftover_processes(), leftover_processes()
     print(f"sweep of 2 jobs: {time.time() - t0:.0f}s")
+
+
+def test_a_running_job_whose_process_is_gone_reads_interrupted(tmp_path):
+    """The report tells a job still running from one whose sweep was killed, by the job's process."""
+    from slime_hydra.sweep.jobs import read_status, write_status
+
+    write_status(str(tmp_path / "alive"), 0, ["seed=1"], "running", started=time.time())
+    assert read_status(str(tmp_path / "alive"))["status"] == "running"  # this process
+    code = ("import sys, time; from slime_hydra.sweep.jobs import write_status; "
+            "write_status(sys.argv[1], 1, ['seed=2'], 'running', started=time.time())")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "gone")], check=True, env=ENV, cwd=ROOT)
+    state = read_status(str(tmp_path / "gone"))
+    assert state["status"] == "interrupted" and state["overrides"] == ["seed=2"] and state["num"] == 1
