@@ -183,6 +183,7 @@ class SweepLauncher(JoblibLauncher):
         self.prune: Optional[Dict[str, Any]] = None  # set by the Optuna sweeper when it prunes
         self.shown: Dict[Any, str] = {}
         self.printer: Optional[StatusPrinter] = None
+        self.pool: Any = None  # loky's process pool, while jobs run
 
     def start(self, num_cpus: int, num_gpus: int) -> None:
         if self.cluster is None:
@@ -227,8 +228,8 @@ class SweepLauncher(JoblibLauncher):
         from joblib.externals.loky import get_reusable_executor
 
         log.info("sweep: job #%d: %s", idx, " ".join(filter_overrides(overrides)))
-        pool = get_reusable_executor(max_workers=self.n_jobs)
-        return pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
+        self.pool = get_reusable_executor(max_workers=self.n_jobs)
+        return self.pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
                            Singleton.get_state(), self.prune)
 
     @staticmethod
@@ -246,10 +247,12 @@ class SweepLauncher(JoblibLauncher):
             self.end()
 
     def close(self) -> None:
-        """After the last job: the worker processes end, then the cluster."""
-        from joblib.externals.loky import get_reusable_executor
-
-        get_reusable_executor(max_workers=1).shutdown(wait=True)
+        """After the last job: the worker processes end, then the cluster. On the way out of an error or
+        a Ctrl-C, the workers are killed rather than waited for (their jobs' processes die with the
+        cluster: ``SweepCluster.stop``)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, kill_workers=sys.exc_info()[0] is not None)
+            self.pool = None
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
