@@ -53,6 +53,13 @@ def rows(sweep_dir: Path) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def train_s(run_dir: Path) -> float:
+    """Seconds a run spent in its steps (the sum of perf/step_time): the rest of its wall time is start-up
+    and shutdown (the sweep's, or a standalone run's own cluster)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sum(r.get("perf/step_time", 0.0) for r in rows)
+
+
 def grid(base: Path, steps: int, concurrency: int, timeout: float) -> Dict[str, Any]:
     d = base / f"grid_c{concurrency}"
     r = sh([sys.executable, "run.py", "-m", "seed=1,2,3,4", f"trainer.num_rollout={steps}",
@@ -60,6 +67,7 @@ def grid(base: Path, steps: int, concurrency: int, timeout: float) -> Dict[str, 
     text = Path(r["log"]).read_text()
     r["clusters_started"] = text.count("one Ray cluster for every job")
     r["jobs"] = [{k: x[k] for k in ("job", "status", "final_reward", "steps", "s_per_step")} for x in rows(d)]
+    r["train_s"] = round(sum(train_s(Path(x["run_dir"])) for x in rows(d)), 1)
     return r
 
 
@@ -67,7 +75,8 @@ def standalone(base: Path, steps: int, timeout: float) -> Dict[str, Any]:
     runs = [sh([sys.executable, "run.py", f"seed={s}", f"trainer.num_rollout={steps}", "logging.progress=false",
                 f"hydra.run.dir={base / f'standalone_{s}'}"], base / f"standalone_{s}.log", timeout)
             for s in (1, 2, 3, 4)]
-    return {"runs": runs, "sum_wall_s": round(sum(r["wall_s"] for r in runs), 1), "rc": max(r["rc"] for r in runs)}
+    return {"runs": runs, "sum_wall_s": round(sum(r["wall_s"] for r in runs), 1), "rc": max(r["rc"] for r in runs),
+            "train_s": round(sum(train_s(base / f"standalone_{s}") for s in (1, 2, 3, 4)), 1)}
 
 
 def search(base: Path, steps: int, trials: int, timeout: float) -> Dict[str, Any]:
@@ -99,6 +108,7 @@ def main() -> int:
     base = ROOT / "bench" / "results" / f"sweep_{stamp}"
     base.mkdir(parents=True)
     parts = args.parts.split(",")
+    old = json.loads((OUT / "sweeps.json").read_text()) if (OUT / "sweeps.json").exists() else {}
     res: Dict[str, Any] = {"date": stamp, "command": "python bench/sweep_bench.py " + " ".join(sys.argv[1:]),
                            "cpus": os.cpu_count(), "load_before": load(), "steps": args.steps}
     if "grid" in parts:
@@ -112,6 +122,10 @@ def main() -> int:
     if "search" in parts:
         res["search"] = search(base, args.steps, args.trials, args.timeout)
     res["load_after"] = load()
+    for key in ("grid_c1", "grid_c2", "c2_over_c1", "standalone", "sweep_overhead_s", "search"):
+        if key not in res and key in old:  # a part not run this time: the earlier measurement, with its date
+            res[key] = old[key]
+            res.setdefault("earlier", {})[key] = old.get("date")
     OUT.mkdir(exist_ok=True)
     (OUT / "sweeps.json").write_text(json.dumps(res, indent=2) + "\n")
     (OUT / "sweeps.md").write_text(markdown(res))
@@ -120,9 +134,10 @@ def main() -> int:
 
 
 def markdown(r: Dict[str, Any]) -> str:
+    earlier = "".join(f" `{k}` is from the run of {v}." for k, v in r.get("earlier", {}).items())
     lines = [f"# Sweeps, measured {r['date']}", "", f"Command: `{r['command']}` ({r['steps']} steps per job; "
              f"{r['cpus']} CPU cores; load average before {r['load_before']}, after {r.get('load_after')}: other "
-             "sessions shared the machine, so the times are noisy).", ""]
+             "sessions shared the machine, so the times are noisy)." + earlier, ""]
     if "grid_c1" in r:
         c1, c2 = r["grid_c1"], r["grid_c2"]
         lines += ["## 4 jobs of the default, concurrency 1 vs 2 (one Ray cluster per sweep)", "",
@@ -139,6 +154,11 @@ def markdown(r: Dict[str, Any]) -> str:
         if "sweep_overhead_s" in r:
             lines.append(f"The concurrency-1 sweep of the same 4 jobs: {r['grid_c1']['wall_s']} s, "
                          f"so the sweep costs {r['sweep_overhead_s']:+} s against them (negative: it saves).")
+        if "train_s" in r["standalone"] and "train_s" in r.get("grid_c1", {}):
+            c1, st = r["grid_c1"], r["standalone"]
+            lines.append(f"Time outside the training steps (start-up, cluster, shutdown), all 4 jobs: sweep "
+                         f"{c1['wall_s'] - c1['train_s']:.1f} s (steps {c1['train_s']} s), standalone "
+                         f"{st['sum_wall_s'] - st['train_s']:.1f} s (steps {st['train_s']} s).")
         lines.append("")
     if "search" in r:
         s = r["search"]
