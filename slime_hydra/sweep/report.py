@@ -12,6 +12,8 @@ import io
 import json
 import math
 import os
+import re
+import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
 from slime_hydra.sweep.jobs import job_dirs, read_status
@@ -114,6 +116,11 @@ def to_markdown(rows: List[Dict[str, Any]], sweep_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def short(overrides: str) -> str:
+    """Overrides for a legend: long floats (an Optuna trial's values) to 4 significant digits."""
+    return re.sub(r"(?<==)(-?\d+\.\d{5,}(?:e-?\d+)?)", lambda m: f"{float(m.group(1)):.4g}", overrides)
+
+
 def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -127,17 +134,18 @@ def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str) -> None:
         if not curve:
             continue
         is_best = best is not None and r["job"] == best["job"]
-        label = f"{r['job']}: {r['overrides'] or '(defaults)'} [{r['status']}]"
+        label = f"{r['job']}: {short(r['overrides']) or '(defaults)'} [{r['status']}]"
         ax.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", markersize=3,
                 linewidth=2.5 if is_best else 1.0, alpha=1.0 if is_best else 0.7, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("held-out reward")
     title = f"sweep {os.path.basename(os.path.abspath(sweep_dir))}"
     if best:
-        title += f"\nbest: job {best['job']} {best['overrides']} ({best['final_reward']})"
+        title += "\n" + textwrap.shorten(f"best: job {best['job']} ({best['final_reward']}) {short(best['overrides'])}",
+                                          110)
     ax.set_title(title, fontsize=9)
     if ax.lines:
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=6, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
