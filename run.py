@@ -3,6 +3,8 @@
     python run.py                                   # the embedded default: tiny model, CPU, minutes
     python run.py model=qwen3_4b algo=gspo dry_run=true
     python run.py -m algo.lr=1e-3,3e-3              # a sweep: one run directory each
+    python run.py -m algo.lr=1e-3,3e-3 sweep.max_concurrent=2   # two at a time, on one Ray cluster
+    python run.py -m hparams_search=grpo_digits     # an Optuna search with pruning
     python run.py experiment=qwen3_4b_grpo_math data.path=/data/math.jsonl
 """
 
@@ -20,7 +22,7 @@ def main(cfg: DictConfig):
     from slime_hydra.launch.main import run
 
     summary = run(cfg, HydraConfig.get().runtime.output_dir)
-    return summary["eval_reward_final"] if summary else None
+    return summary[cfg.sweep.optimized_metric] if summary else None  # a sweeper's objective
 
 
 if __name__ == "__main__":

@@ -311,6 +311,7 @@ class LoggingConfig:
     wandb_project: str = "slime_hydra"  # wandb project
     wandb_entity: Optional[str] = None  # wandb entity (team or user; None: wandb's default)
     wandb_tags: List[str] = field(default_factory=list)  # wandb run tags
+    wandb_group: Optional[str] = None  # wandb run group (a sweep sets its id: its runs side by side)
     plot: bool = True  # write reward_curve.png into the run directory
     log_samples: int = 2  # print this many sampled responses per eval
 
@@ -321,6 +322,17 @@ class ClusterConfig:
     num_cpus: Optional[int] = None  # local cluster only; None: what the plan needs
     include_dashboard: bool = False  # start Ray's dashboard (local cluster)
     env_vars: Dict[str, str] = field(default_factory=dict)  # environment of every Ray actor and the servers they start
+
+
+@dataclass
+class SweepConfig:
+    max_concurrent: int = 1  # -m: jobs running at once, all on one Ray cluster (the launcher's n_jobs)
+    num_cpus: Optional[int] = None  # -m: CPUs of the sweep's local Ray cluster; None: enough for max_concurrent jobs
+    num_gpus: Optional[int] = None  # -m: GPUs of the sweep's local Ray cluster; None: the machine's
+    skip_invalid: bool = False  # -m: run the valid jobs when some are invalid (else: list them all, start none)
+    resume: bool = False  # -m: skip finished jobs, resume interrupted ones (trainer.resume=auto); same sweep dir
+    optimized_metric: str = "eval_reward_final"  # the summary.json value a job returns (Optuna's objective)
+    status_interval_s: float = 10.0  # -m: seconds between the sweep's status lines and report updates
 
 
 # ---------------------------------------------------------------------------------------- root
@@ -337,6 +349,7 @@ class RunConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)  # weight transport trainer -> engines and its guard
     logging: LoggingConfig = MISSING  # conf/logging/: console, wandb, plots
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: start a local cluster or join one
+    sweep: SweepConfig = field(default_factory=SweepConfig)  # `-m` sweeps: concurrency, validation, resume
     run_name: str = "run"  # names the run directory (default: <model>_<algo>)
     seed: int = 1234  # one seed for everything random (model init, data order, sampling, training)
     dry_run: bool = False  # validate and print the resource plan and memory estimate; start nothing

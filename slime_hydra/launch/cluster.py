@@ -20,6 +20,9 @@ from slime_hydra.utils.proc import HOST_ENV
 
 log = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
+# Set by a sweep (slime_hydra/sweep/) for its jobs: the address of the one Ray cluster they all join,
+# whose placement groups queue until an earlier job frees its bundles.
+SWEEP_CLUSTER_ENV = "SLIME_HYDRA_SWEEP_CLUSTER"
 
 
 @contextlib.contextmanager
@@ -32,14 +35,16 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **cfg.cluster.env_vars}
     if TOKEN_ENV in os.environ:  # marks the run's processes on every node (launch/lease.py)
         env[TOKEN_ENV] = os.environ[TOKEN_ENV]
-    local = not cfg.cluster.address
+    address = cfg.cluster.address or os.environ.get(SWEEP_CLUSTER_ENV)
+    local = not address
     if local:  # every server of the run (engines, router, weight-update groups) on the loopback address
         env[HOST_ENV] = os.environ[HOST_ENV] = LOCAL_HOST
     if plan.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(cfg.parallelism.cpu_threads))
-    if cfg.cluster.address:
-        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": env}, log_to_driver=False,
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False,
                  logging_level=logging.WARNING)
+        log.info("joined the Ray cluster at %s%s", address, "" if cfg.cluster.address else " (the sweep's)")
         session_dir = None
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster: no token file
@@ -61,16 +66,20 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
             os.environ.pop(HOST_ENV, None)
 
 
-def create_placement_group(plan: ResourcePlan, timeout_s: float = 600.0):
+def create_placement_group(plan: ResourcePlan, timeout_s: Optional[float] = 600.0):
+    """The run's placement group, once Ray can place it. A sweep's job waits without a deadline: its
+    bundles free up when an earlier job of the sweep ends (the sweep checked that they fit the cluster)."""
     pg = placement_group(plan.bundles, strategy="PACK")
     t0 = time.monotonic()
+    queued = bool(os.environ.get(SWEEP_CLUSTER_ENV))
     while True:
         ready, _ = ray.wait([pg.ready()], timeout=30)
         if ready:
             return pg
         avail = ray.available_resources()
-        log.warning("waiting for %d bundles of %s (available: %s)", len(plan.bundles), plan.bundles[0], avail)
-        if time.monotonic() - t0 > timeout_s:
+        log.warning("waiting for %d bundles of %s (available: %s)%s", len(plan.bundles), plan.bundles[0], avail,
+                    " behind the sweep's other jobs" if queued else "")
+        if not queued and timeout_s is not None and time.monotonic() - t0 > timeout_s:
             remove_placement_group(pg)
             raise TimeoutError(f"the cluster cannot place {len(plan.bundles)} bundles of {plan.bundles[0]} "
                                f"(available: {avail}); check parallelism.* against the cluster")

@@ -21,7 +21,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import ray
 
@@ -34,6 +34,9 @@ from slime_hydra.logging.metrics import RunLogger
 from slime_hydra.plan.resources import ResourcePlan
 
 log = logging.getLogger("slime_hydra")
+# Called as hook(step, metrics) after each eval: a sweep's pruner (slime_hydra/sweep/optuna.py) stops a weak
+# trial by raising from here.
+EVAL_HOOKS: List[Callable[[int, Dict[str, float]], None]] = []
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, log
                         "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
         logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
         logger.progress(metrics)
+        for hook in EVAL_HOOKS if any(k.startswith("eval/") for k in metrics) else ():
+            hook(step, metrics)  # after the row is written: a pruned trial's curve ends at its last eval
         if periodic(step, cfg.trainer.save_interval, num_rollout):
             # the data position after rollout `step` (an async run has already started the next one)
             state = ray.get(manager.state_dict.remote(step))

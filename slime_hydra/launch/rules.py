@@ -11,10 +11,24 @@ from slime_hydra.config.rules import choice
 from slime_hydra.config.schema import RunConfig
 
 LOOP_MODES = ("sync", "async")  # the driver's two loops
+# summary.json's numbers (driver.summarize) that a sweep job can return as its objective (sweep.optimized_metric)
+SUMMARY_METRICS = ("eval_reward_final", "eval_reward_initial", "train_reward_last", "train_reward_first", "wall_s")
 
 
 def check(cfg: RunConfig) -> List[str]:
-    return _check_placement(cfg) + _check_loop(cfg)
+    return _check_placement(cfg) + _check_loop(cfg) + _check_sweep(cfg)
+
+
+def _check_sweep(cfg: RunConfig) -> List[str]:
+    errs: List[str] = []
+    s = cfg.sweep
+    choice(errs, "sweep.optimized_metric", s.optimized_metric, SUMMARY_METRICS)
+    if s.max_concurrent < 1:
+        errs.append(f"sweep.max_concurrent: must be >= 1, got {s.max_concurrent}")
+    for name in ("num_cpus", "num_gpus"):
+        if getattr(s, name) is not None and getattr(s, name) < (1 if name == "num_cpus" else 0):
+            errs.append(f"sweep.{name}: must be >= {1 if name == 'num_cpus' else 0} or null, got {getattr(s, name)}")
+    return errs
 
 
 def _check_placement(cfg: RunConfig) -> List[str]:

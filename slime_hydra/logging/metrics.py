@@ -72,8 +72,9 @@ class RunLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             run_id, resume = wandb_run_id(self.dir, resuming=cfg.trainer.resume is not None)
             self.wandb = wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
-                                    name=cfg.run_name, dir=self.dir, mode=mode, tags=list(cfg.logging.wandb_tags),
-                                    config=redacted_config(cfg), id=run_id, resume=resume)
+                                    name=cfg.run_name, group=cfg.logging.wandb_group, dir=self.dir, mode=mode,
+                                    tags=list(cfg.logging.wandb_tags), config=redacted_config(cfg), id=run_id,
+                                    resume=resume)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not cfg.logging.progress)
 

@@ -1,0 +1,154 @@
+"""The sweep's one Ray cluster, and nothing left running when the sweep dies.
+
+Each job is its own Ray driver (a process of the launcher) that joins this cluster
+(``SWEEP_CLUSTER_ENV``) and reserves its placement group there: Ray queues a group until an earlier
+job's bundles are free, so concurrent jobs never oversubscribe CPUs or GPUs. The cluster is started
+once, by the sweep's process, with ``ray.init(address="local")`` (a cluster of its own, on the loopback
+address); with ``cluster.address`` set, the jobs join that cluster instead and nothing is started.
+
+A SIGKILLed sweep cannot clean up, so a watchdog process (its own session: a Ctrl-C or a kill of the
+sweep's process group leaves it alone) waits for the sweep's process to end and then kills what the
+sweep started: every process carrying the sweep's run token (its Ray cluster, the job processes) or
+holding a file of its Ray session open, and every job's processes by the job's own run token (the
+``driver.json`` that launch/lease.py writes in each job directory).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import List, Optional
+
+from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _parent, _start_time, processes_of_run, reap
+
+log = logging.getLogger(__name__)
+
+
+def reap_sweep(sweep_dir: str, token: Optional[str], ray_session_dir: Optional[str]) -> int:
+    """Kill every process of the sweep and of its jobs still running; returns how many."""
+    killed = 0
+    for lease in glob.glob(os.path.join(sweep_dir, "*", LEASE_FILE)):
+        try:
+            with open(lease) as f:
+                job = json.load(f)
+        except (OSError, ValueError):
+            continue
+        killed += len(reap(job["token"], job.get("ray_session_dir")))
+    if token:
+        killed += len(_reap_but_own_tracker(token, ray_session_dir))
+    return killed
+
+
+def _reap_but_own_tracker(token: str, ray_session_dir: Optional[str], timeout: float = 10.0) -> List[int]:
+    """lease.reap, but for this process's own joblib resource tracker (it ends with this process; killed
+    earlier, it warns of leaks that are not there)."""
+    def ours(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return _parent(pid) == os.getpid() and b"resource_tracker" in f.read()
+        except OSError:
+            return False
+
+    killed: List[int] = []
+    deadline = time.monotonic() + timeout
+    while (pids := [p for p in processes_of_run(token, ray_session_dir) if not ours(p)]) \
+            and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed += [p for p in pids if p not in killed]
+        time.sleep(0.1)
+    return killed
+
+
+class SweepCluster:
+    """``start()`` once before the first job, ``stop()`` after the last (also after an error)."""
+
+    def __init__(self, sweep_dir: str, num_cpus: int, num_gpus: int, address: Optional[str] = None):
+        self.sweep_dir, self.num_cpus, self.num_gpus, self.address = sweep_dir, num_cpus, num_gpus, address
+        self.token: Optional[str] = None
+        self.session_dir: Optional[str] = None
+        self.watchdog: Optional[subprocess.Popen] = None
+        self.started = False
+
+    def start(self) -> str:
+        """Start (or name) the cluster; the jobs' processes, started after this, join it."""
+        import ray
+
+        from slime_hydra.launch.cluster import LOCAL_HOST, SWEEP_CLUSTER_ENV
+
+        if self.started:
+            return os.environ[SWEEP_CLUSTER_ENV]
+        os.makedirs(self.sweep_dir, exist_ok=True)
+        if self.address:
+            os.environ[SWEEP_CLUSTER_ENV] = self.address
+            self.started = True
+            return self.address
+        self.token = uuid.uuid4().hex
+        os.environ[TOKEN_ENV] = self.token  # inherited by Ray's processes and the launcher's job processes
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        t0 = time.perf_counter()
+        ctx = ray.init(address="local", num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
+                       log_to_driver=False, logging_level=logging.WARNING, _node_ip_address=LOCAL_HOST)
+        self.session_dir = ctx.address_info["session_dir"]
+        address = ctx.address_info["gcs_address"]
+        os.environ[SWEEP_CLUSTER_ENV] = address
+        self._start_watchdog()
+        self.started = True
+        log.info("sweep: one Ray cluster for every job at %s (%s CPUs, %s GPUs), started in %.1fs", address,
+                 self.num_cpus, "the machine's" if self.num_gpus is None else self.num_gpus, time.perf_counter() - t0)
+        with open(os.path.join(self.sweep_dir, "sweep_cluster.json.tmp"), "w") as f:
+            json.dump({"address": address, "num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "pid": os.getpid(),
+                       "started": time.time()}, f)
+        os.replace(os.path.join(self.sweep_dir, "sweep_cluster.json.tmp"),
+                   os.path.join(self.sweep_dir, "sweep_cluster.json"))
+        return address
+
+    def _start_watchdog(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # it must not kill itself
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "slime_hydra.sweep.cluster", str(os.getpid()), str(_start_time(os.getpid())),
+             self.sweep_dir, self.token, self.session_dir], env=env, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        import ray
+
+        from slime_hydra.launch.cluster import SWEEP_CLUSTER_ENV
+
+        if not self.started:
+            return
+        self.started = False
+        os.environ.pop(SWEEP_CLUSTER_ENV, None)
+        if self.address:
+            return
+        ray.shutdown()
+        killed = reap_sweep(self.sweep_dir, self.token, self.session_dir)
+        if killed:
+            log.info("sweep: killed %d process(es) still running after the cluster's shutdown", killed)
+        os.environ.pop(TOKEN_ENV, None)
+        if self.watchdog is not None:
+            self.watchdog.send_signal(signal.SIGTERM)
+            self.watchdog.wait(timeout=10)
+
+
+def watch(parent: int, parent_start: str, sweep_dir: str, token: str, session_dir: str) -> None:
+    """The watchdog: when the sweep's process is gone (and did not stop the cluster itself: SIGTERM
+    from ``stop``), kill what it left."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while _start_time(parent) == parent_start:
+        time.sleep(0.5)
+    reap_sweep(sweep_dir, token, session_dir)
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])

@@ -1,0 +1,96 @@
+"""The steps both sweepers share (sweeper.py, optuna.py): validate the jobs and start the cluster,
+launch, and finish with the report and the exit status."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, List, Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+
+from slime_hydra.sweep.compose import Job, SweepInvalid, capacity_problems, cluster_size, validate_jobs
+from slime_hydra.sweep.jobs import FINISHED, JobPruned, read_status
+from slime_hydra.sweep.report import best_job, write_report
+
+log = logging.getLogger(__name__)
+
+
+def prepare(sweeper: Any, jobs: List[Job]) -> List[Job]:
+    """Validate the jobs against each other's cluster (shared by both sweepers): the invalid ones listed,
+    and none started (``SweepInvalid``, printed, exit 1) unless ``sweep.skip_invalid``. Then, with
+    ``dry_run=true``, every job's plan in one line, and exit."""
+    config = sweeper.config
+    cpus, gpus = cluster_size(config, jobs)
+    shared = hasattr(sweeper.launcher, "start")  # the slime launcher: every job on the sweep's local cluster
+    if shared and not config.cluster.address:
+        capacity_problems(jobs, cpus, gpus)
+    try:
+        valid = validate_jobs(config, jobs)
+    except SweepInvalid as e:
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(1)
+    if config.dry_run:
+        for job in valid:
+            print(job.plan_line())
+        print(f"{len(valid)} job(s) valid (dry_run=true: nothing started)", flush=True)
+        sys.exit(0)
+    if shared:  # another launcher (Slurm) gives each job a cluster of its own
+        sweeper.launcher.start(cpus, gpus)
+    return valid
+
+
+def launch(launcher: Any, todo: List[tuple]) -> List[JobReturn]:
+    """``(number, overrides)`` pairs through the slime launcher, or another launcher's ``launch`` (one call
+    per run of consecutive numbers: a resumed sweep skips some); the launcher closed afterwards."""
+    try:
+        if hasattr(launcher, "launch_jobs"):
+            return launcher.launch_jobs(todo)
+        returns: List[JobReturn] = []
+        i = 0
+        while i < len(todo):
+            j = i
+            while j + 1 < len(todo) and todo[j + 1][0] == todo[j][0] + 1:
+                j += 1
+            returns += launcher.launch([o for _, o in todo[i:j + 1]], initial_job_idx=todo[i][0])
+            i = j + 1
+        return returns
+    finally:
+        if hasattr(launcher, "close"):
+            launcher.close()
+
+
+def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn]) -> None:
+    """The report, a summary line, and exit status 1 naming the failed jobs, if any."""
+    sweep_dir = str(sweeper.config.hydra.sweep.dir)
+    rows = write_report(sweep_dir)
+    failed = [j for j, r in zip(jobs, returns) if r.status != JobStatus.COMPLETED and not _pruned(r)]
+    best = best_job(rows)
+    counts = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
+    print(f"[sweep] done: {', '.join(f'{n} {s}' for s, n in counts.items())}; report {sweep_dir}/sweep.md"
+          + (f"; best: job {best['job']} {best['overrides']} ({best['final_reward']})" if best else ""), flush=True)
+    if failed:
+        print(f"[sweep] {len(failed)} job(s) failed: " + "; ".join(
+            f"{j.label()} ({os.path.join(j.dir or '', 'console.log')})" for j in failed), file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _pruned(ret: JobReturn) -> bool:
+    return isinstance(ret._return_value, JobPruned)
+
+
+def resume_plan(config: Any, jobs: List[Job], overrides: dict) -> List[tuple]:
+    """The ``(number, overrides)`` to launch. ``sweep.resume=true``: a job that ended ok or pruned is
+    not run again; the others run with ``trainer.resume=auto`` (from their newest checkpoint, if any)."""
+    if not config.sweep.resume:
+        return [(j.num, overrides[j.num]) for j in jobs]
+    todo = []
+    for j in jobs:
+        state = read_status(j.dir) if j.dir else None
+        if state and state["status"] in FINISHED:
+            log.info("sweep.resume: %s ended %s; not run again", j.label(), state["status"])
+            continue
+        extra = [] if any(o.startswith("trainer.resume=") for o in overrides[j.num]) else ["trainer.resume=auto"]
+        todo.append((j.num, overrides[j.num] + extra))
+    return todo

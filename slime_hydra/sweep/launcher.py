@@ -1,0 +1,258 @@
+"""``hydra/launcher=slime``: hydra-joblib-launcher's process pool, with every job on one Ray cluster.
+
+Each job runs in a loky worker process (joblib), ``sweep.max_concurrent`` at once, and is a Ray driver
+of its own that joins the sweep's cluster (cluster.py). Per job, the worker also
+- writes ``sweep_job.json`` (running, then ok / failed / pruned with the error's tail) for the report;
+- sends the job's console (its log lines, prints, progress bar) to ``<job dir>/console.log``, so the
+  sweep's console shows one status line per job instead of N interleaved logs;
+- names the job's wandb run by its overrides in a group named after the sweep;
+- with Optuna pruning configured, reports each eval to the study (optuna.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
+from hydra.types import HydraContext, TaskFunction
+from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from slime_hydra.sweep.cluster import SweepCluster
+from slime_hydra.sweep.jobs import JobPruned, shown_overrides, write_status
+from slime_hydra.sweep.report import collect, status_line, write_report
+
+log = logging.getLogger(__name__)
+
+
+def sweep_id(sweep_dir: str) -> str:
+    """A sweep's name for wandb's group: the last two parts of its directory (Hydra's default is
+    ``multirun/<date>/<time>``, so ``<date>_<time>``)."""
+    return "_".join(os.path.abspath(sweep_dir).split(os.sep)[-2:])
+
+
+def job_dir_of(config: DictConfig) -> str:
+    """Where Hydra puts this job (``hydra.sweep.dir`` / ``hydra.sweep.subdir``), as run_job computes it."""
+    return os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
+
+
+def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext, config: DictConfig,
+                task_function: TaskFunction, singleton_state: Dict[Any, Any], prune: Optional[Dict[str, Any]]
+                ) -> JobReturn:
+    """One job, in a worker process (hydra-joblib-launcher's ``execute_job``, plus the sweep's bookkeeping)."""
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+        sweep_config.logging.progress = False  # the sweep prints status lines
+        if sweep_config.logging.wandb_group is None:
+            sweep_config.logging.wandb_group = sweep_id(str(sweep_config.hydra.sweep.dir))
+        shown = " ".join(shown_overrides(sweep_config, overrides))
+        if shown:
+            sweep_config.run_name = shown
+    HydraConfig.instance().set_config(sweep_config)
+    job_dir = job_dir_of(sweep_config)
+    started = time.time()
+    label = shown_overrides(sweep_config, overrides)
+    write_status(job_dir, idx, label, "running", started=started)
+    from slime_hydra.launch import driver
+
+    hooks = []
+    if prune:
+        from slime_hydra.sweep.prune import pruning_hook
+
+        hooks.append(pruning_hook(prune, idx, sweep_config.trainer.num_rollout))
+    driver.EVAL_HOOKS.extend(hooks)
+    saved = _redirect(os.path.join(job_dir, "console.log"))
+    try:
+        ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    except BaseException as e:  # noqa: BLE001 - a SystemExit of the task must not take the worker with it
+        ret = JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
+                        working_dir=job_dir, task_name=sweep_config.hydra.job.name, status=JobStatus.FAILED)
+        ret._return_value = e
+    finally:
+        _restore(saved)
+        for hook in hooks:
+            driver.EVAL_HOOKS.remove(hook)
+    if ret.status == JobStatus.COMPLETED:
+        write_status(job_dir, idx, label, "ok", started=started)
+    else:
+        err = ret._return_value
+        pruned = isinstance(err, JobPruned)
+        tail = str(err) if pruned else "".join(traceback.format_exception(err))[-2000:]
+        write_status(job_dir, idx, label, "pruned" if pruned else "failed", error=tail,
+                     started=started)
+        # what comes back to the sweep's process must unpickle there: the error's text, not its object
+        ret._return_value = err if pruned else RuntimeError(f"job {idx} failed: {tail}")
+    ret.cfg = ret.hydra_cfg = None  # the sweeper needs the status and value, not the configs
+    return ret
+
+
+def _redirect(path: str) -> Tuple[int, int, Any, Any]:
+    """Point this process's stdout and stderr (the file descriptors: also the servers it starts) at ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2), sys.stdout, sys.stderr)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    return saved
+
+
+def _restore(saved: Tuple[int, int, Any, Any]) -> None:
+    out, err, sys_out, sys_err = saved
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    sys.stdout, sys.stderr = sys_out, sys_err
+
+
+def _result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
+    """The job's JobReturn; a job whose process died (killed, out of memory) is a failed one."""
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 - the worker process is gone: report, do not stop the sweep
+        ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+        ret._return_value = RuntimeError(f"job {idx}: its process ended: {type(e).__name__}: {e}")
+        return ret
+
+
+class StatusPrinter(threading.Thread):
+    """While jobs run: every ``interval`` seconds, a console line for each job whose state changed, and
+    the report rewritten when any did."""
+
+    def __init__(self, sweep_dir: str, interval: float, shown: Dict[Any, str]):
+        super().__init__(daemon=True, name="sweep-status")
+        self.sweep_dir, self.interval = sweep_dir, interval
+        self.stopped = threading.Event()
+        self.shown = shown  # the last line printed per job (kept across a search's batches)
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.update()
+
+    def update(self) -> None:
+        try:
+            rows = collect(self.sweep_dir)
+        except Exception as e:  # noqa: BLE001 - a status line must never stop the sweep
+            log.debug("sweep status: %s", e)
+            return
+        changed = False
+        for row in rows:
+            line = status_line(row)
+            if self.shown.get(row["job"]) != line:
+                self.shown[row["job"]] = line
+                print(line, flush=True)
+                changed = True
+        if changed:
+            write_report(self.sweep_dir)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=30)
+        self.update()
+
+
+class SweepLauncher(JoblibLauncher):
+    """See the module docstring. The sweepers (sweeper.py, optuna.py) call ``start`` with the cluster's
+    size before the first job and ``close`` after the last; ``launch`` runs one batch."""
+
+    def __init__(self, **joblib: Any) -> None:
+        super().__init__(**joblib)
+        self.cluster: Optional[SweepCluster] = None
+        self.prune: Optional[Dict[str, Any]] = None  # set by the Optuna sweeper when it prunes
+        self.shown: Dict[Any, str] = {}
+        self.printer: Optional[StatusPrinter] = None
+        self.pool: Any = None  # loky's process pool, while jobs run
+
+    def start(self, num_cpus: int, num_gpus: int) -> None:
+        if self.cluster is None:
+            cfg = self.config
+            self.cluster = SweepCluster(str(cfg.hydra.sweep.dir), num_cpus, num_gpus, cfg.cluster.address)
+            self.cluster.start()
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        return self.launch_jobs([(initial_job_idx + i, o) for i, o in enumerate(job_overrides)])
+
+    @property
+    def n_jobs(self) -> int:
+        return max(1, int(self.joblib.get("n_jobs") or 1))
+
+    def begin(self) -> None:
+        """Before the first job of a launch: the cluster (if the sweeper did not start it) and the status
+        lines."""
+        setup_globals()
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        if self.cluster is None:
+            from slime_hydra.sweep.compose import cluster_size
+
+            self.start(*cluster_size(self.config, []))
+        os.makedirs(str(self.config.hydra.sweep.dir), exist_ok=True)
+        if self.printer is None:
+            interval = float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0)
+            self.printer = StatusPrinter(str(self.config.hydra.sweep.dir), interval, self.shown)
+            self.printer.start()
+
+    def end(self) -> None:
+        if self.printer is not None:
+            self.printer.stop()
+            self.printer = None
+
+    def submit(self, idx: int, overrides: Sequence[str]) -> Any:
+        """Job ``idx`` into the process pool (``n_jobs`` processes); a future of its JobReturn (``result``).
+
+        joblib's loky process pool, used directly rather than through ``joblib.Parallel``: Parallel runs
+        ``n_jobs=1`` in this process, and this process is the sweep's (a Ray driver already, printing the
+        status lines); a job always gets a process of its own. Futures let the Optuna sweeper start the
+        next trial as soon as any trial ends."""
+        from joblib.externals.loky import get_reusable_executor
+
+        log.info("sweep: job #%d: %s", idx, " ".join(filter_overrides(overrides)))
+        self.pool = get_reusable_executor(max_workers=self.n_jobs)
+        return self.pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
+                           Singleton.get_state(), self.prune)
+
+    @staticmethod
+    def result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
+        return _result(future, idx, overrides)
+
+    def launch_jobs(self, jobs: List[Tuple[int, Sequence[str]]]) -> List[JobReturn]:
+        """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order."""
+        self.begin()
+        log.info("sweep: %d job(s), %d at once, in %s", len(jobs), self.n_jobs, self.config.hydra.sweep.dir)
+        try:
+            futures = [self.submit(idx, overrides) for idx, overrides in jobs]
+            return [_result(f, idx, overrides) for f, (idx, overrides) in zip(futures, jobs)]
+        finally:
+            self.end()
+
+    def close(self) -> None:
+        """After the last job: the worker processes end, then the cluster. On the way out of an error or
+        a Ctrl-C, the workers are killed rather than waited for (their jobs' processes die with the
+        cluster: ``SweepCluster.stop``)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, kill_workers=sys.exc_info()[0] is not None)
+            self.pool = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None

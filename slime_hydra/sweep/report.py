@@ -1,0 +1,176 @@
+"""The sweep report: every job's overrides, status, held-out rewards, steps and speed, side by side.
+
+``sweep.csv`` (for tools) and ``sweep.md`` (for people) and ``sweep_curves.png`` (every job's eval curve,
+the best named) are rebuilt from the run directories alone (``sweep_job.json``, ``metrics.jsonl``,
+``summary.json``), atomically, each time a job changes state; ``python -m slime_hydra.sweep report DIR``
+does the same by hand."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import textwrap
+from typing import Any, Dict, List, Optional, Tuple
+
+from slime_hydra.sweep.jobs import job_dirs, read_status
+
+COLUMNS = ["job", "overrides", "status", "final_reward", "best_reward", "best_step", "steps", "s_per_step",
+           "run_dir", "error"]
+ERROR_TAIL = 300  # characters of a failed job's error kept in the table
+
+
+def eval_reward(row: Dict[str, Any]) -> Optional[float]:
+    """A metrics row's held-out reward: the mean over eval datasets (as summary.json's)."""
+    vals = [v for k, v in row.items() if k.startswith("eval/") and k.endswith("/reward")]
+    return sum(vals) / len(vals) if vals else None
+
+
+def read_metrics(job_dir: str) -> List[Dict[str, Any]]:
+    path = os.path.join(job_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:  # a line being written
+                break
+    return rows
+
+
+def eval_curve(rows: List[Dict[str, Any]]) -> List[Tuple[int, float]]:
+    return [(r["step"], eval_reward(r)) for r in rows if eval_reward(r) is not None]
+
+
+def job_row(job_dir: str) -> Dict[str, Any]:
+    """One line of the table for one job directory."""
+    state = read_status(job_dir) or {}
+    rows = read_metrics(job_dir)
+    curve = eval_curve(rows)
+    steps = [r["step"] for r in rows if "perf/step_time" in r]
+    step_times = [r["perf/step_time"] for r in rows if "perf/step_time" in r]
+    best = max(curve, key=lambda c: c[1]) if curve else None
+    error = state.get("error") or ""
+    return {
+        "job": state.get("num"),
+        "overrides": " ".join(state.get("overrides", [])),
+        "status": state.get("status", "unknown"),
+        "final_reward": _round(curve[-1][1]) if curve else None,
+        "best_reward": _round(best[1]) if best else None,
+        "best_step": best[0] if best else None,
+        "steps": max(steps) if steps else 0,
+        "s_per_step": _round(sum(step_times) / len(step_times)) if step_times else None,
+        "run_dir": os.path.abspath(job_dir),
+        "error": error[-ERROR_TAIL:].strip(),
+    }
+
+
+def _round(x: float) -> Optional[float]:
+    return None if x is None or math.isnan(x) else round(x, 4)
+
+
+def collect(sweep_dir: str) -> List[Dict[str, Any]]:
+    return [job_row(d) for d in job_dirs(sweep_dir)]
+
+
+def best_job(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The job with the highest final held-out reward among those that ended ok."""
+    done = [r for r in rows if r["status"] == "ok" and r["final_reward"] is not None]
+    return max(done, key=lambda r: r["final_reward"]) if done else None
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def to_csv(rows: List[Dict[str, Any]]) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if r[k] is None else r[k] for k in COLUMNS})
+    return out.getvalue()
+
+
+def to_markdown(rows: List[Dict[str, Any]], sweep_dir: str) -> str:
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
+
+    counts = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
+    best = best_job(rows)
+    lines = [f"# Sweep {os.path.abspath(sweep_dir)}", "",
+             f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
+    if best:
+        lines += [f"Best: job {best['job']} ({best['overrides'] or 'no overrides'}), final held-out reward "
+                  f"{best['final_reward']}", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r[k]) for k in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def short(overrides: str) -> str:
+    """Overrides for a legend: long floats (an Optuna trial's values) to 4 significant digits."""
+    return re.sub(r"(?<==)(-?\d+\.\d{5,}(?:e-?\d+)?)", lambda m: f"{float(m.group(1)):.4g}", overrides)
+
+
+def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = best_job(rows)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in rows:
+        curve = eval_curve(read_metrics(r["run_dir"]))
+        if not curve:
+            continue
+        is_best = best is not None and r["job"] == best["job"]
+        label = f"{r['job']}: {short(r['overrides']) or '(defaults)'} [{r['status']}]"
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", markersize=3,
+                linewidth=2.5 if is_best else 1.0, alpha=1.0 if is_best else 0.7, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out reward")
+    title = f"sweep {os.path.basename(os.path.abspath(sweep_dir))}"
+    if best:
+        title += "\n" + textwrap.shorten(f"best: job {best['job']} ({best['final_reward']}) {short(best['overrides'])}",
+                                          110)
+    ax.set_title(title, fontsize=9)
+    if ax.lines:
+        ax.legend(fontsize=6, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    _atomic_write(path, buf.getvalue())
+
+
+def write_report(sweep_dir: str) -> List[Dict[str, Any]]:
+    """sweep.csv, sweep.md and sweep_curves.png in ``sweep_dir``; returns the table's rows."""
+    rows = collect(sweep_dir)
+    _atomic_write(os.path.join(sweep_dir, "sweep.csv"), to_csv(rows).encode())
+    _atomic_write(os.path.join(sweep_dir, "sweep.md"), to_markdown(rows, sweep_dir).encode())
+    plot(sweep_dir, rows, os.path.join(sweep_dir, "sweep_curves.png"))
+    return rows
+
+
+def status_line(row: Dict[str, Any]) -> str:
+    """One console line for one job: what a progress bar per job would show, without N bars interleaving."""
+    parts = [f"job {row['job']}", row["status"], f"step {row['steps']}"]
+    if row["final_reward"] is not None:
+        parts.append(f"eval {row['final_reward']:.3f}")
+    if row["s_per_step"] is not None:
+        parts.append(f"{row['s_per_step']:.2f} s/step")
+    line = "[sweep] " + " | ".join(parts) + f" | {row['overrides'] or '(defaults)'}"
+    if row["status"] == "failed" and row["error"]:
+        line += f" | {row['error'].splitlines()[-1][:160]}"
+    return line

@@ -1,0 +1,60 @@
+"""``hydra/sweeper=slime``: Hydra's basic sweeper (every combination of the ``-m`` values), which first
+composes and validates every job (compose.py), then runs them all in one launch (launcher.py), so that
+``sweep.max_concurrent`` of them run at any time; and resumes a sweep (``sweep.resume=true``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, List, Optional
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from slime_hydra.sweep.compose import compose
+from slime_hydra.sweep.flow import finish, launch, prepare, resume_plan
+
+log = logging.getLogger(__name__)
+
+
+class SlimeSweeper(BasicSweeper):
+    """``optuna``: hydra-optuna-sweeper's settings (conf/hparams_search/): search ``params`` with Optuna
+    (optuna.py) instead of running every combination. One sweeper for both, because Hydra 1.3 lets the
+    root config's choice of ``hydra/sweeper`` win over an ``hparams_search`` preset's."""
+
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Any] = None,
+                 optuna: Optional[Any] = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.optuna = None
+        if optuna is not None:
+            from slime_hydra.sweep.optuna import SlimeOptunaSweeper
+
+            self.optuna = SlimeOptunaSweeper(**optuna, params=params)
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        if self.optuna is not None:
+            self.optuna.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        else:
+            super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        if self.optuna is not None:
+            return self.optuna.sweep(arguments)
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        params_conf = self._parse_config()
+        params_conf.extend(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        batches = self.split_arguments(parser.parse_overrides(params_conf), None)
+        overrides = [list(o) for batch in batches for o in batch]
+        jobs = prepare(self, compose(self.hydra_context, self.config, list(enumerate(overrides))))
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        os.makedirs(sweep_dir, exist_ok=True)
+        OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
+        todo = resume_plan(self.config, jobs, {j.num: overrides[j.num] for j in jobs})
+        returns = launch(self.launcher, todo)
+        ran = {num for num, _ in todo}
+        finish(self, [j for j in jobs if j.num in ran], returns)
+        return [returns]
+
+

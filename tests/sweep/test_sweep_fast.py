@@ -1,0 +1,156 @@
+"""Sweeps (``python run.py -m``): whole-sweep validation and dry runs, the Optuna preset and the Slurm
+launcher composing, and one short real sweep (two jobs side by side, one failing) with its report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from sweep_helpers import ENV, FAST, ROOT, leftover_processes, metrics, sweep, table
+
+
+def test_a_bad_value_refuses_the_whole_sweep_before_anything_is_written(tmp_path):
+    d = tmp_path / "sweep"
+    out = sweep(d, "algo.lr=1e-3,-1,3e-3", "rollout.temperature=0.8,-2")
+    assert out.returncode == 1, out.stdout + out.stderr
+    err = out.stderr
+    assert "4 of 6 sweep jobs are invalid:" in err  # every invalid job, with its overrides and problems
+    for job in ("job 1 [algo.lr=0.001 rollout.temperature=-2]", "job 2 [algo.lr=-1 rollout.temperature=0.8]",
+                "job 3 [algo.lr=-1 rollout.temperature=-2]", "job 5 [algo.lr=0.003 rollout.temperature=-2]"):
+        assert job in err
+    assert "job 0 " not in err and "job 4 " not in err
+    assert "algo.lr: must be > 0, got -1.0" in err and "rollout.temperature: must be > 0" in err
+    assert "sweep.skip_invalid=true" in err
+    assert not d.exists()  # nothing started, nothing written
+
+
+def test_dry_run_prints_each_valid_job_plan_in_one_line(tmp_path):
+    d = tmp_path / "sweep"
+    out = sweep(d, "dry_run=true", "algo.lr=1e-3,-1,3e-3", "sweep.skip_invalid=true")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("job ")]
+    assert [line.split(":")[0] for line in lines] == ["job 0 [algo.lr=0.001]", "job 2 [algo.lr=0.003]"]
+    assert all("cpu, 2 bundles of {'CPU': 1.0}, 1 trainer(s) (dp 1), 1 embedded engine(s), split, 150 steps" in line
+               for line in lines)
+    assert "1 of 3 sweep jobs are invalid" in out.stdout
+    assert "2 job(s) valid (dry_run=true: nothing started)" in out.stdout
+    assert not d.exists()
+
+
+def test_the_search_preset_validates_the_corners_of_its_space(tmp_path):
+    out = sweep(tmp_path / "s", "hparams_search=grpo_digits", "dry_run=true", "rollout.temperature=interval(-1.0,1.0)")
+    assert out.returncode == 1
+    assert "3 of 4 sweep jobs are invalid" in out.stderr  # the space's low temperature, with each other corner
+    assert "rollout.temperature=-1.0]" in out.stderr and "rollout.temperature: must be > 0" in out.stderr
+    out = sweep(tmp_path / "s", "hparams_search=grpo_digits", "dry_run=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("job ")]
+    assert [line.split(":")[0] for line in lines] == [  # all low; each parameter at its high
+        "job 0 [algo.lr=0.001 algo.kl_loss_coef=0.0]", "job 1 [algo.lr=0.01 algo.kl_loss_coef=0.0]",
+        "job 2 [algo.lr=0.001 algo.kl_loss_coef=0.1]"]
+
+
+def test_slurm_launcher_composes():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import get_class
+
+    from slime_hydra.config.store import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "parallelism=colocate_8gpu", "model=qwen3_4b"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    get_class(launcher._target_)
+    assert launcher.gpus_per_node == 8 and launcher.nodes == 1 and launcher.tasks_per_node == 1
+    assert launcher.submitit_folder.endswith(".submitit/%j")
+
+
+def test_optimized_metric_is_a_summary_value():
+    from slime_hydra.launch.driver import summarize
+    from slime_hydra.launch.rules import SUMMARY_METRICS
+
+    assert set(SUMMARY_METRICS) <= set(summarize([], 0, 0.0, "x"))
+    from conftest import resolved
+    from slime_hydra.launch.validate import validate
+
+    problems = validate(resolved(["sweep.optimized_metric=reward", "sweep.max_concurrent=0"]))
+    assert any(p.startswith("sweep.optimized_metric: 'reward' is not one of") for p in problems)
+    assert "sweep.max_concurrent: must be >= 1, got 0" in problems
+
+
+@pytest.mark.e2e
+def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
+    """A real sweep: two jobs at once on one Ray cluster, one of them failing at its first rollout. The
+    good one ends ok, the sweep exits 1 naming the failed one, and the report says exactly that."""
+    d = tmp_path / "sweep"
+    t0 = time.time()
+    out = sweep(d, "reward.type=exact,custom", "reward.custom=tests.sweep.sweep_rewards.broken",
+                "trainer.num_rollout=2", "eval.interval=0", "sweep.max_concurrent=2", *FAST)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "[sweep] 1 job(s) failed: job 1 [reward.type=custom reward.custom=tests.sweep.sweep_rewards.broken " \
+           "trainer.num_rollout=2 eval.interval=0 eval.before_train=False]" in out.stderr
+    assert (out.stdout + out.stderr).count("one Ray cluster for every job") == 1
+    # the console: status lines per job, not the jobs' own logs
+    assert "[sweep] job 0 | ok | step 2 | eval " in out.stdout and "[sweep] job 1 | failed | step 0 |" in out.stdout
+    assert "weights v0 pushed" not in out.stdout + out.stderr
+    rows = table(d)
+    jobs = sorted(p for p in d.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == [
+        "0_eval.before_train=False,eval.interval=0,reward.custom=tests.sweep.sweep_rewards.broken,reward.type=exact,"
+        "trainer.num_rollout=2",
+        "1_eval.before_train=False,eval.interval=0,reward.custom=tests.sweep.sweep_rewards.broken,reward.type=custom,"
+        "trainer.num_rollout=2"]
+    import json
+
+    summary = json.loads((jobs[0] / "summary.json").read_text())
+    m = metrics(jobs[0])
+    step_s = [r["perf/step_time"] for r in m if "perf/step_time" in r]
+    assert rows[0] == {
+        "job": "0",
+        "overrides": "reward.type=exact reward.custom=tests.sweep.sweep_rewards.broken trainer.num_rollout=2 "
+                     "eval.interval=0 eval.before_train=False",
+        "status": "ok", "final_reward": str(round(summary["eval_reward_final"], 4)),
+        "best_reward": str(round(summary["eval_reward_final"], 4)), "best_step": "2", "steps": "2",
+        "s_per_step": str(round(sum(step_s) / len(step_s), 4)), "run_dir": str(jobs[0]), "error": ""}
+    assert rows[1]["job"] == "1" and rows[1]["status"] == "failed" and rows[1]["steps"] == "0"
+    assert rows[1]["final_reward"] == rows[1]["best_reward"] == rows[1]["s_per_step"] == ""
+    assert rows[1]["run_dir"] == str(jobs[1]) and "this reward is broken on purpose" in rows[1]["error"]
+    md = (d / "sweep.md").read_text()
+    assert "2 jobs: 1 failed, 1 ok" in md
+    assert f"Best: job 0 ({rows[0]['overrides']}), final held-out reward {rows[0]['final_reward']}" in md
+    assert (d / "sweep_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # both jobs joined the sweep's cluster; the runs share a wandb group, each named by its overrides
+    for job in jobs:
+        assert "joined the Ray cluster at" in (job / "run.log").read_text()
+        cfg = (job / "config.yaml").read_text()
+        assert f"wandb_group: {tmp_path.name}_sweep" in cfg
+    assert "run_name: reward.type=exact reward.custom=" in (jobs[0] / "config.yaml").read_text()
+    # the report rebuilds from the run directories alone, identically
+    csv_before, md_before = (d / "sweep.csv").read_text(), md
+    (d / "sweep.csv").unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "slime_hydra.sweep", "report", str(d)], cwd=ROOT, env=ENV,
+                             capture_output=True, text=True, timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (d / "sweep.csv").read_text() == csv_before and (d / "sweep.md").read_text() == md_before
+    time.sleep(1)
+    assert not leftover_processes(), leftover_processes()
+    print(f"sweep of 2 jobs: {time.time() - t0:.0f}s")
+
+
+def test_a_running_job_whose_process_is_gone_reads_interrupted(tmp_path):
+    """The report tells a job still running from one whose sweep was killed, by the job's process."""
+    from slime_hydra.sweep.jobs import read_status, write_status
+
+    write_status(str(tmp_path / "alive"), 0, ["seed=1"], "running", started=time.time())
+    assert read_status(str(tmp_path / "alive"))["status"] == "running"  # this process
+    code = ("import sys, time; from slime_hydra.sweep.jobs import write_status; "
+            "write_status(sys.argv[1], 1, ['seed=2'], 'running', started=time.time())")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "gone")], check=True, env=ENV, cwd=ROOT)
+    state = read_status(str(tmp_path / "gone"))
+    assert state["status"] == "interrupted" and state["overrides"] == ["seed=2"] and state["num"] == 1
