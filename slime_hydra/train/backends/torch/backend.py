@@ -350,6 +350,11 @@ class TorchBackend(TrainerBackend):
         from safetensors.torch import load_file
 
         hf = os.path.join(ckpt_dir, "hf")
+        if not os.path.isdir(hf):
+            what = "with LoRA (it has adapter/)" if os.path.isdir(os.path.join(ckpt_dir, peft_lora.ADAPTER_DIR)) \
+                else "by this backend"
+            raise FileNotFoundError(f"{ckpt_dir} has no hf/: it was saved {what}; resume it with the settings it was "
+                                    "saved with (trainer.lora.*, trainer.strategy)")
         weights = {}
         for f in sorted(os.listdir(hf)):
             if f.endswith(".safetensors"):
