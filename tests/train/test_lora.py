@@ -12,6 +12,8 @@ import pytest
 import torch
 from tiny_trainer import config, fake_rollout, rl_trainer, train
 
+from conftest import resolved
+
 LORA = ("trainer.num_rollout=10", "trainer.lora.rank=4", "trainer.lora.alpha=8", "algo.lr=1e-2",
         "algo.kl_loss_coef=0.1")
 
@@ -138,3 +140,15 @@ def test_default_target_modules_per_family():
     assert "gate_up_proj" in LORA_TARGET_MODULES["glm4"]
     assert hf_name("base_model.model.model.layers.0.mlp.up_proj.base_layer.weight") == \
         "model.layers.0.mlp.up_proj.weight"
+
+
+def test_tiny_lora_count_matches_the_backend(tiny_ckpt):
+    """The estimate's adapter count is what the backend trains on the tiny model."""
+    from tiny_trainer import backend
+
+    from slime_hydra.plan import memory as M
+
+    cfg = resolved(["trainer.lora.rank=4", "trainer.num_rollout=10"])
+    be = backend(cfg, tiny_ckpt)
+    assert M.lora_params(cfg) == sum(p.numel() for p in be.model.parameters() if p.requires_grad)
+    assert all(p.dtype == torch.float32 for p in be.model.parameters() if p.requires_grad)
