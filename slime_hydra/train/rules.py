@@ -105,8 +105,9 @@ def _check_strategy_and_lora(cfg: RunConfig) -> List[str]:
             errs.append(f"trainer.lora.rank: LoRA runs on the torch backend only (trainer.backend={t.backend!r} has "
                         "no adapters); use trainer=torch with trainer.lora.rank, or trainer.lora.rank=0")
         return errs
-    if t.fsdp_cpu_offload and t.strategy != "fsdp":
-        errs.append("trainer.fsdp_cpu_offload: needs trainer.strategy=fsdp")
+    if t.fsdp_cpu_offload and (t.strategy != "fsdp" or cfg.parallelism.device != "cuda"):
+        errs.append("trainer.fsdp_cpu_offload: needs trainer.strategy=fsdp on GPUs (parallelism.device=cuda): it keeps "
+                    "the shards in host memory instead of the GPU's")
     if cfg.algo.advantage_estimator == "ppo" and (t.strategy == "fsdp" or lora.rank):
         key = "trainer.lora.rank" if lora.rank else "trainer.strategy"
         errs.append(f"{key}: PPO's critic is trained with DDP and full weights only; use trainer.strategy=ddp and "

@@ -152,3 +152,31 @@ def test_tiny_lora_count_matches_the_backend(tiny_ckpt):
     be = backend(cfg, tiny_ckpt)
     assert M.lora_params(cfg) == sum(p.numel() for p in be.model.parameters() if p.requires_grad)
     assert all(p.dtype == torch.float32 for p in be.model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["trainer=megatron", "parallelism.device=cuda", "trainer.lora.rank=16"],
+     "trainer.lora.rank: LoRA runs on the torch backend only (trainer.backend='megatron' has no adapters)"),
+    (["trainer=megatron", "parallelism.device=cuda", "trainer.strategy=fsdp"], "trainer.strategy: 'fsdp'"),
+    (["trainer.strategy=zero3"], "trainer.strategy"),
+    (["trainer.fsdp_cpu_offload=true"], "trainer.fsdp_cpu_offload: needs trainer.strategy=fsdp on GPUs"),
+    (["algo=ppo", "trainer.lora.rank=8"], "trainer.lora.rank: PPO's critic is trained with DDP and full weights"),
+    (["algo=ppo", "trainer.strategy=fsdp"], "trainer.strategy: PPO's critic"),
+    (["trainer.lora.rank=-1"], "trainer.lora.rank: must be >= 0"),
+    (["trainer.lora.rank=8", "trainer.lora.push=adapter"], "trainer.lora.push"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[]"], "trainer.lora.target_modules: an empty list"),
+    (["trainer.lora.rank=8", "trainer.lora.dropout=1.5"], "trainer.lora.dropout"),
+])
+def test_validation_names_the_key(overrides, needle):
+    from slime_hydra.train.rules import check
+
+    errs = check(resolved(["trainer.num_rollout=10", *overrides]))
+    assert any(needle in e for e in errs), errs
+
+
+def test_valid_fsdp_and_lora_configs_pass():
+    from slime_hydra.train.rules import check
+
+    for extra in (["trainer.strategy=fsdp"], ["trainer.lora.rank=8"], ["trainer.strategy=fsdp", "trainer.lora.rank=8",
+                                                                       "trainer.lora.target_modules=[q_proj,v_proj]"]):
+        assert check(resolved(["trainer.num_rollout=10", *extra])) == []

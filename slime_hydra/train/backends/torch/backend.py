@@ -81,8 +81,9 @@ class TorchBackend(TrainerBackend):
         dtype = torch.float32 if device.type == "cuda" and self.lora is None else self.compute_dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
                                                           trust_remote_code=model.trust_remote_code)
-        if trainer.gradient_checkpointing:  # non-reentrant: with LoRA the layers' inputs need no gradient
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if trainer.gradient_checkpointing:  # non-reentrant for LoRA (frozen inputs) and FSDP2 (its hooks)
+            kwargs = {"use_reentrant": False} if self.fsdp or self.lora is not None else None
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
         if self.lora is not None:
             self.model = peft_lora.wrap(self.model, self.lora, model.arch.type)
