@@ -140,7 +140,7 @@ def run(name: str, steps: int, limit_s: float) -> Dict[str, Any]:
     if sampler is not None:
         sampler.stop()
         res["gpu"] = sampler.peaks()
-    rows = read_rows(os.path.join(run_dir, "metrics.jsonl"))[1:]  # row 0: the evaluation before training
+    rows = [r for r in read_rows(os.path.join(run_dir, "metrics.jsonl")) if "perf/step_time" in r]  # steps only
     res.update(returncode=proc.returncode, wall_s=round(time.perf_counter() - t0, 1), steps=len(rows))
     res["measured"] = {k: median_after_first(rows, f"perf/{k}") for k in
                        ("step_time", "rollout_wait_time", "train_time", "weight_push_time", "weight_sync_time",
