@@ -262,8 +262,24 @@ class EvalConfig:
 
 # ------------------------------------------------------------------------------------- trainer
 @dataclass
+class LoraConfig:
+    """LoRA adapters through PEFT (torch backend, DDP or FSDP2): only the adapters train."""
+
+    rank: int = 0  # adapter rank r; 0: off (full fine-tuning)
+    alpha: float = 32.0  # the update is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input
+    target_modules: Optional[List[str]] = None  # module names to adapt; None: the family's (LORA_TARGET_MODULES)
+    save_merged: bool = False  # checkpoints also write hf/ with the adapters merged (else the adapter only)
+    push: str = "merged"  # what the engines get: merged (base + scale B A per layer); the only one so far
+
+
+@dataclass
 class TrainerConfig:
     backend: str = "torch"  # torch | megatron (slime_hydra.train.backend.BACKENDS)
+    # torch backend only:
+    strategy: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (FSDP2: sharded per decoder layer)
+    fsdp_cpu_offload: bool = False  # fsdp: parameters, gradients and optimizer state live on the host
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.rank > 0); torch backend only
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size

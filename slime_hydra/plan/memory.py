@@ -17,6 +17,19 @@ Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY
   during a forward and backward (2P for bfloat16). PPO's critic adds the same again for the backbone.
   The reference model's weights (KL) are a frozen copy in the master dtype (4P on GPUs), offloaded
   with the rest.
+- torch with ``trainer.strategy=fsdp`` (FSDP2, ``train/backends/torch/fsdp.py``): the same state sharded
+  over the N data-parallel ranks: float32 weights, gradients and AdamW's moments 16P / N; no DDP buckets
+  and no autocast copies, but the all-gathered ``model.dtype`` copies of two decoder layers (the one
+  computing and the one prefetched) and of the root (embedding, untied LM head, final norm, gathered for
+  the whole step), the root's unsharded gradient (until the end of the backward) and one layer's
+  (in ``model.dtype``, plus its float32 copy for the reduce-scatter): ``gather_buffers``. The reference
+  is a second sharded model in ``model.dtype`` (2P / N). ``trainer.fsdp_cpu_offload`` keeps weights,
+  gradients and AdamW state in host memory: the GPU holds the gather buffers and activations.
+- torch with LoRA (``trainer.lora.rank`` = r, ``train/backends/torch/lora.py``): the frozen base in
+  ``model.dtype`` (2P, or 2P / N with FSDP2), and the adapters, r x (in + out) for each adapted linear
+  layer (A parameters), in float32 with their gradients and AdamW's moments: 16A (/ N with FSDP2), plus
+  DDP's buckets 4A. No reference copy (the base with the adapters off is the reference) and no
+  autocast copies of the base (it is already ``model.dtype``). Activations as for full training.
 - megatron (``slime_hydra.train.backends.megatron.backend``): on the pipeline stage with the most decoder layers
   (``stage_layers``: even, or Megatron's ``num_layers_in_first/last_pipeline_stage`` from
   ``trainer.megatron``), its share of the layers' weights plus one vocabulary matrix (the embedding on the
@@ -265,11 +278,13 @@ class TrainerMemory:
     micro_batch: Optional["MicroBatchShape"] = None  # the largest one a rank runs (None: micro_batch_shape's)
 
 
-TRANSIENT = ("autocast_copies", "activations")
+TRANSIENT = ("autocast_copies", "activations", "gather_buffers")
 
 
 def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     """The torch backend (see the module docstring)."""
+    if cfg.trainer.strategy == "fsdp" or cfg.trainer.lora.rank:
+        return torch_fsdp_lora_memory(cfg, plan)
     a, p = cfg.model.arch, cfg.parallelism
     n = param_count(a).total
     gpu = p.device == "cuda"
@@ -291,6 +306,90 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
              "activations": acts["layers"] + acts["logits"]},
         offloaded=("weights", "grads", "adam", "reference", "critic"),  # not DDP's buckets
         host=host)
+
+
+def linear_shapes(a: "ArchConfig") -> Dict[str, Tuple[int, int, int]]:
+    """Hugging Face linear-layer name -> (in, out, how many in the model) of ``a``'s decoder layers: what
+    LoRA can adapt. MLP names count the dense layers only (MoE experts are fused, not linear layers)."""
+    h, nh, L = a.hidden_size, a.num_heads, a.num_layers
+    dense = L - _moe_layers(a)
+    if _is_mla(a):
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        attn = {"o_proj": (nh * a.v_head_dim, h, L),
+                "kv_a_proj_with_mqa": (h, a.kv_lora_rank + a.qk_rope_head_dim, L),
+                "kv_b_proj": (a.kv_lora_rank, nh * (a.qk_nope_head_dim + a.v_head_dim), L)}
+        if a.q_lora_rank:
+            attn.update(q_a_proj=(h, a.q_lora_rank, L), q_b_proj=(a.q_lora_rank, nh * qk, L))
+        else:
+            attn["q_proj"] = (h, nh * qk, L)
+    else:
+        q, kv = nh * _head_dim(a), a.num_kv_heads * _head_dim(a)
+        attn = {"q_proj": (h, q, L), "k_proj": (h, kv, L), "v_proj": (h, kv, L), "o_proj": (q, h, L)}
+    f = a.intermediate_size
+    mlp = {"gate_proj": (h, f, dense), "up_proj": (h, f, dense), "down_proj": (f, h, dense),
+           "gate_up_proj": (h, 2 * f, dense)}
+    return {**attn, **mlp}
+
+
+def lora_params(cfg: "RunConfig") -> int:
+    """Parameters of the LoRA adapters: rank x (in + out) per adapted linear layer."""
+    from slime_hydra.train.backends.torch.lora import LORA_TARGET_MODULES
+
+    lora, a = cfg.trainer.lora, cfg.model.arch
+    names = lora.target_modules if lora.target_modules is not None else LORA_TARGET_MODULES.get(a.type, [])
+    shapes = linear_shapes(a)
+    return sum(lora.rank * (i + o) * k for i, o, k in (shapes[n] for n in names if n in shapes))
+
+
+def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
+    """The torch backend with FSDP2 and/or LoRA (see the module docstring)."""
+    a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
+    pc = param_count(a)
+    n = pc.total
+    gpu = p.device == "cuda"
+    compute = _bytes(cfg.model.dtype)
+    master = 4 if gpu else compute
+    fsdp, lora = t.strategy == "fsdp", t.lora.rank > 0
+    shards = max(plan.data_parallel, 1) if fsdp else 1
+    adapters = lora_params(cfg) if lora else 0
+    trainable, train_bytes = (adapters, 4) if lora else (n, master)  # adapters are float32 (PEFT upcasts them)
+    base_bytes = compute if lora else master
+    needs_ref = bool(cfg.algo.kl_coef or cfg.algo.kl_loss_coef) and not lora  # LoRA: the base is the reference
+    gpu_parts = {"weights": (base_bytes * n + (4 * adapters if lora else 0)) / shards,
+                 "grads": train_bytes * trainable / shards,
+                 "adam": 2 * train_bytes * trainable / shards,
+                 "reference": (compute if fsdp else master) * n / shards if needs_ref else 0,
+                 "ddp_buckets": 4 * adapters if lora and not fsdp and plan.data_parallel > 1 else 0}
+    if fsdp:
+        root = a.vocab_size * a.hidden_size + pc.lm_head + a.hidden_size
+        layer = (n - root) / a.num_layers
+        grad_bytes = 0 if lora else compute + (4 if gpu and compute < 4 else 0)
+        gpu_parts["gather_buffers"] = compute * (2 * layer + root) + (compute * root + grad_bytes * layer
+                                                                      if not lora else 0)
+    host: Dict[str, float] = {}
+    state = ("weights", "grads", "adam", "reference")
+    if fsdp and t.fsdp_cpu_offload:
+        host["fsdp_cpu_offload"] = sum(gpu_parts[k] for k in state)
+        for k in state:
+            gpu_parts[k] = 0
+    elif p.colocate and p.offload_train and gpu:  # gradients are dropped
+        host["offloaded_state"] = sum(gpu_parts[k] for k in ("weights", "adam", "reference"))
+    autocast = gpu and compute < 4
+    if autocast and not fsdp:  # DDP: autocast's model.dtype copies of the float32 weights (LoRA: the adapters)
+        gpu_parts["autocast_copies"] = compute * (adapters if lora else n)
+    acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
+                            residual_bytes=compute if (lora or fsdp) and gpu else master,
+                            checkpointing=t.gradient_checkpointing)
+    gpu_parts["activations"] = acts["layers"] + acts["logits"]
+    return TrainerMemory(gpu=gpu_parts, offloaded=state, host=host)
+
+
+def torch_trainer_label(cfg: "RunConfig") -> str:
+    """How ``describe`` names the torch trainer: its strategy and LoRA."""
+    t = cfg.trainer
+    parts = [t.strategy] + (["CPU offload"] if t.fsdp_cpu_offload else []) + \
+        ([f"LoRA rank {t.lora.rank}"] if t.lora.rank else [])
+    return "torch" if parts == ["ddp"] else f"torch ({', '.join(parts)})"
 
 
 def stage_layers(num_layers: int, pipeline_parallel: int, megatron: Optional[Dict] = None) -> List[int]:
@@ -473,7 +572,8 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
     else:
         gpus = {"trainer GPU": train_total, "engine GPU": engine_total}
     ranks_per_node = min(p.trainer_gpus, p.gpus_per_node)
-    est = MemoryEstimate(backend=backend, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
+    label = torch_trainer_label(cfg) if backend == "torch" else backend
+    est = MemoryEstimate(backend=label, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
                          trainer=trainer, engine=engine, gpus=gpus, kv_cache_tokens=kv_tokens,
                          host_per_node={k: ranks_per_node * v / GIB for k, v in tm.host.items()},
                          micro_batch=tm.micro_batch or micro_batch_shape(cfg, plan.data_parallel))
@@ -503,6 +603,7 @@ def memory_problems(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> Li
             with_engine = need > est.trainer_total + 1e-9  # colocated, the engine keeps its memory
             hint = _room_hint(cfg, est, est.trainer_total, "offload_rollout") \
                 if with_engine and est.trainer_total <= gpu_memory_gib else _trainer_hint(cfg, est)
+            hint += _fsdp_lora_hint(cfg, plan, gpu_memory_gib)
             out.append(f"parallelism: {where} needs ~{need:.0f} GiB (trainer: {_parts(est.trainer)}"
                        f"{f'; {eng}' if with_engine else ''}) {limit}{hint}")
         else:
@@ -532,7 +633,9 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     """What would shrink the trainer the most."""
     state = sum(v for k, v in est.trainer.items() if k not in TRANSIENT)
     if state > est.gpu_memory_gib:
-        where = ("the torch backend replicates them on every GPU; a sharding backend (megatron) is needed"
+        where = ("the torch backend with DDP replicates them on every GPU" if cfg.trainer.backend == "torch" and
+                 cfg.trainer.strategy == "ddp" and not cfg.trainer.lora.rank else
+                 "a sharding backend (megatron) or more GPUs to shard over are needed"
                  if cfg.trainer.backend == "torch" else
                  "shard them further: tensor, pipeline or expert parallel, or trainer.use_distributed_optimizer=true"
                  if not cfg.trainer.use_distributed_optimizer else
@@ -558,6 +661,39 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     if not cfg.trainer.gradient_checkpointing:
         tips.append("set trainer.gradient_checkpointing=true")
     return "; " + (" or ".join(tips) if tips else "shorten rollout.max_response_len")
+
+
+FSDP_LORA_RANK = 16  # the LoRA rank the DDP refusal tries
+
+
+def _fsdp_lora_hint(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> str:
+    """A full-weight DDP trainer that does not fit: which of FSDP2 and LoRA would (re-estimated with each)."""
+    t = cfg.trainer
+    if t.backend != "torch" or t.strategy != "ddp" or t.lora.rank:
+        return ""
+    lora = f"trainer.lora.rank={FSDP_LORA_RANK}"
+    tries = {"trainer.strategy=fsdp": {"strategy": "fsdp"},
+             lora: {"lora": replace(t.lora, rank=FSDP_LORA_RANK)},
+             f"trainer.strategy=fsdp {lora}": {"strategy": "fsdp", "lora": replace(t.lora, rank=FSDP_LORA_RANK)},
+             "trainer.strategy=fsdp trainer.fsdp_cpu_offload=true": {"strategy": "fsdp", "fsdp_cpu_offload": True}}
+    if plan.data_parallel < 2:  # FSDP2 on one GPU shards nothing; its CPU offload still helps
+        tries.pop("trainer.strategy=fsdp")
+    peaks = {}
+    for name, change in tries.items():
+        alt = replace(cfg, trainer=replace(t, **change))
+        try:
+            peaks[name] = (estimate(alt, plan, gpu_memory_gib).trainer_total,
+                           not memory_problems(alt, plan, gpu_memory_gib))
+        except (ArithmeticError, ValueError):
+            continue
+    fits = [f"{k} (trainer ~{v:.0f} GiB)" for k, (v, ok) in peaks.items() if ok]
+    if fits:
+        return f"; these would fit: {', '.join(fits)}"
+    own = estimate(cfg, plan, gpu_memory_gib).trainer
+    if not peaks or sum(v for k, v in own.items() if k not in TRANSIENT) <= gpu_memory_gib:
+        return ""  # the activations are what does not fit: the tips before this one are the way
+    tried = ", ".join(f"{k}: trainer ~{v:.0f} GiB" for k, (v, _) in peaks.items())
+    return f"; neither FSDP2 nor LoRA would fit either ({tried})"
 
 
 def _room_hint(cfg: "RunConfig", est: MemoryEstimate, trainer_gib: float, offload_key: str) -> str:

@@ -102,7 +102,15 @@ class TrainerActor:
         return self.sender.push(weights, version)
 
     def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
-        return self.rl.train(data, temperature=temperature, max_response_len=max_response_len)
+        """The RL step's metrics and, on a GPU, ``gpu_peak_gib``: what torch allocated at most during it
+        (the memory plan's trainer estimate is of this)."""
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        metrics = self.rl.train(data, temperature=temperature, max_response_len=max_response_len)
+        if cuda:
+            metrics["gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+        return metrics
 
     def offload(self) -> None:
         self.backend.offload()

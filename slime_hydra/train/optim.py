@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from typing import Callable, Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 
@@ -53,23 +53,28 @@ def autocast(device: torch.device, dtype: torch.dtype):
 def accumulated_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
                      sched: torch.optim.lr_scheduler.LRScheduler, mbs: Sequence[MicroBatch],
                      loss_of: Callable[[MicroBatch], Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
-                     world_size: int, clip_grad: float) -> StepResult:
+                     world_size: int, clip_grad: float,
+                     clip: Optional[Callable[[Iterable[torch.nn.Parameter], float], float]] = None,
+                     accumulate_unsynced: bool = True) -> StepResult:
     """Zero the gradients, backward ``loss_of(mb)`` for each micro-batch (DDP synchronises on the last
     one only), clip, step the optimiser and the schedule. ``net`` is ``model`` or its DDP wrapper.
 
-    Each loss is the micro-batch's share of the step loss over all ranks; DDP averages gradients over
-    ranks, so it is multiplied by ``world_size`` to make the gradient that of the sum."""
+    Each loss is the micro-batch's share of the step loss over all ranks; DDP (and FSDP2) average
+    gradients over ranks, so it is multiplied by ``world_size`` to make the gradient that of the sum.
+    FSDP2 passes its own ``clip`` (sharded gradients) and ``accumulate_unsynced=False`` (it
+    reduce-scatters after every micro-batch)."""
     model.train()
     opt.zero_grad(set_to_none=True)
     sums: Dict[str, float] = defaultdict(float)
     for k, mb in enumerate(mbs):
-        sync = k == len(mbs) - 1 or world_size == 1
+        sync = k == len(mbs) - 1 or world_size == 1 or not accumulate_unsynced
         with contextlib.nullcontext() if sync else net.no_sync():
             loss, metrics = loss_of(mb)
             (loss * world_size).backward()
         for key, v in metrics.items():
             sums[key] += float(v)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad))
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    grad_norm = float((clip or torch.nn.utils.clip_grad_norm_)(params, clip_grad))
     opt.step()
     sched.step()
     return StepResult(grad_norm=grad_norm, metrics=dict(sums))

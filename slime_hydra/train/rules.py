@@ -8,6 +8,7 @@ from typing import List
 from slime_hydra.config.rules import choice
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.train.backend import BACKENDS
+from slime_hydra.train.backends.torch.lora import LORA_TARGET_MODULES
 
 DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -46,6 +47,7 @@ def check(cfg: RunConfig) -> List[str]:
                     "tensor/pipeline/context/expert parallel sizes must be 1")
     if t.backend == "megatron":
         errs.extend(_check_megatron(cfg))
+    errs.extend(_check_strategy_and_lora(cfg))
     errs.extend(_check_batches(cfg, data_parallel=max(p.trainer_gpus // mp, 1)))
     return errs
 
@@ -90,6 +92,46 @@ def _check_batches(cfg: RunConfig, data_parallel: int) -> List[str]:
     if t.global_batch_size % data_parallel:
         errs.append(f"trainer.global_batch_size: {t.global_batch_size} is not divisible by the data-parallel size "
                     f"{data_parallel}")
+    return errs
+
+
+STRATEGIES = ["ddp", "fsdp"]
+LORA_PUSH = ["merged"]  # "adapter" (SGLang's LoRA endpoints) would be the next: see train/backends/torch/lora.py
+
+
+def _check_strategy_and_lora(cfg: RunConfig) -> List[str]:
+    """The torch backend's data-parallel strategy (DDP or FSDP2) and LoRA: what they do not combine with."""
+    errs: List[str] = []
+    t, lora = cfg.trainer, cfg.trainer.lora
+    choice(errs, "trainer.strategy", t.strategy, STRATEGIES)
+    if t.backend != "torch":
+        if t.strategy != "ddp" or t.fsdp_cpu_offload:
+            errs.append(f"trainer.strategy: {t.strategy!r} (and trainer.fsdp_cpu_offload) belong to the torch backend; "
+                        f"trainer.backend={t.backend!r} shards with its own parallelism.* sizes")
+        if lora.rank:
+            errs.append(f"trainer.lora.rank: LoRA runs on the torch backend only (trainer.backend={t.backend!r} has "
+                        "no adapters); use trainer=torch with trainer.lora.rank, or trainer.lora.rank=0")
+        return errs
+    if t.fsdp_cpu_offload and (t.strategy != "fsdp" or cfg.parallelism.device != "cuda"):
+        errs.append("trainer.fsdp_cpu_offload: needs trainer.strategy=fsdp on GPUs (parallelism.device=cuda): it keeps "
+                    "the shards in host memory instead of the GPU's")
+    if cfg.algo.advantage_estimator == "ppo" and (t.strategy == "fsdp" or lora.rank):
+        key = "trainer.lora.rank" if lora.rank else "trainer.strategy"
+        errs.append(f"{key}: PPO's critic is trained with DDP and full weights only; use trainer.strategy=ddp and "
+                    "trainer.lora.rank=0 with advantage_estimator=ppo")
+    if lora.rank < 0:
+        errs.append(f"trainer.lora.rank: must be >= 0 (0: no LoRA), got {lora.rank}")
+    if lora.rank:
+        if lora.alpha <= 0:
+            errs.append(f"trainer.lora.alpha: must be > 0, got {lora.alpha}")
+        if not 0 <= lora.dropout < 1:
+            errs.append(f"trainer.lora.dropout: must be in [0, 1), got {lora.dropout}")
+        choice(errs, "trainer.lora.push", lora.push, LORA_PUSH)
+        if lora.target_modules is not None and not lora.target_modules:
+            errs.append("trainer.lora.target_modules: an empty list adapts nothing; null takes the family's default")
+        if lora.target_modules is None and cfg.model.arch.type not in LORA_TARGET_MODULES:
+            errs.append(f"trainer.lora.target_modules: no default for model.arch.type={cfg.model.arch.type!r} "
+                        f"(known: {', '.join(LORA_TARGET_MODULES)}); list the module names to adapt")
     return errs
 
 

@@ -6,6 +6,15 @@ micro-batches with the loss function the RL step (:mod:`slime_hydra.train.traine
 optimiser, offload and checkpoints. Every rank is its own data-parallel rank; rank 0 pushes the
 weights and writes checkpoints.
 
+Two switches change how the weights are held (both data parallel; see their modules):
+
+- ``trainer.strategy=fsdp`` (:mod:`~slime_hydra.train.backends.torch.fsdp`): FSDP2 shards weights,
+  gradients and AdamW state over the ranks instead of replicating them (DDP, the default); the engines
+  get the weights gathered one tensor at a time, checkpoints go through torch.distributed.checkpoint.
+- ``trainer.lora.rank > 0`` (:mod:`~slime_hydra.train.backends.torch.lora`): PEFT adapters; the base
+  weights are frozen in ``model.dtype``, the reference is the base with the adapters disabled, the
+  engines get merged weights, checkpoints hold the adapter.
+
 What the extra models cost in memory, with ``P`` the policy's parameter bytes:
 
 - Reference model (``needs_ref``: ``kl_coef`` or ``kl_loss_coef``): no second model. Its weights are
@@ -43,6 +52,7 @@ from transformers import AutoModelForCausalLM
 
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
+from slime_hydra.train.backends.torch import fsdp, lora as peft_lora
 from slime_hydra.train.backends.torch.critic import Critic
 from slime_hydra.train.backends.torch.offload import Offloader
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
@@ -65,27 +75,44 @@ class TorchBackend(TrainerBackend):
         self.algo, self.trainer_cfg = algo, trainer
         self.rank, self.world_size, self.device = rank, world_size, device
         self.compute_dtype = getattr(torch, model.dtype)
-        dtype = torch.float32 if device.type == "cuda" else self.compute_dtype  # master weights
+        self.fsdp = trainer.strategy == "fsdp"
+        self.lora = trainer.lora if trainer.lora.rank else None
+        # master weights: float32 on GPUs; LoRA's frozen base stays in model.dtype (its adapters are float32)
+        dtype = torch.float32 if device.type == "cuda" and self.lora is None else self.compute_dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
-                                                          trust_remote_code=model.trust_remote_code).to(device)
-        if trainer.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+                                                          trust_remote_code=model.trust_remote_code)
+        if trainer.gradient_checkpointing:  # non-reentrant for LoRA (frozen inputs) and FSDP2 (its hooks)
+            kwargs = {"use_reentrant": False} if self.fsdp or self.lora is not None else None
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
-        self.net = self.model
-        if world_size > 1:
-            self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.opt = adamw(self.model.parameters(), algo, algo.lr)
+        if self.lora is not None:
+            self.model = peft_lora.wrap(self.model, self.lora, model.arch.type)
+        self.ref_model: Optional[torch.nn.Module] = None  # FSDP2's reference (KL): sharded like the policy
+        if self.fsdp:  # each layer moves to the device as it is sharded
+            self.net = fsdp.shard(self.model, device, self.compute_dtype, trainer.fsdp_cpu_offload)
+            if A.needs_ref(algo) and self.lora is None:
+                ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype,
+                                                           trust_remote_code=model.trust_remote_code)
+                ref.config.use_cache = False
+                self.ref_model = fsdp.shard(ref, device, self.compute_dtype, trainer.fsdp_cpu_offload,
+                                            trainable=False)
+        else:
+            self.net = self.model.to(device)
+            if world_size > 1:
+                self.net = torch.nn.parallel.DistributedDataParallel(
+                    self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.opt = adamw([p for p in self.model.parameters() if p.requires_grad], algo, algo.lr)
         self.critic: Optional[Critic] = None
         if A.needs_critic(algo):
             self.critic = Critic(algo, model_path, dtype=dtype, compute_dtype=self.compute_dtype, device=device,
                                  world_size=world_size, gradient_checkpointing=trainer.gradient_checkpointing,
                                  trust_remote_code=model.trust_remote_code)
         self.set_num_rollout(trainer.num_rollout or 1)
-        self.ref_state: Optional[Dict[str, torch.Tensor]] = None  # the reference's weights, by state-dict name
-        if A.needs_ref(algo):
+        self.ref_state: Optional[Dict[str, torch.Tensor]] = None  # DDP's reference weights, by state-dict name
+        if A.needs_ref(algo) and not self.fsdp and self.lora is None:  # LoRA's is the base: disable_adapter()
             self.ref_state = {k: v.detach().clone() for k, v in self._unique_state().items()}
-        self.offloaders = [Offloader(self.model, self.opt, device, extra=(self.ref_state or {}).values())]
+        self.offloaders = [] if self.fsdp else \
+            [Offloader(self.model, self.opt, device, extra=(self.ref_state or {}).values())]
         if self.critic is not None:
             self.offloaders.append(Offloader(self.critic.model, self.critic.opt, device))
         self.pad_id = self.model.config.pad_token_id or 0
@@ -136,26 +163,59 @@ class TorchBackend(TrainerBackend):
         time, so a push never holds a second copy of the model). Each storage once: a tied LM head is
         the embedding, which the engines tie as they load it (SGLang warns "Parameter lm_head.weight not
         found" for a second copy; the cast would hide that the two are one). ``on_device``: offloaded
-        weights are copied from their pinned host buffers and cast on the device, not on the host."""
-        for name, tensor in self._unique_state().items():
-            tensor = tensor.detach()
-            if on_device:
-                tensor = tensor.to(self.device, non_blocking=True)
+        weights are copied from their pinned host buffers and cast on the device, not on the host.
+
+        FSDP2: each tensor is all-gathered as it comes (every rank iterates, in the same order), so no
+        rank holds more than one whole tensor (and a push bucket). LoRA: adapted weights come merged
+        (:func:`~slime_hydra.train.backends.torch.lora.merged_weights`)."""
+        if self.fsdp:
+            def full(t):
+                return fsdp.full(t, self.device)
+        elif on_device:
+            def full(t):
+                return t.detach().to(self.device, non_blocking=True)
+        else:
+            def full(t):
+                return t.detach()
+        if self.lora is not None:  # trainer.lora.push=merged; an adapter push would branch here
+            named = peft_lora.merged_weights(self.model, fsdp.unique_state(peft_lora.hf_model(self.model)), full)
+        elif self.fsdp:
+            named = ((name, full(t)) for name, t in fsdp.unique_state(self.model))
+        else:
+            named = ((name, full(t)) for name, t in self._unique_state().items())
+        for name, tensor in named:
             yield name, tensor.to(self.compute_dtype)
 
     def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
-        if self.pushes_weights or every_rank:
-            yield from self._named_weights(on_device=True)
+        send = self.pushes_weights or every_rank
+        if not send and not self.fsdp:
+            return
+        for name, tensor in self._named_weights(on_device=True):  # FSDP2: every rank takes part in the gathers
+            if send:
+                yield name, tensor
 
     def offload(self) -> None:
         """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host
-        buffers while the engines generate."""
+        buffers while the engines generate (FSDP2: its shards and AdamW state to the host, unless
+        ``trainer.fsdp_cpu_offload`` keeps them there anyway)."""
+        if self.fsdp:
+            if self.device.type == "cuda" and not self.trainer_cfg.fsdp_cpu_offload:
+                self.opt.zero_grad(set_to_none=True)
+                fsdp.offload(self._fsdp_models(), [self.opt])
+            return
         for o in self.offloaders:
             o.offload()
 
     def onload(self) -> None:
+        if self.fsdp:
+            if self.device.type == "cuda" and not self.trainer_cfg.fsdp_cpu_offload:
+                fsdp.onload(self._fsdp_models(), [self.opt], self.device)
+            return
         for o in self.offloaders:
             o.onload()
+
+    def _fsdp_models(self) -> List[torch.nn.Module]:
+        return [self.model] + ([self.ref_model] if self.ref_model is not None else [])
 
     # --------------------------------------------------------------------------------- train
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[MicroBatch]:
@@ -167,9 +227,9 @@ class TorchBackend(TrainerBackend):
     def lr(self) -> float:
         return self.sched.get_last_lr()[0]
 
-    def _forward(self, mb: MicroBatch, temperature: float, with_entropy: bool = False,
-                 weights: Optional[Dict[str, torch.Tensor]] = None):
-        """``weights``: run the policy's modules with these instead of its own (the reference's).
+    def _forward(self, mb: MicroBatch, temperature: float, with_entropy: bool = False, reference: bool = False):
+        """``reference``: the reference model's log-probs: DDP runs the policy's modules with the
+        reference's weights, FSDP2 its sharded reference model, LoRA the policy without its adapters.
 
         No attention mask: the rows are right-padded, so under causal attention no real token sees
         a pad, and what the padded positions compute is never read (their loss mask is 0). The same
@@ -178,73 +238,99 @@ class TorchBackend(TrainerBackend):
         pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
         inputs = {"input_ids": mb.input_ids, "position_ids": pos}
         with autocast(self.device, self.compute_dtype):
-            if weights is None:
+            if not reference:
                 logits = self.net(**inputs).logits
+            elif self.lora is not None:
+                with self.model.disable_adapter():
+                    logits = self.net(**inputs).logits
+            elif self.ref_model is not None:
+                logits = self.ref_model(**inputs).logits
             else:  # the tied LM head follows the embedding (tie_weights), buffers stay the model's
-                logits = torch.func.functional_call(self.model, weights, (), inputs, strict=False).logits
+                logits = torch.func.functional_call(self.model, self.ref_state, (), inputs, strict=False).logits
         return response_log_probs(logits, mb, temperature, with_entropy, entropy_grad=bool(self.algo.entropy_coef))
 
     @torch.no_grad()
-    def _log_probs(self, mbs: Sequence[MicroBatch], temperature: float,
-                   weights: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+    def _log_probs(self, mbs: Sequence[MicroBatch], temperature: float, reference: bool = False) -> torch.Tensor:
         self.model.eval()
-        return torch.cat([self._forward(mb, temperature, weights=weights)[0].float().cpu() for mb in mbs])
+        return torch.cat([self._forward(mb, temperature, reference=reference)[0].float().cpu() for mb in mbs])
 
     def log_probs(self, mbs: Sequence[MicroBatch], temperature: float, *, reference: bool = False) -> torch.Tensor:
-        if not reference:
-            return self._log_probs(mbs, temperature)
-        if self.ref_state is None:
+        if reference and self.ref_state is None and self.ref_model is None and self.lora is None:
             raise RuntimeError("reference log-probs asked for, but algo has neither kl_coef nor kl_loss_coef, "
                                "so the backend kept no reference weights")
-        return self._log_probs(mbs, temperature, weights=self.ref_state)
+        return self._log_probs(mbs, temperature, reference=reference)
 
     def train_step(self, mbs: Sequence[MicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
         def loss_of(mb: MicroBatch):
             log_probs, entropy = self._forward(mb, temperature, with_entropy=True)
             return loss_fn(mb.indices, log_probs, entropy)
 
+        clip = (lambda params, max_norm: fsdp.clip_grad_norm(params, max_norm, self.device)) if self.fsdp else None
         return accumulated_step(self.net, self.model, self.opt, self.sched, mbs, loss_of, self.world_size,
-                                self.algo.clip_grad)
+                                self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
     # ---------------------------------------------------------------------------- checkpoints
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
-        """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained)."""
+        """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained); FSDP2's other
+        ranks take part in the gathers. LoRA: the merged weights, only with ``trainer.lora.save_merged``
+        (else no ``hf/``: the checkpoint's ``adapter/`` on the base model is the policy)."""
+        if self.lora is not None and not self.lora.save_merged:
+            return
+        if self.rank != 0 and not self.fsdp:
+            return
+        weights = {name: t.cpu() for name, t in self._named_weights()}
         if self.rank != 0:
             return
-        self.model.save_pretrained(out_dir, state_dict=dict(self._named_weights()))
+        hf = peft_lora.hf_model(self.model) if self.lora is not None else self.model
+        hf.save_pretrained(out_dir, state_dict=weights)
         if tokenizer_dir:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
 
+    def _adapter_state(self) -> Dict[str, torch.Tensor]:
+        return peft_lora.adapter_state(self.model, lambda t: fsdp.full(t, self.device) if self.fsdp else t)
+
     def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
         """Rank 0 writes ``out_dir/trainer.pt`` (optimiser, scheduler, reference weights, RNG, float32
         master weights when ``hf/`` holds another dtype, ``trainer_state``) and, with a critic,
-        ``out_dir/critic.pt``; the weights are those of ``out_dir/hf``."""
+        ``out_dir/critic.pt``; the weights are those of ``out_dir/hf``.
+
+        FSDP2: every rank writes its shards of the weights, AdamW state and reference to ``out_dir/dcp``
+        (torch.distributed.checkpoint: a resume at another rank count reshards them), rank 0 the
+        scheduler, RNG and ``trainer_state`` to ``trainer.pt``. LoRA: ``out_dir/adapter`` (PEFT's
+        format) holds the weights that train; the base is ``model.path``."""
+        if self.lora is not None:
+            adapter = self._adapter_state()  # FSDP2: every rank gathers
+            if self.rank == 0:
+                peft_lora.save_adapter(self.model, os.path.join(out_dir, peft_lora.ADAPTER_DIR), adapter)
+        own: Dict[str, Any] = {"scheduler": self.sched.state_dict(), **trainer_state, "rng": torch.get_rng_state()}
+        if self.fsdp:
+            fsdp.save(out_dir, self.model, self.opt, self.ref_model, trainable_only=self.lora is not None)
+            if self.rank == 0:
+                torch.save(own, os.path.join(out_dir, "trainer.pt"))
+            return
         if self.rank != 0:
             return
-        master = self.model.state_dict()
-        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), **trainer_state,
-                 "ref": self.ref_state, "rng": torch.get_rng_state(),
-                 "master": master if self.compute_dtype != next(self.model.parameters()).dtype else None}
-        torch.save(state, os.path.join(out_dir, "trainer.pt"))
+        own["optimizer"] = self.opt.state_dict()
+        if self.lora is None:
+            master = self.model.state_dict()
+            own["ref"] = self.ref_state
+            own["master"] = master if self.compute_dtype != next(self.model.parameters()).dtype else None
+        torch.save(own, os.path.join(out_dir, "trainer.pt"))
         if self.critic is not None:
             torch.save(self.critic.state_dict(), os.path.join(out_dir, "critic.pt"))
 
     def load(self, ckpt_dir: str) -> Dict[str, Any]:
-        from safetensors.torch import load_file
-
-        hf = os.path.join(ckpt_dir, "hf")
-        weights = {}
-        for f in sorted(os.listdir(hf)):
-            if f.endswith(".safetensors"):
-                weights.update(load_file(os.path.join(hf, f)))
-        missing, _ = self.model.load_state_dict(weights, strict=False)
-        if [k for k in missing if k in dict(self.model.named_parameters())]:
-            raise RuntimeError(f"checkpoint {hf} lacks parameters {missing[:5]}")
-        self.model.tie_weights()
+        if self.fsdp:
+            fsdp.load(ckpt_dir, self.model, self.opt, self.ref_model, trainable_only=self.lora is not None)
+        elif self.lora is not None:
+            self._load_adapter(ckpt_dir)
+        else:
+            self._load_hf(ckpt_dir)
         state = torch.load(os.path.join(ckpt_dir, "trainer.pt"), map_location="cpu", weights_only=False)
-        self.opt.load_state_dict(state["optimizer"])
+        if "optimizer" in state and not self.fsdp:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         if state.get("master") is not None:  # the float32 weights, not their bfloat16 copy in hf/
             self.model.load_state_dict(state["master"])
@@ -260,3 +346,34 @@ class TorchBackend(TrainerBackend):
                 v.copy_(state["ref"][k])
         torch.set_rng_state(state["rng"])
         return {k: v for k, v in state.items() if k not in _OWN_STATE}
+
+    def _load_hf(self, ckpt_dir: str) -> None:
+        from safetensors.torch import load_file
+
+        hf = os.path.join(ckpt_dir, "hf")
+        if not os.path.isdir(hf):
+            what = "with LoRA (it has adapter/)" if os.path.isdir(os.path.join(ckpt_dir, peft_lora.ADAPTER_DIR)) \
+                else "by this backend"
+            raise FileNotFoundError(f"{ckpt_dir} has no hf/: it was saved {what}; resume it with the settings it was "
+                                    "saved with (trainer.lora.*, trainer.strategy)")
+        weights = {}
+        for f in sorted(os.listdir(hf)):
+            if f.endswith(".safetensors"):
+                weights.update(load_file(os.path.join(hf, f)))
+        missing, _ = self.model.load_state_dict(weights, strict=False)
+        if [k for k in missing if k in dict(self.model.named_parameters())]:
+            raise RuntimeError(f"checkpoint {hf} lacks parameters {missing[:5]}")
+        self.model.tie_weights()
+
+    def _load_adapter(self, ckpt_dir: str) -> None:
+        path = os.path.join(ckpt_dir, peft_lora.ADAPTER_DIR)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{ckpt_dir} has no {peft_lora.ADAPTER_DIR}/: it was not saved with LoRA "
+                                    "(trainer.lora.rank > 0); resume it with the settings it was saved with")
+        adapter = peft_lora.load_adapter_state(ckpt_dir)
+        expected = {k for k in self.model.state_dict() if ".lora_" in k}
+        if set(adapter) != expected:
+            raise RuntimeError(f"{path} does not match this run's adapters (trainer.lora.rank / target_modules): "
+                               f"{len(set(adapter) - expected)} unknown, {len(expected - set(adapter))} missing, e.g. "
+                               f"{sorted(set(adapter) ^ expected)[:3]}")
+        self.model.load_state_dict(adapter, strict=False)

@@ -1,0 +1,128 @@
+"""LoRA on the torch backend, through PEFT (``trainer.lora.rank > 0``; DDP or FSDP2).
+
+The policy is ``peft.get_peft_model(hf_model, LoraConfig(...))``: the base weights are frozen (no
+gradients, no optimiser state; kept in ``model.dtype``, bfloat16 on GPUs) and only the adapters ``A``
+(``r x in``) and ``B`` (``out x r``) train, in float32 (PEFT's ``autocast_adapter_dtype``).
+
+- Reference model (KL): the base model is the initial policy, so the reference's log-probs are the
+  policy's with the adapters switched off (``disable_adapter()``): no second copy of the weights.
+- Weight push (``trainer.lora.push``): what the engines get. ``merged`` (the one there is): each
+  adapted linear layer's weight is ``W + (alpha / r) B A``, computed per layer as the weights stream out
+  (:func:`merged_weights`), never merged into the model (that would need an unmerge after the push and
+  drift in bfloat16), under the engine's Hugging Face names (PEFT's ``base_model.model.`` prefix and
+  ``.base_layer`` infix dropped). An ``adapter`` push would hand the engines only ``A`` and ``B`` through
+  SGLang's LoRA endpoints (``/load_lora_adapter``, with requests naming the adapter): it would plug in
+  beside ``merged`` in ``TorchBackend._named_weights`` (the branch on ``trainer.lora.push``; the rules'
+  ``LORA_PUSH`` lists the values) with a sender that POSTs adapters instead of weight buckets. It is not
+  built: the GPU measurements (``bench/lora_gpu.py``) say whether the merged push costs enough to need it.
+- Checkpoints: the adapter as PEFT saves it (``adapter/``: ``PeftModel.from_pretrained(base, dir)``
+  loads it) and, with ``trainer.lora.save_merged``, ``hf/`` with the adapters merged.
+
+This module imports torch and PEFT inside its functions: ``LORA_TARGET_MODULES`` is read by the config
+rules, which must stay light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Tuple
+
+if TYPE_CHECKING:
+    import torch
+
+    from slime_hydra.config.schema import LoraConfig
+
+# model.arch.type -> the linear layers LoRA adapts by default: attention and MLP projections (Hugging
+# Face module names). MoE experts are fused parameters in transformers 5, not linear layers: attention only.
+_ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+LORA_TARGET_MODULES: Dict[str, List[str]] = {
+    "qwen3": _ATTN + ["gate_proj", "up_proj", "down_proj"],
+    "qwen2": _ATTN + ["gate_proj", "up_proj", "down_proj"],
+    "llama": _ATTN + ["gate_proj", "up_proj", "down_proj"],
+    "glm4": _ATTN + ["gate_up_proj", "down_proj"],
+    "qwen3_moe": _ATTN,
+    "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+}
+ADAPTER = "default"  # PEFT's adapter name
+ADAPTER_DIR = "adapter"  # in a run checkpoint
+
+
+def target_modules(lora: "LoraConfig", arch_type: str) -> List[str]:
+    return list(lora.target_modules) if lora.target_modules is not None else LORA_TARGET_MODULES[arch_type]
+
+
+def wrap(model: "torch.nn.Module", lora: "LoraConfig", arch_type: str) -> "torch.nn.Module":
+    """``model`` with LoRA adapters (a ``PeftModel``); the base weights frozen, the adapters float32.
+
+    ``B`` starts at zero (PEFT's default), so the wrapped model computes exactly what ``model`` did."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
+                        target_modules=target_modules(lora, arch_type), task_type="CAUSAL_LM")
+    return get_peft_model(model, config, autocast_adapter_dtype=True)
+
+
+def hf_model(peft_model: "torch.nn.Module") -> "torch.nn.Module":
+    """The Hugging Face model inside a ``PeftModel`` (its LoRA layers in place)."""
+    return peft_model.base_model.model
+
+
+def hf_name(name: str) -> str:
+    """A state-dict name of the model inside PEFT -> the engine's Hugging Face name."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def lora_layers(peft_model: "torch.nn.Module") -> Dict[str, "torch.nn.Module"]:
+    """Hugging Face module name -> its PEFT LoRA layer (holding ``base_layer``, ``lora_A``, ``lora_B``)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in hf_model(peft_model).named_modules() if isinstance(m, LoraLayer)}
+
+
+def merged_weights(peft_model: "torch.nn.Module", named: Iterator[Tuple[str, "torch.Tensor"]],
+                   full: Callable[["torch.Tensor"], "torch.Tensor"]) -> Iterator[Tuple[str, "torch.Tensor"]]:
+    """``named`` (the Hugging Face model's unique state, PEFT's names, local or sharded tensors) with
+    the adapter tensors left out and each adapted weight replaced by ``W + scale B A``, in float32 then
+    the weight's dtype, under Hugging Face names; ``full`` turns a (sharded) tensor into the whole one
+    (every rank calls it in the same order: FSDP2 gathers there). One layer at a time: nothing is
+    merged into the model."""
+    layers = lora_layers(peft_model)
+    for name, tensor in named:
+        if ".lora_" in name:
+            continue
+        clean = hf_name(name)
+        owner, _, leaf = clean.rpartition(".")
+        weight = full(tensor)
+        layer = layers.get(owner)
+        if layer is not None and leaf == "weight" and ADAPTER in layer.lora_A:
+            a, b = full(layer.lora_A[ADAPTER].weight), full(layer.lora_B[ADAPTER].weight)
+            delta = layer.scaling[ADAPTER] * (b.float() @ a.float())
+            if getattr(layer, "fan_in_fan_out", False):
+                delta = delta.T
+            weight = (weight.float() + delta.to(weight.device)).to(weight.dtype)
+        yield clean, weight
+
+
+def adapter_state(peft_model: "torch.nn.Module", full: Callable[["torch.Tensor"], "torch.Tensor"]
+                  ) -> Dict[str, "torch.Tensor"]:
+    """The adapter tensors, whole, by the ``PeftModel``'s state-dict names (``full`` as above)."""
+    return {k: full(v).detach().cpu() for k, v in peft_model.state_dict().items() if ".lora_" in k}
+
+
+def save_adapter(peft_model: "torch.nn.Module", out_dir: str, state: Dict[str, "torch.Tensor"]) -> None:
+    """``out_dir`` as ``PeftModel.save_pretrained`` writes it (adapter_config.json, adapter_model.safetensors)."""
+    peft_model.save_pretrained(out_dir, state_dict=state)
+
+
+def load_adapter_state(ckpt_dir: str) -> Dict[str, "torch.Tensor"]:
+    """The adapter tensors of ``ckpt_dir/adapter`` by the ``PeftModel``'s state-dict names (as
+    :func:`adapter_state` returns them), for the backend to copy into its (sharded) parameters."""
+    import os
+
+    from peft.utils import SAFETENSORS_WEIGHTS_NAME
+    from safetensors.torch import load_file
+
+    saved = load_file(os.path.join(ckpt_dir, ADAPTER_DIR, SAFETENSORS_WEIGHTS_NAME))
+    # PEFT saves "…lora_A.weight"; the live model names it "…lora_A.default.weight"
+    return {k.replace(".lora_A.weight", f".lora_A.{ADAPTER}.weight").replace(".lora_B.weight",
+                                                                             f".lora_B.{ADAPTER}.weight"): v
+            for k, v in saved.items()}

@@ -1,0 +1,182 @@
+"""LoRA through PEFT on the torch backend (slime_hydra/train/backends/torch/lora.py), in process on the tiny
+model: only the adapters train, the reference is the base with the adapters off, the engines get
+``W + scale B A`` per layer (= PEFT's own ``merge_and_unload``), and the checkpoint's adapter loads with
+``PeftModel.from_pretrained`` and resumes with its AdamW state."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from tiny_trainer import config, fake_rollout, rl_trainer, train
+
+from conftest import resolved
+
+LORA = ("trainer.num_rollout=10", "trainer.lora.rank=4", "trainer.lora.alpha=8", "algo.lr=1e-2",
+        "algo.kl_loss_coef=0.1")
+
+
+def _trained(tiny_ckpt, *extra, steps: int = 3):
+    cfg = config(*LORA, *extra)
+    rl, be = rl_trainer(cfg, tiny_ckpt)
+    base0 = {k: v.detach().clone() for k, v in be.model.state_dict().items() if ".lora_" not in k}
+    lora0 = {k: v.detach().clone() for k, v in be.model.state_dict().items() if ".lora_" in k}
+    for i in range(steps):
+        train(rl, cfg, fake_rollout(8, seed=i))
+    return cfg, rl, be, base0, lora0
+
+
+def test_only_the_adapters_train_and_the_reference_is_the_base(tiny_ckpt):
+    """After three steps the base weights are bitwise the checkpoint's, every adapter moved, only adapters
+    have gradients and AdamW state, and the reference log-probs are the untouched base model's."""
+    from transformers import AutoModelForCausalLM
+
+    cfg, rl, be, base0, lora0 = _trained(tiny_ckpt)
+    now = be.model.state_dict()
+    assert base0 and all(torch.equal(now[k], v) for k, v in base0.items())
+    assert lora0 and all(not torch.equal(now[k], v) for k, v in lora0.items() if ".lora_B." in k)
+    assert all(not torch.equal(now[k], v) for k, v in lora0.items() if ".lora_A." in k)
+    trainable = {n for n, p in be.model.named_parameters() if p.requires_grad}
+    assert trainable == {k for k in lora0}
+    assert len(be.opt.state) == len(trainable) and be.ref_state is None  # no copy of the base for the KL
+    assert all(p.grad is None for n, p in be.model.named_parameters() if n not in trainable)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+    mbs = be.micro_batches(fake_rollout(6), list(range(6)), 3)
+    ref = be.log_probs(mbs, 1.0, reference=True)
+    assert not torch.allclose(ref, be.log_probs(mbs, 1.0))
+    from slime_hydra.train.batch import response_log_probs
+
+    with torch.no_grad():
+        want = torch.cat([response_log_probs(base(input_ids=mb.input_ids, position_ids=(
+            mb.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits, mb, 1.0)[0] for mb in mbs])
+    mask = torch.cat([mb.loss_mask for mb in mbs]).bool()  # (padding positions are never read)
+    torch.testing.assert_close(ref[mask], want[mask], rtol=0, atol=1e-6)
+
+
+def test_pushed_weights_are_merged_per_layer_and_match_peft_merge(tiny_ckpt):
+    """What the engines get: Hugging Face names (no ``base_model.model.``, ``.base_layer``, adapters),
+    each adapted weight ``W + (alpha / r) B A``, the rest the base; equal to PEFT's ``merge_and_unload``
+    of a copy, and the policy itself is never merged."""
+    cfg, rl, be, base0, _ = _trained(tiny_ckpt)
+    pushed = dict(be.hf_weights())
+    from transformers import AutoModelForCausalLM
+
+    names = list(dict(AutoModelForCausalLM.from_pretrained(tiny_ckpt).state_dict()))
+    assert sorted(pushed) == sorted(n for n in names if n != "lm_head.weight")  # tied: the embedding once
+    scale = 8 / 4
+    adapted = 0
+    for name, layer in be.model.base_model.model.named_modules():
+        if hasattr(layer, "lora_A") and "default" in layer.lora_A:
+            w = layer.base_layer.weight.detach()
+            a, b = layer.lora_A["default"].weight.detach(), layer.lora_B["default"].weight.detach()
+            torch.testing.assert_close(pushed[f"{name}.weight"], w + scale * (b @ a), rtol=0, atol=1e-7)
+            assert not torch.equal(pushed[f"{name}.weight"], w)
+            adapted += 1
+    assert adapted == 3 * 7  # q k v o gate up down in each of the 3 layers
+    merged = copy.deepcopy(be.model).merge_and_unload().state_dict()
+    for name, w in pushed.items():
+        torch.testing.assert_close(w, merged[name], rtol=0, atol=1e-7, msg=name)
+    assert all(torch.equal(be.model.state_dict()[k], v) for k, v in base0.items())  # nothing merged in place
+
+
+def test_checkpoint_adapter_loads_in_peft_and_resumes(tiny_ckpt, tmp_path):
+    """``adapter/`` is PEFT's format (``PeftModel.from_pretrained`` on the base gives the policy's
+    weights); with ``save_merged`` ``hf/`` is the merged model; a resumed backend has the adapters and
+    AdamW state and takes the same next step as the one that saved."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg, rl, be, _, _ = _trained(tiny_ckpt, "trainer.lora.save_merged=true")
+    out = str(tmp_path / "ckpt")
+    os.makedirs(out)
+    be.export_hf(os.path.join(out, "hf"), None)
+    be.save(out, rl.state_dict())
+    assert sorted(os.listdir(out)) == ["adapter", "hf", "trainer.pt"]
+    pushed = dict(be.hf_weights())
+
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_ckpt), os.path.join(out, "adapter"))
+    for name, w in peft.merge_and_unload().state_dict().items():
+        if name in pushed:
+            torch.testing.assert_close(w, pushed[name], rtol=0, atol=1e-7, msg=name)
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(out, "hf")).state_dict()
+    for name, w in pushed.items():
+        torch.testing.assert_close(hf[name], w, rtol=0, atol=0, msg=name)
+
+    rl2, be2 = rl_trainer(cfg, tiny_ckpt)
+    rl2.load_state_dict(be2.load(out))
+    assert rl2.state_dict() == rl.state_dict()
+    for (n, p), (_, q) in zip(be.model.named_parameters(), be2.model.named_parameters()):
+        assert torch.equal(p, q), n
+    data = fake_rollout(8, seed=7)
+    m1, m2 = train(rl, cfg, data), train(rl2, cfg, data)
+    for key in ("pg_loss", "kl_loss", "grad_norm", "lr"):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-6, abs=1e-9), key
+    for (n, p), (_, q) in zip(be.model.named_parameters(), be2.model.named_parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-7, msg=n)  # AdamW's moments came back too
+
+
+def test_without_save_merged_the_checkpoint_is_the_adapter(tiny_ckpt, tmp_path):
+    cfg, rl, be, _, _ = _trained(tiny_ckpt, steps=1)
+    out = str(tmp_path / "ckpt")
+    os.makedirs(out)
+    be.export_hf(os.path.join(out, "hf"), None)
+    be.save(out, rl.state_dict())
+    assert sorted(os.listdir(out)) == ["adapter", "trainer.pt"]
+    files = os.listdir(os.path.join(out, "adapter"))
+    assert "adapter_config.json" in files and "adapter_model.safetensors" in files
+    full = config("trainer.num_rollout=10")
+    with pytest.raises(FileNotFoundError, match="no hf"):
+        rl_trainer(full, tiny_ckpt)[1].load(out)
+
+
+def test_default_target_modules_per_family():
+    from slime_hydra.train.backends.torch.lora import LORA_TARGET_MODULES, hf_name
+
+    assert LORA_TARGET_MODULES["qwen3"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj"]
+    assert "gate_up_proj" in LORA_TARGET_MODULES["glm4"]
+    assert hf_name("base_model.model.model.layers.0.mlp.up_proj.base_layer.weight") == \
+        "model.layers.0.mlp.up_proj.weight"
+
+
+def test_tiny_lora_count_matches_the_backend(tiny_ckpt):
+    """The estimate's adapter count is what the backend trains on the tiny model."""
+    from tiny_trainer import backend
+
+    from slime_hydra.plan import memory as M
+
+    cfg = resolved(["trainer.lora.rank=4", "trainer.num_rollout=10"])
+    be = backend(cfg, tiny_ckpt)
+    assert M.lora_params(cfg) == sum(p.numel() for p in be.model.parameters() if p.requires_grad)
+    assert all(p.dtype == torch.float32 for p in be.model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["trainer=megatron", "parallelism.device=cuda", "trainer.lora.rank=16"],
+     "trainer.lora.rank: LoRA runs on the torch backend only (trainer.backend='megatron' has no adapters)"),
+    (["trainer=megatron", "parallelism.device=cuda", "trainer.strategy=fsdp"], "trainer.strategy: 'fsdp'"),
+    (["trainer.strategy=zero3"], "trainer.strategy"),
+    (["trainer.fsdp_cpu_offload=true"], "trainer.fsdp_cpu_offload: needs trainer.strategy=fsdp on GPUs"),
+    (["algo=ppo", "trainer.lora.rank=8"], "trainer.lora.rank: PPO's critic is trained with DDP and full weights"),
+    (["algo=ppo", "trainer.strategy=fsdp"], "trainer.strategy: PPO's critic"),
+    (["trainer.lora.rank=-1"], "trainer.lora.rank: must be >= 0"),
+    (["trainer.lora.rank=8", "trainer.lora.push=adapter"], "trainer.lora.push"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[]"], "trainer.lora.target_modules: an empty list"),
+    (["trainer.lora.rank=8", "trainer.lora.dropout=1.5"], "trainer.lora.dropout"),
+])
+def test_validation_names_the_key(overrides, needle):
+    from slime_hydra.train.rules import check
+
+    errs = check(resolved(["trainer.num_rollout=10", *overrides]))
+    assert any(needle in e for e in errs), errs
+
+
+def test_valid_fsdp_and_lora_configs_pass():
+    from slime_hydra.train.rules import check
+
+    for extra in (["trainer.strategy=fsdp"], ["trainer.lora.rank=8"], ["trainer.strategy=fsdp", "trainer.lora.rank=8",
+                                                                       "trainer.lora.target_modules=[q_proj,v_proj]"]):
+        assert check(resolved(["trainer.num_rollout=10", *extra])) == []
