@@ -37,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-from gpu_watch import GpuSampler, log, read_rows  # noqa: E402 - bench/ is on the path from here
+from gpu.harness import GpuSampler, log, read_rows  # noqa: E402 - bench/ is on the path from here
+from gpu.workload import build_checkpoint, write_prompts  # noqa: E402
 
 WORK = "/tmp/lorabench"
 RUNS = {"4b_full": ("qwen3_4b", []), "4b_lora16": ("qwen3_4b", ["trainer.lora.rank=16"]),
@@ -54,23 +55,14 @@ CPU = False
 
 
 def build(preset: str) -> str:
-    """A random checkpoint of ``preset``'s shape (word-level tokenizer) and the prompts (as sglang_gpu.py)."""
-    import random
-
-    import gpu_components
-
+    """A random checkpoint of ``preset``'s shape (word-level tokenizer) and the prompts (bench/gpu/workload.py)."""
     data = os.path.join(WORK, "prompts.jsonl")
     if not os.path.exists(data):
-        rng = random.Random(0)
-        with open(data, "w") as f:
-            for _ in range(2048):
-                words = " ".join(f"t{rng.randrange(1000)}" for _ in range(PROMPT_WORDS))
-                f.write(json.dumps({"prompt": words, "label": f"t{rng.randrange(10)}"}) + "\n")
+        write_prompts(data, 2048, PROMPT_WORDS)
     ckpt = os.path.join(WORK, preset)
-    if not os.path.exists(os.path.join(ckpt, "config.json")):
-        t0 = time.perf_counter()
-        gpu_components.build_checkpoint(ckpt, preset)
-        log(f"built {ckpt} in {time.perf_counter() - t0:.0f}s")
+    t0 = time.perf_counter()
+    build_checkpoint(ckpt, preset, device="cpu" if CPU else "cuda", reuse=True)
+    log(f"{ckpt} ready in {time.perf_counter() - t0:.0f}s")
     return ckpt
 
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # LoRA (rank 16, 64) against full fine-tuning, Qwen3-4B shape, and LoRA on the Qwen3-8B shape, through run.py
-# with SGLang colocated on one H200 (bench/lora_gpu.py says what each run measures). The SGLang stack as for
-# bench/sglang_gpu.sh (calls 1-2 there: .sglang-bundle, .device-bundle, .gpu-extra with peft's wheel), then:
+# with SGLang colocated on one H200 (bench/lora_gpu.py says what each run measures). Device set-up:
+# bench/README.md (peft's wheel travels with .gpu-extra), then:
 #   RUNS=4b_full,4b_lora16 bash bench/lora_gpu.sh      # one call (two SGLang start-ups and a 4B build)
 #   RUNS=4b_lora64,8b_lora16 bash bench/lora_gpu.sh    # a second call (the 8B build)
 #   RUNS=06b_fsdp,06b_fsdp_lora bash bench/lora_gpu.sh # FSDP2's GPU path (small: a third call, or the rest of one)
 # Results: $OUT/lora_gpu.{json,md} (each call writes its runs), the runs' logs' tails in $OUT/logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=bench/sglang_gpu_env.sh
-source bench/sglang_gpu_env.sh || exit 1
+# shellcheck source=bench/gpu/env.sh
+BENCH_SGLANG=1 source bench/gpu/env.sh || exit 1
 python3 -c "import peft; print('peft', peft.__version__)" || { echo "peft is missing: add its wheel to .gpu-extra"; exit 1; }
 python3 bench/lora_gpu.py --out "$OUT"
 rc=$?
