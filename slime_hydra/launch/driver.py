@@ -125,7 +125,8 @@ class Run:
         return trainers
 
     def shutdown(self) -> None:
-        for shutdown in (lambda: self.trainers and self.trainers.shutdown(), lambda: ray.get(self.manager.shutdown.remote(), timeout=60)):
+        for shutdown in (lambda: self.trainers and self.trainers.shutdown(),
+                         lambda: ray.get(self.manager.shutdown.remote(), timeout=60)):
             try:
                 shutdown()
             except Exception as e:  # noqa: BLE001 - best effort while tearing down
@@ -368,7 +369,8 @@ def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload
             tries += 1
             if not fault_tolerance or tries > len(trainers.connected) + 1:
                 raise
-            log.warning("%s\n-> checking the engines, restarting those that failed, and pushing again", e)
+            log.warning("%s\n-> checking the engines, restarting those that failed, and pushing again",
+                        getattr(e, "cause", e))  # the trainer's error, without Ray's traceback
             if healer is not None:
                 healer.count("push_retries")
     if offload.engines:
@@ -395,7 +397,7 @@ def wait_rollout(rollout, manager, trainers: TrainerGroup, version: int, restore
             try:
                 trainers.update_weights(version)
             except WeightSyncError as e:  # an engine failed again: the fleet restarts it, and we come back here
-                log.warning("%s; pushing again once the engines are checked", e)
+                log.warning("%s; pushing again once the engines are checked", getattr(e, "cause", e))
                 continue
             joined = ray.get(manager.weights_pushed.remote(version))
             log.warning("engine(s) %s restarted mid-rollout, got weights v%d and serve again", joined, version)
