@@ -73,10 +73,13 @@ def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float, 
         lease.note_ray_session(ray_session_dir)
         pg = create_placement_group(plan)
         run = Run(cfg, placed(plan, pg), pg, model_path)
+        done = False
         try:
-            return run.train(t_start)
+            summary = run.train(t_start)
+            done = True
+            return summary
         finally:
-            run.shutdown()
+            run.shutdown() if done else run.kill()
 
 
 class Run:
@@ -123,6 +126,16 @@ class Run:
         if self.num_rollout:
             trainers.set_num_rollout(self.num_rollout)
         return trainers
+
+    def kill(self) -> None:
+        """After an error or Ctrl-C: kill the actors at once. A polite ``shutdown`` call would wait behind
+        the call they are running (a rollout, a training step: a minute on a loaded machine, which is why
+        Ctrl-C once took more than 60 s); their servers (engines, router) die with them (PDEATHSIG)."""
+        for actor in [self.manager, *(self.trainers.actors if self.trainers else [])]:
+            try:
+                ray.kill(actor)
+            except Exception as e:  # noqa: BLE001 - best effort while tearing down
+                log.warning("kill: %s", e)
 
     def shutdown(self) -> None:
         for shutdown in (lambda: self.trainers and self.trainers.shutdown(),
