@@ -131,6 +131,7 @@ class Run:
         """After an error or Ctrl-C: kill the actors at once. A polite ``shutdown`` call would wait behind
         the call they are running (a rollout, a training step: a minute on a loaded machine, which is why
         Ctrl-C once took more than 60 s); their servers (engines, router) die with them (PDEATHSIG)."""
+        log.warning("stopping: killing the rollout manager (its engines and router go with it) and the trainers")
         for actor in [self.manager, *(self.trainers.actors if self.trainers else [])]:
             try:
                 ray.kill(actor)

@@ -207,8 +207,13 @@ class EngineFleet:
             log.info("%d %s engine(s) up in %.1fs: %s", len(self.engines), self._kind,
                      time.perf_counter() - self._started, self.urls)
             if self.router is not None:
-                self.router.wait_ready()  # it started with the engines: up by now, as a rule
-                self._register()
+                try:
+                    self.router.wait_ready()  # it started with the engines: up by now, as a rule
+                    self._register()
+                except Exception:
+                    if self.ft is None or self.router.proc.poll() is None:
+                        raise
+                    self._restart_router()  # it died while starting: a new one, the engines registered
         except BaseException:
             self.kill()
             raise
