@@ -154,7 +154,9 @@ class Run:
                 self._start_up()
                 break
             except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
-                self._rebuild(self._as_death(err))
+                death, t0 = self._as_death(err), time.perf_counter()
+                self._rebuild(death)
+                self.healer.record(death, self.start + 1, "start-up", time.perf_counter() - t0, 0, self.start)
         self.logger = RunLogger(cfg, self.num_rollout, self.start, keep_until=self.start if self.base_ckpt else None)
         try:
             self._steps()

@@ -142,3 +142,40 @@ def test_a_crash_loop_stops_at_the_budget(tmp_path):
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert "more than trainer.max_restarts_per_hour=1" in out and "trainer rank 0 died" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_engine_frozen_inside_a_weight_push(tmp_path, reference):
+    """A push that hangs (the engine SIGSTOPped while paused for the push of v3) ends at sync.push_timeout_s
+    and counts as the engine's death: it fails its health check, is restarted, and gets the weights."""
+    d, hold = tmp_path / "run", tmp_path / "hold"
+    hold.mkdir()
+    proc = start(d, "sync.push_timeout_s=5", env={"SLIME_HYDRA_TEST_HOLD": "push:3",
+                                                  "SLIME_HYDRA_TEST_HOLD_DIR": str(hold)})
+    deadline = time.monotonic() + 600
+    while not ((hold / "push_3").exists() and pids_of("engine", d)):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(pids_of("engine", d)[0], signal.SIGSTOP)
+    (hold / "push_3.go").touch()
+    out = finished(proc)
+    assert "failed its health check" in (d / "logs" / "rollout_manager.log").read_text(), out[-3000:]
+    rows = same_run(d, reference)
+    assert sum(r.get("rollout/engine_restarts", 0) for r in rows) == 1
+
+
+@pytest.mark.slow
+def test_trainer_rank_frozen_mid_step(tmp_path, reference):
+    """A trainer rank that hangs (SIGSTOP) misses trainer.hang_timeout_s: the group is torn down and built
+    again from the checkpoint, as for a dead rank."""
+    d = tmp_path / "run"
+    proc = start(d, "trainer.hang_timeout_s=20")
+    deadline = time.monotonic() + 600
+    while not (len(metrics(d)) >= 4 and pids_of("trainer", d)):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(pids_of("trainer", d)[0], signal.SIGSTOP)
+    finished(proc)
+    same_run(d, reference)
+    [h] = heals(d)
+    assert h["part"] == "trainer" and "trainer.hang_timeout_s=20" in h["reason"]
