@@ -635,18 +635,25 @@ class EngineFleet:
                 log.warning("%s; the engine is checked (and restarted if it died) before the weight push", err)
 
     def offload(self) -> None:
-        """Release the engines' memory (after flushing their cache) while the trainer trains."""
+        """Release the engines' memory (after flushing their cache) while the trainer trains. Each of these
+        memory moves is a no-op in the state it leads to (a run healed after a trainer died asks again)."""
         with self._lock:
+            if self.memory == "released":
+                return
             self._each(("/flush_cache", None), ("/release_memory_occupation", {"tags": None}))
             self.memory = "released"
 
     def onload_weights(self) -> None:
         with self._lock:
+            if self.memory != "released":
+                return
             self._each(("/resume_memory_occupation", {"tags": ["weights"]}))
             self.memory = "weights"
 
     def onload_kv(self) -> None:
         with self._lock:
+            if self.memory != "weights":
+                return
             self._each(("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}))
             self.memory = "awake"
 
