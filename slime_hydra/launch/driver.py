@@ -204,6 +204,8 @@ class Run:
                     self.pending = self._rollout_and_train(self.done + 1)
                 self._publish(*self.pending)
                 self.done, self.pending = self.pending[0], None
+                # what a healing may need: the run's start (no checkpoint yet) and the last step's position
+                self.positions = {k: v for k, v in self.positions.items() if k in (self.start, self.done)}
             except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
                 death = self._as_death(err)
 
