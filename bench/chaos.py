@@ -129,15 +129,17 @@ class Chaos:
         self.hold_dir.mkdir(parents=True, exist_ok=True)
         proc = start(self.run_dir, args, env)
         t0 = time.monotonic()
-        for part, moment, step in plan:
-            proc = self.kill(proc, part, moment, step, args, env)
-            if proc is None:
-                break
-        if proc is not None:
-            rc = proc.wait(timeout=1200)
-            if rc != 0:
-                raise RuntimeError(f"the run failed (exit {rc}); see {self.run_dir}.driver.log")
-        return {"seconds": round(time.monotonic() - t0, 1), "kills": self.record}
+        error = None
+        try:
+            for part, moment, step in plan:
+                proc = self.kill(proc, part, moment, step, args, env)
+                if proc is None:
+                    break
+            if proc is not None and proc.wait(timeout=1200) != 0:
+                raise RuntimeError(f"the run failed (exit {proc.returncode}); see {self.run_dir}.driver.log")
+        except RuntimeError as e:  # a failed run is a result too (its steps count as lost)
+            error = str(e)
+        return {"seconds": round(time.monotonic() - t0, 1), "kills": self.record, "error": error}
 
     def kill(self, proc: subprocess.Popen, part: str, moment: str, step: Optional[int], args, env):
         """Wait for the moment, SIGKILL the part; returns the driver process (a new one after a driver kill),
@@ -212,6 +214,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="the chaos' seed (the runs keep the default seed)")
     ap.add_argument("--dir", default="/tmp/slime_hydra_chaos")
     ap.add_argument("--no-write", action="store_true", help="print the result, do not write bench/measured/chaos.md")
+    ap.add_argument("--results", default=None, help="a JSON-lines file the results are appended to (several "
+                    "harnesses may share it; the table covers all of its runs); default: <dir>/results.jsonl")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     a = ap.parse_args()
     base = Path(a.dir)
@@ -231,11 +235,16 @@ def main() -> int:
         chaos = Chaos(run_dir, a.kills, rng, steps, base / f"hold_{a.seed}_{i}")
         out = chaos.run(args)
         out.update(check(run_dir, reference, steps))
+        out["run"] = run_dir.name
         results.append(out)
         print(json.dumps({k: v for k, v in out.items() if k != "heals"}), flush=True)
+        shared = Path(a.results or base / "results.jsonl")
+        with open(shared, "a") as f:
+            f.write(json.dumps(out) + "\n")
         if not a.no_write:  # after every run: a long harness cut short keeps what it measured
-            write(summarize(results), results, a, args)
-    ok = all(r["rows_equal"] and not r["lost"] and not r["duplicated"] for r in results)
+            every = [json.loads(line) for line in shared.read_text().splitlines() if line.strip()]
+            write(summarize(every), every, a, args)
+    ok = all(r["rows_equal"] and not r["lost"] and not r["duplicated"] and not r["error"] for r in results)
     print(json.dumps(summarize(results), indent=1))
     return 0 if ok else 1
 
@@ -246,6 +255,7 @@ def summarize(results: List[dict]) -> dict:
             "kills_per_part": dict(Counter(k["part"] for k in kills)),
             "kills_per_moment": dict(Counter(f"{k['part']}@{k['moment']}" for k in kills)),
             "driver_moments": dict(Counter(f"{h['part']}@{h['moment']}" for r in results for h in r["heals"])),
+            "runs_failed": sum(bool(r.get("error")) for r in results),
             "steps_lost": sum(len(r["lost"]) for r in results),
             "steps_duplicated": sum(len(r["duplicated"]) for r in results),
             "runs_with_equal_rows": sum(r["rows_equal"] for r in results),
@@ -262,7 +272,7 @@ def write(summary: dict, results: List[dict], a, args: List[str]) -> None:
     heal_txt = f"median {heal_s[len(heal_s) // 2]:.1f}, max {heal_s[-1]:.1f}" if heal_s else "none"
     lines = [f"# Chaos: random kills, same seed, same rows ({datetime.date.today()})", "",
              f"`{cmd}` (2 shared CPU cores, other agents' jobs beside it). Each run: `{' '.join(args)}`.", "",
-             f"- runs: {summary['runs']}, kills: {summary['kills']}",
+             f"- runs: {summary['runs']}, kills: {summary['kills']}, runs that failed: {summary['runs_failed']}",
              f"- steps lost: {summary['steps_lost']}, duplicated: {summary['steps_duplicated']}",
              f"- runs whose rows equal the uninterrupted run's: {summary['runs_with_equal_rows']} of {summary['runs']} "
              f"(rewards: {summary['runs_with_equal_rewards']})",
@@ -277,7 +287,8 @@ def write(summary: dict, results: List[dict], a, args: List[str]) -> None:
              "|---|---|---|---|---|"]
     for i, r in enumerate(results):
         ks = ", ".join(f"{k['part']}@{k['moment']}" for k in r["kills"])
-        lines.append(f"| {i} | {ks} | {r['rows_equal']} | {r['lost']} | {r['duplicated']} |")
+        lines.append(f"| {r.get('run', i)} | {ks} | {r['rows_equal']} | {r['lost']} | {r['duplicated']} |"
+                     + (f" failed: {r['error']}" if r.get("error") else ""))
     tmp = out.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, out)

@@ -160,7 +160,7 @@ class TrainerGroup:
         self.timeout_s = cfg.trainer.hang_timeout_s if ft else None
         self.push_timeout_s = cfg.sync.push_timeout_s + 60.0 if ft else None  # the push's own deadlines come first
         try:
-            master = ray.get(self.actors[0].master_address.remote())
+            master = self._wait([self.actors[0].master_address.remote()], "start-up")[0]
             self.layout = rank_layout(self._wait([a.init.remote(master) for a in self.actors], "start-up"),
                                       plan.data_parallel)
         except BaseException:
