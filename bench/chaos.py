@@ -113,13 +113,13 @@ class Chaos:
     def plan(self) -> List[tuple]:
         """(part, moment, step) per kill: push moments at distinct steps (held there by the test hook)."""
         out = []
-        push_steps = self.rng.sample(range(2, self.steps), k=min(self.steps - 2, self.left))
+        push_steps = sorted(self.rng.sample(range(2, self.steps), k=min(self.steps - 2, self.left)))
         for i in range(self.left):
             part = self.rng.choice(PARTS)
             moment = self.rng.choice(MOMENTS if i else MOMENTS + ("startup",) * 2)
-            if moment == "startup" and i:
+            if (moment == "startup" and i) or (moment == "push" and not push_steps):
                 moment = "random"
-            out.append((part, moment, push_steps[i] if moment == "push" else None))
+            out.append((part, moment, push_steps.pop(0) if moment == "push" else None))
         return out
 
     def run(self, args: List[str]) -> dict:
