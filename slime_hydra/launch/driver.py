@@ -149,14 +149,16 @@ class Run:
     # ------------------------------------------------------------------------------- the loop
     def train(self, t_start: float) -> Dict[str, Any]:
         cfg = self.cfg
+        deaths = []
         while True:  # start-up: every call here can be made again after a part was rebuilt
             try:
                 self._start_up()
                 break
             except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
-                death, t0 = self._as_death(err), time.perf_counter()
-                self._rebuild(death)
-                self.healer.record(death, self.start + 1, "start-up", time.perf_counter() - t0, 0, self.start)
+                deaths.append((self._as_death(err), time.perf_counter()))
+                self._rebuild(deaths[-1][0])
+        for death, t0 in deaths:  # each costs from its rebuild to the end of the start-up
+            self.healer.record(death, self.start + 1, "start-up", time.perf_counter() - t0, 0, self.start)
         self.logger = RunLogger(cfg, self.num_rollout, self.start, keep_until=self.start if self.base_ckpt else None)
         try:
             self._steps()
