@@ -178,7 +178,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    ap.add_argument("--limit", type=float, default=170.0, help="seconds per fault's run")
+    ap.add_argument("--limit", type=float, default=480.0, help="seconds per fault's run (two SGLang start-ups)")
     ap.add_argument("--tolerance-mib", type=int, default=1024)
     ap.add_argument("--cpu", action="store_true", help="a dry run on CPU: the tiny model, the embedded engine")
     ap.add_argument("--overrides", default="", help="more run.py overrides, space-separated")
@@ -187,13 +187,15 @@ def main() -> int:
         sglang_gpu.dry_run_on_cpu()
     sglang_gpu.build()
     out: Dict[str, Any] = {"device": "cpu" if args.cpu else "cuda"}
+    os.makedirs(args.out, exist_ok=True)
     for fault in args.faults.split(","):
         one_fault(fault, args, out)
-        os.makedirs(args.out, exist_ok=True)
-        tmp = os.path.join(args.out, "heal_gpu.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=1)
-        os.replace(tmp, os.path.join(args.out, "heal_gpu.json"))
+        for name, obj in ((f"heal_gpu_{fault}.json", {"device": out["device"], fault: out[fault]}),
+                          ("heal_gpu.json", out)):  # one file per fault: one device call each fits best
+            tmp = os.path.join(args.out, name + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(obj, f, indent=1)
+            os.replace(tmp, os.path.join(args.out, name))
     return 0 if all(out[f].get("pass") for f in args.faults.split(",")) else 1
 
 
