@@ -162,11 +162,11 @@ class Run:
         self.logger = RunLogger(cfg, self.num_rollout, self.start, keep_until=self.start if self.base_ckpt else None)
         try:
             self._steps()
+            summary = summarize(self.logger.history, self.num_rollout, time.perf_counter() - t_start, self.run_dir)
+            self.logger.finish(summary)
+            return summary
         finally:
             self.logger.close()
-        summary = summarize(self.logger.history, self.num_rollout, time.perf_counter() - t_start, self.run_dir)
-        self.logger.finish(summary)
-        return summary
 
     def _start_up(self) -> None:
         cfg = self.cfg
