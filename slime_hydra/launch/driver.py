@@ -216,11 +216,14 @@ class Run:
         healing); the eval before training, unless its row is written."""
         cfg = self.cfg
         self.moment = "first push"
-        self.trainers.reconnect(ray.get(self.manager.endpoints.remote()))  # a healed part: new engines or trainers
+        if not self.ft:
+            self.trainers.connect(ray.get(self.manager.endpoints.remote()))
         if self.offload.engines:  # the engines start awake; push_weights expects them asleep, as after a training step
             ray.get(self.manager.offload.remote())
         version = self.pending[0] if self.pending else self.done
-        sync = push_weights(self.manager, self.trainers, version, self.offload, self.ft, self.healer)
+        # with fault tolerance the push connects the trainers to the engines running now (a healed part
+        # is a new trainer group or new engines), and connects again if an engine dies meanwhile
+        sync = push_weights(self.manager, self.trainers, version, self.offload, self.ft, self.healer, reconnect=True)
         self.pushed = version
         log.info("weights v%d pushed to the engines (%.2fs over %s)", version, sync["seconds"], cfg.sync.transport)
         if cfg.eval.datasets and cfg.eval.before_train and self.done == 0 and not self.logger.history:
@@ -359,7 +362,8 @@ def position_metrics(state: Dict[str, Any]) -> Dict[str, float]:
 
 
 def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload = Offload(),
-                 fault_tolerance: bool = False, healer: Optional[Healer] = None) -> Dict[str, float]:
+                 fault_tolerance: bool = False, healer: Optional[Healer] = None,
+                 reconnect: bool = False) -> Dict[str, float]:
     """Trainer -> engines, weight version ``version``. Engines that offload (asleep, the trainer
     awake): the trainer sleeps if it offloads, else returns its cached activation memory; the engines
     take back memory for their weights only, the push, then the engines' KV cache, so that two copies
@@ -378,16 +382,16 @@ def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload
         ray.get(manager.onload_weights.remote())
     tries = 0
     while True:
-        if fault_tolerance:
-            endpoints = ray.get(manager.weight_endpoints.remote(tries > 0))  # after a failure: probe them too
-            if tries > 0 or [e["url"] for e in endpoints] != trainers.connected:
-                trainers.reconnect(endpoints)
         try:
+            if fault_tolerance:
+                endpoints = ray.get(manager.weight_endpoints.remote(tries > 0))  # after a failure: probe them too
+                if reconnect or tries > 0 or [e["url"] for e in endpoints] != trainers.connected:
+                    trainers.reconnect(endpoints)
             sync = trainers.update_weights(version)
             break
         except WeightSyncError as e:
             tries += 1
-            if not fault_tolerance or tries > len(trainers.connected) + 1:
+            if not fault_tolerance or tries > len(trainers.connected) + 2:
                 raise
             log.warning("%s\n-> checking the engines, restarting those that failed, and pushing again",
                         getattr(e, "cause", e))  # the trainer's error, without Ray's traceback
@@ -413,8 +417,8 @@ def wait_rollout(rollout, manager, trainers: TrainerGroup, version: int, restore
             return ray.get(rollout)
         endpoints = ray.get(manager.awaiting_weights.remote())
         if endpoints:
-            trainers.reconnect(endpoints)
             try:
+                trainers.reconnect(endpoints)
                 trainers.update_weights(version)
             except WeightSyncError as e:  # an engine failed again: the fleet restarts it, and we come back here
                 log.warning("%s; pushing again once the engines are checked", getattr(e, "cause", e))

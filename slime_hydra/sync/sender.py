@@ -32,7 +32,7 @@ import logging
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Dict, Iterable, List, Tuple
@@ -143,15 +143,16 @@ class WeightSender:
             "master_address": self.master_address, "master_port": port, "rank_offset": offsets[i],
             "world_size": world, "group_name": GROUP_NAME, "backend": backend}, timeout=self.timeout_s)
             for i, e in enumerate(self.endpoints)]
-        try:
-            self.group = transport.init_group(self.master_address, port, 0, world, GROUP_NAME, backend,
-                                              timeout=timedelta(seconds=self.timeout_s))
-        except Exception as e:  # noqa: BLE001 - an engine that died before joining: the rendezvous times out
-            raise WeightSyncError(f"the weight-update group did not form: {e}") from e
-        finally:
-            errors = [f.exception() for f in futs]
-        if any(errors):
-            raise WeightSyncError(f"engines could not join the weight-update group: {[str(e) for e in errors if e]}")
+        # the trainer's side of the rendezvous beside the engines' calls: an engine that cannot join (it
+        # died) fails its call at once, and the push fails then, not when the rendezvous times out
+        own = self.pool.submit(transport.init_group, self.master_address, port, 0, world, GROUP_NAME, backend,
+                               timeout=timedelta(seconds=self.timeout_s))
+        done, _ = wait([own, *futs], timeout=self.timeout_s + 5, return_when=FIRST_EXCEPTION)
+        errors = [f.exception() for f in done if f.exception() is not None]
+        if errors or own not in done:
+            raise WeightSyncError(f"engines could not join the weight-update group: "
+                                  f"{[str(e) for e in errors] or 'no answer within sync.push_timeout_s'}")
+        self.group = own.result()
         log.info("weight-update group %s: trainer + %d engine ranks over %s", GROUP_NAME, world - 1, backend)
 
     def _leave_old_groups(self) -> None:
