@@ -139,6 +139,11 @@ class Chaos:
                 raise RuntimeError(f"the run failed (exit {proc.returncode}); see {self.run_dir}.driver.log")
         except RuntimeError as e:  # a failed run is a result too (its steps count as lost)
             error = str(e)
+            if proc is not None and proc.poll() is None:  # a run that hangs: killed, with what it started
+                proc.kill()
+                proc.wait()
+                subprocess.run([sys.executable, "-c", "import sys; from slime_hydra.launch.lease import RunLease; "
+                                "RunLease(sys.argv[1]).__enter__()", str(self.run_dir)], cwd=ROOT, check=False)
         return {"seconds": round(time.monotonic() - t0, 1), "kills": self.record, "error": error}
 
     def kill(self, proc: subprocess.Popen, part: str, moment: str, step: Optional[int], args, env):
