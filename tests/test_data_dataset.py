@@ -208,3 +208,13 @@ def test_filter_long_prompts(tok):
     kept, dropped = filter_long_prompts(["12", "12345", "1", "123"], tok, 3)
     assert kept == [0, 2, 3] and dropped == 1
     assert filter_long_prompts(["12345"], tok, None) == ([0], 0)
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "data.json"])
+def test_a_file_that_is_not_utf8_is_an_error_naming_it(tmp_path, name):
+    """A binary file (or a latin-1 export) named as a dataset: a DataError with the file, the line and
+    the byte, like every other data error, not a bare UnicodeDecodeError."""
+    path = tmp_path / name
+    path.write_bytes(b'{"prompt": "ok", "label": "1"}\n' + bytes(range(128, 256)) + b"\x00\x01PK\x03\x04")
+    with pytest.raises(DataError, match=rf"{name}:2: not UTF-8 text \(byte 0x80 at offset 31"):
+        read_rows(str(path))

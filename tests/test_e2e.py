@@ -169,22 +169,25 @@ def test_sweep_runs_each_job_in_its_own_directory(tmp_path):
 
 
 def test_ctrl_c_stops_cleanly(tmp_path):
-    """SIGINT mid-run: the process exits, no Ray/engine/router process survives, and the last
-    complete checkpoint is intact."""
+    """SIGINT mid-run: the process exits within 10 s (it once took over 60 s on a loaded machine: the
+    driver asked its actors to shut down, which waited behind the rollout or training step they were
+    running, and the interpreter's teardown took 6 s more), no Ray/engine/router process survives, and
+    the last complete checkpoint is intact."""
     d = tmp_path / "run"
     cmd = [sys.executable, "run.py", f"hydra.run.dir={d}", "trainer.num_rollout=500", "trainer.save_interval=2", *FAST]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (d / "checkpoints" / "latest").exists():
+    while not (d / "checkpoints" / "latest").exists():
         time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within 300 s of the start (a very loaded machine?)"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail("run did not stop within 60s of SIGINT")
+        pytest.fail("run did not stop within 10 s of SIGINT")
     time.sleep(2)
     assert not leftover_processes(), leftover_processes()
     latest = (d / "checkpoints" / "latest").read_text().strip()

@@ -163,9 +163,10 @@ class RolloutConfig:
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
-    # Fault tolerance (slime's --use-fault-tolerance): while a rollout or eval runs, an engine whose
-    # process exits or whose /health_generate does not answer within health_check_timeout_s is taken
-    # out of the router and restarted; its requests go to the others. Off: an engine death stops the run.
+    # Fault tolerance (docs/faults.md): an engine whose process exits, whose /health_generate does not
+    # answer within health_check_timeout_s or whose weight push misses sync.push_timeout_s is restarted
+    # and its requests go to the others; the router, the rollout manager and the trainer ranks are
+    # rebuilt in the running process. Off: any of these deaths stops the run.
     fault_tolerance: bool = False
     health_check_interval_s: float = 10.0  # fault tolerance: seconds between /health_generate probes
     health_check_timeout_s: float = 30.0  # fault tolerance: an engine silent this long is restarted
@@ -297,6 +298,12 @@ class TrainerConfig:
     save_interval: int = 50  # rollouts; the last step is always saved
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
+    # fault tolerance (rollout.fault_tolerance): trainer-group rebuilds allowed per hour; one more stops
+    # the run with the dead rank's log tail
+    max_restarts_per_hour: int = 3
+    # fault tolerance: a trainer call (a training step, a save, a load) not done within this many seconds
+    # counts as a hung rank and the group is rebuilt; None: wait forever
+    hang_timeout_s: Optional[float] = 3600.0
     # megatron backend only (trainer=megatron):
     # packed-token budget per micro-batch; None: micro_batch_size samples; "auto": on GPUs the largest
     # power-of-two multiple of the longest sequence that fits the memory estimate (plan/fit.py)
@@ -315,6 +322,9 @@ class SyncConfig:
     # corrupt weights on the engines). None: by model.dtype (config/resolve.py: 1e-3 for float32, where
     # gaps of ~1e-7 were measured; 0.05 for bf16/fp16, where 0.0065-0.0073 were measured on H200s); inf: off
     max_logprob_diff: Optional[float] = None
+    # fault tolerance: a weight push not done within this many seconds counts as its engines' death
+    # (every HTTP call and the weight-update group of a push use it as their deadline)
+    push_timeout_s: float = 600.0
 
 
 # ------------------------------------------------------------------------------------- logging

@@ -12,6 +12,7 @@ allowed); rows outside the slice are not parsed.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -51,10 +52,25 @@ def split_slice(spec: str) -> Tuple[str, slice]:
     return os.path.expanduser(m["path"]), slice(to_int(m["start"]), to_int(m["end"]))
 
 
-def _jsonl_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
+def _read_text(path: str) -> str:
+    """A JSON / JSONL file's text; one that is not UTF-8 (a binary file, a latin-1 export) is a DataError
+    naming the file, the line and the byte, instead of a bare UnicodeDecodeError."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}: {e.reason}); "
+                        "JSON and JSONL datasets must be UTF-8 (a binary file, or another encoding: convert it "
+                        "with iconv, or save it as parquet)") from None
+
+
+def _jsonl_records(path: str, sl: slice, text: Optional[str] = None) -> Iterable[Tuple[str, Any]]:
     """(location, parsed object) for the selected non-blank lines of a JSON-lines file."""
-    with open(path, encoding="utf-8-sig") as f:
-        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    text = _read_text(path) if text is None else text
+    # lines as a text file splits them (str.splitlines would also split at U+2028 inside a JSON string)
+    lines = [(i, line) for i, line in enumerate(io.StringIO(text, newline=None), 1) if line.strip()]
     for lineno, line in lines[sl]:
         loc = f"{path}:{lineno}"
         try:
@@ -65,10 +81,9 @@ def _jsonl_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
 
 def _json_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
     """A ``.json`` file: a JSON list of objects, or JSON lines."""
-    with open(path, encoding="utf-8-sig") as f:
-        text = f.read()
+    text = _read_text(path)
     if not text.lstrip().startswith("["):
-        yield from _jsonl_records(path, sl)
+        yield from _jsonl_records(path, sl, text)
         return
     try:
         data = json.loads(text)

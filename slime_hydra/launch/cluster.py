@@ -14,6 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch.heal import wait_all
 from slime_hydra.launch.lease import TOKEN_ENV
 from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
 from slime_hydra.utils.proc import HOST_ENV
@@ -143,7 +144,9 @@ def route(data_refs: List[Any], dp_ranks: List[int]) -> List[Any]:
 
 
 class TrainerGroup:
-    """Driver-side handle on all trainer ranks; each call fans out and waits."""
+    """Driver-side handle on all trainer ranks; each call fans out and waits. A rank that dies fails the
+    call at once with ``PartDied`` (launch/heal.py), naming the rank; with fault tolerance a call that
+    takes longer than ``trainer.hang_timeout_s`` (a push: ``sync.push_timeout_s``) counts as a hung rank."""
 
     def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
         from slime_hydra.train.actor import TrainerActor
@@ -162,11 +165,22 @@ class TrainerGroup:
             for t in plan.trainers
         ]
         self.connected: List[str] = []  # the engine URLs the weight push goes to
-        master = ray.get(self.actors[0].master_address.remote())
-        self.layout = rank_layout(ray.get([a.init.remote(master) for a in self.actors]), plan.data_parallel)
+        ft = cfg.rollout.fault_tolerance
+        self.timeout_s = cfg.trainer.hang_timeout_s if ft else None
+        self.push_timeout_s = cfg.sync.push_timeout_s + 60.0 if ft else None  # the push's own deadlines come first
+        try:
+            master = self._wait([self.actors[0].master_address.remote()], "start-up")[0]
+            self.layout = rank_layout(self._wait([a.init.remote(master) for a in self.actors], "start-up"),
+                                      plan.data_parallel)
+        except BaseException:
+            self.kill()  # free their bundles: a group built again takes them
+            raise
+
+    def _wait(self, refs: List[Any], what: str, timeout_s: Optional[float] = None) -> List[Any]:
+        return wait_all(refs, self.actors, timeout_s or self.timeout_s, what)
 
     def _all(self, method: str, *args) -> List[Any]:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        return self._wait([getattr(a, method).remote(*args) for a in self.actors], method)
 
     def set_num_rollout(self, num_rollout: int) -> None:
         self._all("set_num_rollout", num_rollout)
@@ -186,11 +200,13 @@ class TrainerGroup:
         manager's ``generate``); ``temperature`` and ``max_response_len`` are the rollout's sampling
         temperature and generation budget."""
         refs = route(data_refs, self.layout.dp_ranks)
-        out = ray.get([a.train.remote(ref, temperature, max_response_len) for a, ref in zip(self.actors, refs)])
+        out = self._wait([a.train.remote(ref, temperature, max_response_len) for a, ref in zip(self.actors, refs)],
+                         "a training step")
         return out[self.layout.reporter]
 
     def update_weights(self, version: int) -> Dict[str, float]:
-        return self._all("update_weights", version)[self.layout.pusher]
+        refs = [a.update_weights.remote(version) for a in self.actors]
+        return self._wait(refs, "a weight push", self.push_timeout_s)[self.layout.pusher]
 
     def offload(self) -> None:
         self._all("offload")
@@ -209,3 +225,9 @@ class TrainerGroup:
 
     def shutdown(self) -> None:
         self._all("shutdown")
+
+    def kill(self) -> None:
+        """Tear the group down at once (a rank died or hangs: the others may be stuck in a collective
+        with it); the processes go with their actors, and their GPUs and bundles are free again."""
+        for a in self.actors:
+            ray.kill(a)

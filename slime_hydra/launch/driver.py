@@ -21,7 +21,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import ray
 
@@ -29,9 +29,11 @@ from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, remove
 from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed, ray_cluster
+from slime_hydra.launch.heal import Healer, PartDied, manager_died
 from slime_hydra.launch.lease import RunLease
 from slime_hydra.logging.metrics import RunLogger
 from slime_hydra.plan.resources import ResourcePlan
+from slime_hydra.sync.sender import WeightSyncError
 
 log = logging.getLogger("slime_hydra")
 # Called as hook(step, metrics) after each eval: a sweep's pruner (slime_hydra/sweep/optuna.py) stops a weak
@@ -73,114 +75,300 @@ def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float, 
     with ray_cluster(cfg, plan) as ray_session_dir:
         lease.note_ray_session(ray_session_dir)
         pg = create_placement_group(plan)
-        plan = placed(plan, pg)
+        run = Run(cfg, placed(plan, pg), pg, model_path)
+        done = False
+        try:
+            summary = run.train(t_start)
+            done = True
+            return summary
+        finally:
+            run.shutdown() if done else run.kill()
+
+
+class Run:
+    """The loop and its state: the parts (the rollout manager, the trainer group), the last step done,
+    the weights the trainers hold and those the engines run, the data position after each rollout.
+
+    A step is two halves: its rollout and training (``_rollout_and_train``), then its publication (the
+    weight push, the eval, the metrics row, the checkpoint: ``_publish``). With fault tolerance a part
+    that dies (``PartDied``, launch/heal.py) is rebuilt by ``_heal`` and the loop goes on from what is
+    still true: a new rollout manager gets the data position after the last trained rollout and the
+    current weights, and the step goes on from the half it was in; a new trainer group loads the newest
+    checkpoint, and the steps after it are done again (their rows are written again)."""
+
+    def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
+        self.cfg, self.plan, self.pg, self.model_path = cfg, plan, pg, model_path
+        self.run_dir, self.is_async = cfg.output_dir, cfg.trainer.mode == "async"
+        self.offload = Offload.from_config(cfg)
+        self.ft = cfg.rollout.fault_tolerance
+        self.healer = Healer(cfg, self.run_dir)
+        self.moment = "start-up"  # what the loop does now (for the record of a healing)
+        self.manager = self._new_manager()
+        self.trainers: Optional[TrainerGroup] = None  # built by _start_up (a rank may die meanwhile)
+        self.logger: Optional[RunLogger] = None
+        self.num_rollout = 0
+        self.start = 0
+        self.base_ckpt: Optional[str] = None  # the checkpoint the run started from (trainer.resume)
+        self.done = 0  # the last step whose row is written (and checkpoint saved, if due)
+        self.pending: Optional[tuple] = None  # (step, metrics, timings): trained, not yet published
+        self.pushed = 0  # the weight version the engines run
+        self.positions: Dict[int, Dict[str, Any]] = {}  # step -> data position after the rollout it trained on
+        self.next_rollout = None  # the rollout under way (an object ref of the manager's generate)
+
+    def _new_manager(self):
         from slime_hydra.rollout.manager import FLEET_GROUP, RolloutManager
 
-        manager = ray.remote(num_cpus=0, concurrency_groups={FLEET_GROUP: 1})(RolloutManager).remote(
-            cfg, plan, pg, model_path)
-        trainers = TrainerGroup(cfg, plan, pg, model_path)
+        return ray.remote(num_cpus=0, concurrency_groups={FLEET_GROUP: 1})(RolloutManager).remote(
+            self.cfg, self.plan, self.pg, self.model_path)
+
+    def _new_trainers(self) -> TrainerGroup:
+        if self.trainers is not None:
+            self.trainers.kill()
+        self.trainers = None
+        trainers = TrainerGroup(self.cfg, self.plan, self.pg, self.model_path)
+        if self.num_rollout:
+            trainers.set_num_rollout(self.num_rollout)
+        return trainers
+
+    def kill(self) -> None:
+        """After an error or Ctrl-C: kill the actors at once. A polite ``shutdown`` call would wait behind
+        the call they are running (a rollout, a training step: a minute on a loaded machine, which is why
+        Ctrl-C once took more than 60 s); their servers (engines, router) die with them (PDEATHSIG)."""
+        log.warning("stopping: killing the rollout manager (its engines and router go with it) and the trainers")
+        for actor in [self.manager, *(self.trainers.actors if self.trainers else [])]:
+            try:
+                ray.kill(actor)
+            except Exception as e:  # noqa: BLE001 - best effort while tearing down
+                log.warning("kill: %s", e)
+
+    def shutdown(self) -> None:
+        for shutdown in (lambda: self.trainers and self.trainers.shutdown(),
+                         lambda: ray.get(self.manager.shutdown.remote(), timeout=60)):
+            try:
+                shutdown()
+            except Exception as e:  # noqa: BLE001 - best effort while tearing down
+                log.warning("shutdown: %s", e)
+
+    # ------------------------------------------------------------------------------- the loop
+    def train(self, t_start: float) -> Dict[str, Any]:
+        cfg = self.cfg
+        deaths = []
+        while True:  # start-up: every call here can be made again after a part was rebuilt
+            try:
+                self._start_up()
+                break
+            except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
+                deaths.append((self._as_death(err), time.perf_counter()))
+                self._rebuild(deaths[-1][0])
+        for death, t0 in deaths:  # each costs from its rebuild to the end of the start-up
+            self.healer.record(death, self.start + 1, "start-up", time.perf_counter() - t0, 0, self.start)
+        self.logger = RunLogger(cfg, self.num_rollout, self.start, keep_until=self.start if self.base_ckpt else None)
         try:
-            return _loop(cfg, manager, trainers, model_path, t_start)
+            self._steps()
+            summary = summarize(self.logger.history, self.num_rollout, time.perf_counter() - t_start, self.run_dir)
+            self.logger.finish(summary)
+            return summary
         finally:
-            for shutdown in (lambda: trainers.shutdown(), lambda: ray.get(manager.shutdown.remote(), timeout=60)):
-                try:
-                    shutdown()
-                except Exception as e:  # noqa: BLE001 - best effort while tearing down
-                    log.warning("shutdown: %s", e)
+            self.logger.close()
 
+    def _start_up(self) -> None:
+        cfg = self.cfg
+        if self.trainers is None:
+            self.trainers = self._new_trainers()
+        self.num_rollout = cfg.trainer.num_rollout
+        if self.num_rollout is None:  # from data.num_epoch
+            prompts = ray.get(self.manager.num_train_prompts.remote())
+            self.num_rollout = prompts // cfg.rollout.batch_size * cfg.data.num_epoch
+        self.trainers.set_num_rollout(self.num_rollout)  # the learning-rate schedule's length
+        ckpt = find_checkpoint(cfg.trainer.resume, self.run_dir) if cfg.trainer.resume else None
+        if ckpt:
+            meta = read_checkpoint(ckpt)
+            self.trainers.load(ckpt)
+            ray.get(self.manager.load_state_dict.remote(meta["data_state"]))
+            self.start = meta["step"]
+            carry_history(ckpt, self.run_dir, self.start)
+            log.info("resumed from %s at step %d", ckpt, self.start)
+        self.base_ckpt = ckpt
+        self.done = self.pushed = self.start
+        self.positions[self.start] = ray.get(self.manager.state_dict.remote())
 
-def _loop(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, t_start: float) -> Dict[str, Any]:
-    run_dir = cfg.output_dir
-    num_rollout = cfg.trainer.num_rollout
-    if num_rollout is None:  # from data.num_epoch
-        num_rollout = ray.get(manager.num_train_prompts.remote()) // cfg.rollout.batch_size * cfg.data.num_epoch
-    trainers.set_num_rollout(num_rollout)  # the learning-rate schedule's length
-    start = 0
-    ckpt = find_checkpoint(cfg.trainer.resume, run_dir) if cfg.trainer.resume else None
-    if ckpt:
-        meta = read_checkpoint(ckpt)
-        trainers.load(ckpt)
-        ray.get(manager.load_state_dict.remote(meta["data_state"]))
-        start = meta["step"]
-        carry_history(ckpt, run_dir, start)
-        log.info("resumed from %s at step %d", ckpt, start)
-    logger = RunLogger(cfg, num_rollout, start, keep_until=start if ckpt else None)
-    try:
-        return _steps(cfg, manager, trainers, model_path, logger, start, num_rollout, t_start)
-    finally:
-        logger.close()
+    def _steps(self) -> None:
+        death: Optional[PartDied] = None
+        prepared = False
+        while True:
+            try:
+                if death is not None:
+                    self._heal(death)
+                    death, prepared = None, False
+                if not prepared:
+                    self._prepare()
+                    prepared = True
+                if self.pending is None:
+                    if self.done == self.num_rollout:
+                        return
+                    self.pending = self._rollout_and_train(self.done + 1)
+                self._publish(*self.pending)
+                self.done, self.pending = self.pending[0], None
+                # what a healing may need: the run's start (no checkpoint yet) and the last step's position
+                self.positions = {k: v for k, v in self.positions.items() if k in (self.start, self.done)}
+            except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
+                death = self._as_death(err)
 
+    def _prepare(self) -> None:
+        """Connect the trainers to the engines and push the trainers' weights (at the start, and after a
+        healing); the eval before training, unless its row is written."""
+        cfg = self.cfg
+        self.moment = "first push"
+        if not self.ft:
+            self.trainers.connect(ray.get(self.manager.endpoints.remote()))
+        if self.offload.engines:  # the engines start awake; push_weights expects them asleep, as after a training step
+            ray.get(self.manager.offload.remote())
+        version = self.pending[0] if self.pending else self.done
+        # with fault tolerance the push connects the trainers to the engines running now (a healed part
+        # is a new trainer group or new engines), and connects again if an engine dies meanwhile
+        sync = push_weights(self.manager, self.trainers, version, self.offload, self.ft, self.healer, reconnect=True)
+        self.pushed = version
+        log.info("weights v%d pushed to the engines (%.2fs over %s)", version, sync["seconds"], cfg.sync.transport)
+        if cfg.eval.datasets and cfg.eval.before_train and self.done == 0 and not self.logger.history:
+            self.moment = "eval"
+            self.logger.log(0, self._eval(0))
 
-def _steps(cfg: RunConfig, manager, trainers: TrainerGroup, model_path: str, logger: RunLogger, start: int,
-           num_rollout: int, t_start: float) -> Dict[str, Any]:
-    run_dir, is_async = cfg.output_dir, cfg.trainer.mode == "async"
-    offload = Offload.from_config(cfg)
-    ft = cfg.rollout.fault_tolerance
-    trainers.connect(ray.get(manager.endpoints.remote()))
-    if offload.engines:  # the engines start awake; push_weights expects them asleep, as after a training step
-        ray.get(manager.offload.remote())
-    sync = push_weights(manager, trainers, start, offload, ft)
-    log.info("weights v%d pushed to the engines (%.2fs over %s)", start, sync["seconds"], cfg.sync.transport)
-
-    evals: Dict[str, float] = {}
-    if cfg.eval.datasets and cfg.eval.before_train and start == 0:
-        evals = _eval(manager, logger, 0)
-        logger.log(0, evals)
-    version = start
-    next_rollout = manager.generate.remote(start, version) if start < num_rollout else None
-    for step in range(start + 1, num_rollout + 1):
+    def _rollout_and_train(self, step: int) -> tuple:
+        cfg, manager = self.cfg, self.manager
         t0 = time.perf_counter()
-        data_refs, metrics = wait_rollout(next_rollout, manager, trainers, version, ft and not is_async)
+        self.moment = "rollout"
+        if self.next_rollout is None:
+            self.next_rollout = manager.generate.remote(step - 1, self.pushed)
+        data_refs, metrics = wait_rollout(self.next_rollout, manager, self.trainers, self.pushed,
+                                          self.ft and not self.is_async)
+        self.next_rollout = None
+        self.positions[step] = ray.get(manager.state_dict.remote())  # before the next rollout starts
+        metrics.update(position_metrics(self.positions[step]))
         t_rollout = time.perf_counter() - t0
-        if is_async and step < num_rollout:
-            next_rollout = manager.generate.remote(step, version)  # overlaps with training below
+        if self.is_async and step < self.num_rollout:
+            self.next_rollout = manager.generate.remote(step, self.pushed)  # overlaps with training below
+        self.moment = "offload"
         t_moves = time.perf_counter()
-        if offload.engines:
+        if self.offload.engines:
             ray.get(manager.offload.remote())
-        if offload.trainer:
-            trainers.onload()
-        t_moves = time.perf_counter() - t_moves if offload.engines or offload.trainer else 0.0
+        if self.offload.trainer:
+            self.trainers.onload()
+        t_moves = time.perf_counter() - t_moves if self.offload.engines or self.offload.trainer else 0.0
+        self.moment = "train"
         t1 = time.perf_counter()
-        train_metrics = trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
+        train_metrics = self.trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         t_train = time.perf_counter() - t1
         check_logprob_gap(cfg, metrics, step)
         check_staleness(cfg, metrics, step)
+        return step, metrics, (t0, t_rollout, t_moves, t_train)
+
+    def _publish(self, step: int, metrics: Dict[str, Any], times: tuple) -> None:
+        cfg, num_rollout = self.cfg, self.num_rollout
+        t0, t_rollout, t_moves, t_train = times
+        self.moment = "push"
         t2 = time.perf_counter()
         if step % cfg.trainer.update_weights_interval == 0 or step == num_rollout:
-            if is_async and step < num_rollout:
-                wait_or_stalled(next_rollout, manager, ft)  # never change weights under a running rollout
-            sync = push_weights(manager, trainers, step, offload, ft)
-            version = step
+            if self.is_async and step < num_rollout:
+                # never change weights under a running rollout
+                wait_or_stalled(self.next_rollout, self.manager, self.ft)
+            sync = push_weights(self.manager, self.trainers, step, self.offload, self.ft, self.healer)
+            self.pushed = step
             metrics["perf/weight_sync_bytes"] = sync["bytes"]
             metrics["perf/weight_push_time"] = sync["seconds"]  # the pushing rank's, of perf/weight_sync_time
             metrics["perf/weight_transfer_time"] = sync["transfer_seconds"]  # the weights alone, of the push
         t_sync = time.perf_counter() - t2
         if cfg.eval.datasets and periodic(step, cfg.eval.interval, num_rollout):
-            evals = _eval(manager, logger, step)
-            metrics.update(evals)
+            self.moment = "eval"
+            metrics.update(self._eval(step))
         step_time = time.perf_counter() - t0
         metrics.update({"perf/step_time": step_time, "perf/rollout_wait_time": t_rollout, "perf/train_time": t_train,
                         "perf/weight_sync_time": t_sync, "perf/offload_time": t_moves,
                         "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
-        logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
-        logger.progress(metrics)
+        metrics.update(self.healer.take())
+        self.logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
+        self.logger.progress(metrics)
         for hook in EVAL_HOOKS if any(k.startswith("eval/") for k in metrics) else ():
             hook(step, metrics)  # after the row is written: a pruned trial's curve ends at its last eval
         if periodic(step, cfg.trainer.save_interval, num_rollout):
+            self.moment = "save"
             # the data position after rollout `step` (an async run has already started the next one)
-            state = ray.get(manager.state_dict.remote(step))
-            save_checkpoint(run_dir, step, lambda d: trainers.save(d, model_path), state, cfg.trainer.keep_checkpoints)
-        if not is_async and step < num_rollout:
-            next_rollout = manager.generate.remote(step, version)
+            save_checkpoint(self.run_dir, step, lambda d: self.trainers.save(d, self.model_path),
+                            self.positions[step], cfg.trainer.keep_checkpoints)
 
-    summary = summarize(logger.history, num_rollout, time.perf_counter() - t_start, run_dir)
-    logger.finish(summary)
-    return summary
+    def _eval(self, step: int) -> Dict[str, float]:
+        """An eval; in a synchronous run with fault tolerance, an engine restarted meanwhile gets the
+        current weights at once (as during a rollout)."""
+        ref = self.manager.eval.remote()
+        if self.ft and not self.is_async:
+            wait_rollout(ref, self.manager, self.trainers, self.pushed, True)
+        return _eval(ref, self.logger, step)
+
+    # ------------------------------------------------------------------------------- healing
+    def _as_death(self, err: BaseException) -> PartDied:
+        """``err`` as the death of a part the driver rebuilds; anything else (and every death without
+        fault tolerance) is raised."""
+        death = err if isinstance(err, PartDied) else None
+        if death is None and manager_died(err, self.manager):
+            death = PartDied("manager", f"the rollout manager actor died: {err}")
+        if death is None:
+            raise err
+        if not self.ft:
+            raise RuntimeError(f"{death.reason}\n(rollout.fault_tolerance=true rebuilds it and goes on)") from err
+        return death
+
+    def _rebuild(self, death: PartDied) -> None:
+        """A new part for the one that died, within the budget."""
+        self.healer.charge(death)
+        log.warning("%s; rebuilding the %s", death.reason, "trainer group" if death.part == "trainer" else
+                    "rollout manager with its engines and router")
+        self.next_rollout = None
+        if death.part == "manager":
+            ray.kill(self.manager)
+            self.manager = self._new_manager()
+        else:
+            self.trainers = self._new_trainers()
+
+    def _heal(self, death: PartDied) -> None:
+        """Rebuild the part that died, and put the run back where it can go on (see the class docstring)."""
+        t0, step, moment = time.perf_counter(), self.done + 1, self.moment
+        self._rebuild(death)
+        redone = 0
+        if death.part == "trainer" or self.is_async:
+            redone = self._rewind(fresh_trainers=death.part == "trainer")
+        else:  # the trainers hold their weights: the data position after the rollout they trained on last
+            version = self.pending[0] if self.pending else self.done
+            ray.get(self.manager.load_state_dict.remote(self.positions[version]))
+        self.healer.record(death, step, moment, time.perf_counter() - t0, redone, self.done)
+
+    def _rewind(self, fresh_trainers: bool) -> int:
+        """In-process ``trainer.resume=auto``: the newest complete checkpoint (or the run's start), its
+        data position, and the metrics rows up to it. Returns how many done steps are done again."""
+        ckpt = find_checkpoint("auto", self.run_dir) or self.base_ckpt
+        if ckpt:
+            meta = read_checkpoint(ckpt)
+            self.trainers.load(ckpt)
+            step, position = meta["step"], meta["data_state"]
+        else:  # no checkpoint yet: the initial weights
+            if not fresh_trainers:
+                self.trainers = self._new_trainers()
+            step, position = self.start, self.positions[self.start]
+        ray.get(self.manager.load_state_dict.remote(position))
+        redone = self.done - step
+        self.logger.rewind(step)
+        self.done, self.pending, self.positions[step] = step, None, position
+        return redone
+
+
+def position_metrics(state: Dict[str, Any]) -> Dict[str, float]:
+    """The data position as metrics (``data/*``): the same run resumed or healed has the same columns."""
+    return {f"data/{k}": float(state[k]) for k in ("epoch", "offset", "next_group_index")
+            if isinstance(state.get(k), (int, float))}
 
 
 def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload = Offload(),
-                 fault_tolerance: bool = False) -> Dict[str, float]:
+                 fault_tolerance: bool = False, healer: Optional[Healer] = None,
+                 reconnect: bool = False) -> Dict[str, float]:
     """Trainer -> engines, weight version ``version``. Engines that offload (asleep, the trainer
     awake): the trainer sleeps if it offloads, else returns its cached activation memory; the engines
     take back memory for their weights only, the push, then the engines' KV cache, so that two copies
@@ -188,18 +376,32 @@ def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload
 
     With fault tolerance, the push goes to the engines running now: when engines have failed or
     restarted since the last push, the trainers reconnect first (a weight-update group has a fixed
-    set of members), and afterwards the restarted engines take requests again."""
-    if fault_tolerance:
-        endpoints = ray.get(manager.weight_endpoints.remote())
-        if [e["url"] for e in endpoints] != trainers.connected:
-            trainers.reconnect(endpoints)
+    set of members), and afterwards the restarted engines take requests again. A push that fails (an
+    engine died or hung past ``sync.push_timeout_s`` during it) is not an error: the engines that do
+    not answer are restarted, and the push goes again to the others (at most once per engine)."""
     if offload.trainer:
         trainers.offload()
     elif offload.engines:  # the trainer stays: its allocator gives back what training freed
         trainers.free_cache()
     if offload.engines:
         ray.get(manager.onload_weights.remote())
-    sync = trainers.update_weights(version)
+    tries = 0
+    while True:
+        try:
+            if fault_tolerance:
+                endpoints = ray.get(manager.weight_endpoints.remote(tries > 0))  # after a failure: probe them too
+                if reconnect or tries > 0 or [e["url"] for e in endpoints] != trainers.connected:
+                    trainers.reconnect(endpoints)
+            sync = trainers.update_weights(version)
+            break
+        except WeightSyncError as e:
+            tries += 1
+            if not fault_tolerance or tries > len(trainers.connected) + 2:
+                raise
+            log.warning("%s\n-> checking the engines, restarting those that failed, and pushing again",
+                        getattr(e, "cause", e))  # the trainer's error, without Ray's traceback
+            if healer is not None:
+                healer.count("push_retries")
     if offload.engines:
         ray.get(manager.onload_kv.remote())
     if fault_tolerance:
@@ -220,8 +422,12 @@ def wait_rollout(rollout, manager, trainers: TrainerGroup, version: int, restore
             return ray.get(rollout)
         endpoints = ray.get(manager.awaiting_weights.remote())
         if endpoints:
-            trainers.reconnect(endpoints)
-            trainers.update_weights(version)
+            try:
+                trainers.reconnect(endpoints)
+                trainers.update_weights(version)
+            except WeightSyncError as e:  # an engine failed again: the fleet restarts it, and we come back here
+                log.warning("%s; pushing again once the engines are checked", getattr(e, "cause", e))
+                continue
             joined = ray.get(manager.weights_pushed.remote(version))
             log.warning("engine(s) %s restarted mid-rollout, got weights v%d and serve again", joined, version)
 
@@ -302,8 +508,9 @@ def _eval_reward(metrics: Dict[str, Any]) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
-def _eval(manager, logger: RunLogger, step: int) -> Dict[str, float]:
-    out = ray.get(manager.eval.remote())
+def _eval(ref, logger: RunLogger, step: int) -> Dict[str, float]:
+    """The eval's result (``ref``: the manager's ``eval``), its examples written to the log."""
+    out = ray.get(ref)
     parts = []
     for key, v in out.items():
         if key.endswith("/examples"):

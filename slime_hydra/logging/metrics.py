@@ -87,6 +87,19 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log(row, step=step)
 
+    def rewind(self, step: int) -> None:
+        """The run goes back to the checkpoint of ``step`` in this process (fault tolerance: a trainer
+        group rebuilt from it): the rows after it are dropped and will be written again. wandb keeps the
+        rows it has (it takes no step twice); the redone steps' rows are the same (same seed, same rows)."""
+        self.history = [r for r in self.history if r.get("step", -1) <= step]
+        self.file.close()
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.history)
+        os.replace(self.path + ".tmp", self.path)
+        self.file = open(self.path, "a")
+        self.bar.n = step
+        self.bar.refresh()
+
     def progress(self, metrics: Dict[str, Any]) -> None:
         post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time")}
         evals = [v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")]

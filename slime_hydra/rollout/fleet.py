@@ -133,6 +133,9 @@ class EngineFleet:
         self.version: Optional[int] = None  # the weights the serving engines run (the last push)
         self.rollout_version: Optional[int] = None  # the weights the running rollout asked for
         self._turn = 0  # round robin of engine_url()
+        self._router_cfg: Optional["RouterConfig"] = None  # launch_router's, for a restart
+        self._router_log = ""
+        self._router_restarts: List[float] = []  # monotonic times (the budget)
 
     @classmethod
     def start(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
@@ -193,18 +196,49 @@ class EngineFleet:
 
         try:
             for e, refs in zip(self.engines, self._starting):
-                e.url = ray.get(refs)[0]
-                e.first_gpu = ray.get(e.actors[0].first_gpu.remote())
+                try:
+                    e.url = ray.get(refs)[0]
+                    e.first_gpu = ray.get(e.actors[0].first_gpu.remote())
+                except Exception as err:  # noqa: BLE001 - with fault tolerance, restarted within the budget
+                    if self.ft is None:
+                        raise
+                    self._restart_at_startup(e, err)
             self._starting = []
             log.info("%d %s engine(s) up in %.1fs: %s", len(self.engines), self._kind,
                      time.perf_counter() - self._started, self.urls)
             if self.router is not None:
-                self.router.wait_ready()  # it started with the engines: up by now, as a rule
-                self._register()
+                try:
+                    self.router.wait_ready()  # it started with the engines: up by now, as a rule
+                    self._register()
+                except Exception:
+                    if self.ft is None or self.router.proc.poll() is None:
+                        raise
+                    self._restart_router()  # it died while starting: a new one, the engines registered
         except BaseException:
             self.kill()
             raise
         return self
+
+    def _restart_at_startup(self, e: EngineHandle, err: Exception) -> None:
+        """Fault tolerance: an engine that died while it started is started again (it runs the initial
+        weights, as the others do, so it serves at once); each try counts against the restart budget."""
+        import ray
+
+        while True:
+            reason = f"engine {e.rank} failed while starting: {err}"
+            self.counters["engine_restarts"] += 1
+            self._charge_restart(e, reason)  # raises once the budget is spent
+            log.warning("%s\n-> starting it again", reason)
+            if isinstance(err, ray.exceptions.RayActorError):
+                for a in e.actors:
+                    ray.kill(a)
+                e.actors = []
+            try:
+                self._start_again(e)
+                e.state = SERVING
+                return
+            except Exception as again:  # noqa: BLE001 - counted above, tried again within the budget
+                err = again
 
     def kill(self) -> None:
         """After a failed start: the router stops, the engine actors (some may still be starting: they
@@ -233,6 +267,7 @@ class EngineFleet:
             # to the same dead worker while it is still registered
             cfg = replace(cfg, args={"disable_retries": True, **cfg.args})
         self.router = Router(cfg, node_ip(), log_path, wait=False)
+        self._router_cfg, self._router_log = cfg, log_path
 
     def _register(self) -> None:
         t0 = time.perf_counter()
@@ -281,10 +316,11 @@ class EngineFleet:
         return [reason for _, reason in self._exited()]
 
     def _exited(self) -> List[Tuple[EngineHandle, str]]:
-        """The serving engines whose server process or Ray actor has ended, with how."""
+        """The running engines (serving, or restarted and waiting for weights) whose server process or
+        Ray actor has ended, with how."""
         import ray
 
-        watched = [(e, a, log_path) for e in self.engines if e.state == SERVING
+        watched = [(e, a, log_path) for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)
                    for a, log_path in zip(e.actors, e.logs)]
         if not watched:
             return []
@@ -371,6 +407,8 @@ class EngineFleet:
         await asyncio.shield(self._check)
 
     async def _check_engines(self, probe: bool) -> None:
+        if self.router is not None and self._router_cfg is not None and self.router.proc.poll() is not None:
+            await asyncio.to_thread(self._restart_router)
         failed = await asyncio.to_thread(self._exited)
         if probe:
             failed += [(e, r) for e, r in await self._unhealthy() if all(e is not f for f, _ in failed)]
@@ -378,7 +416,7 @@ class EngineFleet:
             await self._fail(e, reason)
 
     async def _fail(self, e: EngineHandle, reason: str) -> None:
-        if e.state != SERVING:
+        if e.state not in (SERVING, AWAITING_WEIGHTS):
             return
         e.state = RESTARTING
         self._taking_out += 1
@@ -403,6 +441,37 @@ class EngineFleet:
                                      f"the last time:\n{reason}")
             self._serving.set()  # wake the requests waiting for an engine: they raise the error
             raise self.fatal
+
+    def _restart_router(self) -> None:
+        """Fault tolerance: the router died. A new one on the same port (the clients keep its URL),
+        with the serving engines registered again; the requests that were on the old one fail and are
+        re-queued (``requeue`` counts its death as a failure)."""
+        from slime_hydra.rollout.router import Router
+
+        old = self.router
+        reason = (f"sglang-router ({old.url}) exited with code {old.proc.returncode}; last lines of "
+                  f"{old.log_path}:\n{tail(old.log_path)}")
+        now = time.monotonic()
+        self._router_restarts = [t for t in self._router_restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._router_restarts) > self.ft.max_restarts_per_hour:
+            self.fatal = EngineError(f"the router failed {len(self._router_restarts)} times within an hour, more "
+                                     f"than rollout.max_engine_restarts_per_hour={self.ft.max_restarts_per_hour}; "
+                                     f"the last time:\n{reason}")
+            self._serving.set()
+            raise self.fatal
+        self._taking_out += 1
+        try:
+            log.warning("%s\n-> restarting it on the same port", reason)
+            t0 = time.perf_counter()
+            old.stop()
+            self.router = Router(self._router_cfg, old.host, self._router_log, port=old.port)
+            self._register()
+            self.counters["router_restarts"] += 1
+            log.warning("router restarted at %s in %.1fs with %d engine(s)", self.router.url,
+                        time.perf_counter() - t0, len(self.urls))
+        finally:
+            self._taking_out -= 1
+            self._last_out = time.monotonic()
 
     def _update_serving(self) -> None:
         if any(e.state == SERVING for e in self.engines):
@@ -536,6 +605,7 @@ class EngineFleet:
     def take_counters(self) -> Dict[str, float]:
         """Restarts and re-queued requests since the last call, as rollout metrics."""
         out = {f"rollout/{k}": float(self.counters[k]) for k in ("engine_restarts", "requeued_requests")}
+        out["heal/router_restarts"] = float(self.counters["router_restarts"])
         self.counters.clear()
         return out
 
@@ -552,24 +622,39 @@ class EngineFleet:
     def _running_urls(self) -> List[str]:
         return [e.url for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)]
 
+    def _each(self, *calls: Tuple[str, Optional[Dict[str, Any]]]) -> None:
+        """Control calls to every running engine. With fault tolerance an engine that cannot answer is
+        left to the next check (before the weight push), which restarts it; without, the error stops the run."""
+        for u in self._running_urls():
+            try:
+                for path, payload in calls:
+                    control(u, path, payload)
+            except EngineError as err:
+                if self.ft is None:
+                    raise
+                log.warning("%s; the engine is checked (and restarted if it died) before the weight push", err)
+
     def offload(self) -> None:
-        """Release the engines' memory (after flushing their cache) while the trainer trains."""
+        """Release the engines' memory (after flushing their cache) while the trainer trains. Each of these
+        memory moves is a no-op in the state it leads to (a run healed after a trainer died asks again)."""
         with self._lock:
-            for u in self._running_urls():
-                control(u, "/flush_cache")
-                control(u, "/release_memory_occupation", {"tags": None})
+            if self.memory == "released":
+                return
+            self._each(("/flush_cache", None), ("/release_memory_occupation", {"tags": None}))
             self.memory = "released"
 
     def onload_weights(self) -> None:
         with self._lock:
-            for u in self._running_urls():
-                control(u, "/resume_memory_occupation", {"tags": ["weights"]})
+            if self.memory != "released":
+                return
+            self._each(("/resume_memory_occupation", {"tags": ["weights"]}))
             self.memory = "weights"
 
     def onload_kv(self) -> None:
         with self._lock:
-            for u in self._running_urls():
-                control(u, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+            if self.memory != "weights":
+                return
+            self._each(("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}))
             self.memory = "awake"
 
     def shutdown(self) -> None:

@@ -107,10 +107,11 @@ class RolloutManager:
         return self.fleet.stalled()
 
     @ray.method(concurrency_group=FLEET_GROUP)
-    def weight_endpoints(self) -> List[Dict[str, Any]]:
+    def weight_endpoints(self, probe: bool = False) -> List[Dict[str, Any]]:
         """Before a weight push: the engines running now (those that died since the last rollout
-        are taken out, and restart, first)."""
-        self._run(self.fleet.check())
+        are taken out, and restart, first; with ``probe``, after a failed push, also those that do
+        not answer /health_generate)."""
+        self._run(self.fleet.check(probe))
         return self.fleet.endpoints()
 
     @ray.method(concurrency_group=FLEET_GROUP)

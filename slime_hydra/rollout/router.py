@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import httpx
 
@@ -43,10 +43,11 @@ def router_command(host: str, port: int, cfg: RouterConfig) -> List[str]:
 
 class Router:
     def __init__(self, cfg: RouterConfig, host: str, log_path: str, startup_timeout: float = 60.0,
-                 wait: bool = True):
+                 wait: bool = True, port: Optional[int] = None):
         """Spawn sglang-router and, with ``wait``, return once it answers; else it comes up in the
-        background (a thread waits for its /health and logs how long it took) and ``wait_ready`` waits."""
-        self.host, self.port = host, free_port(host)
+        background (a thread waits for its /health and logs how long it took) and ``wait_ready`` waits.
+        ``port``: a given one (a restarted router keeps its predecessor's URL); None: a free one."""
+        self.host, self.port = host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self.policy = cfg.policy

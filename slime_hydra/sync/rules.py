@@ -16,6 +16,8 @@ def check(cfg: RunConfig) -> List[str]:
     errs: List[str] = []
     s, p = cfg.sync, cfg.parallelism
     choice(errs, "sync.transport", s.transport, TRANSPORTS)
+    if not s.push_timeout_s > 0:
+        errs.append(f"sync.push_timeout_s: must be > 0 seconds, got {s.push_timeout_s}")
     if s.transport == "tensor" and not p.colocate:
         errs.append("sync.transport: 'tensor' shares memory between processes on the same device, so it needs "
                     "parallelism.colocate=true")

@@ -3,7 +3,10 @@
 One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, flush the
 engines' prefix caches, send the Hugging Face-named tensors in buckets, check every engine reports the
 new weight version, continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
-than train against a stale policy.
+than train against a stale policy, unless fault tolerance is on: then the driver has the dead engines restarted and
+pushes again to the live ones (``launch/heal.py``). Every blocking part of a push (each HTTP call, the weight-update
+group's collectives) ends at ``timeout_s`` (``sync.push_timeout_s``), so a hung engine fails the push instead of
+hanging it.
 
 Transports (``sync.transport``):
 - ``distributed``: engines join a process group with the trainer (NCCL on GPUs, gloo on CPU); each
@@ -29,14 +32,16 @@ import logging
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Dict, Iterable, List, Tuple
 
 import torch
 
 from slime_hydra.sync import transport
 from slime_hydra.utils.http import EngineError, control, weight_version
+from slime_hydra.utils.testpoint import hold
 
 log = logging.getLogger(__name__)
 GROUP_NAME = "slime_hydra_weights"
@@ -90,7 +95,8 @@ def take_part_in_tensor_push(named: Iterable[Tuple[str, torch.Tensor]], bucket_b
 
 class WeightSender:
     def __init__(self, kind: str, endpoints: List[Endpoint], device: torch.device, bucket_mb: int, disk_dir: str,
-                 model_path: str, master_address: str = "127.0.0.1", trust_remote_code: bool = False):
+                 model_path: str, master_address: str = "127.0.0.1", trust_remote_code: bool = False,
+                 timeout_s: float = 600.0):
         if kind not in ("distributed", "tensor", "disk"):
             raise ValueError(f"unknown weight transport {kind!r}")
         self.kind, self.endpoints, self.device = kind, endpoints, device
@@ -100,6 +106,7 @@ class WeightSender:
         self.model_path = model_path  # config and tokenizer files for disk pushes
         self.trust_remote_code = trust_remote_code
         self.master_address = master_address
+        self.timeout_s = timeout_s
         self.group = None
         self.pool = ThreadPoolExecutor(max_workers=max(4, len(endpoints)))
         if kind == "tensor" and device.type == "cpu":
@@ -112,8 +119,9 @@ class WeightSender:
         """POST to every engine at once; ``payload_for(i)`` builds engine i's body. A single engine is
         called from this thread: the hop to a pool thread and back cost 0.2 ms a call (measured)."""
         if len(self.endpoints) == 1:
-            return [control(self.endpoints[0].url, path, payload_for(0))]
-        futs = [self.pool.submit(control, e.url, path, payload_for(i)) for i, e in enumerate(self.endpoints)]
+            return [control(self.endpoints[0].url, path, payload_for(0), timeout=self.timeout_s)]
+        futs = [self.pool.submit(control, e.url, path, payload_for(i), timeout=self.timeout_s)
+                for i, e in enumerate(self.endpoints)]
         return [f.result() for f in futs]
 
     # ---------------------------------------------------------------------------------- connect
@@ -124,30 +132,49 @@ class WeightSender:
             return
         from slime_hydra.utils.proc import free_port
 
+        if not self.endpoints:  # every engine is restarting (fault tolerance): they get the weights when up
+            return
+        self._leave_old_groups()
         port = free_port(self.master_address)
         world = 1 + sum(e.gpus for e in self.endpoints)
         offsets = [1 + sum(e.gpus for e in self.endpoints[:i]) for i in range(len(self.endpoints))]
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         futs = [self.pool.submit(control, e.url, "/init_weights_update_group", {
             "master_address": self.master_address, "master_port": port, "rank_offset": offsets[i],
-            "world_size": world, "group_name": GROUP_NAME, "backend": backend}) for i, e in enumerate(self.endpoints)]
-        try:
-            self.group = transport.init_group(self.master_address, port, 0, world, GROUP_NAME, backend)
-        finally:
-            errors = [f.exception() for f in futs]
-        if any(errors):
-            raise WeightSyncError(f"engines could not join the weight-update group: {[str(e) for e in errors if e]}")
+            "world_size": world, "group_name": GROUP_NAME, "backend": backend}, timeout=self.timeout_s)
+            for i, e in enumerate(self.endpoints)]
+        # the trainer's side of the rendezvous beside the engines' calls: an engine that cannot join (it
+        # died) fails its call at once, and the push fails then, not when the rendezvous times out
+        own = self.pool.submit(transport.init_group, self.master_address, port, 0, world, GROUP_NAME, backend,
+                               timeout=timedelta(seconds=self.timeout_s))
+        done, _ = wait([own, *futs], timeout=self.timeout_s + 5, return_when=FIRST_EXCEPTION)
+        errors = [f.exception() for f in done if f.exception() is not None]
+        if errors or own not in done:
+            raise WeightSyncError(f"engines could not join the weight-update group: "
+                                  f"{[str(e) for e in errors] or 'no answer within sync.push_timeout_s'}")
+        self.group = own.result()
         log.info("weight-update group %s: trainer + %d engine ranks over %s", GROUP_NAME, world - 1, backend)
+
+    def _leave_old_groups(self) -> None:
+        """An engine may still hold the weight-update group of a trainer that died (fault tolerance:
+        the trainer group was rebuilt): it would refuse to join a new one under the same name."""
+        for e in self.endpoints:
+            try:
+                control(e.url, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
+            except EngineError:
+                pass  # none to leave (the usual case), or a dead engine: the group's rendezvous says so
 
     def close(self) -> None:
         if self.group is not None:
+            # the trainer's side first: an engine still waiting in a broadcast of a failed push then
+            # fails at once instead of holding the destroy call behind it
+            transport.destroy_group(self.group)
+            self.group = None
             for e in self.endpoints:
                 try:
                     control(e.url, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
                 except EngineError:
                     pass
-            transport.destroy_group(self.group)
-            self.group = None
         self.pool.shutdown(wait=False)
 
     # ------------------------------------------------------------------------------------- push
@@ -160,10 +187,13 @@ class WeightSender:
         weight versions are read: one round trip for both, not two in a row (a push of the tiny
         model is a handful of round trips of about a millisecond each)."""
         t0, nbytes, v = time.perf_counter(), 0, str(version)
+        if not self.endpoints:  # every engine is restarting (fault tolerance): nothing to push to now
+            return {"bytes": 0.0, "seconds": 0.0, "transfer_seconds": 0.0}
         resumed = []
         try:
             try:
                 self._all("/pause_generation", lambda i: {"mode": "in_place"})
+                hold("push", version)  # a test hook (utils/testpoint.py)
                 self._flush_caches()
                 t_transfer = time.perf_counter()
                 if self.kind == "disk":
@@ -178,7 +208,7 @@ class WeightSender:
             finally:
                 resumed = [self.pool.submit(_continue_generation, e.url) for e in self.endpoints]
             try:
-                got = [weight_version(e.url) for e in self.endpoints]
+                got = [weight_version(e.url, timeout=self.timeout_s) for e in self.endpoints]
             except EngineError as e:
                 raise WeightSyncError(f"weight push v{v} over {self.kind}: the engines' versions could not be "
                                       f"read: {e}") from e
@@ -198,7 +228,7 @@ class WeightSender:
         for e in self.endpoints:
             while True:
                 try:
-                    control(e.url, "/flush_cache", timeout=30)
+                    control(e.url, "/flush_cache", timeout=min(30.0, self.timeout_s))
                     break
                 except EngineError:
                     if time.monotonic() > deadline:
@@ -209,7 +239,8 @@ class WeightSender:
         body = {"names": [n for n, _ in bucket], "dtypes": [transport.dtype_to_str(t.dtype) for _, t in bucket],
                 "shapes": [list(t.shape) for _, t in bucket], "group_name": GROUP_NAME, "flush_cache": False,
                 "weight_version": v, "load_format": "flattened_bucket"}
-        futs = [self.pool.submit(control, e.url, "/update_weights_from_distributed", body) for e in self.endpoints]
+        futs = [self.pool.submit(control, e.url, "/update_weights_from_distributed", body, timeout=self.timeout_s)
+                for e in self.endpoints]
         transport.broadcast_send(self.group, [t for _, t in bucket], flattened=True, device=self.device)
         for f in futs:
             f.result()

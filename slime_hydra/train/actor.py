@@ -82,7 +82,8 @@ class TrainerActor:
             return
         self.sender = WeightSender(self.sync.transport, targets, self.device,
                                    self.sync.bucket_mb, os.path.join(self.run_dir, "weight_sync"),
-                                   self.model_path, node_ip(), trust_remote_code=self.model_cfg.trust_remote_code)
+                                   self.model_path, node_ip(), trust_remote_code=self.model_cfg.trust_remote_code,
+                                   timeout_s=self.sync.push_timeout_s)
         self.sender.connect()
 
     def update_weights(self, version: int) -> Dict[str, float]:

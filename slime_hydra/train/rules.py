@@ -21,6 +21,10 @@ def check(cfg: RunConfig) -> List[str]:
     _positive_or_auto(errs, "trainer.micro_batch_size", t.micro_batch_size)
     if t.gradient_checkpointing not in (True, False, "auto"):
         errs.append(f"trainer.gradient_checkpointing: must be true, false or auto, got {t.gradient_checkpointing!r}")
+    if t.max_restarts_per_hour < 0:
+        errs.append(f"trainer.max_restarts_per_hour: must be >= 0 (0: no rebuild), got {t.max_restarts_per_hour}")
+    if t.hang_timeout_s is not None and t.hang_timeout_s <= 0:
+        errs.append(f"trainer.hang_timeout_s: must be > 0 seconds, or null for none; got {t.hang_timeout_s}")
     sizes = {"tensor_parallel": p.tensor_parallel, "pipeline_parallel": p.pipeline_parallel,
              "context_parallel": p.context_parallel, "expert_parallel": p.expert_parallel,
              "expert_tensor_parallel": p.expert_tensor_parallel or p.tensor_parallel}

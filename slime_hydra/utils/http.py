@@ -48,7 +48,7 @@ def control(
     return answer
 
 
-def weight_version(url: str) -> str:
+def weight_version(url: str, timeout: float = 30.0) -> str:
     """The weight version the server runs (SGLang 0.5.17 reports it in ``/model_info``; its older
     ``/get_weight_version`` answers 404 there)."""
-    return str(control(url, "/model_info", method="GET", timeout=30)["weight_version"])
+    return str(control(url, "/model_info", method="GET", timeout=timeout)["weight_version"])

@@ -233,7 +233,7 @@ def test_requeue_only_requests_of_failed_engines():
 
     fleet = EngineFleet([EngineHandle(0, "http://a"), EngineHandle(1, "http://b")], fault_tolerance=FaultTolerance())
     assert EngineFleet([EngineHandle(0, "http://a")]).take_counters() == {
-        "rollout/engine_restarts": 0.0, "rollout/requeued_requests": 0.0}
+        "rollout/engine_restarts": 0.0, "rollout/requeued_requests": 0.0, "heal/router_restarts": 0.0}
 
     async def scenario():
         assert not await fleet.requeue(time.monotonic())

@@ -1,0 +1,31 @@
+"""Test hook: hold a run at a named moment, so that a fault test can kill a part exactly there (a weight
+push lasts milliseconds on CPU: a kill at a random time would almost never land inside one).
+
+``SLIME_HYDRA_TEST_HOLD="push:3,push:5"`` and ``SLIME_HYDRA_TEST_HOLD_DIR=<dir>``: the first time the
+process reaching moment ``push`` of step 3 gets there, it creates ``<dir>/push_3`` and waits until
+``<dir>/push_3.go`` exists (at most ``WAIT_S``), then goes on. A moment held once is not held again (the
+marker exists), so a step redone after healing runs through. Nothing else reads these variables.
+Moments: ``push`` (the pushing trainer rank, the engines paused for a push of that weight
+version, before the weights go)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+HOLD_ENV, DIR_ENV = "SLIME_HYDRA_TEST_HOLD", "SLIME_HYDRA_TEST_HOLD_DIR"
+WAIT_S = 120.0
+
+
+def hold(moment: str, step: int) -> None:
+    wanted = os.environ.get(HOLD_ENV)
+    if not wanted or f"{moment}:{step}" not in wanted.split(","):
+        return
+    marker = os.path.join(os.environ[DIR_ENV], f"{moment}_{step}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # one holder, once
+    except FileExistsError:
+        return
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(marker + ".go") and time.monotonic() < deadline:
+        time.sleep(0.02)
