@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_POLL_S = 1.0  # how often rollouts and evals check that every engine still runs
 SERVING, RESTARTING, AWAITING_WEIGHTS = "serving", "restarting", "awaiting_weights"
+STARTUP_REPORT_S = 10.0  # while engines start, what each is doing is logged this often
 RESTART_WINDOW_S = 3600.0  # rollout.max_engine_restarts_per_hour counts restarts within this window
 # how long a failed request's question waits for its engine's exit to show: a killed process closes
 # its sockets before it counts as exited (seconds before each look)
@@ -197,6 +198,8 @@ class EngineFleet:
         try:
             for e, refs in zip(self.engines, self._starting):
                 try:
+                    while not ray.wait(list(refs), num_returns=len(refs), timeout=STARTUP_REPORT_S)[0]:
+                        self._report_startup(e)
                     e.url = ray.get(refs)[0]
                     e.first_gpu = ray.get(e.actors[0].first_gpu.remote())
                 except Exception as err:  # noqa: BLE001 - with fault tolerance, restarted within the budget
@@ -239,6 +242,13 @@ class EngineFleet:
                 return
             except Exception as again:  # noqa: BLE001 - counted above, tried again within the budget
                 err = again
+
+    def _report_startup(self, e: "EngineHandle") -> None:
+        """While an engine starts (SGLang: loading weights, capturing CUDA graphs, a minute or more): what
+        it is doing, from the last line of its log, with the seconds since the launch."""
+        last = next((line.strip() for line in reversed(tail(e.logs[0], 5).splitlines()) if line.strip()), "")
+        log.info("waiting for %s engine %d (%.0fs): %s", self._kind, e.rank, time.perf_counter() - self._started,
+                 last[-160:] or "starting")
 
     def kill(self) -> None:
         """After a failed start: the router stops, the engine actors (some may still be starting: they

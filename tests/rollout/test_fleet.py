@@ -254,3 +254,14 @@ def test_requeue_only_requests_of_failed_engines():
     assert asyncio.run(scenario()) is True
     assert fleet.take_counters()["rollout/requeued_requests"] == 1.0
     assert fleet.urls == ["http://a"] and fleet.endpoints() == [{"url": "http://a", "gpus": 1, "first_gpu": 0}]
+
+
+def test_a_starting_engine_is_reported_with_its_last_log_line(tmp_path, caplog):
+    log = tmp_path / "engine_0.log"
+    log.write_text("Load weight end. mem usage=1.13 GB\nCapture cuda graph bs [1, 2, 4, 8]\n\n")
+    fleet = EngineFleet([EngineHandle(0, "http://127.0.0.1:1", logs=[str(log)])])
+    with caplog.at_level("INFO", logger="slime_hydra"):
+        fleet._report_startup(fleet.engines[0])
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("waiting for ") and "engine 0 (" in line
+    assert line.endswith("s): Capture cuda graph bs [1, 2, 4, 8]")
