@@ -111,6 +111,9 @@ class Run:
         self.pushed = 0  # the weight version the engines run
         self.positions: Dict[int, Dict[str, Any]] = {}  # step -> data position after the rollout it trained on
         self.next_rollout = None  # the rollout under way (an object ref of the manager's generate)
+        self.rewind_due = False  # a healing that must go back to the checkpoint, until it has (another death may
+        # interrupt it: chaos found a manager killed while a trainer group was rebuilt)
+        self.fresh_trainers = False  # the trainers hold the run's initial weights (built, not trained since)
 
     def _new_manager(self):
         from slime_hydra.rollout.manager import FLEET_GROUP, RolloutManager
@@ -125,6 +128,7 @@ class Run:
         trainers = TrainerGroup(self.cfg, self.plan, self.pg, self.model_path)
         if self.num_rollout:
             trainers.set_num_rollout(self.num_rollout)
+        self.fresh_trainers = True
         return trainers
 
     def kill(self) -> None:
@@ -252,6 +256,7 @@ class Run:
             self.trainers.onload()
         t_moves = time.perf_counter() - t_moves if self.offload.engines or self.offload.trainer else 0.0
         self.moment = "train"
+        self.fresh_trainers = False
         t1 = time.perf_counter()
         train_metrics = self.trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
@@ -327,16 +332,18 @@ class Run:
     def _heal(self, death: PartDied) -> None:
         """Rebuild the part that died, and put the run back where it can go on (see the class docstring)."""
         t0, step, moment = time.perf_counter(), self.done + 1, self.moment
+        self.rewind_due = self.rewind_due or death.part == "trainer" or self.is_async
         self._rebuild(death)
         redone = 0
-        if death.part == "trainer" or self.is_async:
-            redone = self._rewind(fresh_trainers=death.part == "trainer")
+        if self.rewind_due:
+            redone = self._rewind()
+            self.rewind_due = False
         else:  # the trainers hold their weights: the data position after the rollout they trained on last
             version = self.pending[0] if self.pending else self.done
             ray.get(self.manager.load_state_dict.remote(self.positions[version]))
         self.healer.record(death, step, moment, time.perf_counter() - t0, redone, self.done)
 
-    def _rewind(self, fresh_trainers: bool) -> int:
+    def _rewind(self) -> int:
         """In-process ``trainer.resume=auto``: the newest complete checkpoint (or the run's start), its
         data position, and the metrics rows up to it. Returns how many done steps are done again."""
         ckpt = find_checkpoint("auto", self.run_dir) or self.base_ckpt
@@ -345,7 +352,7 @@ class Run:
             self.trainers.load(ckpt)
             step, position = meta["step"], meta["data_state"]
         else:  # no checkpoint yet: the initial weights
-            if not fresh_trainers:
+            if not self.fresh_trainers:
                 self.trainers = self._new_trainers()
             step, position = self.start, self.positions[self.start]
         ray.get(self.manager.load_state_dict.remote(position))
