@@ -185,6 +185,7 @@ class Run:
         if ckpt:
             meta = read_checkpoint(ckpt)
             self.trainers.load(ckpt)
+            self.fresh_trainers = False
             ray.get(self.manager.load_state_dict.remote(meta["data_state"]))
             self.start = meta["step"]
             carry_history(ckpt, self.run_dir, self.start)
@@ -350,6 +351,7 @@ class Run:
         if ckpt:
             meta = read_checkpoint(ckpt)
             self.trainers.load(ckpt)
+            self.fresh_trainers = False
             step, position = meta["step"], meta["data_state"]
         else:  # no checkpoint yet: the initial weights
             if not self.fresh_trainers:
