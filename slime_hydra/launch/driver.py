@@ -153,15 +153,17 @@ class Run:
     # ------------------------------------------------------------------------------- the loop
     def train(self, t_start: float) -> Dict[str, Any]:
         cfg = self.cfg
-        deaths = []
+        deaths: list = []
         while True:  # start-up: every call here can be made again after a part was rebuilt
             try:
+                if deaths and deaths[-1][2]:  # rebuild inside the try: a part may die while it is rebuilt
+                    deaths[-1][2] = False
+                    self._rebuild(deaths[-1][0])
                 self._start_up()
                 break
             except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
-                deaths.append((self._as_death(err), time.perf_counter()))
-                self._rebuild(deaths[-1][0])
-        for death, t0 in deaths:  # each costs from its rebuild to the end of the start-up
+                deaths.append([self._as_death(err), time.perf_counter(), True])
+        for death, t0, _ in deaths:  # each costs from its rebuild to the end of the start-up
             self.healer.record(death, self.start + 1, "start-up", time.perf_counter() - t0, 0, self.start)
         self.logger = RunLogger(cfg, self.num_rollout, self.start, keep_until=self.start if self.base_ckpt else None)
         try:
