@@ -548,6 +548,8 @@ class EngineFleet:
     def weights_pushed(self, version: int) -> List[int]:
         """After a weight push of ``version``: the restarted engines that now run it join the router
         and take requests. Returns their ranks."""
+        import httpx
+
         joined = []
         for e in self.engines:
             if e.state != AWAITING_WEIGHTS:
@@ -557,7 +559,7 @@ class EngineFleet:
                     continue  # restarted after the push began: the next push brings it in
                 if self.router is not None:
                     self.router.add_worker(e.url)
-            except (EngineError, RuntimeError, TimeoutError, OSError) as err:
+            except (EngineError, RuntimeError, TimeoutError, OSError, httpx.HTTPError) as err:
                 log.warning("engine %d could not rejoin (%s); it is checked again at the next rollout", e.rank, err)
                 continue
             e.state = SERVING
@@ -567,7 +569,10 @@ class EngineFleet:
         return joined
 
     async def rejoined(self, version: int) -> List[int]:
-        """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine)."""
+        """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine); a router that
+        died meanwhile is restarted first (chaos: the engines could not rejoin a dead router)."""
+        if self.ft is not None:
+            await self.check()
         joined = await asyncio.to_thread(self.weights_pushed, version)
         self.version = version
         self._update_serving()
