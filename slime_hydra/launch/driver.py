@@ -114,6 +114,9 @@ class Run:
         self.pushed = 0  # the weight version the engines run
         self.positions: Dict[int, Dict[str, Any]] = {}  # step -> data position after the rollout it trained on
         self.next_rollout = None  # the rollout under way (an object ref of the manager's generate)
+        self.rewind_due = False  # a healing that must go back to the checkpoint, until it has (another death may
+        # interrupt it: chaos found a manager killed while a trainer group was rebuilt)
+        self.fresh_trainers = False  # the trainers hold the run's initial weights (built, not trained since)
 
     def _new_manager(self):
         from slime_hydra.rollout.manager import FLEET_GROUP, RolloutManager
@@ -128,6 +131,7 @@ class Run:
         trainers = TrainerGroup(self.cfg, self.plan, self.pg, self.model_path)
         if self.num_rollout:
             trainers.set_num_rollout(self.num_rollout)
+        self.fresh_trainers = True
         return trainers
 
     def kill(self) -> None:
@@ -152,15 +156,17 @@ class Run:
     # ------------------------------------------------------------------------------- the loop
     def train(self, t_start: float) -> Dict[str, Any]:
         cfg = self.cfg
-        deaths = []
+        deaths: list = []
         while True:  # start-up: every call here can be made again after a part was rebuilt
             try:
+                if deaths and deaths[-1][2]:  # rebuild inside the try: a part may die while it is rebuilt
+                    deaths[-1][2] = False
+                    self._rebuild(deaths[-1][0])
                 self._start_up()
                 break
             except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
-                deaths.append((self._as_death(err), time.perf_counter()))
-                self._rebuild(deaths[-1][0])
-        for death, t0 in deaths:  # each costs from its rebuild to the end of the start-up
+                deaths.append([self._as_death(err), time.perf_counter(), True])
+        for death, t0, _ in deaths:  # each costs from its rebuild to the end of the start-up
             self.healer.record(death, self.start + 1, "start-up", time.perf_counter() - t0, 0, self.start)
         self.logger = RunLogger(cfg, self.num_rollout, self.start, keep_until=self.start if self.base_ckpt else None)
         try:
@@ -184,6 +190,7 @@ class Run:
         if ckpt:
             meta = read_checkpoint(ckpt)
             self.trainers.load(ckpt)
+            self.fresh_trainers = False
             ray.get(self.manager.load_state_dict.remote(meta["data_state"]))
             self.start = meta["step"]
             carry_history(ckpt, self.run_dir, self.start)
@@ -255,6 +262,7 @@ class Run:
             self.trainers.onload()
         t_moves = time.perf_counter() - t_moves if self.offload.engines or self.offload.trainer else 0.0
         self.moment = "train"
+        self.fresh_trainers = False
         t1 = time.perf_counter()
         train_metrics = self.trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
@@ -332,25 +340,28 @@ class Run:
     def _heal(self, death: PartDied) -> None:
         """Rebuild the part that died, and put the run back where it can go on (see the class docstring)."""
         t0, step, moment = time.perf_counter(), self.done + 1, self.moment
+        self.rewind_due = self.rewind_due or death.part == "trainer" or self.is_async
         self._rebuild(death)
         redone = 0
-        if death.part == "trainer" or self.is_async:
-            redone = self._rewind(fresh_trainers=death.part == "trainer")
+        if self.rewind_due:
+            redone = self._rewind()
+            self.rewind_due = False
         else:  # the trainers hold their weights: the data position after the rollout they trained on last
             version = self.pending[0] if self.pending else self.done
             ray.get(self.manager.load_state_dict.remote(self.positions[version]))
         self.healer.record(death, step, moment, time.perf_counter() - t0, redone, self.done)
 
-    def _rewind(self, fresh_trainers: bool) -> int:
+    def _rewind(self) -> int:
         """In-process ``trainer.resume=auto``: the newest complete checkpoint (or the run's start), its
         data position, and the metrics rows up to it. Returns how many done steps are done again."""
         ckpt = find_checkpoint("auto", self.run_dir) or self.base_ckpt
         if ckpt:
             meta = read_checkpoint(ckpt)
             self.trainers.load(ckpt)
+            self.fresh_trainers = False
             step, position = meta["step"], meta["data_state"]
         else:  # no checkpoint yet: the initial weights
-            if not fresh_trainers:
+            if not self.fresh_trainers:
                 self.trainers = self._new_trainers()
             step, position = self.start, self.positions[self.start]
         ray.get(self.manager.load_state_dict.remote(position))

@@ -41,21 +41,23 @@ class PartDied(RuntimeError):
         self.part, self.reason, self.rank = part, reason, rank
 
 
-def actor_log_tail(actor) -> str:
-    """The last lines of a (dead) Ray actor's worker output, if Ray still knows where it went."""
-    try:
-        from ray.util.state import get_actor
+def actor_log_tail(err: BaseException) -> str:
+    """The last lines of a dead Ray actor's worker output: Ray names its pid in the error, and the worker's
+    output is in this cluster's session directory (``worker-<id>-<job>-<pid>.err``)."""
+    import re
 
-        info = get_actor(actor._actor_id.hex(), timeout=5)
-        pid = info.pid if info is not None else None
+    m = re.search(r"\bpid[:=] ?(\d+)", str(err))
+    if not m:
+        return "(Ray did not name its process)"
+    try:
         session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public way
         logs = os.path.join(session, "logs")
         for name in sorted(os.listdir(logs)):
-            if name.startswith("worker-") and name.endswith(f"-{pid}.err"):
+            if name.startswith("worker-") and name.endswith(f"-{m[1]}.err"):
                 return tail(os.path.join(logs, name), 20)
     except Exception as e:  # noqa: BLE001 - best effort, for an error message
         return f"(its log could not be read: {e!r})"
-    return "(no log found)"
+    return f"(no worker log of pid {m[1]} found)"
 
 
 class Healer:
@@ -120,7 +122,7 @@ def wait_all(refs: List[Any], actors: List[Any], timeout_s: Optional[float], wha
             except ray.exceptions.RayActorError as e:
                 rank = refs.index(ref)
                 raise PartDied("trainer", f"trainer rank {rank} died during {what} ({type(e).__name__}); "
-                               f"last lines of its output:\n{actor_log_tail(actors[rank])}", rank) from e
+                               f"last lines of its output:\n{actor_log_tail(e)}", rank) from e
             except Exception:  # noqa: BLE001 - a rank's own error: raised below, after the others answer
                 pass
         if deadline is not None and time.monotonic() >= deadline and pending:

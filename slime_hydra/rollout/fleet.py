@@ -458,27 +458,35 @@ class EngineFleet:
         re-queued (``requeue`` counts its death as a failure)."""
         from slime_hydra.rollout.router import Router
 
-        old = self.router
-        reason = (f"sglang-router ({old.url}) exited with code {old.proc.returncode}; last lines of "
-                  f"{old.log_path}:\n{tail(old.log_path)}")
-        now = time.monotonic()
-        self._router_restarts = [t for t in self._router_restarts if now - t < RESTART_WINDOW_S] + [now]
-        if len(self._router_restarts) > self.ft.max_restarts_per_hour:
-            self.fatal = EngineError(f"the router failed {len(self._router_restarts)} times within an hour, more "
-                                     f"than rollout.max_engine_restarts_per_hour={self.ft.max_restarts_per_hour}; "
-                                     f"the last time:\n{reason}")
-            self._serving.set()
-            raise self.fatal
         self._taking_out += 1
         try:
-            log.warning("%s\n-> restarting it on the same port", reason)
-            t0 = time.perf_counter()
-            old.stop()
-            self.router = Router(self._router_cfg, old.host, self._router_log, port=old.port)
-            self._register()
-            self.counters["router_restarts"] += 1
-            log.warning("router restarted at %s in %.1fs with %d engine(s)", self.router.url,
-                        time.perf_counter() - t0, len(self.urls))
+            while True:  # until one runs (a router that dies while it starts is started again) or the budget is spent
+                old = self.router
+                reason = (f"sglang-router ({old.url}) exited with code {old.proc.returncode}; last lines of "
+                          f"{old.log_path}:\n{tail(old.log_path)}")
+                now = time.monotonic()
+                self._router_restarts = [t for t in self._router_restarts if now - t < RESTART_WINDOW_S] + [now]
+                if len(self._router_restarts) > self.ft.max_restarts_per_hour:
+                    self.fatal = EngineError(f"the router failed {len(self._router_restarts)} times within an hour, "
+                                             "more than rollout.max_engine_restarts_per_hour="
+                                             f"{self.ft.max_restarts_per_hour}; the last time:\n{reason}")
+                    self._serving.set()
+                    raise self.fatal
+                log.warning("%s\n-> restarting it on the same port", reason)
+                t0 = time.perf_counter()
+                old.stop()
+                self.router = Router(self._router_cfg, old.host, self._router_log, port=old.port, wait=False)
+                self.counters["router_restarts"] += 1
+                try:
+                    self.router.wait_ready()
+                    self._register()
+                except Exception:
+                    if self.router.proc.poll() is None:
+                        raise
+                    continue  # it died again
+                log.warning("router restarted at %s in %.1fs with %d engine(s)", self.router.url,
+                            time.perf_counter() - t0, len(self.urls))
+                return
         finally:
             self._taking_out -= 1
             self._last_out = time.monotonic()
@@ -550,6 +558,8 @@ class EngineFleet:
     def weights_pushed(self, version: int) -> List[int]:
         """After a weight push of ``version``: the restarted engines that now run it join the router
         and take requests. Returns their ranks."""
+        import httpx
+
         joined = []
         for e in self.engines:
             if e.state != AWAITING_WEIGHTS:
@@ -559,7 +569,7 @@ class EngineFleet:
                     continue  # restarted after the push began: the next push brings it in
                 if self.router is not None:
                     self.router.add_worker(e.url)
-            except (EngineError, RuntimeError, TimeoutError, OSError) as err:
+            except (EngineError, RuntimeError, TimeoutError, OSError, httpx.HTTPError) as err:
                 log.warning("engine %d could not rejoin (%s); it is checked again at the next rollout", e.rank, err)
                 continue
             e.state = SERVING
@@ -569,7 +579,10 @@ class EngineFleet:
         return joined
 
     async def rejoined(self, version: int) -> List[int]:
-        """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine)."""
+        """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine); a router that
+        died meanwhile is restarted first (chaos: the engines could not rejoin a dead router)."""
+        if self.ft is not None:
+            await self.check()
         joined = await asyncio.to_thread(self.weights_pushed, version)
         self.version = version
         self._update_serving()
