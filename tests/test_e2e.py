@@ -175,7 +175,11 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     the last complete checkpoint is intact."""
     d = tmp_path / "run"
     cmd = [sys.executable, "run.py", f"hydra.run.dir={d}", "trainer.num_rollout=500", "trainer.save_interval=2", *FAST]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    # Ctrl-C's SIGINT as a terminal sends it. A suite started in the background (`make test &`, a CI
+    # runner without job control) runs with SIGINT ignored, which every child inherits: Python then never
+    # raises KeyboardInterrupt, and the run went on for minutes (the earlier "did not stop within 60 s").
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not (d / "checkpoints" / "latest").exists():
         time.sleep(0.5)
