@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 import uuid
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 log = logging.getLogger(__name__)
 
@@ -85,23 +85,25 @@ def processes_of_run(token: str, ray_session_dir: Optional[str] = None) -> List[
     return out
 
 
-def _is_wandb(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv0 = f.read().split(b"\0", 1)[0]
-    except OSError:
-        return False
-    return os.path.basename(argv0).startswith(b"wandb")
+def own_child(name: bytes) -> Callable[[int], bool]:
+    """For ``reap(spare=...)``: is ``pid`` a child of this process whose command line contains ``name``."""
+    def test(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return _parent(pid) == os.getpid() and name in f.read()
+        except OSError:
+            return False
+    return test
 
 
 def reap(token: str, ray_session_dir: Optional[str] = None, timeout: float = 10.0,
-         spare_wandb: bool = False) -> List[int]:
-    """SIGKILL every process of the run (``processes_of_run``; ``spare_wandb``: but this process's own
-    wandb service, still finishing its files); returns their pids once they are gone. Kills again until
-    a pass finds nothing new: a dying parent (a raylet) may have forked between the listing and the kill."""
+         spare: Optional[Callable[[int], bool]] = None) -> List[int]:
+    """SIGKILL every process of the run (``processes_of_run``) but those ``spare`` keeps (e.g. this
+    process's own wandb service, still finishing its files: ``own_child(b"wandb")``); returns their pids
+    once they are gone. Kills again until a pass finds nothing new: a dying parent (a raylet) may have
+    forked between the listing and the kill."""
     def targets() -> List[int]:
-        return [p for p in processes_of_run(token, ray_session_dir)
-                if not (spare_wandb and _parent(p) == os.getpid() and _is_wandb(p))]
+        return [p for p in processes_of_run(token, ray_session_dir) if not (spare and spare(p))]
 
     killed: List[int] = []
     deadline = time.monotonic() + timeout
@@ -144,7 +146,7 @@ class RunLease:
 
     def __exit__(self, *exc) -> None:
         # Ray is shut down by now; its agents can take long to notice (seconds under load): end them
-        late = reap(self.token, self.ray_session_dir, timeout=5.0, spare_wandb=True)
+        late = reap(self.token, self.ray_session_dir, timeout=5.0, spare=own_child(b"wandb"))
         if late:
             log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
         os.environ.pop(TOKEN_ENV, None)

@@ -24,9 +24,9 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import List, Optional
+from typing import Optional
 
-from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _parent, _start_time, processes_of_run, reap
+from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _start_time, own_child, reap
 
 log = logging.getLogger(__name__)
 
@@ -42,31 +42,9 @@ def reap_sweep(sweep_dir: str, token: Optional[str], ray_session_dir: Optional[s
             continue
         killed += len(reap(job["token"], job.get("ray_session_dir")))
     if token:
-        killed += len(_reap_but_own_tracker(token, ray_session_dir))
-    return killed
-
-
-def _reap_but_own_tracker(token: str, ray_session_dir: Optional[str], timeout: float = 10.0) -> List[int]:
-    """lease.reap, but for this process's own joblib resource tracker (it ends with this process; killed
-    earlier, it warns of leaks that are not there)."""
-    def ours(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return _parent(pid) == os.getpid() and b"resource_tracker" in f.read()
-        except OSError:
-            return False
-
-    killed: List[int] = []
-    deadline = time.monotonic() + timeout
-    while (pids := [p for p in processes_of_run(token, ray_session_dir) if not ours(p)]) \
-            and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        killed += [p for p in pids if p not in killed]
-        time.sleep(0.1)
+        # but this process's own joblib resource tracker: it ends with this process (killed earlier, it
+        # warns of leaks that are not there)
+        killed += len(reap(token, ray_session_dir, spare=own_child(b"resource_tracker")))
     return killed
 
 
