@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
-from slime_hydra.plan.memory import AUTO_OFFLOAD_HEADROOM, OFFLOAD_CHOICES, TRAINER_MEMORY, colocated_peaks, estimate
+from slime_hydra.plan.memory import (
+    AUTO_OFFLOAD_HEADROOM,
+    OFFLOAD_CHOICES,
+    TRAINER_MEMORY,
+    colocated_peaks,
+    estimate,
+    rank_step_samples,
+)
 from slime_hydra.plan.resources import make_plan
 
 if TYPE_CHECKING:
@@ -128,9 +135,8 @@ def _knob_keys(cfg: "RunConfig") -> Tuple[str, str]:
 
 def _rank_samples(cfg: "RunConfig") -> int:
     """Samples one data-parallel rank trains in an optimiser step: the largest micro-batch worth trying."""
-    r, t, p = cfg.rollout, cfg.trainer, cfg.parallelism
-    dp = max(1, p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel))
-    return max(1, (t.global_batch_size or r.batch_size * r.n_samples_per_prompt) // dp)
+    p = cfg.parallelism
+    return rank_step_samples(cfg, p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel))
 
 
 def _seq_len(cfg: "RunConfig") -> int:

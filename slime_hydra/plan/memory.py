@@ -224,12 +224,18 @@ class MicroBatchShape:
         return self.samples * self.response_len
 
 
+def rank_step_samples(cfg: "RunConfig", data_parallel: int) -> int:
+    """Samples one data-parallel rank trains in an optimiser step."""
+    t, r = cfg.trainer, cfg.rollout
+    return max(1, (t.global_batch_size or r.batch_size * r.n_samples_per_prompt) // max(data_parallel, 1))
+
+
 def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
     """The largest micro-batch a trainer rank runs: its share of an optimiser step, at most
     ``trainer.micro_batch_size`` samples, each padded to a full-length sequence."""
-    t, r = cfg.trainer, cfg.rollout
-    per_rank_step = max(1, (t.global_batch_size or r.batch_size * r.n_samples_per_prompt) // max(data_parallel, 1))
-    return MicroBatchShape(min(t.micro_batch_size, per_rank_step), r.max_prompt_len or 0, r.max_response_len)
+    r = cfg.rollout
+    return MicroBatchShape(min(cfg.trainer.micro_batch_size, rank_step_samples(cfg, data_parallel)),
+                           r.max_prompt_len or 0, r.max_response_len)
 
 
 def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
