@@ -12,7 +12,7 @@ import os
 import re
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from gpu.harness import check, log, median
 from gpu.workload import Workload
@@ -40,15 +40,18 @@ def prompt_ids(w: Workload, n: int) -> List[List[int]]:
     return [tok.encode(r, add_special_tokens=False) for r in rows]
 
 
-async def timed_requests(url: str, prompts: List[List[int]], samples: int, new_tokens: int) -> Dict[str, Any]:
-    """All ``len(prompts) x samples`` requests at once, one /generate each (as the rollout sends them)."""
+async def timed_requests(url: str, prompts: List[List[int]], samples: int, new_tokens: int,
+                         extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """All ``len(prompts) x samples`` requests at once, one /generate each (as the rollout sends them);
+    ``extra``: more fields of each request's body (e.g. ``lora_path``)."""
     from slime_hydra.rollout.client import GenerateClient
 
     client = GenerateClient(url, concurrency=len(prompts) * samples, retries=0)
     try:
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(client.post("/generate", {
-            "input_ids": p, "sampling_params": sampling_params(1000 * i + k, new_tokens), "return_logprob": True})
+            "input_ids": p, "sampling_params": sampling_params(1000 * i + k, new_tokens), "return_logprob": True,
+            **(extra or {})})
             for i, p in enumerate(prompts) for k in range(samples)))
         dt = time.perf_counter() - t0
     finally:
