@@ -583,7 +583,7 @@ def run_phase(args, w: Workload, ranks: List[int]) -> None:
     with h.phase_output(path) as out:
         if args.phase == "build":
             t0 = time.perf_counter()
-            w.build() if w.device == "cuda" else build_cpu(w)
+            build(w)
             out["build_s"] = time.perf_counter() - t0
         elif args.phase == "lora":
             phase_lora(w, ranks, args.limit, out)
@@ -591,12 +591,15 @@ def run_phase(args, w: Workload, ranks: List[int]) -> None:
             phase_plain(w, ranks[0], args.limit, out)
 
 
-def build_cpu(w: Workload) -> None:
+def build(w: Workload) -> None:
+    """The checkpoint, initialised on the GPU (seconds for 4B parameters, minutes on a CPU; kept if there),
+    and the prompts."""
     from gpu.workload import build_checkpoint, write_prompts
 
     os.makedirs(w.work, exist_ok=True)
-    build_checkpoint(w.ckpt, w.preset, device="cpu", reuse=True)
-    write_prompts(w.data, 64, w.prompt_words, w.words)
+    build_checkpoint(w.ckpt, w.preset, device=w.device, reuse=True)
+    if not os.path.exists(w.data):
+        write_prompts(w.data, 64, w.prompt_words, w.words)
 
 
 def phase_path(out_dir: str, phase: str) -> str:
@@ -609,7 +612,7 @@ def derive(results: Dict[str, Any], ranks: List[int], cpu: bool) -> None:
     lo, pl = results.get("lora") or {}, results.get("plain") or {}
     scores, plain_scores = lo.get("scores") or {}, pl.get("scores") or {}
     comp = results.setdefault("agreement", {})
-    for rank in ranks:
+    for rank in ranks if "lora" in results else []:  # (not before the lora phase has run or been skipped)
         r, sc = (lo.get("ranks") or {}).get(str(rank)), scores.get(str(rank)) or {}
         if not r:
             h.check(results, f"rank_{rank}", False, f"not measured ({lo.get('skipped') or lo.get('error')})")
@@ -657,6 +660,27 @@ def derive(results: Dict[str, Any], ranks: List[int], cpu: bool) -> None:
                     f"{str(res.get('error', ''))[:300]}")
 
 
+def summary(results: Dict[str, Any], ranks: List[int]) -> List[str]:
+    """A step's cost by route: the push plus the rollout (the adapter route's rollout runs on the LoRA server
+    with the adapter; the merged route's on the plain server)."""
+    lo, pl = results.get("lora") or {}, results.get("plain") or {}
+    plain_ro = (pl.get("rollout") or {}).get("median_s")
+    plain_push = ((pl.get("merged_push") or {}).get("median") or {}).get("seconds")
+    out = []
+    for rank in ranks:
+        r = (lo.get("ranks") or {}).get(str(rank)) or {}
+        push = (((r.get("push") or {}).get("tensors_bf16") or {}).get("median") or {}).get("total_s")
+        ro = ((r.get("rollout") or {}).get("adapter") or {}).get("median_s")
+        merged = ((r.get("merged_push") or {}).get("median") or {}).get("seconds")
+        if None in (push, ro, plain_ro) or (merged is None and plain_push is None):
+            continue
+        m_push = plain_push if plain_push is not None else merged
+        out.append(f"- rank {rank}, a step's push + rollout: adapter from tensors {push:.3f} + {ro:.3f} = "
+                   f"{push + ro:.3f} s; merged {m_push:.3f} + {plain_ro:.3f} = {m_push + plain_ro:.3f} s "
+                   f"(the rollout {100 * (ro / plain_ro - 1):+.0f}% with the adapter)")
+    return out
+
+
 def report(results: Dict[str, Any], ranks: List[int], path: str) -> None:
     lo, pl = results.get("lora") or {}, results.get("plain") or {}
     slim = {k: v for k, v in results.items() if k not in ("lora", "plain")}
@@ -678,16 +702,16 @@ def report(results: Dict[str, Any], ranks: List[int], path: str) -> None:
         r = (lo.get("ranks") or {}).get(str(rank)) or {}
         for route in ROUTES:
             m = ((r.get("push") or {}).get(route) or {}).get("median") or {}
-            rows.append([rank, route, h.cell((m.get("bytes") or 0) / 2**20, ".0f"), h.cell(m.get("prep_s"), ".3f"),
+            rows.append([rank, route, h.cell((m.get("bytes") or 0) / 2**20, ".1f"), h.cell(m.get("prep_s"), ".3f"),
                          h.cell(m.get("unload_s"), ".3f"), h.cell(m.get("load_s"), ".3f"),
                          h.cell(m.get("version_s"), ".3f"), h.cell(m.get("first_request_s"), ".3f"),
                          h.cell(m.get("total_s"), ".3f")])
         m = (r.get("merged_push") or {}).get("median") or {}
-        rows.append([rank, "merged, LoRA server", h.cell((m.get("bytes") or 0) / 2**20, ".0f"), "", "",
+        rows.append([rank, "merged, LoRA server", h.cell((m.get("bytes") or 0) / 2**20, ".1f"), "", "",
                      h.cell(m.get("transfer_seconds"), ".3f"), "", "", h.cell(m.get("seconds"), ".3f")])
     m = (pl.get("merged_push") or {}).get("median") or {}
     rows.append([(pl.get("merged_push") or {}).get("rank", "-"), "merged, plain server",
-                 h.cell((m.get("bytes") or 0) / 2**20, ".0f"), "", "", h.cell(m.get("transfer_seconds"), ".3f"), "",
+                 h.cell((m.get("bytes") or 0) / 2**20, ".1f"), "", "", h.cell(m.get("transfer_seconds"), ".3f"), "",
                  "", h.cell(m.get("seconds"), ".3f")])
     lines += h.table(["rank", "route", "MiB", "prep s", "unload s", "load s", "version s", "first request s",
                       "total s"], rows)
@@ -715,7 +739,8 @@ def report(results: Dict[str, Any], ranks: List[int], path: str) -> None:
                       h.cell(c.get("greedy_same_share"), ".2f"), mm("merged_lora_server_vs_plain")])
     lines += h.table(["rank", "adapter vs merged", "adapter vs base (its effect)", "from tensors vs from disk",
                       "greedy answers equal", "merged: LoRA server vs plain"], arows)
-    extra = [f"- {k}: {v}" for k, v in (("LoRA server startup parts", lo.get("server_log_times")),
+    extra = summary(results, ranks)
+    extra += [f"- {k}: {v}" for k, v in (("LoRA server startup parts", lo.get("server_log_times")),
                                          ("plain server startup parts", pl.get("server_log_times")),
                                          ("trainer model load s", lo.get("trainer_load_s")),
                                          ("skipped", lo.get("skipped"))) if v]
