@@ -571,8 +571,7 @@ def phase_plain(w: Workload, rank: int, limit_s: float, out: Dict[str, Any]) -> 
         pushes = [merged_push(server.url, ad, device, v, w) for v in (1, 2, 3)]
         out["merged_push"] = {"rank": rank, "pushes": pushes, "median": medians(pushes)}
         h.log(f"plain merged push: {out['merged_push']['median']}")
-        if not cpu:
-            out["scores"] = {"merged": score(server.url, seqs)}
+        out["scores"] = {"merged": hf_score(merged_model(w, ad, device), seqs) if cpu else score(server.url, seqs)}
     finally:
         server.stop()
 
@@ -633,6 +632,13 @@ def derive(results: Dict[str, Any], ranks: List[int], cpu: bool) -> None:
                     f"mean |adapter - merged| {diff:.4f} (max {c['adapter_vs_merged']['max']:.4f}) against the "
                     f"adapter's own effect, mean |adapter - base| {effect:.4f} (max {c['adapter_vs_base']['max']:.4f})"
                     f" nats over {c['adapter_vs_base']['tokens']} tokens; limit 0.2x the effect")
+        if str(rank) == str((pl.get("merged_push") or {}).get("rank")) and plain_scores.get("merged") and \
+                sc.get("tensors_bf16") and scores.get("base"):  # the server the merged route would run on
+            c["adapter_vs_merged_plain"] = gap(sc["tensors_bf16"], plain_scores["merged"])
+            effect, diff = gap(sc["tensors_bf16"], scores["base"])["mean"], c["adapter_vs_merged_plain"]["mean"]
+            h.check(results, f"adapter_equals_merged_on_plain_r{rank}", effect > 1e-3 and diff <= 0.2 * effect,
+                    f"mean |adapter - merged on the plain server| {diff:.4f} (max "
+                    f"{c['adapter_vs_merged_plain']['max']:.4f}) against the adapter's effect {effect:.4f}; limit 0.2x")
         if sc.get("disk") and sc.get("tensors_bf16"):
             c["tensors_vs_disk"] = gap(sc["tensors_bf16"], sc["disk"])
             h.check(results, f"tensors_equals_disk_r{rank}", c["tensors_vs_disk"]["max"] < 1e-2,
@@ -735,10 +741,12 @@ def report(results: Dict[str, Any], ranks: List[int], path: str) -> None:
         def mm(key, c=c):
             g = c.get(key)
             return f"{g['max']:.4f} / {g['mean']:.4f}" if g else "-"
-        arows.append([rank, mm("adapter_vs_merged"), mm("adapter_vs_base"), mm("tensors_vs_disk"),
-                      h.cell(c.get("greedy_same_share"), ".2f"), mm("merged_lora_server_vs_plain")])
-    lines += h.table(["rank", "adapter vs merged", "adapter vs base (its effect)", "from tensors vs from disk",
-                      "greedy answers equal", "merged: LoRA server vs plain"], arows)
+        arows.append([rank, mm("adapter_vs_merged"), mm("adapter_vs_merged_plain"), mm("adapter_vs_base"),
+                      mm("tensors_vs_disk"), h.cell(c.get("greedy_same_share"), ".2f"),
+                      mm("merged_lora_server_vs_plain")])
+    lines += h.table(["rank", "adapter vs merged (same server)", "adapter vs merged (plain server)",
+                      "adapter vs base (its effect)", "from tensors vs from disk", "greedy answers equal",
+                      "merged: LoRA server vs plain"], arows)
     extra = summary(results, ranks)
     extra += [f"- {k}: {v}" for k, v in (("LoRA server startup parts", lo.get("server_log_times")),
                                          ("plain server startup parts", pl.get("server_log_times")),
