@@ -415,7 +415,7 @@ def phase_lora(w: Workload, ranks: List[int], limit_s: float, out: Dict[str, Any
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     args = lora_server_args(w, ranks)
     out["server_args"] = args
-    server = Server(w, "lora", args, max(60.0, t_end - time.perf_counter() - 60))
+    server = Server(w, "lora", args, max(60.0, t_end - time.perf_counter() - 40))
     url = None if cpu else server.url  # --cpu: no LoRA endpoints to call
     out.update(command=" ".join(server.cmd[1:]), startup_s=server.startup_s, server_log=server.log)
     h.log(f"LoRA server up in {server.startup_s:.1f}s")
@@ -557,7 +557,7 @@ def phase_plain(w: Workload, rank: int, limit_s: float, out: Dict[str, Any]) -> 
     cpu = w.device == "cpu"
     device = torch.device("cpu") if cpu else torch.device("cuda", 0)
     args = {**SERVER_ARGS, "cuda_graph_max_bs_decode": w.prompts * w.samples}
-    server = Server(w, "plain", args, max(60.0, limit_s - 60))
+    server = Server(w, "plain", args, max(60.0, limit_s - 25))  # then the rollout first: the baseline
     out.update(command=" ".join(server.cmd[1:]), startup_s=server.startup_s, server_log=server.log)
     h.log(f"plain server up in {server.startup_s:.1f}s")
     try:
