@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.config import ConfigError
 from slime_hydra.launch.validate import check
 from slime_hydra.plan.resources import make_plan
+from slime_hydra.rollout.engines import engine_class
 
 log = logging.getLogger("slime_hydra")
 
@@ -25,7 +26,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
         sys.exit(2)
     cfg.output_dir = output_dir
     plan = make_plan(cfg)
-    plan.notes += choices
+    plan.notes += choices + engine_class(cfg.rollout.engine).plan_notes(cfg, plan)
     if cfg.dry_run:
         print(plan.describe())
         print("config is valid (dry_run=true: nothing started)")
