@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,9 +16,16 @@ from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import engine_class
 
 log = logging.getLogger("slime_hydra")
+_first_run = True  # the first run of this process counts its start-up from the process's start (python run.py)
 
 
 def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
+    global _first_run
+    from slime_hydra.launch.startup import StartupClock, process_started
+
+    # a sweep's worker process runs job after job: the later ones start when they are called
+    clock = StartupClock(process_started() if _first_run else time.time())
+    _first_run = False
     choices: list = []
     try:
         cfg = check(dcfg, notes=choices)
@@ -40,7 +48,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     log.info("%s", plan.describe())
     from slime_hydra.launch.driver import train
 
-    summary = train(cfg, plan)
+    summary = train(cfg, plan, clock)
     log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],
              summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
     return summary

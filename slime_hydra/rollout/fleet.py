@@ -108,6 +108,7 @@ class EngineHandle:
     logs: List[str] = field(default_factory=list)
     state: str = SERVING
     restarts: List[float] = field(default_factory=list)  # monotonic times of its restarts (the budget)
+    startup: Dict[str, Any] = field(default_factory=dict)  # its first start (EngineActor.startup_report)
 
 
 class EngineFleet:
@@ -207,6 +208,7 @@ class EngineFleet:
                     if self.ft is None:
                         raise
                     self._restart_at_startup(e, err)
+                e.startup = ray.get(e.actors[0].startup_report.remote())
             self._starting = []
             log.info("%d %s engine(s) up in %.1fs: %s", len(self.engines), self._kind,
                      time.perf_counter() - self._started, self.urls)
