@@ -22,12 +22,13 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
 
 from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, remove_partial, save_checkpoint
 from slime_hydra.checkpoint.hf import initial_checkpoint
+from slime_hydra.config import ConfigError
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed, ray_cluster
 from slime_hydra.launch.heal import Healer, PartDied, manager_died
@@ -60,11 +61,13 @@ def periodic(step: int, interval: int, last: int) -> bool:
     return step == last or (interval > 0 and step % interval == 0)
 
 
-def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = None) -> Dict[str, Any]:
+def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = None,
+          late_checks: Sequence[Callable[[], List[str]]] = ()) -> Dict[str, Any]:
     """The whole run. A run directory has one driver at a time, and a driver that was killed leaves
     nothing behind for long: the next start in its run directory kills its leftover processes
     (``RunLease``) and removes its half-written checkpoint. ``clock``: the start-up's, begun at launch
-    (launch/startup.py)."""
+    (launch/startup.py). ``late_checks``: validation's checks still running (sglang's parser, in a child
+    process), answered while Ray starts; their problems raise ``ConfigError`` before any actor starts."""
     clock = clock or StartupClock()
     clock.add("before_train", time.time() - clock.launched)  # the interpreter, Hydra, validation, the plan
     t_start = time.perf_counter()
@@ -74,17 +77,21 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
             log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
         # a random initial checkpoint (no model.path) is built while Ray starts: 8 s of each on a busy 2-core machine
         model_path = pool.submit(initial_checkpoint, cfg.model, cfg.output_dir)
-        return _train(cfg, plan, model_path, t_start, lease, clock)
+        return _train(cfg, plan, model_path, t_start, lease, clock, late_checks)
 
 
 def _train(cfg: RunConfig, plan: ResourcePlan, model_path: "Future[str]", t_start: float, lease: RunLease,
-           clock: StartupClock) -> Dict[str, Any]:
+           clock: StartupClock, late_checks: Sequence[Callable[[], List[str]]]) -> Dict[str, Any]:
     t_ray = time.perf_counter()
     with ray_cluster(cfg, plan) as ray_session_dir:
         clock.add("ray_init", time.perf_counter() - t_ray)
         lease.note_ray_session(ray_session_dir)
         with clock.part("placement_group"):
             pg = create_placement_group(plan)
+        with clock.part("late_checks"):  # what is left of them after Ray's start
+            problems = [p for check in late_checks for p in check()]
+        if problems:
+            raise ConfigError(problems)
         with clock.part("initial_checkpoint"):  # what is left of it after Ray's start
             path = model_path.result()
         run = Run(cfg, placed(plan, pg), pg, path, clock)

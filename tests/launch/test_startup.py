@@ -120,3 +120,26 @@ def test_engine_batch(overrides, batch):
     cfg = resolved(["parallelism=cpu", *overrides])
     assert engine_batch(cfg, len(make_plan(cfg).engines)) == batch
     assert make_plan(cfg).engine_batch == batch
+
+
+def test_late_checks_stop_the_run_before_any_actor(tmp_path):
+    """A late check (sglang's parser, still running after validation) that finds a problem stops the run
+    with ConfigError after Ray's start and before the rollout manager or a trainer starts."""
+    import ray
+
+    from slime_hydra.config import ConfigError
+    from slime_hydra.launch.driver import train
+
+    cfg = resolved(["trainer.num_rollout=1", "logging.progress=false"])
+    cfg.output_dir = str(tmp_path / "run")
+    (tmp_path / "run").mkdir()  # as launch/main.py makes it
+    asked = []
+
+    def late() -> list:
+        asked.append(ray.is_initialized())
+        return ["rollout.server_args.no_such_option: not a ServerArgs option of sglang 0.5.17"]
+
+    with pytest.raises(ConfigError, match="no_such_option"):
+        train(cfg, make_plan(cfg), StartupClock(), [late])
+    assert asked == [True] and not ray.is_initialized()
+    assert not (tmp_path / "run" / "logs").exists()  # no manager, no engine, no trainer wrote a log

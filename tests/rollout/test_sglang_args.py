@@ -279,3 +279,20 @@ def test_memory_saver_cuda_graph_is_off(monkeypatch):
     assert SglangEngine(spec).env()["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "false"
     monkeypatch.setenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "true")  # the environment wins
     assert SglangEngine(spec).env()["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "true"
+
+
+def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch):
+    """In a run (launch/main.py), validation leaves sglang's parser check running in its child process
+    (deferred_server_args_checks) and the driver takes its answer while Ray starts: the same problems."""
+    from slime_hydra.launch.validate import validate
+    from slime_hydra.rollout.engines.sglang import deferred_server_args_checks
+
+    monkeypatch.syspath_prepend(str(sglang.site))
+    overrides = ["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "rollout.server_args.mem_fraction_static=abc"]
+    with deferred_server_args_checks() as pending:
+        errs = validate(resolved(overrides))
+    assert not [e for e in errs if e.startswith("rollout.server_args")] and len(pending) == 1
+    assert pending[0].problems() == [
+        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' "
+        "(sglang 0.5.17)"]
+    assert "sglang" not in sys.modules

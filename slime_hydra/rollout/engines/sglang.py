@@ -24,12 +24,13 @@ H200 (``../shared/reference/environment.md``), and what its start costs:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import sys
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from slime_hydra.rollout.engines.base import Engine, to_flags
 
@@ -148,6 +149,9 @@ class SglangEngine(Engine):
         errs += [f"rollout.server_args.{key}: set by slime_hydra from {MANAGED_SERVER_ARGS[key]}; remove it"
                  for key in args if key in MANAGED_SERVER_ARGS]
         if args and importlib.util.find_spec("sglang") is not None:
+            if _deferred is not None and "sglang.srt.server_args" not in sys.modules:
+                _deferred.append(ServerArgsCheck(dict(args)))  # answered later (deferred_server_args_checks)
+                return errs
             try:
                 errs += [f"rollout.server_args.{key}: {problem}" for key, problem in check_server_args(dict(args))]
             except Exception as e:  # noqa: BLE001 - an sglang that does not import: the server will say more
@@ -279,26 +283,87 @@ def check_server_args(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 
 def _check_server_args_in_child(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
-    import importlib.util
-    import json
-    import subprocess
+    return ServerArgsCheck(server_args).result()
 
-    spec = importlib.util.find_spec("sglang")
-    if spec is None:
-        raise ImportError("sglang is not installed")
-    # the child sees the sglang this process sees, and this slime_hydra
-    paths = [os.path.dirname(p) for p in (spec.submodule_search_locations or [])]
-    import slime_hydra
 
-    paths.append(os.path.dirname(os.path.dirname(os.path.abspath(slime_hydra.__file__))))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    out = subprocess.run([sys.executable, "-m", "slime_hydra.rollout.engines.sglang"],
-                         input=json.dumps(server_args, default=str), capture_output=True, text=True, env=env,
-                         timeout=600)
-    if out.returncode != 0:
-        tail = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
-        raise ImportError(f"sglang's parser failed in a child process: {tail[0]}")
-    return [tuple(pair) for pair in json.loads(out.stdout.strip().splitlines()[-1])]
+class ServerArgsCheck:
+    """``check_server_args`` in a child process, started at once and answered by ``result`` (importing
+    sglang's ServerArgs takes 10-25 s: torch, transformers and sglang's own modules)."""
+
+    def __init__(self, server_args: Dict[str, Any]):
+        import importlib.util
+        import json
+        import subprocess
+        import tempfile
+
+        spec = importlib.util.find_spec("sglang")
+        if spec is None:
+            raise ImportError("sglang is not installed")
+        # the child sees the sglang this process sees, and this slime_hydra
+        paths = [os.path.dirname(p) for p in (spec.submodule_search_locations or [])]
+        import slime_hydra
+
+        paths.append(os.path.dirname(os.path.dirname(os.path.abspath(slime_hydra.__file__))))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        # its output to files, not pipes: nobody reads them before ``result``, and a full pipe would stop it
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "slime_hydra.rollout.engines.sglang"],
+                                     stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, text=True, env=env)
+        self.proc.stdin.write(json.dumps(server_args, default=str))
+        self.proc.stdin.close()
+
+    def result(self, timeout: float = 600.0) -> List[Tuple[str, str]]:
+        """[(key, problem)]; raises ImportError when sglang's parser did not run."""
+        import json
+
+        try:
+            self.proc.wait(timeout=timeout)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self.out.seek(0)
+        self.err.seek(0)
+        out, err = self.out.read(), self.err.read()
+        if self.proc.returncode != 0:
+            tail = err.strip().splitlines()[-1:] or [f"exit status {self.proc.returncode}"]
+            raise ImportError(f"sglang's parser failed in a child process: {tail[0]}")
+        return [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
+
+    def kill(self) -> None:
+        """Not needed any more (validation failed anyway)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def problems(self) -> List[str]:
+        """``result`` as validation's problems (``rollout.server_args.<key>: ...``); [] with a warning when
+        sglang's parser did not run (the server will say more)."""
+        try:
+            return [f"rollout.server_args.{key}: {problem}" for key, problem in self.result()]
+        except ImportError as e:
+            import logging
+
+            logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not "
+                                                "import (%s)", e)
+            return []
+
+
+# set by deferred_server_args_checks: SglangEngine.check starts its parser check and leaves it running
+_deferred: Optional[List[ServerArgsCheck]] = None
+
+
+@contextlib.contextmanager
+def deferred_server_args_checks() -> Iterator[List[ServerArgsCheck]]:
+    """Within, validation starts sglang's parser check of ``rollout.server_args`` in a child process and
+    goes on without its answer (appended to the yielded list): the run starts Ray and its placement group
+    meanwhile, and takes the answers (``ServerArgsCheck.problems``) before any actor starts."""
+    global _deferred
+    outer, _deferred = _deferred, []
+    try:
+        yield _deferred
+    finally:
+        _deferred = outer
 
 
 def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
