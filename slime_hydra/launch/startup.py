@@ -91,7 +91,8 @@ class StartupClock:
     def metrics(self) -> Dict[str, float]:
         """``startup/<part>_s``: the driver's parts, the rollout side's, and ``startup/total_s`` (launch to
         the first finished step)."""
-        out = {f"startup/{k}_s": round(v, 2) for k, v in {**self.parts, **self.engines}.items()}
+        out = {f"startup/{k}{'' if k.endswith('_tokens') else '_s'}": round(v, 2)
+               for k, v in {**self.parts, **self.engines}.items()}
         out["startup/total_s"] = round(self.total(), 2)
         return out
 
@@ -99,8 +100,9 @@ class StartupClock:
         """The console's one-line account."""
         driver = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in self.parts.items())
         e = self.engines
-        engine_parts = ", ".join(f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
-                                 if "engine_" + k in e)
+        kv = [f"{e['engine_kv_tokens']:,} tokens of KV cache"] if "engine_kv_tokens" in e else []
+        engine_parts = ", ".join([f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
+                                  if "engine_" + k in e] + kv)
         side = []
         for key, name in (("manager_actor", "manager actor"), ("data", "data"), ("engine_actor", "engine actor"),
                           ("engine_server", "server")):

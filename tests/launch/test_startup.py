@@ -32,7 +32,9 @@ def sglang_log(ms: bool = True, graphs: bool = True, offset: float = 0.0) -> str
              (12.0, "Load weight begin. avail mem=139.20 GB"),
              (12.4, "Load weight end. elapsed=0.35 s, type=Qwen3ForCausalLM, avail mem=138.05 GB, mem usage=1.15 GB."),
              (14.0, "KV Cache is allocated. #tokens: 644965, K size: 34.45 GB, V size: 34.45 GB"),
-             (14.1, "Memory pool end. avail mem=68.90 GB")]
+             (14.1, "Memory pool end. avail mem=68.90 GB"),
+             (14.2, "max_total_num_tokens=644965, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+                    "max_running_requests=4096, context_len=40960, available_gpu_mem=68.85 GB")]
     if graphs:
         lines += [(15.0, "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
                          "bs=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64], avail mem=68.50 GB"),
@@ -48,9 +50,10 @@ def sglang_log(ms: bool = True, graphs: bool = True, offset: float = 0.0) -> str
 def test_sglang_start_parts_from_its_log():
     parts = SglangEngine.startup_parts(sglang_log(), T0, T0 + 45.0)
     assert parts == {"process_s": 9.5, "distributed_init_s": 2.5, "weights_s": 0.4, "kv_cache_s": 1.7,
-                     "cuda_graphs_s": 27.0, "http_server_s": 3.1, "first_answer_s": 0.8, "graph_capture_s": 26.05}
+                     "cuda_graphs_s": 27.0, "http_server_s": 3.1, "first_answer_s": 0.8, "graph_capture_s": 26.05,
+                     "kv_tokens": 644965}
     # they add up to the server's start, and seconds-only timestamps (SGLANG_LOG_MS off) still parse
-    assert sum(v for k, v in parts.items() if k != "graph_capture_s") == pytest.approx(45.0)
+    assert sum(v for k, v in parts.items() if k not in ("graph_capture_s", "kv_tokens")) == pytest.approx(45.0)
     coarse = SglangEngine.startup_parts(sglang_log(ms=False), T0, T0 + 45.0)
     assert coarse["cuda_graphs_s"] == pytest.approx(27.0, abs=1.0)
 
@@ -80,6 +83,7 @@ def test_clock_folds_in_the_rollout_side_and_says_it_in_one_line():
     assert m["startup/manager_actor_s"] == 1.0 and m["startup/engines_launch_s"] == 2.0
     assert m["startup/rollout_side_s"] == 51.0 and m["startup/engine_actor_s"] == 2.0  # the later engine's spawn
     assert m["startup/engine_server_s"] == 45.0 and m["startup/engine_cuda_graphs_s"] == 27.0  # the slower engine
+    assert m["startup/engine_kv_tokens"] == 644965
     line = clock.line()
     assert line.startswith("start-up: 80.0s from launch to the first step done: before train 18.0, ray init 6.0, "
                            "trainers 21.0; rollout side 51.0 from its creation: manager actor 1.0, data 3.0, "

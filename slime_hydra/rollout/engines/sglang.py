@@ -185,9 +185,12 @@ class SglangEngine(Engine):
         start to its first step of model set-up (``process_s``: interpreter, imports, the scheduler's
         process), then torch distributed, the weights, the KV cache, the CUDA graphs (kernel warm-up,
         Triton's compiles and the captures), the HTTP server, and the first answer to
-        /health_generate. A part whose lines are missing is left out."""
+        /health_generate. A part whose lines are missing is left out. ``kv_tokens``: the KV cache's size
+        in tokens (SGLang sizes it from the GPU memory free when it measures: on a colocated GPU, the
+        trainer's memory at that moment makes it smaller; compare the plan's estimate)."""
         marks: Dict[str, float] = {}
         captured = 0.0
+        kv_tokens = None
         for line in log_text.splitlines():
             m = SGLANG_LOG_LINE.match(line)
             if not m:
@@ -203,11 +206,16 @@ class SglangEngine(Engine):
             e = SGLANG_CAPTURE.search(m.group(2))
             if e:
                 captured += float(e.group(1))
+            k = SGLANG_KV_TOKENS.search(m.group(2))
+            if k:
+                kv_tokens = int(k.group(1))
         order = [("start", started), *[(n, marks[n]) for n, _ in SGLANG_MILESTONES if n in marks], ("ready", ready)]
         parts = {f"{SGLANG_PARTS[(a, b)]}_s": round(tb - ta, 2) for (a, ta), (b, tb) in zip(order, order[1:])
                  if (a, b) in SGLANG_PARTS}
         if captured:
             parts["graph_capture_s"] = round(captured, 2)  # SGLang's own count, within cuda_graphs_s
+        if kv_tokens is not None:
+            parts["kv_tokens"] = kv_tokens
         return parts
 
 
@@ -222,6 +230,7 @@ SGLANG_PARTS = {("start", "dist"): "process", ("dist", "load"): "distributed_ini
                 ("loaded", "kv"): "kv_cache", ("kv", "graphs"): "cuda_graphs", ("graphs", "http"): "http_server",
                 ("kv", "http"): "http_server", ("http", "ready"): "first_answer"}
 SGLANG_CAPTURE = re.compile(r"CUDA graph end\. elapsed=([\d.]+) s")
+SGLANG_KV_TOKENS = re.compile(r"\bmax_total_num_tokens=(\d+)")
 
 
 @functools.lru_cache(maxsize=1)
