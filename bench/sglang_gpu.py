@@ -243,13 +243,16 @@ STARTUP_COLUMNS = [("total", "to step 1 done"), ("before_train", "before train")
                    ("engine_distributed_init", "dist"), ("engine_weights", "weights"),
                    ("engine_kv_cache", "KV"), ("engine_cuda_graphs", "graphs"), ("engine_http_server", "HTTP"),
                    ("engine_first_answer", "1st answer"), ("wait_for_rollout_side", "wait"),
-                   ("first_push", "push"), ("first_step", "step 1")]
+                   ("first_push", "push"), ("first_step", "step 1"), ("late_checks", "args check"),
+                   ("engine_kv_tokens", "KV tokens")]
 
 
 def startup_table(results: Dict[str, Any]) -> List[str]:
     """The run phases' start-up parts, seconds (issue 24's goal: 60 s to the first step done)."""
-    rows = [[ROW_NAMES[n], *(h.cell((results[n].get("startup") or {}).get(f"{k}_s"), ".1f")
-                             for k, _ in STARTUP_COLUMNS)]
+    def cell(start: Dict[str, Any], key: str) -> str:
+        return h.cell(start.get(key), ",.0f") if key.endswith("_tokens") else h.cell(start.get(f"{key}_s"), ".1f")
+
+    rows = [[ROW_NAMES[n], *(cell(results[n].get("startup") or {}, k) for k, _ in STARTUP_COLUMNS)]
             for n in RUN_PHASES if (results.get(n) or {}).get("startup")]
     if not rows:
         return []
