@@ -101,7 +101,7 @@ def test_one_request_per_group_samples_what_one_request_per_sample_does(engine_u
 @pytest.mark.e2e
 def test_same_seed_same_run(tmp_path):
     """Two short runs of the default with the same seed write the same metrics.jsonl, but for the
-    timings and the engine-vs-trainer log-prob gap (float noise that depends on the batch)."""
+    timings (perf/, startup/) and the engine-vs-trainer log-prob gap (float noise that depends on the batch)."""
     args = [
         "trainer.num_rollout=6",
         "eval.interval=3",
@@ -110,7 +110,8 @@ def test_same_seed_same_run(tmp_path):
         "trainer.save_interval=0",
     ]
     rows = [metrics(d) for d in (tmp_path / "a", tmp_path / "b") if run(d, *args)]
-    keep = [k for k in rows[0][1] if not k.startswith("perf/") and k != "train/train_rollout_logprob_abs_diff"]
+    keep = [k for k in rows[0][1]
+            if not k.startswith(("perf/", "startup/")) and k != "train/train_rollout_logprob_abs_diff"]
     assert "rollout/reward_mean" in keep and "eval/heldout/reward" in rows[0][3]
     assert sum(r["rollout/response_len_mean"] for r in rows[0][1:]) > 0  # tokens were sampled
     for a, b in zip(*rows, strict=True):

@@ -112,12 +112,14 @@ def phase_raw(w: Workload, layout: str, out: Dict[str, Any]) -> None:
     open(server_log, "w").close()
     url = f"http://127.0.0.1:{port}"
     out["command"] = " ".join(cmd[1:])
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     proc = spawn(cmd, server_log, engine.env())
     try:
         wait_http(url + "/health_generate", proc, 400, server_log)
         out["startup_s"] = time.perf_counter() - t0
-        out["server_log_times"] = sglang_log_times(server_log)
+        with open(server_log, errors="replace") as f:  # the server's parts, from its log's timestamps
+            parts = engine.startup_parts(f.read(), wall0, time.time())
+        out["server_log_times"] = {**sglang_log_times(server_log), **parts}
         log(f"raw {spec.engine} up in {out['startup_s']:.1f}s: {out['server_log_times']}")
 
         # the reference: the GRPO step's requests, then 256 x 256
@@ -267,6 +269,6 @@ def sglang_log_times(path: str) -> Dict[str, float]:
     m = re.search(r"Load weight end\. elapsed=([\d.]+) s", text)
     if m:
         out["load_weights_s"] = float(m.group(1))
-    for name, secs in re.findall(r"Capture (\S+) CUDA graph end\. elapsed=([\d.]+) s", text):
-        out[f"capture_{name}_graph_s"] = float(secs)
+    for name, secs in re.findall(r"Capture ([\w ]+?) CUDA graph end\. elapsed=([\d.]+) s", text):
+        out[f"capture_{name.replace(' ', '_')}_graph_s"] = float(secs)  # sglang 0.5.17: "target decode"
     return out
