@@ -281,6 +281,9 @@ class TrainerConfig:
     strategy: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (FSDP2: sharded per decoder layer)
     fsdp_cpu_offload: bool = False  # fsdp: parameters, gradients and optimizer state live on the host
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.rank > 0); torch backend only
+    # log-probs and entropies from the hidden states a chunk of response tokens at a time (train/logprobs.py),
+    # never the micro-batch's [B, L, V] logits; false: the model's logits, then the log-softmax
+    fused_logprobs: bool = True
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size
