@@ -57,7 +57,7 @@ from slime_hydra.train.backends.torch import fsdp, lora as peft_lora
 from slime_hydra.train.backends.torch.critic import Critic
 from slime_hydra.train.backends.torch.offload import Offloader
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
-from slime_hydra.train.logprobs import fused_head, fusable_head
+from slime_hydra.train.logprobs import fusable_head, fused_head
 from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
 
 if TYPE_CHECKING:
