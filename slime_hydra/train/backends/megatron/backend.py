@@ -59,7 +59,7 @@ from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
 from slime_hydra.train.backends.megatron.packing import PackedBatch, pack
 from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
-from slime_hydra.train.optim import lr_lambda
+from slime_hydra.train.optim import lr_lambda, read_metrics
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
@@ -443,12 +443,12 @@ class MegatronBackend(TrainerBackend):
         got: List[torch.Tensor] = []
 
         def keep(mb, lp, _):
-            got.append(lp.float().cpu())
+            got.append(lp.float())  # on the device: one copy to the host at the end, not a wait a micro-batch
             return lp.new_zeros(()), {}
 
         self._forward_backward(mbs, temperature, keep, forward_only=True)
         rows, width = sum(len(mb.indices) for mb in mbs), mbs[0].width if mbs else 0
-        out = torch.cat(got) if got else torch.zeros(rows, width)
+        out = torch.cat(got).cpu() if got else torch.zeros(rows, width)
         if self.pp_group is not None:  # every rank returns the last stage's
             buf = out.to(self.device)
             dist.broadcast(buf, src=self.pp_last_global, group=self.pp_group)
@@ -480,11 +480,12 @@ class MegatronBackend(TrainerBackend):
             loss, metrics = loss_fn(mb.indices, lp, ent)
             return loss * scale, {k: v.detach() for k, v in metrics.items()}
 
-        sums: Dict[str, float] = {}
+        sums: Dict[str, torch.Tensor] = {}
         for metrics in self._forward_backward(mbs, temperature, loss_of, forward_only=False) or []:
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        return sums
+            for k, v in metrics.items():  # summed on the device, read in one copy
+                v = v.detach().float()
+                sums[k] = sums[k] + v if k in sums else v
+        return read_metrics(sums)
 
     def train_step(self, mbs: Sequence[PackedMicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
         metrics = self.accumulate_grads(mbs, temperature, loss_fn)

@@ -255,13 +255,15 @@ class TorchBackend(TrainerBackend):
             else:  # the tied LM head follows the embedding (tie_weights), buffers stay the model's
                 logits = torch.func.functional_call(self.model, self.ref_state, (), inputs, strict=False).logits
         if head is not None:  # the head gave the response tokens' [B, T, 2] (log-prob, entropy), not logits
-            return logits[..., 0], (logits[..., 1] if with_entropy else None)
+            entropy = logits[..., 1] if entropy_grad else logits[..., 1].detach()  # a metric only: no graph
+            return logits[..., 0], (entropy if with_entropy else None)
         return response_log_probs(logits, mb, temperature, with_entropy, entropy_grad=entropy_grad)
 
     @torch.no_grad()
     def _log_probs(self, mbs: Sequence[MicroBatch], temperature: float, reference: bool = False) -> torch.Tensor:
         self.model.eval()
-        return torch.cat([self._forward(mb, temperature, reference=reference)[0].float().cpu() for mb in mbs])
+        # one copy to the host at the end, not a wait for the GPU after every micro-batch
+        return torch.cat([self._forward(mb, temperature, reference=reference)[0].float() for mb in mbs]).cpu()
 
     def log_probs(self, mbs: Sequence[MicroBatch], temperature: float, *, reference: bool = False) -> torch.Tensor:
         if reference and self.ref_state is None and self.ref_model is None and self.lora is None:
