@@ -190,6 +190,9 @@ class ParallelismConfig:
     # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate.
     offload_train: Optional[bool] = None  # the trainer's state goes to the host while the engines generate
     offload_rollout: Optional[bool] = None  # the engines release their memory while the trainer trains
+    # with offload_train: the push reads the trainer's weights on the GPU before they go to the host (the
+    # optimizer state and gradients go first); None: where the estimate of that phase fits (plan/fit.py)
+    push_before_offload: Optional[bool] = None
     tensor_parallel: int = 1  # trainer tensor-parallel size (megatron)
     pipeline_parallel: int = 1  # trainer pipeline-parallel size (megatron)
     context_parallel: int = 1  # trainer context-parallel size (megatron)

@@ -73,9 +73,11 @@ and the KV cache of ``rollout.embedded_max_batch`` full-length sequences (Huggin
 
 Colocated GPUs take turns: with offload the peak is the larger of training (the trainer, plus the
 engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the trainer's state unless
-``offload_train`` moves it to the host); without offload the two add up. ``choose_offload``
-(``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset: the least that fits
-with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
+``offload_train`` moves it to the host); without offload the two add up. With ``offload_train`` and
+``push_before_offload`` a third phase, the push: the trainer's weights (its other state moved to the
+host) beside the engine's weights (all of the engine without ``offload_rollout``) and two push buckets.
+``choose_offload`` (``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset:
+the least that fits with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
 H200 with the Qwen3-0.6B shape it is measured in ``bench/measured/h200_sglang_colocated.md``).
 
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation, SGLang's activations and CUDA
@@ -108,6 +110,9 @@ AUTO_OFFLOAD_HEADROOM = 0.1
 # (offload_train, offload_rollout) in the order choose_offload tries them, least memory moved first
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
 LOGPROB_CHUNK = 4096  # slime_hydra.train.batch.response_log_probs processes this many positions at once
+# the colocated phase of parallelism.push_before_offload: the trainer's weights (its optimizer state on the host)
+# beside the engine's weights, and the push's buckets
+PUSH_PHASE = "colocated GPU, push"
 HEAD_CHUNK_ROWS = 1024  # = slime_hydra.train.logprobs.HEAD_CHUNK_ROWS (trainer.fused_logprobs)
 MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.backends.megatron.logprobs.DEFAULT_CHUNK_BYTES
 
@@ -588,6 +593,10 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
         state = sum(v for k, v in trainer.items() if k not in TRANSIENT and not (p.offload_train and k in tm.offloaded))
         gpus = {"colocated GPU, training": train_total + (0.0 if p.offload_rollout else engine_total),
                 "colocated GPU, rollout": engine_total + state}
+        if p.offload_train and p.push_before_offload:  # the trainer's weights stay for the push, beside the engine's
+            kept = state + trainer.get("weights", 0.0)
+            engine_now = engine.get("weights", 0.0) if p.offload_rollout else engine_total
+            gpus[PUSH_PHASE] = kept + engine_now + 2 * cfg.sync.bucket_mb / 1024
     else:
         gpus = {"trainer GPU": train_total, "engine GPU": engine_total}
     ranks_per_node = min(p.trainer_gpus, p.gpus_per_node)

@@ -196,16 +196,21 @@ class TorchBackend(TrainerBackend):
             if send:
                 yield name, tensor
 
-    def offload(self) -> None:
+    def offload(self, keep_weights: bool = False) -> None:
         """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host
         buffers while the engines generate (FSDP2: its shards and AdamW state to the host, unless
-        ``trainer.fsdp_cpu_offload`` keeps them there anyway)."""
+        ``trainer.fsdp_cpu_offload`` keeps them there anyway). ``keep_weights``: the policy's
+        parameters stay for the push (FSDP2: everything stays until the ``offload()`` after it)."""
         if self.fsdp:
+            if keep_weights:
+                return
             if self.device.type == "cuda" and not self.trainer_cfg.fsdp_cpu_offload:
                 self.opt.zero_grad(set_to_none=True)
                 fsdp.offload(self._fsdp_models(), [self.opt])
             return
-        for o in self.offloaders:
+        policy, *others = self.offloaders
+        policy.offload(keep_weights=keep_weights)
+        for o in others:  # the critic is not pushed: all of it goes at once
             o.offload()
 
     def onload(self) -> None:

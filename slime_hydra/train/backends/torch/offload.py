@@ -15,19 +15,28 @@ from typing import Dict, Iterable, Iterator
 import torch
 
 
-def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]
-             ) -> Iterator[torch.Tensor]:
+def _weights(model: torch.nn.Module) -> Iterator[torch.Tensor]:
     seen = set()
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
             yield p
     yield from model.buffers()
+
+
+def _state(opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """What the weight push does not read: AdamW's moments and ``extra`` (the reference's weights)."""
     for state in opt.state.values():
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:
                 yield v
     yield from extra
+
+
+def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]
+             ) -> Iterator[torch.Tensor]:
+    yield from _weights(model)
+    yield from _state(opt, extra)
 
 
 class Offloader:
@@ -38,10 +47,15 @@ class Offloader:
         self.extra = list(extra)
         self.host: Dict[int, torch.Tensor] = {}  # id(tensor) -> its pinned host buffer
 
-    def offload(self) -> None:
+    def offload(self, keep_weights: bool = False) -> None:
+        """``keep_weights``: the optimiser state and ``extra`` only, and the gradients freed (the weight
+        push then reads the weights on the GPU); a later ``offload()`` moves the weights."""
         if self.device.type != "cuda":
             return
-        for t in _tensors(self.model, self.opt, self.extra):
+        for p in self.model.parameters():
+            p.grad = None  # gradients are zeroed before every step anyway
+        tensors = _state(self.opt, self.extra) if keep_weights else _tensors(self.model, self.opt, self.extra)
+        for t in tensors:
             if t.device.type != "cuda":
                 continue
             buf = self.host.get(id(t))
@@ -49,8 +63,6 @@ class Offloader:
                 buf = self.host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             buf.copy_(t.data, non_blocking=True)
             t.data = buf
-            if t.grad is not None:
-                t.grad = None  # gradients are zeroed before every step anyway
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
