@@ -43,13 +43,19 @@ from gpu_components import fake_rollout, sync, torch_trainer  # noqa: E402
 PROMPT = 64
 # RL-step variants: (algo.kl_loss_coef, more config overrides). no_kl_logits: the log-prob head of before
 # trainer.fused_logprobs (the model's [B, L, V] logits, then the float32 log-softmax); no_kl_recompute: the
-# old policy's log-probs in a pass of their own (no on-policy shortcut: RLTrainer.reuse_step_log_probs)
+# old policy's log-probs in a pass of their own (no on-policy shortcut: RLTrainer.reuse_step_log_probs);
+# no_kl_compile: trainer.compile=true (the warm-up step compiles; "compile_s" is its time)
 VARIANTS = {"kl": (0.04, (), True), "no_kl": (0.0, (), True),
-            "no_kl_logits": (0.0, ("trainer.fused_logprobs=false",), True), "no_kl_recompute": (0.0, (), False)}
+            "no_kl_logits": (0.0, ("trainer.fused_logprobs=false",), True), "no_kl_recompute": (0.0, (), False),
+            "no_kl_compile": (0.0, ("trainer.compile=true",), True)}
 
 
-def timed(fn, steps: int, device: str) -> List[float]:
+def timed(fn, steps: int, device: str, warmup: List[float] = None) -> List[float]:
+    t0 = time.perf_counter()
     fn()  # warm-up
+    sync(device)
+    if warmup is not None:
+        warmup.append(time.perf_counter() - t0)
     out = []
     for _ in range(steps):
         sync(device)
@@ -67,8 +73,10 @@ def bench_trainer(path: str, batch: int, resp: int, args, kl: float, overrides: 
     data = fake_rollout(batch, PROMPT, resp, min(1000, backend.model.config.vocab_size))
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device)
-    res = {"kl_loss_coef": kl, "seconds": statistics.median(times), "all_s": times,
+    warmup: List[float] = []
+    times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device, warmup)
+    res = {"kl_loss_coef": kl, "overrides": list(overrides), "reuse_step_log_probs": reuse,
+           "seconds": statistics.median(times), "all_s": times, "warmup_s": warmup[0],
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None}
     if kl and args.device == "cuda":  # the reference's weights move with the trainer's state and come back whole
         mbs = backend.micro_batches(data, list(range(batch)), resp)

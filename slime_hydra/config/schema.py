@@ -287,6 +287,9 @@ class TrainerConfig:
     # log-probs and entropies from the hidden states a chunk of response tokens at a time (train/logprobs.py),
     # never the micro-batch's [B, L, V] logits; false: the model's logits, then the log-softmax
     fused_logprobs: bool = True
+    # torch.compile each decoder layer (one graph for all, dynamic sequence lengths): fuses the eager model's
+    # elementwise work (norms, rotary, SwiGLU, autocast casts); the first steps pay for the compilation
+    compile: bool = False
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size

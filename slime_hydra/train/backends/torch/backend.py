@@ -87,6 +87,9 @@ class TorchBackend(TrainerBackend):
             kwargs = {"use_reentrant": False} if self.fsdp or self.lora is not None else None
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
+        if trainer.compile:  # the layers share their code: one compiled graph (and its backward) serves them all
+            for layer in fsdp.decoder_layers(self.model):
+                layer.compile(dynamic=True)
         if self.lora is not None:
             self.model = peft_lora.wrap(self.model, self.lora, model.arch.type)
         self.ref_model: Optional[torch.nn.Module] = None  # FSDP2's reference (KL): sharded like the policy
