@@ -56,9 +56,10 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
             "ms_per_decode_step": 1000 * dt / new_tokens}
 
 
-def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_loss_coef: float = 0.04):
+def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_loss_coef: float = 0.04,
+                  overrides: tuple = ()):
     """The torch backend and the RL step as run.py builds them, for ``batch`` samples a rollout (8 per
-    prompt) in micro-batches of ``micro``; GRPO with ``algo.kl_loss_coef``."""
+    prompt) in micro-batches of ``micro``; GRPO with ``algo.kl_loss_coef``; more config ``overrides``."""
     from slime_hydra.config import load, resolve
     from slime_hydra.config.describe import compose
     from slime_hydra.train.backends.torch.backend import TorchBackend
@@ -68,7 +69,8 @@ def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, k
         f"model={preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
         "parallelism=1gpu" if device == "cuda" else "parallelism=cpu", "data=jsonl",
         f"data.path={path}/config.json", "eval.datasets=[]", f"rollout.batch_size={batch // 8}",
-        "rollout.n_samples_per_prompt=8", f"trainer.micro_batch_size={micro}", f"algo.kl_loss_coef={kl_loss_coef}"])))
+        "rollout.n_samples_per_prompt=8", f"trainer.micro_batch_size={micro}", f"algo.kl_loss_coef={kl_loss_coef}",
+        *overrides])))
     cfg.output_dir = "/tmp"
     dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
     tr = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,

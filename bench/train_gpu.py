@@ -9,7 +9,10 @@ batch (64 samples of 64 prompt + 256 response tokens, micro-batches of 16) and 2
 
 - ``RLTrainer.train`` as run.py runs it, with GRPO's KL loss (``algo.kl_loss_coef=0.04``: a reference
   pass) and without (0, TRL's default beta): seconds a step (median of ``--steps`` after a warm-up),
-  peak memory;
+  peak memory; and without KL with the levers of issue 24 taken away one at a time (``--variants``:
+  ``no_kl_logits``, the [B, L, V] logits head of before ``trainer.fused_logprobs``; ``no_kl_recompute``,
+  the old policy's log-probs in a pass of their own);
+- ``--micro 16 32 64``: each micro-batch size a run;
 - the floor: the same micro-batches through the bare Hugging Face model (float32 weights under bfloat16
   autocast, the response tokens' log-probs, backward, fused AdamW), the least a step of this model
   and batch costs without the RL step around it;
@@ -38,10 +41,21 @@ from gpu.workload import build_checkpoint  # noqa: E402
 from gpu_components import fake_rollout, sync, torch_trainer  # noqa: E402
 
 PROMPT = 64
+# RL-step variants: (algo.kl_loss_coef, more config overrides). no_kl_logits: the log-prob head of before
+# trainer.fused_logprobs (the model's [B, L, V] logits, then the float32 log-softmax); no_kl_recompute: the
+# old policy's log-probs in a pass of their own (no on-policy shortcut: RLTrainer.reuse_step_log_probs);
+# no_kl_compile: trainer.compile=true (the warm-up step compiles; "compile_s" is its time)
+VARIANTS = {"kl": (0.04, (), True), "no_kl": (0.0, (), True),
+            "no_kl_logits": (0.0, ("trainer.fused_logprobs=false",), True), "no_kl_recompute": (0.0, (), False),
+            "no_kl_compile": (0.0, ("trainer.compile=true",), True)}
 
 
-def timed(fn, steps: int, device: str) -> List[float]:
+def timed(fn, steps: int, device: str, warmup: List[float] = None) -> List[float]:
+    t0 = time.perf_counter()
     fn()  # warm-up
+    sync(device)
+    if warmup is not None:
+        warmup.append(time.perf_counter() - t0)
     out = []
     for _ in range(steps):
         sync(device)
@@ -52,13 +66,17 @@ def timed(fn, steps: int, device: str) -> List[float]:
     return out
 
 
-def bench_trainer(path: str, batch: int, resp: int, args, kl: float) -> Dict[str, Any]:
-    backend, rl = torch_trainer(path, batch, args.micro, args.preset, args.device, kl)
+def bench_trainer(path: str, batch: int, resp: int, args, kl: float, overrides: tuple = (),
+                  reuse: bool = True) -> Dict[str, Any]:
+    backend, rl = torch_trainer(path, batch, args.micro, args.preset, args.device, kl, overrides)
+    rl.reuse_step_log_probs = reuse
     data = fake_rollout(batch, PROMPT, resp, min(1000, backend.model.config.vocab_size))
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device)
-    res = {"kl_loss_coef": kl, "seconds": statistics.median(times), "all_s": times,
+    warmup: List[float] = []
+    times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device, warmup)
+    res = {"kl_loss_coef": kl, "overrides": list(overrides), "reuse_step_log_probs": reuse,
+           "seconds": statistics.median(times), "all_s": times, "warmup_s": warmup[0],
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None}
     if kl and args.device == "cuda":  # the reference's weights move with the trainer's state and come back whole
         mbs = backend.micro_batches(data, list(range(batch)), resp)
@@ -123,7 +141,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256], help="samples a step")
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--micro", type=int, nargs="+", default=[16], help="micro-batch sizes, each a run")
+    ap.add_argument("--variants", default="kl,no_kl,no_kl_logits,floor",
+                    help=f"comma-separated, of {', '.join([*VARIANTS, 'floor'])}")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
@@ -131,28 +151,43 @@ def main() -> None:
     path = build_checkpoint("/tmp/bench_ckpt", args.preset)
     res: Dict[str, Any] = {"gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
                            "preset": args.preset, "cmdline": " ".join(sys.argv), "runs": []}
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS) - {"floor"}
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; known: {', '.join([*VARIANTS, 'floor'])}")
+    micros = args.micro
     for batch in args.batch:
-        row = {"batch": batch, "tokens": batch * (PROMPT + args.new_tokens)}
-        for key, kl in (("kl", 0.04), ("no_kl", 0.0)):
-            row[key] = bench_trainer(path, batch, args.new_tokens, args, kl)
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
-        row["floor"] = bench_floor(path, batch, args.new_tokens, args)
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-        res["runs"].append(row)
-        write_json(os.path.join(args.out, "train_gpu.json"), res)
-    print(f"{res['gpu']}, {args.preset} shape, {PROMPT} + {args.new_tokens} tokens a sample, micro-batches of "
-          f"{args.micro}; seconds a step, median of {args.steps}")
-    print(f"{'samples':>8} {'GRPO (KL 0.04)':>15} {'GRPO (KL 0)':>12} {'bare model':>11} {'peak GiB':>9}")
+        for micro in micros:
+            args.micro = micro
+            row = {"batch": batch, "micro": micro, "tokens": batch * (PROMPT + args.new_tokens)}
+            res["runs"].append(row)
+            for key in variants:
+                try:
+                    if key == "floor":
+                        row[key] = bench_floor(path, batch, args.new_tokens, args)
+                    else:
+                        kl, overrides, reuse = VARIANTS[key]
+                        row[key] = bench_trainer(path, batch, args.new_tokens, args, kl, overrides, reuse)
+                except torch.OutOfMemoryError as e:  # a too-large micro-batch: say so and go on
+                    row[key] = {"error": f"out of memory: {str(e)[:200]}"}
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+                write_json(os.path.join(args.out, "train_gpu.json"), res)  # partial results as it goes
+    print(f"{res['gpu']}, {args.preset} shape, {PROMPT} + {args.new_tokens} tokens a sample; seconds a step, "
+          f"median of {args.steps} (peak GiB)")
+    print(f"{'samples':>8} {'micro':>6} " + " ".join(f"{k:>18}" for k in variants))
     for r in res["runs"]:
-        peak = r["kl"]["peak_gib"]
-        print(f"{r['batch']:>8} {r['kl']['seconds']:>15.3f} {r['no_kl']['seconds']:>12.3f} "
-              f"{r['floor']['seconds']:>11.3f} {peak if peak is None else round(peak, 1)!s:>9}")
-        if "reference_exact_after_offload" in r["kl"]:
+        cells = []
+        for k in variants:
+            v = r.get(k, {})
+            peak = v.get("peak_gib")
+            cells.append("OOM" if "error" in v else f"{v['seconds']:.3f}" + (f" ({peak:.1f})" if peak else ""))
+        print(f"{r['batch']:>8} {r['micro']:>6} " + " ".join(f"{c:>18}" for c in cells))
+    for r in res["runs"]:
+        if "reference_exact_after_offload" in r.get("kl", {}):
             print(f"  offload with KL: {r['kl']['offloaded_allocated_gib']:.2f} GiB left allocated; reference "
                   f"log-probs exact after the round trip: {r['kl']['reference_exact_after_offload']}")
-        p = r["no_kl"].get("profile")
+        p = r.get("no_kl", {}).get("profile")
         if p:
             print(f"  profile (KL 0): wall {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_s']:.3f} s")
             for k in p["kernels"]:

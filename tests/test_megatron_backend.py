@@ -164,3 +164,46 @@ def test_adam_steps_with_torchs_fused_kernel(backend):
     switched = trained(lambda p: torch.optim.AdamW(p, foreach=True, **kw), switch=True)
     assert torch.equal(switched, trained(lambda p: torch.optim.AdamW(p, fused=True, **kw)))
     torch.testing.assert_close(switched, trained(lambda p: torch.optim.AdamW(p, foreach=True, **kw)))
+
+
+def test_old_log_probs_from_the_training_forward_give_the_same_gradients_and_metrics(backend, cfg, monkeypatch):
+    """The on-policy shortcut on megatron (one optimiser step per rollout: the old policy's log-probs are
+    the training forward's, detached): the RL step's gradients (the accumulated ``main_grad``) and its
+    metrics, the log-prob gap included, equal those with a pass of their own. The optimizer step itself
+    needs CUDA tensors, so the step stops at the gradients here."""
+    from slime_hydra.train.backend import StepResult
+    from slime_hydra.train.trainer import RLTrainer
+
+    grads = {}
+
+    def grads_only(mbs, temperature, loss_fn):
+        metrics = backend.accumulate_grads(mbs, temperature, loss_fn)
+        grads["now"] = [p.main_grad.detach().clone() for p in backend._params()]
+        return StepResult(grad_norm=sum(float(g.double().pow(2).sum()) for g in grads["now"]) ** 0.5,
+                          metrics=metrics)
+
+    monkeypatch.setattr(backend, "train_step", grads_only)
+    passes = []
+    log_probs = backend.log_probs
+
+    def counted(mbs, temperature, reference=False):
+        passes.append(reference)
+        return log_probs(mbs, temperature, reference=reference)
+
+    monkeypatch.setattr(backend, "log_probs", counted)
+    data = fake_rollout(8)
+    data["rollout_log_probs"] = [[-1.5] * r for r in data["response_lengths"]]
+    runs = []
+    with cuda_on_cpu():
+        for reuse in (True, False):
+            passes.clear()
+            rl = RLTrainer(backend, cfg.algo, 1, reuse_step_log_probs=reuse)
+            metrics = rl.train(data, temperature=0.7, max_response_len=cfg.rollout.max_response_len)
+            runs.append((metrics, grads["now"], list(passes)))
+    (m1, g1, p1), (m2, g2, p2) = runs
+    assert p1 == [True] and p2 == [False, True]  # the shortcut left out the old policy's pass, only that
+    assert m1.keys() == m2.keys() and m1["train_rollout_logprob_abs_diff"] > 0
+    for k in m1:
+        assert m1[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

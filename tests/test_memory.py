@@ -124,6 +124,12 @@ def test_logprob_chunk_is_the_trainers():
     assert inspect.signature(response_log_probs).parameters["chunk"].default == M.LOGPROB_CHUNK
 
 
+def test_head_chunk_is_the_trainers():
+    from slime_hydra.train import logprobs
+
+    assert logprobs.HEAD_CHUNK_ROWS == M.HEAD_CHUNK_ROWS
+
+
 def test_trainer_estimate_is_within_10_percent_of_the_measured_h200_run():
     """bench/train_gpu.py on an H200: Qwen3-0.6B shape, one trainer, 64 samples of 64 + 256 tokens in
     micro-batches of 16, KL loss (the reference's weights on the GPU); torch.cuda.max_memory_allocated
@@ -132,6 +138,7 @@ def test_trainer_estimate_is_within_10_percent_of_the_measured_h200_run():
     measured = run["kl"]["peak_gib"]
     cfg = resolved(["model=qwen3_0_6b", "parallelism=1gpu", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
                     "trainer.micro_batch_size=16", "algo.kl_loss_coef=0.04", "rollout.max_prompt_len=64",
+                    "trainer.fused_logprobs=false",  # measured before the fused head
                     "rollout.max_response_len=256"])
     est = M.estimate(cfg, make_plan(cfg))
     assert run["batch"] == 64 and est.micro_batch.positions == 16 * 320
@@ -188,10 +195,12 @@ def test_colocated_peak_is_the_larger_phase_with_offload_and_the_sum_without():
     assert off.peak > 140 > on.peak
 
 
-# the GRPO step of bench/sglang_gpu.py: Qwen3-0.6B shape, 8 prompts x 8 samples x 256 new tokens, one H200
+# the GRPO step of bench/sglang_gpu.py: Qwen3-0.6B shape, 8 prompts x 8 samples x 256 new tokens, one H200;
+# the numbers below are those of the logits head (trainer.fused_logprobs=false), ANCHOR_FUSED's the default's
 ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.batch_size=8",
           "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.micro_batch_size=16",
-          "trainer.gradient_checkpointing=false"]
+          "trainer.gradient_checkpointing=false", "trainer.fused_logprobs=false"]
+ANCHOR_FUSED = ANCHOR[:-1]
 
 
 @pytest.mark.parametrize("overrides, offload", [
@@ -199,6 +208,8 @@ ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.bat
     ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5"], (False, False)),
     # engine 0.7 x 140: 130.6 together > 126; the engine releases while training, the trainer stays (109.1)
     (ANCHOR, (False, True)),
+    # the fused log-prob head: trainer 24.8 (activations 12.6 against 20.4) + engine 98.0 = 122.8 <= 126
+    (ANCHOR_FUSED, (False, False)),
     # a set value stays: the other is chosen around it
     ([*ANCHOR, "rollout.server_args.mem_fraction_static=0.5", "parallelism.offload_train=true"], (True, False)),
     ([*ANCHOR, "parallelism.offload_rollout=false"], (True, False)),  # nothing fits in 126: the most offload
@@ -304,7 +315,7 @@ def resolved_activations(overrides):
 def test_dry_run_plan_prints_the_estimate_on_gpus_only():
     text = make_plan(resolved(TORCH_4B)).describe()
     assert "Memory estimate, GiB per GPU (torch trainer; micro-batch 1 x 8192 tokens; a GPU has 140)" in text
-    assert "colocated GPU, training: 105.4" in text and "~1,372,670 tokens of KV cache per engine" in text
+    assert "colocated GPU, training: 92.0" in text and "~1,372,670 tokens of KV cache per engine" in text
     assert "Memory estimate" not in make_plan(resolved([])).describe()
     assert M.memory_problems(resolved([]), make_plan(resolved([])), 1.0) == []  # CPU slots: nothing to refuse
 

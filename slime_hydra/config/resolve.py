@@ -88,4 +88,6 @@ def resolve(cfg: RunConfig) -> RunConfig:
             p.offload_train = p.colocate
         if p.offload_rollout is None:
             p.offload_rollout = p.colocate
+        if p.push_before_offload is None:  # CPU slots: the GPU's order (nothing moves there)
+            p.push_before_offload = bool(p.offload_train)
     return cfg

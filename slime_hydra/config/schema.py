@@ -190,6 +190,9 @@ class ParallelismConfig:
     # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate.
     offload_train: Optional[bool] = None  # the trainer's state goes to the host while the engines generate
     offload_rollout: Optional[bool] = None  # the engines release their memory while the trainer trains
+    # with offload_train: the push reads the trainer's weights on the GPU before they go to the host (the
+    # optimizer state and gradients go first); None: where the estimate of that phase fits (plan/fit.py)
+    push_before_offload: Optional[bool] = None
     tensor_parallel: int = 1  # trainer tensor-parallel size (megatron)
     pipeline_parallel: int = 1  # trainer pipeline-parallel size (megatron)
     context_parallel: int = 1  # trainer context-parallel size (megatron)
@@ -281,6 +284,12 @@ class TrainerConfig:
     strategy: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (FSDP2: sharded per decoder layer)
     fsdp_cpu_offload: bool = False  # fsdp: parameters, gradients and optimizer state live on the host
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.rank > 0); torch backend only
+    # log-probs and entropies from the hidden states a chunk of response tokens at a time (train/logprobs.py),
+    # never the micro-batch's [B, L, V] logits; false: the model's logits, then the log-softmax
+    fused_logprobs: bool = True
+    # torch.compile each decoder layer (one graph for all, dynamic sequence lengths): fuses the eager model's
+    # elementwise work (norms, rotary, SwiGLU, autocast casts); the first steps pay for the compilation
+    compile: bool = False
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size

@@ -208,8 +208,8 @@ class TrainerGroup:
         refs = [a.update_weights.remote(version) for a in self.actors]
         return self._wait(refs, "a weight push", self.push_timeout_s)[self.layout.pusher]
 
-    def offload(self) -> None:
-        self._all("offload")
+    def offload(self, keep_weights: bool = False) -> None:
+        self._all("offload", keep_weights)
 
     def onload(self) -> None:
         self._all("onload")

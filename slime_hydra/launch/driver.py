@@ -46,15 +46,19 @@ EVAL_HOOKS: List[Callable[[int, Dict[str, float]], None]] = []
 
 @dataclass(frozen=True)
 class Offload:
-    """What takes turns on colocated GPUs (``parallelism.offload_train`` / ``offload_rollout``)."""
+    """What takes turns on colocated GPUs (``parallelism.offload_train`` / ``offload_rollout``), and whether
+    the push reads the trainer's weights before they go to the host (``push_before_offload``)."""
 
     trainer: bool = False
     engines: bool = False
+    push_first: bool = False
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "Offload":
         p = cfg.parallelism
-        return cls(trainer=bool(p.colocate and p.offload_train), engines=bool(p.colocate and p.offload_rollout))
+        trainer = bool(p.colocate and p.offload_train)
+        return cls(trainer=trainer, engines=bool(p.colocate and p.offload_rollout),
+                   push_first=trainer and bool(p.push_before_offload))
 
 
 def periodic(step: int, interval: int, last: int) -> bool:
@@ -451,15 +455,16 @@ def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload
     """Trainer -> engines, weight version ``version``. Engines that offload (asleep, the trainer
     awake): the trainer sleeps if it offloads, else returns its cached activation memory; the engines
     take back memory for their weights only, the push, then the engines' KV cache, so that two copies
-    of the weights plus a KV cache never share a GPU. Without offload, only the push.
+    of the weights plus a KV cache never share a GPU. Without offload, only the push. With
+    ``push_first``, the trainer's optimizer state goes before the push and its weights after it.
 
     With fault tolerance, the push goes to the engines running now: when engines have failed or
     restarted since the last push, the trainers reconnect first (a weight-update group has a fixed
     set of members), and afterwards the restarted engines take requests again. A push that fails (an
     engine died or hung past ``sync.push_timeout_s`` during it) is not an error: the engines that do
     not answer are restarted, and the push goes again to the others (at most once per engine)."""
-    if offload.trainer:
-        trainers.offload()
+    if offload.trainer:  # push_before_offload: the weights stay for the push (GPU speed), the rest goes now
+        trainers.offload(keep_weights=offload.push_first)
     elif offload.engines:  # the trainer stays: its allocator gives back what training freed
         trainers.free_cache()
     if offload.engines:
@@ -481,6 +486,8 @@ def push_weights(manager, trainers: TrainerGroup, version: int, offload: Offload
                         getattr(e, "cause", e))  # the trainer's error, without Ray's traceback
             if healer is not None:
                 healer.count("push_retries")
+    if offload.trainer and offload.push_first:
+        trainers.offload()
     if offload.engines:
         ray.get(manager.onload_kv.remote())
     if fault_tolerance:

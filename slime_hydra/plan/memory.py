@@ -55,12 +55,15 @@ with Qwen3's q/k norms; GLM-4's two extra norms add 12h; an MoE layer replaces t
 with ``14h + 4 experts + top_k (16 ffn_moe + 17)`` plus the shared experts as an MLP; MLA counts its
 query, key and value widths at the plain rate plus 10 bytes per low-rank width. With gradient
 checkpointing a layer keeps only its input (4h on GPUs: the residual stream is float32) and one layer
-is recomputed at a time. The log-prob head (``train/batch.py``) holds the logits ([B, L, V] in the
-compute dtype) and per response token the gathered row, the float32 log-softmax and its exp
-(entropy): ``d V`` a position, ``(d + 8) V`` a response token, plus ``8 V`` for each token of one
-chunk (``LOGPROB_CHUNK``). Checked against one measured run: Qwen3-0.6B shape, one H200, micro-batch
-16 x 384 tokens, no checkpointing: 37.8 GiB peak measured (bench/measured/h200_gpu_components.json),
-35.3 GiB estimated.
+is recomputed at a time. The log-prob head: with ``trainer.fused_logprobs`` (the default,
+``train/logprobs.py``) the response tokens' hidden rows (``d h`` a response token), about five float32
+``HEAD_CHUNK_ROWS x V`` temporaries and a ``model.dtype`` copy plus a float32 gradient of the head's
+weight; without it (``train/batch.py``) the logits ([B, L, V] in the compute dtype) and per response
+token the gathered row, the float32 log-softmax and its exp (entropy): ``d V`` a position,
+``(d + 8) V`` a response token, plus ``8 V`` for each token of one chunk (``LOGPROB_CHUNK``). The
+logits head was checked against one measured run: Qwen3-0.6B shape, one H200, micro-batch 16 x 384
+tokens, no checkpointing: 37.8 GiB peak measured (bench/measured/h200_gpu_components.json), 35.3 GiB
+estimated. The fused head's estimate is not yet checked against a GPU run.
 
 Engine, per GPU: SGLang takes ``mem_fraction_static`` of the GPU (``rollout.server_args``; when it is
 unset SGLang picks one from the GPU's size, and 0.9 stands in for it here) for its weights
@@ -70,9 +73,11 @@ and the KV cache of ``rollout.embedded_max_batch`` full-length sequences (Huggin
 
 Colocated GPUs take turns: with offload the peak is the larger of training (the trainer, plus the
 engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the trainer's state unless
-``offload_train`` moves it to the host); without offload the two add up. ``choose_offload``
-(``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset: the least that fits
-with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
+``offload_train`` moves it to the host); without offload the two add up. With ``offload_train`` and
+``push_before_offload`` a third phase, the push: the trainer's weights (its other state moved to the
+host) beside the engine's weights (all of the engine without ``offload_rollout``) and two push buckets.
+``choose_offload`` (``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset:
+the least that fits with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
 H200 with the Qwen3-0.6B shape it is measured in ``bench/measured/h200_sglang_colocated.md``).
 
 Not counted: the CUDA context, NCCL buffers, allocator fragmentation, SGLang's activations and CUDA
@@ -105,6 +110,10 @@ AUTO_OFFLOAD_HEADROOM = 0.1
 # (offload_train, offload_rollout) in the order choose_offload tries them, least memory moved first
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
 LOGPROB_CHUNK = 4096  # slime_hydra.train.batch.response_log_probs processes this many positions at once
+# the colocated phase of parallelism.push_before_offload: the trainer's weights (its optimizer state on the host)
+# beside the engine's weights, and the push's buckets
+PUSH_PHASE = "colocated GPU, push"
+HEAD_CHUNK_ROWS = 1024  # = slime_hydra.train.logprobs.HEAD_CHUNK_ROWS (trainer.fused_logprobs)
 MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.backends.megatron.logprobs.DEFAULT_CHUNK_BYTES
 
 # Activation bytes per token of one decoder layer (see the module docstring). "h": per hidden unit,
@@ -241,14 +250,18 @@ def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
 def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
                      residual_bytes: int, checkpointing: bool, tensor_parallel: int = 1,
                      sequence_parallel: bool = False, layers_held: float = 1.0,
-                     vocab_parallel_head: bool = False) -> Dict[str, float]:
+                     vocab_parallel_head: bool = False, fused_head: bool = False) -> Dict[str, float]:
     """Peak activation bytes of one micro-batch's forward and backward: the decoder layers (and the
     embedding output and final norm) and the log-prob head (logits, log-softmax), as the torch backend
     computes them; with tensor parallelism, Megatron's split (vocab-parallel logits). ``layers_held``:
     the layer stack's activations are held this many times (a pipeline stage's micro-batches in flight
     x its share of the layers). ``vocab_parallel_head``: the megatron backend's head, which keeps the
     logits of its vocabulary slice (and their gradient) in the compute dtype and works in float32 only a
-    chunk at a time (``train/backends/megatron/logprobs.py``)."""
+    chunk at a time (``train/backends/megatron/logprobs.py``). ``fused_head``: the torch backend's
+    ``trainer.fused_logprobs`` (``train/logprobs.py``), which keeps the response tokens' hidden rows and
+    makes the logits a chunk of ``HEAD_CHUNK_ROWS`` at a time (about five float32 ``chunk x V``
+    temporaries in the backward), with a ``model.dtype`` copy of the head's weight and its float32
+    gradient."""
     table = ACT_AUTOCAST if autocast else {k: v * compute_bytes / 4 for k, v in ACT_FP32.items()}
     tp = tensor_parallel
     h_split = tp if sequence_parallel else 1
@@ -266,6 +279,10 @@ def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int
     layers = (per_token + ACT_BASE * a.hidden_size / h_split) * mb.positions
     if vocab_parallel_head:
         head = a.vocab_size / tp * 2 * compute_bytes * mb.positions + MEGATRON_LOGPROB_CHUNK_BYTES
+        return {"layers": layers, "logits": head}
+    if fused_head:
+        head = (compute_bytes * a.hidden_size * mb.response_tokens + 4 * 5 * min(HEAD_CHUNK_ROWS, mb.response_tokens)
+                * a.vocab_size + (compute_bytes + 4) * a.vocab_size * a.hidden_size)
         return {"layers": layers, "logits": head}
     head = a.vocab_size / tp * (compute_bytes * mb.positions + (compute_bytes + 8) * mb.response_tokens
                                 + 8 * min(LOGPROB_CHUNK, mb.response_tokens))
@@ -299,7 +316,8 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     critic = (n - param_count(a).lm_head) if cfg.algo.advantage_estimator == "ppo" else 0
     autocast = gpu and compute < 4
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
-                            residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing)
+                            residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing,
+                            fused_head=cfg.trainer.fused_logprobs)
     ref = master * n if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else 0
     host = {}
     if p.colocate and p.offload_train and gpu:  # weights, Adam's moments and the reference; gradients are dropped
@@ -385,7 +403,7 @@ def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
         gpu_parts["autocast_copies"] = compute * (adapters if lora else n)
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
                             residual_bytes=compute if (lora or fsdp) and gpu else master,
-                            checkpointing=t.gradient_checkpointing)
+                            checkpointing=t.gradient_checkpointing, fused_head=t.fused_logprobs)
     gpu_parts["activations"] = acts["layers"] + acts["logits"]
     return TrainerMemory(gpu=gpu_parts, offloaded=state, host=host)
 
@@ -575,6 +593,10 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
         state = sum(v for k, v in trainer.items() if k not in TRANSIENT and not (p.offload_train and k in tm.offloaded))
         gpus = {"colocated GPU, training": train_total + (0.0 if p.offload_rollout else engine_total),
                 "colocated GPU, rollout": engine_total + state}
+        if p.offload_train and p.push_before_offload:  # the trainer's weights stay for the push, beside the engine's
+            kept = state + trainer.get("weights", 0.0)
+            engine_now = engine.get("weights", 0.0) if p.offload_rollout else engine_total
+            gpus[PUSH_PHASE] = kept + engine_now + 2 * cfg.sync.bucket_mb / 1024
     else:
         gpus = {"trainer GPU": train_total, "engine GPU": engine_total}
     ranks_per_node = min(p.trainer_gpus, p.gpus_per_node)

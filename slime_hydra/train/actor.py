@@ -113,8 +113,8 @@ class TrainerActor:
             metrics["gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
         return metrics
 
-    def offload(self) -> None:
-        self.backend.offload()
+    def offload(self, keep_weights: bool = False) -> None:
+        self.backend.offload(keep_weights=keep_weights)
 
     def onload(self) -> None:
         self.backend.onload()

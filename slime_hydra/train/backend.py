@@ -180,8 +180,11 @@ class TrainerBackend(ABC):
         the name a checkpoint stores (``model.embed_tokens.weight``, not ``lm_head.weight``)."""
 
     @abstractmethod
-    def offload(self) -> None:
-        """Free the accelerator memory (weights, optimiser state) while colocated engines generate."""
+    def offload(self, keep_weights: bool = False) -> None:
+        """Free the accelerator memory (weights, optimiser state) while colocated engines generate.
+        ``keep_weights``: only the optimiser state (and the gradients, freed), so that the weight push
+        reads the weights on the accelerator (``parallelism.push_before_offload``); a later ``offload()``
+        moves the weights too."""
 
     @abstractmethod
     def onload(self) -> None:

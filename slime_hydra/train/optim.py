@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
@@ -65,16 +64,26 @@ def accumulated_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.op
     reduce-scatters after every micro-batch)."""
     model.train()
     opt.zero_grad(set_to_none=True)
-    sums: Dict[str, float] = defaultdict(float)
+    sums: Dict[str, torch.Tensor] = {}
     for k, mb in enumerate(mbs):
         sync = k == len(mbs) - 1 or world_size == 1 or not accumulate_unsynced
         with contextlib.nullcontext() if sync else net.no_sync():
             loss, metrics = loss_of(mb)
             (loss * world_size).backward()
-        for key, v in metrics.items():
-            sums[key] += float(v)
+        for key, v in metrics.items():  # summed on the device: no host round trip between micro-batches
+            v = v.detach().float()
+            sums[key] = sums[key] + v if key in sums else v
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    grad_norm = float((clip or torch.nn.utils.clip_grad_norm_)(params, clip_grad))
+    grad_norm = (clip or torch.nn.utils.clip_grad_norm_)(params, clip_grad)
     opt.step()
     sched.step()
-    return StepResult(grad_norm=grad_norm, metrics=dict(sums))
+    return StepResult(grad_norm=float(grad_norm), metrics=read_metrics(sums))
+
+
+def read_metrics(sums: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    """0-dim metric tensors -> floats, read from the device in one copy (one wait for the GPU, not one a metric)."""
+    if not sums:
+        return {}
+    keys = sorted(sums)
+    values = torch.stack([sums[k].detach().float().reshape(()).to(sums[keys[0]].device) for k in keys]).cpu()
+    return dict(zip(keys, values.tolist()))

@@ -58,6 +58,33 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return 1.0 - (see / n - (se / n) ** 2) / var_r
 
 
+def _rows(idx: Sequence[int]):
+    """A micro-batch's rows as a slice where they are contiguous (the backends keep them in order), so that
+    indexing a device tensor needs no index tensor copied from the host."""
+    if len(idx) and list(idx) == list(range(idx[0], idx[0] + len(idx))):
+        return slice(idx[0], idx[0] + len(idx))
+    return list(idx)
+
+
+class OnDevice:
+    """The step's per-row CPU tensors, each copied once to the device the loss runs on (from pinned memory,
+    without waiting for the GPU), not once a micro-batch: a ``.to(device)`` of pageable memory blocks the host
+    until every kernel queued before it has run, so each micro-batch's loss would wait for its forward pass."""
+
+    def __init__(self, **tensors: Optional[torch.Tensor]):
+        self.cpu = tensors
+        self.moved: Dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, name: str, idx: Sequence[int], device: torch.device) -> torch.Tensor:
+        key = (name, str(device))
+        if key not in self.moved:
+            t = self.cpu[name]
+            if device.type == "cuda":
+                t = t.pin_memory().to(device, non_blocking=True)
+            self.moved[key] = t.to(device)
+        return self.moved[key][_rows(idx)]
+
+
 class RLTrainer:
     """The RL step over a backend, and its counters (saved in checkpoints through the backend)."""
 
@@ -126,6 +153,9 @@ class RLTrainer:
 
         # 3. the optimiser steps
         sums: Dict[str, float] = defaultdict(float)
+        on = OnDevice(values=values, returns=returns, mask=loss_mask, rollout=rollout_lp, old=old_lp, ref=ref_lp,
+                      adv=adv)
+        gaps: List[torch.Tensor] = []  # per micro-batch, on the device: summed and read once, after the steps
         for these_rows, group in zip(step_rows, step_mbs):
             counts = be.dp_all_reduce(torch.tensor([float(len(these_rows)), float(loss_mask[these_rows].sum())]))
             reducer = A.Reducer(algo.loss_reduction, num_samples=int(counts[0]), num_tokens=int(counts[1]),
@@ -133,20 +163,20 @@ class RLTrainer:
 
             # these two closures run within this step, with its reducer (hence the B023 noqa)
             def value_loss(idx: Sequence[int], v: torch.Tensor):
-                return A.value_loss(algo, reducer, values=v, old_values=values[idx].to(v.device),  # noqa: B023
-                                    returns=returns[idx].to(v.device), loss_mask=loss_mask[idx].to(v.device))
+                d = v.device
+                return A.value_loss(algo, reducer, values=v, old_values=on("values", idx, d),  # noqa: B023
+                                    returns=on("returns", idx, d), loss_mask=on("mask", idx, d))
 
             def policy_loss(idx: Sequence[int], lp: torch.Tensor, entropy: torch.Tensor):
-                nonlocal logprob_gap
-                if from_step:  # this forward pass is the old policy's
-                    here = lp.detach().float().cpu()
-                    logprob_gap = logprob_gap + ((here - rollout_lp[idx]).abs() * loss_mask[idx]).sum()
-                old = lp.detach() if old_lp is None else old_lp[idx].to(lp.device)
+                d = lp.device
+                mask, rollout = on("mask", idx, d), on("rollout", idx, d)
+                if from_step:  # this forward pass is the old policy's; the gap stays on the device until the end
+                    gaps.append(((lp.detach().float() - rollout).abs() * mask).sum())
+                old = lp.detach() if old_lp is None else on("old", idx, d)
                 return A.policy_loss(
-                    algo, reducer, log_probs=lp, old_log_probs=old,  # noqa: B023
-                    advantages=adv[idx].to(lp.device), loss_mask=loss_mask[idx].to(lp.device),
-                    ref_log_probs=None if ref_lp is None else ref_lp[idx].to(lp.device),
-                    rollout_log_probs=rollout_lp[idx].to(lp.device), entropy=entropy)
+                    algo, reducer, log_probs=lp, old_log_probs=old, advantages=on("adv", idx, d),  # noqa: B023
+                    loss_mask=mask, ref_log_probs=None if ref_lp is None else on("ref", idx, d),
+                    rollout_log_probs=rollout, entropy=entropy)
 
             step_metrics: Dict[str, float] = {}
             if critic is not None:
@@ -159,6 +189,8 @@ class RLTrainer:
             for key, v in step_metrics.items():
                 sums[key] += v / self.num_steps
         self.rollouts_done += 1
+        if gaps:
+            logprob_gap = logprob_gap + torch.stack(gaps).sum().cpu()
 
         # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the
         #    critic's values; step averages (sums of per-rank shares; the gradient norms are the same

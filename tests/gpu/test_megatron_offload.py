@@ -2,7 +2,8 @@
 colocated choreography of every step). Step 2 used to fail in torch's fused AdamW after the optimizer
 state came back from the host ("state_steps is on cpu"); and after an onload, backward left DDP's
 ``main_grad`` at zero (the parameters' gradient accumulators were new, DDP's hooks on the old ones), so
-every colocated step after the first trained on nothing. Skipped without CUDA and megatron-core; the GPU
+every colocated step after the first trained on nothing. One step offloads in two parts (the optimizer
+state, then the weights: ``parallelism.push_before_offload``). Skipped without CUDA and megatron-core; the GPU
 benches run it in every call (``bench/gpu/env.sh`` callers: ``python3 -m pytest -q tests/gpu``)."""
 
 from __future__ import annotations
@@ -56,7 +57,19 @@ def test_megatron_steps_after_offload_and_onload(tmp_path, distributed):
             assert all(torch.isfinite(torch.tensor(float(v))) for v in out.values() if isinstance(v, (int, float)))
             assert out["grad_norm"] > 0, out  # the norm the optimizer clipped by (weight decay is 0: steps need it)
             free = torch.cuda.memory_allocated()
-            be.offload()
+            if step == 1:  # parallelism.push_before_offload: the optimizer state first, the push, then the weights
+                pushed_from_host = None
+                be.offload(keep_weights=True)
+                kept = torch.cuda.memory_allocated()
+                assert kept < free
+                weights = dict(be.hf_weights())
+                assert all(t.is_cuda for t in weights.values())  # the push reads the GPU's weights
+                be.offload()
+                assert torch.cuda.memory_allocated() < kept
+                pushed_from_host = dict(be.hf_weights())
+                assert all(torch.equal(weights[k].cpu(), pushed_from_host[k].cpu()) for k in weights)
+            else:
+                be.offload()
             assert torch.cuda.memory_allocated() < free  # the state really left the GPU
             be.onload()
             for o in be._inner_optimizers():

@@ -59,7 +59,7 @@ from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
 from slime_hydra.train.backends.megatron.packing import PackedBatch, pack
 from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
-from slime_hydra.train.optim import lr_lambda
+from slime_hydra.train.optim import lr_lambda, read_metrics
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
@@ -214,7 +214,8 @@ class MegatronBackend(TrainerBackend):
         needs_ref = A.needs_ref(algo)
         self.ref_state = self._cpu_copy() if needs_ref else None
         self._backup = self._cpu_copy() if needs_ref else None
-        self._offloaded = False
+        self._offloaded = False  # the weights are on the host
+        self._state_offloaded = False  # gradients freed, optimizer state on the host
         self._host: Dict[int, torch.Tensor] = {}  # id(buffer or parameter) -> its pinned host copy
         self._views: Dict[int, torch.Tensor] = {}  # id(parameter) -> its view of the GPU buffer, while offloaded
         self._param_bytes: Dict[int, int] = {}
@@ -310,12 +311,30 @@ class MegatronBackend(TrainerBackend):
         for c in self.chunks:
             yield from c.buffers + c.expert_parallel_buffers
 
-    def offload(self) -> None:
-        """Weights to pinned host memory (the parameters point at it, so :meth:`hf_weights` still reads
-        them), gradient buffers freed, optimizer state (main weights, Adam moments) to the host."""
+    def offload(self, keep_weights: bool = False) -> None:
+        """Gradient buffers freed, optimizer state (main weights, Adam moments) to the host, then the
+        weights to pinned host memory (the parameters point at it, so :meth:`hf_weights` still reads them).
+        ``keep_weights``: the weights stay on the GPU, where the push reads them at GPU speed; the next
+        ``offload()`` moves them."""
         if not self.cuda or self._offloaded:
             return
         torch.cuda.synchronize()
+        if not self._state_offloaded:
+            for b in self._buffers():
+                b.offload_to_cpu(move_params=False, move_grads=True)
+            for t in self._optimizer_tensors():  # into pinned buffers kept across steps, asynchronously
+                host = self._host.get(id(t))
+                if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                    host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t.data, non_blocking=True)
+                t.data = host
+            self._state_offloaded = True
+        if not keep_weights:
+            self._offload_weights()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+    def _offload_weights(self) -> None:
         for b in self._buffers():
             if b.param_data is not None:  # the distributed optimizer's contiguous parameter buffer
                 host = self._host.get(id(b))
@@ -329,7 +348,6 @@ class MegatronBackend(TrainerBackend):
                     p.data = host[start:end].view(p.shape)
                 self._param_bytes[id(b)] = b.param_data.untyped_storage().size()
                 b.param_data.untyped_storage().resize_(0)
-            b.offload_to_cpu(move_params=False, move_grads=True)
         if not self.ddp_config.use_distributed_optimizer:  # no parameter buffer: the parameters one by one
             for p in self._params():
                 host = self._host.get(id(p))
@@ -337,14 +355,6 @@ class MegatronBackend(TrainerBackend):
                     host = self._host[id(p)] = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
                 host.copy_(p.data)
                 p.data = host
-        for t in self._optimizer_tensors():  # into pinned buffers kept across steps, asynchronously
-            host = self._host.get(id(t))
-            if host is None or host.shape != t.shape or host.dtype != t.dtype:
-                host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t.data, non_blocking=True)
-            t.data = host
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
         self._offloaded = True
 
     def _rehook_grads(self) -> None:
@@ -375,23 +385,25 @@ class MegatronBackend(TrainerBackend):
                     yield t
 
     def onload(self) -> None:
-        if not self.cuda or not self._offloaded:
+        if not self.cuda or not (self._offloaded or self._state_offloaded):
             return
         for b in self._buffers():
-            if b.param_data is not None:
+            if b.param_data is not None and self._offloaded:
                 b.param_data.untyped_storage().resize_(self._param_bytes[id(b)])
                 b.param_data.copy_(self._host[id(b)], non_blocking=True)
                 for p in b.params:
                     p.data = self._views.pop(id(p))
-            b.reload_from_cpu(move_params=False, move_grads=True)
-        if not self.ddp_config.use_distributed_optimizer:
+            if self._state_offloaded:
+                b.reload_from_cpu(move_params=False, move_grads=True)
+        if not self.ddp_config.use_distributed_optimizer and self._offloaded:
             for p in self._params():
                 p.data = p.data.to(self.device, non_blocking=True)
-        for t in self._optimizer_tensors():
-            t.data = t.data.to(self.device, non_blocking=True)
+        if self._state_offloaded:
+            for t in self._optimizer_tensors():
+                t.data = t.data.to(self.device, non_blocking=True)
         self._rehook_grads()
         torch.cuda.synchronize()
-        self._offloaded = False
+        self._offloaded = self._state_offloaded = False
 
     # --------------------------------------------------------------------------------- data
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[PackedMicroBatch]:
@@ -443,12 +455,12 @@ class MegatronBackend(TrainerBackend):
         got: List[torch.Tensor] = []
 
         def keep(mb, lp, _):
-            got.append(lp.float().cpu())
+            got.append(lp.float())  # on the device: one copy to the host at the end, not a wait a micro-batch
             return lp.new_zeros(()), {}
 
         self._forward_backward(mbs, temperature, keep, forward_only=True)
         rows, width = sum(len(mb.indices) for mb in mbs), mbs[0].width if mbs else 0
-        out = torch.cat(got) if got else torch.zeros(rows, width)
+        out = torch.cat(got).cpu() if got else torch.zeros(rows, width)
         if self.pp_group is not None:  # every rank returns the last stage's
             buf = out.to(self.device)
             dist.broadcast(buf, src=self.pp_last_global, group=self.pp_group)
@@ -480,11 +492,12 @@ class MegatronBackend(TrainerBackend):
             loss, metrics = loss_fn(mb.indices, lp, ent)
             return loss * scale, {k: v.detach() for k, v in metrics.items()}
 
-        sums: Dict[str, float] = {}
+        sums: Dict[str, torch.Tensor] = {}
         for metrics in self._forward_backward(mbs, temperature, loss_of, forward_only=False) or []:
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        return sums
+            for k, v in metrics.items():  # summed on the device, read in one copy
+                v = v.detach().float()
+                sums[k] = sums[k] + v if k in sums else v
+        return read_metrics(sums)
 
     def train_step(self, mbs: Sequence[PackedMicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
         metrics = self.accumulate_grads(mbs, temperature, loss_fn)

@@ -32,6 +32,7 @@ def _allreduce(t: torch.Tensor, op, group) -> torch.Tensor:
 class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy):
+        ctx.set_materialize_grads(False)  # an entropy that is only a metric: no gradient pass over it
         rows = logits.shape[0]
         dev = logits.device
         in_range = (targets >= vocab_start) & (targets < vocab_start + n_valid)
@@ -65,6 +66,8 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         logits, local_t, in_range, lse, entropy = ctx.saved_tensors
         inv_temp, n_valid, chunk, with_entropy = ctx.args
         grad = torch.zeros_like(logits)
+        if g_logp is None:
+            g_logp = torch.zeros_like(lse)
         rows = logits.shape[0]
         for s in range(0, rows, chunk):
             if not n_valid:

@@ -42,6 +42,7 @@ weights, float32 master weights when they differ from ``hf/``, RNG) and, with a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -56,6 +57,7 @@ from slime_hydra.train.backends.torch import fsdp, lora as peft_lora
 from slime_hydra.train.backends.torch.critic import Critic
 from slime_hydra.train.backends.torch.offload import Offloader, data_parallel
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
+from slime_hydra.train.logprobs import fusable_head, fused_head
 from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
 
 if TYPE_CHECKING:
@@ -85,6 +87,9 @@ class TorchBackend(TrainerBackend):
             kwargs = {"use_reentrant": False} if self.fsdp or self.lora is not None else None
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
+        if trainer.compile:  # the layers share their code: one compiled graph (and its backward) serves them all
+            for layer in fsdp.decoder_layers(self.model):
+                layer.compile(dynamic=True)
         if self.lora is not None:
             self.model = peft_lora.wrap(self.model, self.lora, model.arch.type)
         self.ref_model: Optional[torch.nn.Module] = None  # FSDP2's reference (KL): sharded like the policy
@@ -193,16 +198,21 @@ class TorchBackend(TrainerBackend):
             if send:
                 yield name, tensor
 
-    def offload(self) -> None:
+    def offload(self, keep_weights: bool = False) -> None:
         """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host
         buffers while the engines generate (FSDP2: its shards and AdamW state to the host, unless
-        ``trainer.fsdp_cpu_offload`` keeps them there anyway)."""
+        ``trainer.fsdp_cpu_offload`` keeps them there anyway). ``keep_weights``: the policy's
+        parameters stay for the push (FSDP2: everything stays until the ``offload()`` after it)."""
         if self.fsdp:
+            if keep_weights:
+                return
             if self.device.type == "cuda" and not self.trainer_cfg.fsdp_cpu_offload:
                 self.opt.zero_grad(set_to_none=True)
                 fsdp.offload(self._fsdp_models(), [self.opt])
             return
-        for o in self.offloaders:
+        policy, *others = self.offloaders
+        policy.offload(keep_weights=keep_weights)
+        for o in others:  # the critic is not pushed: all of it goes at once
             o.offload()
 
     def onload(self) -> None:
@@ -239,7 +249,12 @@ class TorchBackend(TrainerBackend):
         one: 0.6 ms a layer against 1.1 ms for the tiny model's 128 x 9 tokens (measured)."""
         pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
         inputs = {"input_ids": mb.input_ids, "position_ids": pos}
-        with autocast(self.device, self.compute_dtype):
+        entropy_grad = bool(self.algo.entropy_coef)
+        model = self.ref_model if reference and self.ref_model is not None else self.model
+        head = fusable_head(model) if self.trainer_cfg.fused_logprobs else None
+        fused = fused_head(head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad) \
+            if head is not None else contextlib.nullcontext()
+        with autocast(self.device, self.compute_dtype), fused:
             if not reference:
                 logits = self.net(**inputs).logits
             elif self.lora is not None:
@@ -249,12 +264,16 @@ class TorchBackend(TrainerBackend):
                 logits = self.ref_model(**inputs).logits
             else:  # the tied LM head follows the embedding (tie_weights), buffers stay the model's
                 logits = torch.func.functional_call(self.model, self.ref_state, (), inputs, strict=False).logits
-        return response_log_probs(logits, mb, temperature, with_entropy, entropy_grad=bool(self.algo.entropy_coef))
+        if head is not None:  # the head gave the response tokens' [B, T, 2] (log-prob, entropy), not logits
+            entropy = logits[..., 1] if entropy_grad else logits[..., 1].detach()  # a metric only: no graph
+            return logits[..., 0], (entropy if with_entropy else None)
+        return response_log_probs(logits, mb, temperature, with_entropy, entropy_grad=entropy_grad)
 
     @torch.no_grad()
     def _log_probs(self, mbs: Sequence[MicroBatch], temperature: float, reference: bool = False) -> torch.Tensor:
         self.model.eval()
-        return torch.cat([self._forward(mb, temperature, reference=reference)[0].float().cpu() for mb in mbs])
+        # one copy to the host at the end, not a wait for the GPU after every micro-batch
+        return torch.cat([self._forward(mb, temperature, reference=reference)[0].float() for mb in mbs]).cpu()
 
     def log_probs(self, mbs: Sequence[MicroBatch], temperature: float, *, reference: bool = False) -> torch.Tensor:
         if reference and self.ref_state is None and self.ref_model is None and self.lora is None:

@@ -103,8 +103,8 @@ class Critic(CriticBackend):
             for mb in mbs:
                 positions = torch.arange(mb.loss_mask.shape[1], device=mb.loss_mask.device)
                 inside = positions[None, :] < A.response_lengths(mb.loss_mask)[:, None]
-                out.append((self.net(mb) * inside).float().cpu())
-        return torch.cat(out)
+                out.append((self.net(mb) * inside).float())
+        return torch.cat(out).cpu()  # one copy to the host, not a wait for the GPU a micro-batch
 
     def train_step(self, mbs: Sequence[MicroBatch], loss_fn: ValueLossFn) -> StepResult:
         """One optimiser step of ``loss_fn`` (the clipped value loss) over the step's micro-batches."""

@@ -21,14 +21,17 @@ import torch
 from torch import nn
 
 
-def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]
-             ) -> Iterator[torch.Tensor]:
+def _weights(model: torch.nn.Module) -> Iterator[torch.Tensor]:
     seen = set()
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
             yield p
     yield from model.buffers()
+
+
+def _state(opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """What the weight push does not read: AdamW's moments and ``extra`` (the reference's weights)."""
     for state in opt.state.values():
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:
@@ -43,6 +46,12 @@ def data_parallel(model: nn.Module, device: torch.device, init_sync: bool = True
                                                init_sync=init_sync)
 
 
+def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]
+             ) -> Iterator[torch.Tensor]:
+    yield from _weights(model)
+    yield from _state(opt, extra)
+
+
 class Offloader:
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
                  extra: Iterable[torch.Tensor] = ()):
@@ -52,10 +61,15 @@ class Offloader:
         self.host: Dict[int, torch.Tensor] = {}  # id(tensor) -> its pinned host buffer
         self.moved = False  # offload moved tensors to the host that onload has not brought back
 
-    def offload(self) -> None:
+    def offload(self, keep_weights: bool = False) -> None:
+        """``keep_weights``: the optimiser state and ``extra`` only, and the gradients freed (the weight
+        push then reads the weights on the GPU); a later ``offload()`` moves the weights."""
         if self.device.type != "cuda":
             return
-        for t in _tensors(self.model, self.opt, self.extra):
+        for p in self.model.parameters():
+            p.grad = None  # gradients are zeroed before every step anyway
+        tensors = _state(self.opt, self.extra) if keep_weights else _tensors(self.model, self.opt, self.extra)
+        for t in tensors:
             if t.device.type != "cuda":
                 continue
             buf = self.host.get(id(t))
@@ -64,8 +78,6 @@ class Offloader:
             buf.copy_(t.data, non_blocking=True)
             t.data = buf
             self.moved = True
-            if t.grad is not None:
-                t.grad = None  # gradients are zeroed before every step anyway
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 

@@ -1,0 +1,148 @@
+"""Log-probs and entropies of the response tokens straight from a causal LM's last hidden states.
+
+The plain way (:func:`slime_hydra.train.batch.response_log_probs`) lets the model compute its logits,
+``[B, L, V]`` in the compute dtype for every position of the micro-batch (prompt included), gathers the
+response positions (a second ``[B, T, V]`` copy) and runs the float32 log-softmax over them; autograd
+then keeps every chunk's float32 log-softmax until the backward pass. For the Qwen3-0.6B shape (V =
+151936) and 32 samples of 64 + 256 tokens that is 3.1 GB of logits, 2.5 GB of gathered rows and 10 GB
+of float32 kept for the backward, a micro-batch.
+
+Here the LM head's matmul, the float32 log-softmax and the entropy run ``chunk`` response rows at a
+time, in the forward and again in the backward (which recomputes them from the saved hidden rows, as
+Liger's fused linear cross-entropy and verl's ``FusedLinearForPPO`` do): what is kept for the backward
+is the ``[B*T, H]`` hidden rows, and no more than one chunk's ``[chunk, V]`` float32 temporaries exist
+at once. The numbers are the plain way's: the same matmul in the same dtype (autocast's), the same
+float32 log-softmax of ``logits / temperature``, the same entropy formula.
+
+The model's own forward still runs (its hooks: DDP's, FSDP2's, PEFT's): :func:`fused_head` swaps the
+LM head's ``forward`` for one that returns the response tokens' ``[B, T, 2]`` (log-prob, entropy) in
+place of the logits, so the head's weight is read where the model reads it (unsharded under FSDP2,
+the reference's under ``torch.func.functional_call``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+# response rows a chunk: 1024 x 151936 float32 is 0.6 GB a temporary (about four live at once in the backward)
+HEAD_CHUNK_ROWS = 1024
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the LM head's matmul runs in: autocast's where it is on (as ``F.linear`` would), else
+    the hidden states' own."""
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return hidden.dtype
+
+
+class _HeadLogProbs(torch.autograd.Function):
+    """(hidden rows [R, H], head weight [V, H], targets [R]) -> (log-prob [R], entropy [R]), float32."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy, dtype):
+        ctx.set_materialize_grads(False)
+        h, w = hidden.to(dtype), weight.to(dtype)
+        rows = h.shape[0]
+        logp = torch.empty(rows, dtype=torch.float32, device=h.device)
+        ent = torch.zeros(rows, dtype=torch.float32, device=h.device)
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, rows, chunk):
+                lp = torch.log_softmax((h[s:s + chunk] @ w.T).float() / temperature, dim=-1)
+                logp[s:s + chunk] = lp.gather(-1, targets[s:s + chunk, None])[:, 0]
+                if with_entropy:
+                    ent[s:s + chunk] = -(lp.exp() * lp).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, ent)
+        ctx.args = (temperature, chunk, with_entropy, dtype)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, targets, ent = ctx.saved_tensors
+        temperature, chunk, with_entropy, dtype = ctx.args
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if g_ent is not None and not with_entropy:
+            g_ent = None
+        if g_logp is None and g_ent is None:
+            return None, None, None, None, None, None, None
+        h, w = hidden.to(dtype), weight.to(dtype)
+        rows = h.shape[0]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, rows, chunk):
+                sl = slice(s, s + chunk)
+                lp = torch.log_softmax((h[sl] @ w.T).float() / temperature, dim=-1)
+                p = lp.exp()
+                dz = torch.zeros_like(lp)
+                if g_logp is not None:  # d log p_t / dz_k = [k = t] - p_k
+                    dz.sub_(p * g_logp[sl, None])
+                    dz.scatter_add_(-1, targets[sl, None], g_logp[sl, None])
+                if g_ent is not None:  # dH / dz_k = -p_k (log p_k + H)
+                    dz.sub_(g_ent[sl, None] * p * (lp + ent[sl, None]))
+                g = (dz / temperature).to(dtype)
+                if need_h:
+                    grad_h[sl] = (g @ w).to(hidden.dtype)
+                if need_w:
+                    grad_w.add_(g.T @ h[sl])
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+
+
+def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False, chunk: int = HEAD_CHUNK_ROWS
+                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``log_softmax(hidden @ weight.T / temperature)[target]`` and, if asked, the entropy of that
+    distribution, for each of the ``R`` rows of ``hidden`` (``[R, H]``; ``weight`` ``[V, H]``, a bias-free
+    LM head), as float32 ``[R]`` tensors, differentiable in ``hidden`` and ``weight``. The matmul runs in
+    autocast's dtype where autocast is on, else in ``hidden``'s."""
+    logp, ent = _HeadLogProbs.apply(hidden, weight, targets, float(temperature), int(chunk), bool(with_entropy),
+                                    _compute_dtype(hidden))
+    return logp, (ent if with_entropy else None)
+
+
+def response_rows(hidden: torch.Tensor, response_start: torch.Tensor, width: int) -> torch.Tensor:
+    """The hidden states that score each response token: row ``b``'s token ``t`` is predicted at
+    position ``response_start[b] - 1 + t`` (clamped into the sequence for the padding past a response),
+    ``[B, L, H]`` -> ``[B * width, H]``."""
+    B, L, H = hidden.shape
+    pos = response_start[:, None] - 1 + torch.arange(width, device=hidden.device)[None, :]
+    pos = pos.clamp(0, L - 1)
+    return hidden.gather(1, pos[..., None].expand(B, width, H)).reshape(B * width, H)
+
+
+def fusable_head(model: torch.nn.Module) -> Optional[torch.nn.Linear]:
+    """The model's LM head where :func:`fused_head` can stand in for it: a plain bias-free ``nn.Linear``
+    (a PEFT-wrapped or biased head keeps the plain path)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is torch.nn.Linear and head.bias is None:
+        return head
+    return None
+
+
+@contextlib.contextmanager
+def fused_head(head: torch.nn.Linear, response_start: torch.Tensor, response_ids: torch.Tensor,
+               temperature: float, with_entropy: bool, entropy_grad: bool = True,
+               chunk: int = HEAD_CHUNK_ROWS) -> Iterator[None]:
+    """Within it, ``head`` returns ``[B, T, 2]`` float32 (the response tokens' log-probs, and entropies
+    or zeros) instead of ``[B, L, V]`` logits: the model's ``.logits`` output is that tensor.
+    ``entropy_grad=False``: the entropy is a metric only, and its gradient is not kept."""
+    B, T = response_ids.shape
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        rows = response_rows(hidden, response_start, T)
+        lp, ent = head_log_probs(rows, head.weight, response_ids.reshape(-1), temperature, with_entropy, chunk)
+        if ent is None:
+            ent = torch.zeros_like(lp)
+        elif not entropy_grad:
+            ent = ent.detach()
+        return torch.stack([lp, ent], -1).view(B, T, 2)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
