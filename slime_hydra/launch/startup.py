@@ -23,8 +23,6 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from slime_hydra.utils.proc import tail
-
 log = logging.getLogger("slime_hydra")
 STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
 # how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
@@ -117,6 +115,8 @@ class StartupClock:
 def engine_log_status(log_dir: str) -> List[str]:
     """``engine <rank>: <its log's last line>`` for each engine log in ``log_dir`` (this node's; a
     progress bar's last state; SGLang's timestamp dropped)."""
+    from slime_hydra.utils.proc import tail  # imports httpx: not for a dry run, which imports this module
+
     out = []
     for path in sorted(glob.glob(os.path.join(log_dir, "engine_*.log"))):
         lines = [ln.split("\r")[-1].strip() for ln in tail(path, 5).splitlines()]
