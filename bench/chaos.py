@@ -38,8 +38,8 @@ ARGS = ["trainer.num_rollout=8", "trainer.save_interval=2", "rollout.batch_size=
         "eval.interval=4", "logging.progress=false", "logging.wandb=false",
         "rollout.fault_tolerance=true", "rollout.health_check_interval_s=2", "rollout.health_check_timeout_s=20",
         "rollout.max_engine_restarts_per_hour=100", "trainer.max_restarts_per_hour=100"]
-IGNORED = ("perf/", "heal/", "rollout/engine_restarts", "rollout/requeued_requests", "rollout/generate_requests",
-           "train/train_rollout_logprob_abs_diff")
+IGNORED = ("perf/", "heal/", "startup/", "rollout/engine_restarts", "rollout/requeued_requests",
+           "rollout/generate_requests", "train/train_rollout_logprob_abs_diff")
 
 
 def metrics(run_dir: Path) -> List[dict]:

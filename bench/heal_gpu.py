@@ -1,32 +1,42 @@
-"""Self-healing on one H200 with real SGLang (docs/faults.md): three faults, one run each, colocated
-(torch backend, CUDA IPC weight push, both offloads on), ``rollout.fault_tolerance=true``:
+"""Self-healing on one H200 with real SGLang (docs/faults.md), in one device call: three faults in one
+``python run.py`` run (colocated, torch backend, weights over CUDA IPC, both offloads on,
+``rollout.fault_tolerance=true``; the Qwen3-0.6B-shaped random checkpoint and prompts of bench/sglang_gpu.py),
+one after the other, each once the one before has healed:
 
-  push      the SGLang server SIGKILLed inside a weight push (held there by the SLIME_HYDRA_TEST_HOLD test
-            hook, utils/testpoint.py: the engines are paused for the push of v3)
   startup   the SGLang server SIGKILLed while it starts (as soon as its process exists)
-  trainer   the trainer rank SIGKILLed mid-step (after row 3; the checkpoint of step 2 is loaded)
+  push      the SGLang server SIGKILLed inside the weight push of v3, over CUDA IPC (the run is held there by
+            the SLIME_HYDRA_TEST_HOLD test hook, utils/testpoint.py: the engine paused, the tensor handles
+            about to go; a push lasts a fraction of a second)
+  trainer   the trainer rank SIGKILLed mid-step 5, in its training (row 4 is there; the steps' rollout and
+            train times so far say when), so the checkpoint of step 4 is loaded and step 5 is done again
 
-Each run must finish with every step's row once. Measured per fault: seconds from the kill to the healing
-(the fleet's restart, or the driver's rebuild from heal.jsonl) and to the next row; GPU memory (nvidia-smi,
-MiB used on the GPU) sampled at every row: the largest before the fault and after the healing must agree
-within ``--tolerance-mib`` (no leaked server or trainer holding memory); no process of the killed server
-may hold GPU memory afterwards.
+The run must end with every step's row once. Measured per fault: seconds from the kill to the healing (the
+engine serving again, from the manager's log; the driver's rebuild, from heal.jsonl) and to the next row;
+GPU memory (nvidia-smi, sampled every 200 ms): the peak over the last whole step before the fault against
+the peak over the first whole step after the healing (a leaked server or trainer would hold its memory on
+top); the GPU's processes after the healing (the killed one must be gone); and after the run the GPU's
+memory back at its level before the run. The start-up fault has no step before it: its checks are the killed
+server gone from the GPU, the run's steps peaking alike (step_peaks_mib) and the GPU empty after the run.
 
-    bash bench/heal_gpu.sh                  # on the device (see the .sh), writes $OUT/heal_gpu.json
-    python bench/heal_gpu.py --cpu          # a dry run of this script on CPU (embedded engine, no nvidia-smi)
+    bash bench/heal_gpu.sh                  # on the device (bench/README.md: set-up), $OUT/heal_gpu.{json,md}
+    python bench/heal_gpu.py --cpu          # this script's own code on CPU (tiny model, embedded engine)
 
-Reuses bench/sglang_gpu.py's checkpoint (a random Qwen3-0.6B-shaped one) and run.py command line.
+Writes ``$OUT/heal_gpu.json`` and ``.md`` at every event (a call cut short keeps what it measured) and the
+logs' tails in ``$OUT/heal_gpu_logs.tar.gz`` (a device call brings back at most 8 files).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import glob
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -34,169 +44,408 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-import sglang_gpu  # noqa: E402 - bench/ is on the path from here
+from gpu import harness as h  # noqa: E402 - bench/ is on the path from here
+from gpu.workload import Workload  # noqa: E402
+from sglang_gpu import run_overrides  # noqa: E402
 
-FAULTS = ("push", "startup", "trainer")
-STEPS = 6
+FAULTS = ("startup", "push", "trainer")
+PUSH_VERSION, TRAINER_AFTER_ROW, SAVE_INTERVAL = 3, 4, 2
+# phase -> (the least it finishes in, the most it may take), seconds on one H200: the build 20-90 s
+# (bench/sglang_gpu.py); the run: SGLang starts three times (about 45-60 s each with the prefill CUDA graph
+# off), the trainer twice, 7 steps of a few seconds, three checkpoints
+PLAN = {"build": (20, 90), "run": (300, 600)}
+SERVER_MARKS = (b"sglang.launch_server", b"slime_hydra.rollout.embedded.server")
 
 
-def gpu_used_mib() -> Optional[int]:
+# ---------------------------------------------------------------------------------- processes
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def run_pids(run_dir: str, marks) -> List[int]:
+    """Live processes of the run (its lease token in their environment, launch/lease.py) whose command
+    line holds one of ``marks``, but not those whose parent is one of them (SGLang's forked children)."""
+    try:
+        token = json.load(open(os.path.join(run_dir, "driver.json")))["token"]
+    except (OSError, ValueError, KeyError):
+        return []
+    needle = f"SLIME_HYDRA_RUN_TOKEN={token}".encode()
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        cmd = _read(f"/proc/{p}/cmdline")
+        if any(m in cmd for m in marks) and needle in _read(f"/proc/{p}/environ").split(b"\0") \
+                and b" Z " not in _read(f"/proc/{p}/stat")[:64]:
+            out.append(int(p))
+    return [p for p in out if _parent(p) not in out]  # the server, not its forked children
+
+
+def _parent(pid: int) -> Optional[int]:
+    stat = _read(f"/proc/{pid}/stat")
+    return int(stat[stat.rindex(b")") + 2:].split()[1]) if stat else None
+
+
+def gpu_used_mib() -> Optional[float]:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, timeout=30).stdout
-        return int(out.split()[0])
+        return float(out.split()[0])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
 
 
-def gpu_pids() -> List[int]:
+def gpu_apps() -> Optional[List[Dict[str, Any]]]:
+    """The processes nvidia-smi sees on the GPU (pid, MiB); None without nvidia-smi. (In a container the
+    pids may be the host's: then they name no process here, which the report says.)"""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
-        return [int(x) for x in out.split()]
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return []
-
-
-def rows(run_dir: str) -> List[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line) for line in open(path) if line.strip()]
-
-
-def run_token(run_dir: str) -> Optional[str]:
-    try:
-        return json.load(open(os.path.join(run_dir, "driver.json")))["token"]
-    except (OSError, ValueError, KeyError):
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
         return None
+    if out.returncode:
+        return None
+    apps = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            pid = int(parts[0])
+            apps.append({"pid": pid, "mib": float(parts[1]) if parts[1].replace(".", "").isdigit() else None,
+                         "here": os.path.exists(f"/proc/{pid}"),
+                         "cmd": _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]})
+    return apps
 
 
-def processes(title: bytes, token: str) -> List[int]:
-    out = []
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{p}/cmdline", "rb").read()
-            env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if title in cmd and f"SLIME_HYDRA_RUN_TOKEN={token}".encode() in env:
-            out.append(int(p))
-    return out
+def log_time(line: str, near: float) -> Optional[float]:
+    """The wall time of a log line ``HH:MM:SS ...`` (the run's log format), on the day of ``near``."""
+    m = re.match(r"(\d\d):(\d\d):(\d\d) ", line)
+    if not m:
+        return None
+    day = datetime.datetime.fromtimestamp(near)
+    t = day.replace(hour=int(m[1]), minute=int(m[2]), second=int(m[3]), microsecond=0).timestamp()
+    return t - 86400 if t - near > 43200 else t
 
 
-def children(pid: int) -> List[int]:
+def first_line_after(path: str, pattern: str, since: float) -> Optional[float]:
+    """The wall time of the first line of ``path`` matching ``pattern`` logged at or after ``since`` (the
+    log has whole seconds: a line of the kill's second counts)."""
     try:
-        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+        lines = open(path, errors="replace").read().splitlines()
     except OSError:
-        return []
-    return [int(k) for k in kids]
+        return None
+    for line in lines:
+        t = log_time(line, since)
+        if t is not None and t >= int(since) and re.search(pattern, line):
+            return t
+    return None
 
 
-def servers(run_dir: str) -> List[int]:
-    """The engine servers of this run: the children of its ray::EngineActor workers."""
-    token = run_token(run_dir)
-    return [c for a in processes(b"ray::EngineActor", token) for c in children(a)] if token else []
+# --------------------------------------------------------------------------------------- run
+class Faults:
+    """The run and its three kills, watched from here; ``res`` is what goes to heal_gpu.json."""
+
+    def __init__(self, w: Workload, args, res: Dict[str, Any], save):
+        self.w, self.args, self.res, self.save = w, args, res, save
+        self.run_dir = os.path.join(w.work, "heal_run")
+        self.hold = self.run_dir + "_hold"
+        self.console = self.run_dir + ".out"
+        self.faults = [f for f in args.faults.split(",") if f]
+        self.arrived: Dict[int, float] = {}  # step -> wall time its (latest) row appeared
+        self.windows: List[tuple] = []  # (step, start, end) wall times of each step seen, in order
+        self.rows: List[Dict[str, Any]] = []
+        self.sampler: Optional[h.GpuSampler] = None
+
+    def command(self) -> List[str]:
+        extra = (f"rollout.fault_tolerance=true trainer.save_interval={SAVE_INTERVAL} "
+                 "rollout.health_check_interval_s=5 rollout.health_check_timeout_s=120 "
+                 "rollout.max_engine_restarts_per_hour=10 trainer.max_restarts_per_hour=10 "
+                 "sync.push_timeout_s=180 " + self.args.overrides)
+        return run_overrides(self.w, "colocated", "sglang_offload", self.args.steps, extra)
+
+    def run(self, limit_s: float) -> None:
+        from slime_hydra.utils.proc import kill_tree, spawn
+
+        subprocess.run(["rm", "-rf", self.run_dir, self.hold])
+        os.makedirs(self.hold)
+        overrides = self.command()
+        cmd = [sys.executable, os.path.join(ROOT, "run.py"), *overrides, f"hydra.run.dir={self.run_dir}"]
+        self.res.update(command="python run.py " + " ".join(cmd[2:]), faults={f: {} for f in self.faults},
+                        memory_idle_before_mib=gpu_used_mib())
+        env = {"SLIME_HYDRA_TEST_HOLD": f"push:{PUSH_VERSION}" if "push" in self.faults else "",
+               "SLIME_HYDRA_TEST_HOLD_DIR": self.hold}
+        if self.w.device == "cuda":
+            self.sampler = h.GpuSampler(os.path.join(self.w.work, "heal_gpu.csv"))
+        h.log(self.res["command"])
+        open(self.console, "w").close()
+        t0 = time.time()
+        proc = spawn(cmd, self.console, env)
+        todo = list(self.faults)
+        try:
+            while proc.poll() is None and time.time() - t0 < limit_s:
+                self._rows()
+                healed = self._healed_last()
+                if todo and healed and self._fire(todo[0]):
+                    todo.pop(0)
+                    self.save()
+                time.sleep(0.05)
+            if proc.poll() is None:
+                h.log(f"the run is over its {limit_s:.0f}s: stopped")
+                self.res["error"] = f"the run did not finish within {limit_s:.0f}s"
+                for marker in glob.glob(os.path.join(self.hold, "push_*")):  # never leave it held
+                    open(marker + ".go", "w").close()
+                kill_tree(proc, timeout=20)
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc, timeout=5)
+            if self.sampler is not None:
+                self.sampler.stop()
+        self._rows()
+        self._healed_last()
+        self.res.update(returncode=proc.returncode, wall_s=round(time.time() - t0, 1),
+                        steps=[r["step"] for r in self.rows])
+        self.res["memory_idle_after_mib"] = self._settled_memory(self.res["memory_idle_before_mib"])
+        self.res["gpu_apps_after_run"] = gpu_apps()
+        self._measure()
+
+    # ------------------------------------------------------------------------------ watching
+    def _rows(self) -> None:
+        """Note the rows that appeared (a rewound run writes its rows after the checkpoint again): each makes a
+        step window, from the row before it in the file to it."""
+        rows = h.read_rows(os.path.join(self.run_dir, "metrics.jsonl"))
+        same = 0
+        while same < min(len(rows), len(self.rows)) and rows[same] == self.rows[same]:
+            same += 1
+        if same == len(rows):
+            self.rows = rows
+            return
+        now = time.time()
+        for i in range(same, len(rows)):
+            start = self.arrived.get(rows[i - 1]["step"]) if i else None
+            self.arrived[rows[i]["step"]] = now
+            if start is not None:
+                self.windows.append((rows[i]["step"], start, now))
+        self.rows = rows
+        h.log(f"rows: {[r['step'] for r in rows]}")
+
+    def _healed_last(self) -> bool:
+        """Whether the last fault fired has healed: a row came after its kill (the next one waits for that)."""
+        fired = [f for f in self.faults if self.res["faults"][f].get("killed_at")]
+        if not fired:
+            return True
+        last = self.res["faults"][fired[-1]]
+        later = [t for t in self.arrived.values() if t > last["killed_at"]]
+        if later and "first_row_after_s" not in last:
+            last["first_row_after_s"] = round(min(later) - last["killed_at"], 1)
+            last["gpu_apps_after_heal"] = gpu_apps()
+            self.save()
+        return bool(later)
+
+    def _fire(self, fault: str) -> bool:
+        """Kill for ``fault`` if its moment has come; whether it did."""
+        rec = self.res["faults"][fault]
+        if fault == "startup":
+            victims = run_pids(self.run_dir, SERVER_MARKS)
+        elif fault == "push":
+            victims = run_pids(self.run_dir, SERVER_MARKS) \
+                if os.path.exists(os.path.join(self.hold, f"push_{PUSH_VERSION}")) else []
+        else:  # mid-training of the step after row TRAINER_AFTER_ROW, as the steps so far timed it (the least
+            # of each part: a step that waited for a healing is no guide)
+            row = next((r for r in self.rows if r["step"] == TRAINER_AFTER_ROW), None)
+            least = {k: min((r.get(f"perf/{k}", 0.0) for r in self.rows), default=0.0)
+                     for k in ("rollout_wait_time", "offload_time", "train_time")}
+            due = row is not None and time.time() - self.arrived[row["step"]] >= \
+                least["rollout_wait_time"] + least["offload_time"] + 0.5 * least["train_time"]
+            victims = run_pids(self.run_dir, (b"ray::TrainerActor",)) if due else []
+        if not victims:
+            return False
+        rec["memory_at_kill_mib"] = gpu_used_mib()
+        victim = victims[0]
+        os.kill(victim, signal.SIGKILL)
+        rec.update(killed_at=time.time(), killed_pid=victim, rows_before=[r["step"] for r in self.rows])
+        h.log(f"{fault}: SIGKILLed pid {victim} ({_read(f'/proc/{victim}/cmdline')[:60]!r}); rows so far "
+              f"{rec['rows_before']}")
+        if fault == "push":
+            time.sleep(0.5)
+            open(os.path.join(self.hold, f"push_{PUSH_VERSION}.go"), "w").close()
+        return True
+
+    def _settled_memory(self, idle: Optional[float]) -> Optional[float]:
+        """The GPU's memory after the run, once it has come down (SGLang's processes take seconds to exit)."""
+        used = gpu_used_mib()
+        deadline = time.time() + 30
+        while used is not None and idle is not None and used > idle + self.args.tolerance_mib \
+                and time.time() < deadline:
+            time.sleep(1)
+            used = gpu_used_mib()
+        return used
+
+    # ----------------------------------------------------------------------------- measuring
+    def _peak(self, start: float, end: float) -> Optional[float]:
+        if self.sampler is None:
+            return None
+        got = [mib for t, _, mib, _ in self.sampler.samples() if start <= t <= end]
+        return max(got) if got else None
+
+    def _measure(self) -> None:
+        logs = os.path.join(self.run_dir, "logs")
+        manager_log = os.path.join(logs, "rollout_manager.log")
+        heals = [json.loads(line) for line in open(os.path.join(self.run_dir, "heal.jsonl"))] \
+            if os.path.exists(os.path.join(self.run_dir, "heal.jsonl")) else []
+        self.res["driver_heals"] = heals
+        windows = self.windows
+        for fault in self.faults:
+            rec = self.res["faults"][fault]
+            killed = rec.get("killed_at")
+            if not killed:
+                rec["pass"] = False
+                rec["why"] = "its moment never came"
+                continue
+            if fault == "startup":
+                healed = first_line_after(manager_log, r"engine\(s\) up in", killed)
+            elif fault == "push":
+                healed = first_line_after(manager_log, r"run weights v\d+ and take requests again", killed)
+            else:
+                healed = next((x["time"] for x in heals if x["part"] == "trainer" and x["time"] >= killed), None)
+                rec["driver_heal"] = next((x for x in heals if x["part"] == "trainer" and x["time"] >= killed), None)
+            rec["heal_s"] = round(healed - killed, 1) if healed else None
+            restarts = re.findall(r"(\d\d:\d\d:\d\d) .*engine \d+ restarted at \S+ in ([\d.]+)s",
+                                  open(manager_log, errors="replace").read() if os.path.exists(manager_log) else "")
+            rec["engine_restart_s"] = [float(s) for stamp, s in restarts
+                                       if (log_time(stamp + " ", killed) or 0) >= int(killed)][:1]
+            before = [w for w in windows if w[2] < killed]
+            after = [w for w in windows if healed and w[1] >= healed]
+            rec["step_before"] = before[-1][0] if before else None
+            rec["step_after"] = after[0][0] if after else None
+            rec["memory_before_mib"] = self._peak(before[-1][1], before[-1][2]) if before else None
+            rec["memory_after_mib"] = self._peak(after[0][1], after[0][2]) if after else None
+            apps = rec.get("gpu_apps_after_heal")
+            rec["killed_pid_on_gpu"] = None if apps is None else any(a["pid"] == rec["killed_pid"] for a in apps)
+            ok_mem = None if rec["memory_before_mib"] is None or rec["memory_after_mib"] is None else \
+                rec["memory_after_mib"] <= rec["memory_before_mib"] + self.args.tolerance_mib
+            rec["memory_back"] = ok_mem
+            rec["pass"] = bool(rec["heal_s"] is not None and rec.get("first_row_after_s") is not None
+                               and ok_mem is not False and not rec["killed_pid_on_gpu"])
+        peaks = [self._peak(a, b) for _, a, b in windows]
+        self.res["step_peaks_mib"] = [[s, p] for (s, _, _), p in zip(windows, peaks)]
 
 
-def trainers(run_dir: str) -> List[int]:
-    token = run_token(run_dir)
-    return processes(b"ray::TrainerActor", token) if token else []
+# ------------------------------------------------------------------------------------- report
+def report(res: Dict[str, Any], path: str) -> None:
+    h.write_json(path + ".json", res)
+    faults = res.get("run", {}).get("faults", {})
+    rows = []
+    for name, r in faults.items():
+        rows.append([name, h.cell(r.get("heal_s"), ".1f"), h.cell(r.get("first_row_after_s"), ".1f"),
+                     h.cell((r.get("engine_restart_s") or [None])[0], ".1f"),
+                     f"{h.cell(r.get('memory_before_mib'), '.0f')} (step {r.get('step_before')})",
+                     f"{h.cell(r.get('memory_after_mib'), '.0f')} (step {r.get('step_after')})",
+                     r.get("killed_pid_on_gpu"), r.get("pass")])
+    run = res.get("run", {})
+    lines = [f"# Self-healing on the GPU ({res.get('gpu', '?')})", "",
+             "One run.py run, colocated (torch trainer, SGLang, both offloads, weights over CUDA IPC), "
+             "`rollout.fault_tolerance=true`, three SIGKILLs one after the other (bench/heal_gpu.py). heal s: "
+             "the kill to the engine serving again (start-up: the engines up; push: the restarted engine has the "
+             "weights and takes requests) or to the driver's rebuild done (trainer: heal.jsonl); kill to next row: "
+             "the run going on (a push to a dead engine goes to the live ones, and the restarted one gets the "
+             "weights before it serves; a rebuilt trainer group redoes the steps after its checkpoint); GPU MiB: "
+             "nvidia-smi's peak over the last whole step before the kill and the first whole step after the "
+             "healing.", "", f"`{run.get('command', '')}`", ""]
+    lines += h.table(["fault", "heal s", "kill to next row s", "engine restart s", "GPU MiB before",
+                      "GPU MiB after", "killed pid on the GPU", "pass"], rows)
+    lines += ["", f"- steps written (last time each): {run.get('steps')}, rc {run.get('returncode')}, "
+              f"wall {run.get('wall_s')} s", f"- GPU MiB before the run {run.get('memory_idle_before_mib')}, "
+              f"after it {run.get('memory_idle_after_mib')}; each step's peak: {run.get('step_peaks_mib')}",
+              "- driver rebuilds (part, moment, seconds, steps redone): "
+              f"{[(x['part'], x['moment'], x['seconds'], x['steps_redone']) for x in run.get('driver_heals', [])]}"]
+    h.write_text(path + ".md", "\n".join(lines + ["", "Checks:"] + h.check_lines(res)) + "\n")
 
 
-def one_fault(fault: str, args, out: Dict[str, Any]) -> None:
-    run_dir = os.path.join(sglang_gpu.WORK, f"heal_{fault}")
-    hold = run_dir + "_hold"
-    subprocess.run(["rm", "-rf", run_dir, hold])
-    os.makedirs(hold)
-    extra = (f"rollout.fault_tolerance=true trainer.save_interval=2 rollout.health_check_interval_s=5 "
-             f"rollout.health_check_timeout_s=120 {args.overrides}")
-    phase = "embedded" if args.cpu else "sglang_offload"
-    cmd = [sys.executable, os.path.join(ROOT, "run.py"), *sglang_gpu.run_overrides("colocated", phase, STEPS, extra),
-           f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "SLIME_HYDRA_TEST_HOLD": "push:3", "SLIME_HYDRA_TEST_HOLD_DIR": hold} if fault == "push" \
-        else dict(os.environ)
-    res: Dict[str, Any] = {"command": " ".join(cmd[1:]), "memory_at_rows_mib": {}}
-    out[fault] = res
-    log_file = open(run_dir + ".out", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    t0 = time.monotonic()
-    killed_at, seen = None, 0
-    try:
-        while proc.poll() is None and time.monotonic() - t0 < args.limit:
-            got = rows(run_dir)
-            if len(got) > seen:  # a row was written: the engines are awake, the step done
-                seen = len(got)
-                res["memory_at_rows_mib"][got[-1]["step"]] = gpu_used_mib()
-                if killed_at is not None and "first_row_after_s" not in res:
-                    res["first_row_after_s"] = round(time.monotonic() - killed_at, 1)
-            if killed_at is None:
-                victims = {"push": servers(run_dir) if os.path.exists(os.path.join(hold, "push_3")) else [],
-                           "startup": servers(run_dir),
-                           "trainer": trainers(run_dir) if seen >= 4 else []}[fault]  # rows 0..3: step 4 runs
-                if victims:
-                    res["memory_before_kill_mib"] = gpu_used_mib()
-                    res["killed_pid"] = victims[0]
-                    res["killed_at_row"] = got[-1]["step"] if got else None
-                    os.kill(victims[0], signal.SIGKILL)
-                    killed_at = time.monotonic()
-                    if fault == "push":
-                        time.sleep(0.5)
-                        open(os.path.join(hold, "push_3.go"), "w").close()
-            time.sleep(0.05)
-        if proc.poll() is None:
-            proc.kill()
-            res["error"] = f"did not finish within {args.limit}s"
-    finally:
-        proc.wait()
-        log_file.close()
-    final = rows(run_dir)
-    res["returncode"] = proc.returncode
-    res["steps"] = [r["step"] for r in final]
-    res["rows_once"] = res["steps"] == sorted(set(res["steps"])) and res["steps"][-1:] == [STEPS]
-    res["engine_restarts"] = sum(r.get("rollout/engine_restarts", 0) for r in final)
-    heal_path = os.path.join(run_dir, "heal.jsonl")
-    res["driver_heals"] = [json.loads(line) for line in open(heal_path)] if os.path.exists(heal_path) else []
-    manager_log = os.path.join(run_dir, "logs", "rollout_manager.log")
-    text = open(manager_log).read() if os.path.exists(manager_log) else ""
-    res["engine_restart_s"] = [float(s) for s in re.findall(r"engine \d+ restarted at \S+ in ([\d.]+)s", text)]
-    res["heal_s"] = res["driver_heals"][0]["seconds"] if res["driver_heals"] else (
-        res["engine_restart_s"][0] if res["engine_restart_s"] else None)
-    res["killed_pid_on_gpu"] = res.get("killed_pid") in gpu_pids()
-    mem = {int(k): v for k, v in res["memory_at_rows_mib"].items() if v is not None}
-    before = [v for k, v in mem.items() if k < (res.get("killed_at_row") or 0)]
-    after = [v for k, v in mem.items() if k > (res.get("killed_at_row") or 0) + 1]
-    res["memory_before_max_mib"], res["memory_after_max_mib"] = (max(before) if before else None,
-                                                                 max(after) if after else None)
-    res["memory_back"] = None if not (before and after) else max(after) <= max(before) + args.tolerance_mib
-    res["pass"] = (proc.returncode == 0 and res["rows_once"] and "killed_pid" in res and not res["killed_pid_on_gpu"]
-                   and res["memory_back"] is not False and (res["engine_restarts"] > 0 or bool(res["driver_heals"])))
-    print(json.dumps({fault: {k: v for k, v in res.items() if k != "command"}}), flush=True)
+def pack_logs(out: str, w: Workload) -> None:
+    """The logs' tails, the run's metrics and heal records, and the nvidia-smi samples, in one file."""
+    staging = os.path.join(w.work, "heal_logs")
+    subprocess.run(["rm", "-rf", staging])
+    run_dir = os.path.join(w.work, "heal_run")
+    h.copy_logs(staging, [run_dir + ".out", os.path.join(run_dir, "heal.jsonl"), os.path.join(w.work, "heal_gpu.csv")],
+                [run_dir], lines=150)
+    tmp = os.path.join(out, "heal_gpu_logs.tar.gz.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(staging, arcname="heal_gpu_logs")
+    os.replace(tmp, os.path.join(out, "heal_gpu_logs.tar.gz"))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--faults", default=os.environ.get("FAULTS", ",".join(FAULTS)),
+                    help="comma-separated, fired in this order (env FAULTS)")
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", 6)), help="steps of the run (env STEPS)")
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 510)),
+                    help="seconds for the build and the run (env BENCH_BUDGET_S; with the set-up, within 9 minutes)")
+    ap.add_argument("--tolerance-mib", type=float, default=1024.0,
+                    help="how much more a step after a healing may peak at than the step before the fault")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    ap.add_argument("--limit", type=float, default=480.0, help="seconds per fault's run (two SGLang start-ups)")
-    ap.add_argument("--tolerance-mib", type=int, default=1024)
     ap.add_argument("--cpu", action="store_true", help="a dry run on CPU: the tiny model, the embedded engine")
-    ap.add_argument("--overrides", default="", help="more run.py overrides, space-separated")
+    ap.add_argument("--overrides", default=os.environ.get("HEAL_OVERRIDES", ""),
+                    help="more run.py overrides, space-separated (env HEAL_OVERRIDES)")
+    ap.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.cpu:
-        sglang_gpu.dry_run_on_cpu()
-    sglang_gpu.build()
-    out: Dict[str, Any] = {"device": "cpu" if args.cpu else "cuda"}
+    unknown = [f for f in args.faults.split(",") if f and f not in FAULTS]
+    if unknown:
+        ap.error(f"--faults: unknown {unknown} (known: {', '.join(FAULTS)})")
+    if "trainer" in args.faults and args.steps <= TRAINER_AFTER_ROW:
+        ap.error(f"--steps must be over {TRAINER_AFTER_ROW} for the trainer fault (mid-step {TRAINER_AFTER_ROW + 1})")
+    w = Workload("/tmp/healbench_cpu", "tiny", 8, 8, 16, prompt_words=8, words=20, device="cpu") if args.cpu \
+        else Workload("/tmp/sglbench", "qwen3_0_6b", 8, 8, 256)
+    os.makedirs(w.work, exist_ok=True)
+    if args.phase == "build":  # a child process: the parent keeps no torch and no CUDA context
+        with h.phase_output(os.path.join(w.work, "heal_phase_build.json")) as out:
+            t0 = time.perf_counter()
+            w.build()
+            out["build_s"] = round(time.perf_counter() - t0, 1)
+        return 0
     os.makedirs(args.out, exist_ok=True)
-    for fault in args.faults.split(","):
-        one_fault(fault, args, out)
-        for name, obj in ((f"heal_gpu_{fault}.json", {"device": out["device"], fault: out[fault]}),
-                          ("heal_gpu.json", out)):  # one file per fault: one device call each fits best
-            tmp = os.path.join(args.out, name + ".tmp")
-            with open(tmp, "w") as f:
-                json.dump(obj, f, indent=1)
-            os.replace(tmp, os.path.join(args.out, name))
-    return 0 if all(out[f].get("pass") for f in args.faults.split(",")) else 1
+    path = os.path.join(args.out, "heal_gpu")
+    names = ["cpu (dry run)"] if args.cpu else h.gpu_names()
+    res: Dict[str, Any] = {"gpu": (names or [""])[0], "cmdline": " ".join(sys.argv), "run": {}}
+    needs = {"build": (0, args.budget), "run": (0, args.budget)} if args.cpu else PLAN
+    try:
+        for phase, limit, skipped in h.Budget(args.budget).plan(["build", "run"], needs):
+            if skipped:
+                h.check(res, f"phase_{phase}", False, f"no time left ({skipped})")
+                break
+            if phase == "build":
+                res["build"] = h.run_child("build", limit, os.path.join(w.work, "heal_phase_build.json"))
+                if not h.check(res, "build", res["build"].get("phase_rc") == 0, f"{res['build']}"):
+                    break
+                continue
+            faults = Faults(w, args, res["run"], lambda: report(res, path))
+            faults.run(limit - 15)
+            run = res["run"]
+            steps = run.get("steps") or []
+            h.check(res, "run", run.get("returncode") == 0 and steps == list(range(1, args.steps + 1)),
+                    f"rc {run.get('returncode')}, rows {steps} (each step once, 1..{args.steps})"
+                    + (f"; {run['error']}" if run.get("error") else ""))
+            for name, r in run["faults"].items():
+                h.check(res, f"heal_{name}", r.get("pass"),
+                        f"heal {r.get('heal_s')} s, next row {r.get('first_row_after_s')} s after the kill, GPU "
+                        f"MiB {r.get('memory_before_mib')} -> {r.get('memory_after_mib')}, killed pid on the GPU "
+                        f"after: {r.get('killed_pid_on_gpu')}" + (f"; {r['why']}" if r.get("why") else ""))
+            idle, after = run.get("memory_idle_before_mib"), run.get("memory_idle_after_mib")
+            if idle is not None:
+                h.check(res, "gpu_empty_after_run", after is not None and after <= idle + args.tolerance_mib,
+                        f"GPU MiB {idle} before the run, {after} after it; processes left: "
+                        f"{run.get('gpu_apps_after_run')}")
+            report(res, path)
+    finally:
+        report(res, path)
+        pack_logs(args.out, w)
+    print(open(path + ".md").read())
+    if h.failed(res):
+        h.log(f"FAILED: {h.failed(res)}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

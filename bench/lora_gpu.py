@@ -80,7 +80,7 @@ def overrides(name: str, steps: int) -> List[str]:
             f"rollout.concurrency={PROMPTS * SAMPLES}", "parallelism=1gpu", "algo=grpo",
             f"trainer.num_rollout={steps}", f"trainer.micro_batch_size={MICRO_BATCH}",
             "trainer.gradient_checkpointing=true", "trainer.save_interval=1000", "logging.wandb=false",
-            "logging.progress=false", "sync.max_logprob_diff=0.05",
+            "logging.progress=false", "sync.max_logprob_diff=" + os.environ.get("MAX_LOGPROB_DIFF", "0.05"),
             f"rollout.server_args.mem_fraction_static={SERVER_ARGS['mem_fraction_static']}",
             *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static"), *extra]
 

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/gpu/env.sh
 BENCH_SGLANG=1 source bench/gpu/env.sh || exit 1
 python3 -c "import peft; print('peft', peft.__version__)" || { echo "peft is missing: add its wheel to .gpu-extra"; exit 1; }
+mkdir -p "$OUT/logs"
 python3 bench/lora_gpu.py --out "$OUT"
 rc=$?
 for f in /tmp/lorabench/run_*.out; do [ -f "$f" ] && tail -n 80 "$f" > "$OUT/logs/$(basename "$f")"; done

@@ -13,9 +13,14 @@ random checkpoint and prompts of 64 random words:
   sglang    python run.py rollout=sglang algo=grpo (no KL loss, as TRL's default), colocated without
             offload (nothing moves, the push reads the trainer's GPU tensors; split: the layout's own):
             per-step rollout, train and sync seconds, the train/rollout log-prob gap, startup (to the first
-            step, engines up, SGLang's own weight-load and CUDA-graph capture times).
+            step) and its parts as the run reports them (``startup/*`` of its first row: launch/startup.py; the
+            SGLang server's parts from its log's timestamps).
   sglang_offload  the same with both offloads (the trainer's state to the host while SGLang generates,
             SGLang's memory released while the trainer trains).
+  sglang_warm     the sglang run again (``--warm-steps``, default 2): its start-up with what the first start left
+            on the machine (Triton's kernel cache, Python's bytecode, the page cache); not a default phase.
+  sglang_variant  the same as sglang_warm with ``--variant-overrides`` (env VARIANT_OVERRIDES) added: a start-up
+            flag tried against sglang_warm in the same call; not a default phase, skipped without overrides.
   trl       TRL's GRPOTrainer (HF generate) on the same checkpoint, prompts and batch (bench/gpu/trl_step.py).
   embedded  the run.py run with the embedded engine (fewer steps); not a default phase (one 10-minute call
             holds three SGLang start-ups, not a fourth run).
@@ -47,19 +52,20 @@ from gpu.workload import Workload  # noqa: E402
 GOALS = {"rollout_vs_raw": 1.5, "sync_ms_per_gb": 50.0, "step_s": 2.5}  # issue 10, one H200 colocated
 WORKLOADS = {"anchor": (8, 8, 256), "256x256": (32, 8, 256)}  # prompts, samples per prompt, new tokens
 MICRO_BATCH = 16  # samples per micro-batch, ours and TRL's
-PHASES = ("build", "raw", "sglang", "sglang_offload", "trl", "embedded")
+PHASES = ("build", "raw", "sglang", "sglang_warm", "sglang_variant", "sglang_offload", "trl", "embedded")
 DEFAULT_PHASES = ("build", "raw", "sglang", "sglang_offload", "trl")
-RUN_PHASES = ("sglang", "sglang_offload", "embedded")  # python run.py
+RUN_PHASES = ("sglang", "sglang_warm", "sglang_variant", "sglang_offload", "embedded")  # python run.py
 # what each run phase adds to run.py's command line (colocated layout)
-OFFLOAD = {"sglang": ["parallelism.offload_train=false", "parallelism.offload_rollout=false"],
+NO_OFFLOAD = ["parallelism.offload_train=false", "parallelism.offload_rollout=false"]
+OFFLOAD = {"sglang": NO_OFFLOAD, "sglang_warm": NO_OFFLOAD, "sglang_variant": NO_OFFLOAD,
            "sglang_offload": ["parallelism.offload_train=true", "parallelism.offload_rollout=true"], "embedded": []}
 # phase -> (the least it finishes in, the most it may take), seconds on one H200. Seen there on 2026-12-01:
 # build 43 s, raw 145-156 s (SGLang up in 135-156 s), sglang 147-176 s and sglang_offload 120 s (run.py's
 # first step after 96-131 s, the final checkpoint 22 s after the last step), trl 45 s, embedded 150 s (2
 # steps of 26 s). Three SGLang start-ups do not leave room for the embedded run in one 10-minute call, so it
 # runs only when asked for (PHASES=...,embedded).
-PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "sglang_offload": (125, 160),
-        "trl": (50, 120), "embedded": (120, 170)}
+PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "sglang_warm": (70, 150),
+        "sglang_variant": (70, 170), "sglang_offload": (125, 160), "trl": (50, 120), "embedded": (120, 170)}
 
 
 def workload(args) -> Workload:
@@ -92,12 +98,11 @@ def run_overrides(w: Workload, layout: str, phase: str, steps: int, extra: str =
     if layout == "colocated":
         common += OFFLOAD[phase]
     if engine == "sglang":
-        # no prefill CUDA graph in any layout: engines with the memory saver turn it off themselves, and it
-        # made SGLang's start 159 s instead of 45 s
-        common += ["rollout=sglang", f"rollout.concurrency={w.prompts * w.samples}",
+        # the CUDA graphs are slime_hydra's defaults (rollout/engines/sglang.py startup_server_args): decode graphs
+        # up to the plan's engine batch (64 here), no prefill graph
+        common += ["rollout=sglang",
                    f"rollout.server_args.mem_fraction_static={SERVER_ARGS['mem_fraction_static']}",
-                   *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static"),
-                   "+rollout.server_args.disable_prefill_cuda_graph=true"]
+                   *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static")]
     else:
         common += ["rollout=embedded", f"rollout.embedded_max_batch={w.prompts * w.samples}"]
     return common + extra.split()
@@ -122,6 +127,8 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     if rows:
         out["startup_s"] = run.seen[rows[0]["step"]] - rows[0]["perf/step_time"]  # launch -> first step begins
         out["after_last_step_s"] = run.wall_s - run.seen[rows[-1]["step"]]  # final save and shutdown
+        first = next((r for r in rows if "startup/total_s" in r), {})  # the run's own account (launch/startup.py)
+        out["startup"] = {k.removeprefix("startup/"): v for k, v in first.items() if k.startswith("startup/")}
     out["log_times"] = run_log_times(run_dir)
     out["run_dir"] = run_dir
     if sampler is not None and len(rows) > 2:
@@ -143,7 +150,7 @@ def run_log_times(run_dir: str) -> Dict[str, Any]:
             m = re.search(r"weights v0 pushed to the engines \(([\d.]+)s", text)
             if m:
                 out["first_push_s"] = float(m.group(1))
-            if f.startswith("engine_"):
+            if f.startswith("engine_") and not any(k.startswith("capture_") for k in out):
                 out.update(sglang_log_times(os.path.join(root, f)))
     out["logs"] = os.path.join(run_dir, "logs")
     return out
@@ -169,7 +176,8 @@ def summarize_run(res: Dict[str, Any]) -> Dict[str, Any]:
     return s
 
 
-ROW_NAMES = {"sglang": "run.py sglang, no offload", "sglang_offload": "run.py sglang, offload",
+ROW_NAMES = {"sglang": "run.py sglang, no offload", "sglang_warm": "run.py sglang, again (warm caches)",
+             "sglang_variant": "run.py sglang, warm, variant", "sglang_offload": "run.py sglang, offload",
              "embedded": "run.py embedded", "trl": "TRL GRPOTrainer (HF generate)"}
 
 
@@ -189,7 +197,7 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
     rows: List[List[Any]] = [["raw SGLang (same requests)", h.cell(raw.get("startup_s", 0), ".1f"), "", "",
                               h.cell(ref, ".3f")]] if ref else []
     summaries = {n: summarize_run(results[n]) for n in ROW_NAMES if (results.get(n) or {}).get("rows")}
-    for name in ("sglang", "sglang_offload", "trl", "embedded"):
+    for name in ("sglang", "sglang_warm", "sglang_variant", "sglang_offload", "trl", "embedded"):
         res = results.get(name)
         if res and name not in summaries:
             why = res.get("skipped") or res.get("error") or f"rc {res.get('phase_rc')}"
@@ -218,6 +226,7 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
                          "version check)")
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
+    lines += startup_table(results)
     if (results.get("trl") or {}).get("config"):
         lines.append(f"- trl: {results['trl'].get('versions')}, {results['trl']['config']}, "
                      f"peak {h.cell(results['trl'].get('peak_gib'), '.1f')} GiB")
@@ -225,6 +234,31 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
         lines += ["", "Goals (issue 10, run.py sglang without offload): " +
                   "; ".join(f"{k}: {v}" for k, v in results["goals"].items())]
     h.write_text(path + ".md", "\n".join(lines + ["", "Checks:"] + h.check_lines(results)) + "\n")
+
+
+# the start-up parts shown, in order (the run's startup/* keys; engine_*: the slowest SGLang server's own parts)
+STARTUP_COLUMNS = [("total", "to step 1 done"), ("before_train", "before train"), ("ray_init", "Ray"),
+                   ("placement_group", "PG"), ("initial_checkpoint", "ckpt"), ("trainers", "trainers"),
+                   ("rollout_side", "rollout side"), ("engine_server", "SGLang"), ("engine_process", "process"),
+                   ("engine_distributed_init", "dist"), ("engine_weights", "weights"),
+                   ("engine_kv_cache", "KV"), ("engine_cuda_graphs", "graphs"), ("engine_http_server", "HTTP"),
+                   ("engine_first_answer", "1st answer"), ("wait_for_rollout_side", "wait"),
+                   ("first_push", "push"), ("first_step", "step 1"), ("late_checks", "args check"),
+                   ("engine_kv_tokens", "KV tokens")]
+
+
+def startup_table(results: Dict[str, Any]) -> List[str]:
+    """The run phases' start-up parts, seconds (issue 24's goal: 60 s to the first step done)."""
+    def cell(start: Dict[str, Any], key: str) -> str:
+        return h.cell(start.get(key), ",.0f") if key.endswith("_tokens") else h.cell(start.get(f"{key}_s"), ".1f")
+
+    rows = [[ROW_NAMES[n], *(cell(results[n].get("startup") or {}, k) for k, _ in STARTUP_COLUMNS)]
+            for n in RUN_PHASES if (results.get(n) or {}).get("startup")]
+    if not rows:
+        return []
+    return ["", "Start-up, seconds from `python run.py` (launch/startup.py; the trainers build while the rollout "
+            "side starts; SGLang: the slowest server from its process start to its first answer, and its parts "
+            "from its log):", "", *h.table(["", *(name for _, name in STARTUP_COLUMNS)], rows)]
 
 
 def goals(results: Dict[str, Any]) -> Dict[str, str]:
@@ -247,8 +281,16 @@ def goals(results: Dict[str, Any]) -> Dict[str, str]:
 
 # ------------------------------------------------------------------------------------- main
 def steps_of(phase: str, args) -> int:
-    return {"sglang": args.steps, "sglang_offload": args.offload_steps, "embedded": args.embedded_steps,
-            "trl": args.trl_steps}.get(phase, 0)
+    return {"sglang": args.steps, "sglang_warm": args.warm_steps, "sglang_variant": args.warm_steps,
+            "sglang_offload": args.offload_steps, "embedded": args.embedded_steps, "trl": args.trl_steps}.get(phase, 0)
+
+
+def phase_overrides(phase: str, args) -> str:
+    """The run phase's extra overrides: SGLANG_OVERRIDES for every SGLang run, VARIANT_OVERRIDES on top for
+    sglang_variant."""
+    if phase == "embedded":
+        return ""
+    return args.sglang_overrides + (" " + args.variant_overrides if phase == "sglang_variant" else "")
 
 
 def run_phase(args, w: Workload) -> None:
@@ -262,7 +304,7 @@ def run_phase(args, w: Workload) -> None:
             phase_raw(w, args.layout, out)
         elif args.phase in RUN_PHASES:
             phase_run(w, args.layout, args.phase, steps_of(args.phase, args), args.limit - 15, out,
-                      args.sglang_overrides if args.phase != "embedded" else "")
+                      phase_overrides(args.phase, args))
         elif args.phase == "trl":
             phase_trl(w, args.trl_steps, MICRO_BATCH, out)
 
@@ -295,6 +337,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="steps of the sglang run (no offload)")
     ap.add_argument("--offload-steps", type=int, default=4, help="steps of the sglang run with offload")
     ap.add_argument("--embedded-steps", type=int, default=2)
+    ap.add_argument("--warm-steps", type=int, default=int(os.environ.get("WARM_STEPS", 2)),
+                    help="steps of sglang_warm and sglang_variant (env WARM_STEPS)")
+    ap.add_argument("--variant-overrides", default=os.environ.get("VARIANT_OVERRIDES", ""),
+                    help="run.py overrides that sglang_variant adds to sglang_warm's (env VARIANT_OVERRIDES)")
     ap.add_argument("--trl-steps", type=int, default=3)
     ap.add_argument("--budget", type=float, default=float(os.environ.get("BENCH_BUDGET_S", 540)),
                     help="seconds for all phases (env BENCH_BUDGET_S; with the setup, within 9 minutes)")
@@ -319,6 +365,8 @@ def main() -> None:
         wanted.discard("sglang_offload")  # nothing takes turns on a GPU of its own
     if args.skip_embedded:
         wanted.discard("embedded")
+    if not args.variant_overrides.strip():
+        wanted.discard("sglang_variant")
     phases = [p for p in PHASES if p in wanted]
     path = os.path.join(args.out, f"sglang_gpu_{args.layout}" + ("" if args.workload == "anchor" else
                                                                  f"_{args.workload}"))

@@ -107,12 +107,27 @@ def test_embedded_default_learns(tmp_path):
 
 def test_colocated_cpu_with_tensor_transport(tmp_path):
     """Trainer and engine share one slot: the engine releases its memory while the trainer trains,
-    weights go through shared memory (update_weights_from_tensor)."""
+    weights go through shared memory (update_weights_from_tensor). The start-up's parts (launch/startup.py)
+    go to the first step's row, summary.json and the console."""
     d = tmp_path / "run"
     summary = run(d, "parallelism=cpu_colocate", "trainer.num_rollout=4", *FAST)
     assert summary["max_logprob_abs_diff"] < 1e-3
     assert "tensor" in (d / "config.yaml").read_text()
-    assert all(r["perf/offload_time"] > 0 for r in metrics(d)[1:])  # the engine released and resumed every step
+    rows = metrics(d)
+    assert all(r["perf/offload_time"] > 0 for r in rows[1:])  # the engine released and resumed every step
+    start = summary["startup"]
+    for part in ("before_train", "initial_checkpoint", "ray_init", "placement_group", "trainers",
+                 "wait_for_rollout_side", "first_push", "eval_before_train", "first_step", "manager_actor", "data",
+                 "engine_actor", "engine_server", "rollout_side"):
+        assert start[f"{part}_s"] >= 0, part
+    assert start["first_step_s"] == pytest.approx(rows[1]["perf/step_time"], abs=0.01)
+    # the parts on the driver's path fit in the whole (the rollout side overlaps the trainers)
+    path = sum(start[f"{p}_s"] for p in ("before_train", "initial_checkpoint", "ray_init", "placement_group",
+                                         "trainers", "wait_for_rollout_side", "first_push", "eval_before_train",
+                                         "first_step"))
+    assert path <= start["total_s"] <= path + 5, start
+    assert rows[1]["startup/total_s"] == start["total_s"] and not any("startup/total_s" in r for r in rows[2:])
+    assert "start-up: " in (d / "run.log").read_text()
 
 
 def test_colocated_cpu_without_offload(tmp_path):

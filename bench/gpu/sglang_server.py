@@ -12,7 +12,7 @@ import os
 import re
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from gpu.harness import check, log, median
 from gpu.workload import Workload
@@ -40,15 +40,18 @@ def prompt_ids(w: Workload, n: int) -> List[List[int]]:
     return [tok.encode(r, add_special_tokens=False) for r in rows]
 
 
-async def timed_requests(url: str, prompts: List[List[int]], samples: int, new_tokens: int) -> Dict[str, Any]:
-    """All ``len(prompts) x samples`` requests at once, one /generate each (as the rollout sends them)."""
+async def timed_requests(url: str, prompts: List[List[int]], samples: int, new_tokens: int,
+                         extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """All ``len(prompts) x samples`` requests at once, one /generate each (as the rollout sends them);
+    ``extra``: more fields of each request's body (e.g. ``lora_path``)."""
     from slime_hydra.rollout.client import GenerateClient
 
     client = GenerateClient(url, concurrency=len(prompts) * samples, retries=0)
     try:
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(client.post("/generate", {
-            "input_ids": p, "sampling_params": sampling_params(1000 * i + k, new_tokens), "return_logprob": True})
+            "input_ids": p, "sampling_params": sampling_params(1000 * i + k, new_tokens), "return_logprob": True,
+            **(extra or {})})
             for i, p in enumerate(prompts) for k in range(samples)))
         dt = time.perf_counter() - t0
     finally:
@@ -109,12 +112,14 @@ def phase_raw(w: Workload, layout: str, out: Dict[str, Any]) -> None:
     open(server_log, "w").close()
     url = f"http://127.0.0.1:{port}"
     out["command"] = " ".join(cmd[1:])
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     proc = spawn(cmd, server_log, engine.env())
     try:
         wait_http(url + "/health_generate", proc, 400, server_log)
         out["startup_s"] = time.perf_counter() - t0
-        out["server_log_times"] = sglang_log_times(server_log)
+        with open(server_log, errors="replace") as f:  # the server's parts, from its log's timestamps
+            parts = engine.startup_parts(f.read(), wall0, time.time())
+        out["server_log_times"] = {**sglang_log_times(server_log), **parts}
         log(f"raw {spec.engine} up in {out['startup_s']:.1f}s: {out['server_log_times']}")
 
         # the reference: the GRPO step's requests, then 256 x 256
@@ -264,6 +269,6 @@ def sglang_log_times(path: str) -> Dict[str, float]:
     m = re.search(r"Load weight end\. elapsed=([\d.]+) s", text)
     if m:
         out["load_weights_s"] = float(m.group(1))
-    for name, secs in re.findall(r"Capture (\S+) CUDA graph end\. elapsed=([\d.]+) s", text):
-        out[f"capture_{name}_graph_s"] = float(secs)
+    for name, secs in re.findall(r"Capture ([\w ]+?) CUDA graph end\. elapsed=([\d.]+) s", text):
+        out[f"capture_{name.replace(' ', '_')}_graph_s"] = float(secs)  # sglang 0.5.17: "target decode"
     return out

@@ -20,17 +20,20 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
 
 from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, remove_partial, save_checkpoint
 from slime_hydra.checkpoint.hf import initial_checkpoint
+from slime_hydra.config import ConfigError
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed, ray_cluster
 from slime_hydra.launch.heal import Healer, PartDied, manager_died
 from slime_hydra.launch.lease import RunLease
+from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.logging.metrics import RunLogger
 from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.sync.sender import WeightSyncError
@@ -62,24 +65,40 @@ def periodic(step: int, interval: int, last: int) -> bool:
     return step == last or (interval > 0 and step % interval == 0)
 
 
-def train(cfg: RunConfig, plan: ResourcePlan) -> Dict[str, Any]:
+def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = None,
+          late_checks: Sequence[Callable[[], List[str]]] = ()) -> Dict[str, Any]:
     """The whole run. A run directory has one driver at a time, and a driver that was killed leaves
     nothing behind for long: the next start in its run directory kills its leftover processes
-    (``RunLease``) and removes its half-written checkpoint."""
+    (``RunLease``) and removes its half-written checkpoint. ``clock``: the start-up's, begun at launch
+    (launch/startup.py). ``late_checks``: validation's checks still running (sglang's parser, in a child
+    process), answered while Ray starts; their problems raise ``ConfigError`` before any actor starts."""
+    clock = clock or StartupClock()
+    clock.add("before_train", time.time() - clock.launched)  # the interpreter, Hydra, validation, the plan
     t_start = time.perf_counter()
-    with RunLease(cfg.output_dir) as lease:
+    with RunLease(cfg.output_dir) as lease, ThreadPoolExecutor(1, thread_name_prefix="initial-checkpoint") as pool:
         partial = remove_partial(cfg.output_dir)
         if partial:
             log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
-        model_path = initial_checkpoint(cfg.model, cfg.output_dir)
-        return _train(cfg, plan, model_path, t_start, lease)
+        # a random initial checkpoint (no model.path) is built while Ray starts: 8 s of each on a busy 2-core machine
+        model_path = pool.submit(initial_checkpoint, cfg.model, cfg.output_dir)
+        return _train(cfg, plan, model_path, t_start, lease, clock, late_checks)
 
 
-def _train(cfg: RunConfig, plan: ResourcePlan, model_path: str, t_start: float, lease: RunLease) -> Dict[str, Any]:
+def _train(cfg: RunConfig, plan: ResourcePlan, model_path: "Future[str]", t_start: float, lease: RunLease,
+           clock: StartupClock, late_checks: Sequence[Callable[[], List[str]]]) -> Dict[str, Any]:
+    t_ray = time.perf_counter()
     with ray_cluster(cfg, plan) as ray_session_dir:
+        clock.add("ray_init", time.perf_counter() - t_ray)
         lease.note_ray_session(ray_session_dir)
-        pg = create_placement_group(plan)
-        run = Run(cfg, placed(plan, pg), pg, model_path)
+        with clock.part("placement_group"):
+            pg = create_placement_group(plan)
+        with clock.part("late_checks"):  # what is left of them after Ray's start
+            problems = [p for check in late_checks for p in check()]
+        if problems:
+            raise ConfigError(problems)
+        with clock.part("initial_checkpoint"):  # what is left of it after Ray's start
+            path = model_path.result()
+        run = Run(cfg, placed(plan, pg), pg, path, clock)
         done = False
         try:
             summary = run.train(t_start)
@@ -100,8 +119,13 @@ class Run:
     current weights, and the step goes on from the half it was in; a new trainer group loads the newest
     checkpoint, and the steps after it are done again (their rows are written again)."""
 
-    def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
+    def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str, clock: Optional[StartupClock] = None):
         self.cfg, self.plan, self.pg, self.model_path = cfg, plan, pg, model_path
+        self.clock = clock or StartupClock()
+        self.starting = True  # until the first step's row is written (the start-up's report)
+        self.watch: Optional[StartupWatch] = None
+        self.manager_report = None  # the manager's startup_report, due once its constructor has finished
+        self.manager_created = 0.0
         self.run_dir, self.is_async = cfg.output_dir, cfg.trainer.mode == "async"
         self.offload = Offload.from_config(cfg)
         self.ft = cfg.rollout.fault_tolerance
@@ -125,8 +149,11 @@ class Run:
     def _new_manager(self):
         from slime_hydra.rollout.manager import FLEET_GROUP, RolloutManager
 
-        return ray.remote(num_cpus=0, concurrency_groups={FLEET_GROUP: 1})(RolloutManager).remote(
+        manager = ray.remote(num_cpus=0, concurrency_groups={FLEET_GROUP: 1})(RolloutManager).remote(
             self.cfg, self.plan, self.pg, self.model_path)
+        self.manager_created = time.time()
+        self.manager_report = manager.startup_report.remote()  # answered once the engines are up
+        return manager
 
     def _new_trainers(self) -> TrainerGroup:
         if self.trainers is not None:
@@ -159,6 +186,22 @@ class Run:
 
     # ------------------------------------------------------------------------------- the loop
     def train(self, t_start: float) -> Dict[str, Any]:
+        self.watch = StartupWatch(self.clock, self._waiting_for, os.path.join(self.run_dir, "logs"))
+        with self.watch:  # until the first step is done (_startup_done) or the run stops
+            return self._train(t_start)
+
+    def _waiting_for(self) -> str:
+        """What the start-up waits for now (StartupWatch's console line)."""
+        side = "" if self.manager_report is None or ray.wait([self.manager_report], timeout=0)[0] else \
+            "the rollout side (engines, router, data)"
+        if self.moment == "start-up":
+            trainers = "the trainer group (actors, model load)" if self.trainers is None else ""
+            return " and ".join(filter(None, [trainers, side])) or "the trainers' set-up"
+        what = {"first push": "the first weight push", "eval": "the eval before training"}.get(
+            self.moment, f"the first step ({self.moment})")
+        return what + (f", and {side}" if side else "")
+
+    def _train(self, t_start: float) -> Dict[str, Any]:
         cfg = self.cfg
         deaths: list = []
         while True:  # start-up: every call here can be made again after a part was rebuilt
@@ -176,15 +219,24 @@ class Run:
         try:
             self._steps()
             summary = summarize(self.logger.history, self.num_rollout, time.perf_counter() - t_start, self.run_dir)
+            if not self.starting:
+                summary["startup"] = {k.removeprefix("startup/"): v for k, v in self.clock.metrics().items()}
             self.logger.finish(summary)
             return summary
         finally:
             self.logger.close()
 
     def _start_up(self) -> None:
+        """The trainer group is built (its actors start and load the model) while the rollout manager,
+        created before it, starts the engines: on a colocated GPU both load at once, as the memory plan
+        counts them (plan/memory.py). Then the driver waits for the rollout side."""
         cfg = self.cfg
         if self.trainers is None:
-            self.trainers = self._new_trainers()
+            with self.clock.part("trainers"):
+                self.trainers = self._new_trainers()
+        with self.clock.part("wait_for_rollout_side"):
+            report = ray.get(self.manager_report)
+        self.clock.add_rollout_side(report, self.manager_created)
         self.num_rollout = cfg.trainer.num_rollout
         if self.num_rollout is None:  # from data.num_epoch
             prompts = ray.get(self.manager.num_train_prompts.remote())
@@ -230,6 +282,7 @@ class Run:
         healing); the eval before training, unless its row is written."""
         cfg = self.cfg
         self.moment = "first push"
+        t0 = time.perf_counter()
         if not self.ft:
             self.trainers.connect(ray.get(self.manager.endpoints.remote()))
         if self.offload.engines:  # the engines start awake; push_weights expects them asleep, as after a training step
@@ -239,10 +292,13 @@ class Run:
         # is a new trainer group or new engines), and connects again if an engine dies meanwhile
         sync = push_weights(self.manager, self.trainers, version, self.offload, self.ft, self.healer, reconnect=True)
         self.pushed = version
+        if self.starting:
+            self.clock.add("first_push", time.perf_counter() - t0)
         log.info("weights v%d pushed to the engines (%.2fs over %s)", version, sync["seconds"], cfg.sync.transport)
         if cfg.eval.datasets and cfg.eval.before_train and self.done == 0 and not self.logger.history:
             self.moment = "eval"
-            self.logger.log(0, self._eval(0))
+            with self.clock.part("eval_before_train"):
+                self.logger.log(0, self._eval(0))
 
     def _rollout_and_train(self, step: int) -> tuple:
         cfg, manager = self.cfg, self.manager
@@ -298,6 +354,8 @@ class Run:
                         "perf/weight_sync_time": t_sync, "perf/offload_time": t_moves,
                         "perf/tokens_per_s": metrics["rollout/response_tokens"] / max(step_time, 1e-9)})
         metrics.update(self.healer.take())
+        if self.starting:
+            self._startup_done(metrics)
         self.logger.log(step, metrics)  # before the checkpoint: a complete checkpoint of step s has row s written
         self.logger.progress(metrics)
         for hook in EVAL_HOOKS if any(k.startswith("eval/") for k in metrics) else ():
@@ -307,6 +365,16 @@ class Run:
             # the data position after rollout `step` (an async run has already started the next one)
             save_checkpoint(self.run_dir, step, lambda d: self.trainers.save(d, self.model_path),
                             self.positions[step], cfg.trainer.keep_checkpoints)
+
+    def _startup_done(self, metrics: Dict[str, Any]) -> None:
+        """The first step is done: the start-up's parts go to the console and to this step's row."""
+        self.starting = False
+        self.clock.add("first_step", metrics["perf/step_time"])
+        self.clock.done_at = time.time()
+        if self.watch is not None:
+            self.watch.__exit__()
+        metrics.update(self.clock.metrics())
+        log.info("%s", self.clock.line())
 
     def _eval(self, step: int) -> Dict[str, float]:
         """An eval; in a synchronous run with fault tolerance, an engine restarted meanwhile gets the

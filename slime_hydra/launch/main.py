@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -12,20 +13,38 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.config import ConfigError
 from slime_hydra.launch.validate import check
 from slime_hydra.plan.resources import make_plan
+from slime_hydra.rollout.engines import engine_class
+from slime_hydra.rollout.engines.sglang import deferred_server_args_checks
 
 log = logging.getLogger("slime_hydra")
+_first_run = True  # the first run of this process counts its start-up from the process's start (python run.py)
 
 
 def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
+    global _first_run
+    from slime_hydra.launch.startup import StartupClock, process_started
+
+    # a sweep's worker process runs job after job: the later ones start when they are called
+    clock = StartupClock(process_started() if _first_run else time.time())
+    _first_run = False
     choices: list = []
+    pending: list = []
     try:
-        cfg = check(dcfg, notes=choices)
+        # sglang's parser check of rollout.server_args (10-25 s: it imports sglang) runs on in a child process
+        # while Ray starts; the driver takes its answer before any actor starts (launch/driver.py)
+        with deferred_server_args_checks() as pending:
+            cfg = check(dcfg, notes=choices)
+        late = [c.problems for c in pending]
+        if cfg.dry_run and (problems := [p for problems in late for p in problems()]):
+            raise ConfigError(problems)
     except ConfigError as e:
+        for c in pending:
+            c.kill()
         log.error("%s", e)
         sys.exit(2)
     cfg.output_dir = output_dir
     plan = make_plan(cfg)
-    plan.notes += choices
+    plan.notes += choices + engine_class(cfg.rollout.engine).plan_notes(cfg, plan)
     if cfg.dry_run:
         print(plan.describe())
         print("config is valid (dry_run=true: nothing started)")
@@ -39,7 +58,11 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     log.info("%s", plan.describe())
     from slime_hydra.launch.driver import train
 
-    summary = train(cfg, plan)
+    try:
+        summary = train(cfg, plan, clock, late)
+    except ConfigError as e:  # a late check's problems, before any actor started
+        log.error("%s", e)
+        sys.exit(2)
     log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],
              summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
     return summary

@@ -8,6 +8,7 @@ CPU "slot" ``{"CPU": 1}`` on CPU); colocated runs put trainers and engines on th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -47,6 +48,7 @@ class ResourcePlan:
     model_parallel: Dict[str, int] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     memory: Optional[MemoryEstimate] = None  # GPUs only
+    engine_batch: Optional[int] = None  # most sequences one engine decodes at once in a rollout (None: unknown)
 
     @property
     def accelerator(self) -> str:
@@ -87,6 +89,22 @@ class ResourcePlan:
         return "\n".join(lines)
 
 
+def engine_batch(cfg: RunConfig, engines: int) -> Optional[int]:
+    """The most sequences one engine decodes at once in a training rollout; None where the run decides
+    it in its own code (``rollout.rollout_function``). The groups a rollout has in flight (its batch;
+    with a dynamic filter, up to one over-sampling refill more, pulled while fewer than the batch are
+    kept or in flight) go round robin to the engines, at most ``rollout.concurrency`` requests each, and
+    a request carries a group (the default generate function; a per-sample one sends fewer at once).
+    Evals send their own batches: more than this decode without the engine's largest CUDA graphs."""
+    r = cfg.rollout
+    if r.rollout_function is not None or engines < 1:
+        return None
+    groups = r.batch_size
+    if r.dynamic_filter is not None or cfg.algo.dynamic_sampling:
+        groups += (r.over_sampling_batch_size or r.batch_size) - 1
+    return min(r.concurrency, math.ceil(groups / engines)) * r.n_samples_per_prompt
+
+
 def make_plan(cfg: RunConfig) -> ResourcePlan:
     """``cfg`` must be resolved and valid."""
     p = cfg.parallelism
@@ -122,6 +140,7 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
         data_parallel=dp,
         model_parallel=mp,
         notes=notes,
+        engine_batch=engine_batch(cfg, len(engines)),
     )
     if p.device == "cuda" and t.backend in TRAINER_MEMORY:
         plan.memory = estimate(cfg, plan)

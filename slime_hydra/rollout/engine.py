@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+import time
+from typing import Any, Dict, Optional
 
 from slime_hydra.logging.secrets import redact_argv
 from slime_hydra.rollout.engines import ServerSpec, make_engine
@@ -30,6 +31,8 @@ class EngineActor:
         self.proc = None
         self.url: Optional[str] = None
         self.base_gpu = 0
+        self.started: Optional[float] = None  # time.time() of the server's last start, and when it answered
+        self.ready: Optional[float] = None
 
     def reserve_dist_init_addr(self) -> str:
         """Node 0 of a multi-node engine: the address the other nodes join."""
@@ -56,12 +59,28 @@ class EngineActor:
             os.environ.pop(name, None)
         with open(self.log_path, "a") as f:
             f.write("$ " + " ".join(redact_argv(cmd)) + "\n")
+        self.started, self.ready = time.time(), None
         self.proc = spawn(cmd, self.log_path, env)
         if self.spec.node_rank > 0:
             return None
         self.url = f"http://{host}:{port}"
         wait_http(self.url + "/health_generate", self.proc, self.startup_timeout, self.log_path)
+        self.ready = time.time()
         return self.url
+
+    def startup_report(self) -> Dict[str, Any]:
+        """The server's last start: when it began and answered (``time.time()``) and, as far as its log
+        tells, the seconds of each part (the engine class's ``startup_parts``)."""
+        parts: Dict[str, float] = {}
+        if self.started is not None and self.ready is not None:
+            try:
+                with open(self.log_path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            since = text.rfind("\n$ ") + 1  # this start's lines: after the last command line written
+            parts = make_engine(self.spec).startup_parts(text[since:], self.started, self.ready)
+        return {"rank": self.rank, "started": self.started, "ready": self.ready, "parts": parts}
 
     def command(self, host: Optional[str] = None, port: int = 0):
         """The server's command line on this node (``start`` runs it): its address, its first GPU as

@@ -88,7 +88,8 @@ def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> Lis
     base = ServerSpec(engine=cfg.rollout.engine, model_path=model_path, tokenizer_path=model_path,
                       dtype=cfg.model.dtype, device=plan.device, gpus=p.gpus_per_engine, seed=cfg.rollout.seed,
                       trust_remote_code=cfg.model.trust_remote_code, memory_saver=bool(p.offload_rollout),
-                      max_batch=cfg.rollout.embedded_max_batch, server_args=dict(cfg.rollout.server_args),
+                      max_batch=cfg.rollout.embedded_max_batch, decode_batch=plan.engine_batch,
+                      server_args=dict(cfg.rollout.server_args),
                       num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
     return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]
             for slot in plan.engines]
@@ -107,6 +108,7 @@ class EngineHandle:
     logs: List[str] = field(default_factory=list)
     state: str = SERVING
     restarts: List[float] = field(default_factory=list)  # monotonic times of its restarts (the budget)
+    startup: Dict[str, Any] = field(default_factory=dict)  # its first start (EngineActor.startup_report)
 
 
 class EngineFleet:
@@ -206,6 +208,7 @@ class EngineFleet:
                     if self.ft is None:
                         raise
                     self._restart_at_startup(e, err)
+                e.startup = ray.get(e.actors[0].startup_report.remote())
             self._starting = []
             log.info("%d %s engine(s) up in %.1fs: %s", len(self.engines), self._kind,
                      time.perf_counter() - self._started, self.urls)

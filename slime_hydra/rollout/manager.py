@@ -53,17 +53,22 @@ class RolloutManager:
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
         r = cfg.rollout
         t0 = time.perf_counter()
+        # start-up times (time.time()), for the driver's start-up report (``startup_report``)
+        self.startup: Dict[str, Any] = {"created": time.time()}
         # the engines and the router start in the background while the data loads (none of it needs them)
         self.fleet = EngineFleet.launch(engine_specs(cfg, plan, model_path), plan, pg,
                                         os.path.join(cfg.output_dir, "logs"), r.startup_timeout_s, r.router,
                                         FaultTolerance.from_config(r))
+        self.startup["launched"] = time.time()
         try:
             self._load(model_path)
         except BaseException:
             self.fleet.kill()
             raise
+        self.startup["data_s"] = time.time() - self.startup["launched"]
         self.fleet.wait_up()  # kills the engines and the router if one fails
         self.client.base_url = self.fleet.base_url  # without a router: the engine's, known once it is up
+        self.startup["up"] = time.time()
         log.info("rollout side up in %.1fs", time.perf_counter() - t0)
 
     def _load(self, model_path: str) -> None:
@@ -91,6 +96,12 @@ class RolloutManager:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     # ------------------------------------------------------------------------------- info
+    def startup_report(self) -> Dict[str, Any]:
+        """How this rollout side started (``time.time()`` stamps): the actor's constructor began
+        (``created``), the engines and router were launched, the data was ready (``data_s`` after the
+        launch), everything was up; and each engine's own report (``EngineActor.startup_report``)."""
+        return {**self.startup, "engines": [e.startup for e in self.fleet.engines]}
+
     def endpoints(self) -> List[Dict[str, Any]]:
         """Where the trainer pushes weights: each running engine's URL and GPU count."""
         return self.fleet.endpoints()

@@ -40,7 +40,7 @@ from typing import Dict, Iterable, List, Tuple
 import torch
 
 from slime_hydra.sync import transport
-from slime_hydra.utils.http import EngineError, control, weight_version
+from slime_hydra.utils.http import EngineError, EngineUnreachable, control, weight_version
 from slime_hydra.utils.testpoint import hold
 
 log = logging.getLogger(__name__)
@@ -223,13 +223,16 @@ class WeightSender:
     def _flush_caches(self, timeout_s: float = 60.0) -> None:
         """Empty every engine's prefix cache before the weights change: its KV was computed with the old
         weights (slime flushes here too). An engine refuses while a request still runs on it, so ask
-        again until it agrees."""
+        again until it agrees; one that does not answer at all is dead or hung, and the push fails at once
+        (asking a dead engine again for a minute made every engine death inside a push cost that minute)."""
         deadline = time.monotonic() + timeout_s
         for e in self.endpoints:
             while True:
                 try:
                     control(e.url, "/flush_cache", timeout=min(30.0, self.timeout_s))
                     break
+                except EngineUnreachable:
+                    raise
                 except EngineError:
                     if time.monotonic() > deadline:
                         raise

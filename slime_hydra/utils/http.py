@@ -14,6 +14,10 @@ class EngineError(RuntimeError):
     pass
 
 
+class EngineUnreachable(EngineError):
+    """No answer at all (connection refused or reset, a timeout): the server is dead or hung, not busy."""
+
+
 _pool: Optional[urllib3.PoolManager] = None
 
 
@@ -30,13 +34,14 @@ def _client() -> urllib3.PoolManager:
 def control(
     url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, method: str = "POST", timeout: float = 600.0
 ) -> Any:
-    """One control call; raises EngineError on a transport error, a non-2xx status or success=false."""
+    """One control call; raises EngineError on a non-2xx status or success=false, EngineUnreachable on a
+    transport error."""
     body = json.dumps(payload).encode() if payload is not None and method != "GET" else None
     headers = {"Content-Type": "application/json"} if body is not None else None
     try:
         r = _client().request(method, url.rstrip("/") + path, body=body, headers=headers, timeout=timeout)
     except urllib3.exceptions.HTTPError as e:
-        raise EngineError(f"{method} {url}{path} failed: {e!r}") from e
+        raise EngineUnreachable(f"{method} {url}{path} failed: {e!r}") from e
     answer: Any = None
     if r.data:
         try:

@@ -116,7 +116,7 @@ def tail(path: str, n: int = 30) -> str:
 
 
 def wait_http(url: str, proc: Optional[subprocess.Popen], timeout: float, log_path: str = "",
-              interval: float = 0.5) -> None:
+              interval: float = 0.2) -> None:
     """Poll ``url`` until it answers 200; fail early (with the log's tail) if ``proc`` exits."""
     deadline = time.monotonic() + timeout
     last = ""

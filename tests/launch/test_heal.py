@@ -101,6 +101,25 @@ def test_trainer_rank_killed_mid_run(tmp_path, reference):
     assert sum(r.get("heal/seconds", 0) for r in rows) == pytest.approx(h["seconds"], abs=1e-3)
 
 
+def test_a_dead_engine_fails_the_cache_flush_at_once(tmp_path):
+    """An engine that died inside a push (after the pause, before the cache flush) fails the push at once.
+    The flush asks an engine that refuses (a request still runs) again for up to a minute; it asked a dead
+    one (connection refused) again too, so every engine death inside a push cost that minute (found by
+    bench/heal_gpu.py --cpu: 61 s from the kill to the push's retry)."""
+    import torch
+
+    from slime_hydra.sync.sender import Endpoint, WeightSender
+    from slime_hydra.utils.http import EngineUnreachable
+    from slime_hydra.utils.proc import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    sender = WeightSender("disk", [Endpoint(url, 1)], torch.device("cpu"), 1, str(tmp_path), str(tmp_path))
+    t0 = time.monotonic()
+    with pytest.raises(EngineUnreachable):
+        sender._flush_caches()
+    assert time.monotonic() - t0 < 10
+
+
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_short_chaos_run(tmp_path, reference, seed):
     """Three kills of random parts (engine, router, manager, trainer rank, driver) at random moments."""

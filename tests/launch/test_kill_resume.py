@@ -49,8 +49,8 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
 
 def comparable(rows: list) -> list:
     """Everything but timings and the engine-vs-trainer log-prob gap (float noise of the batch)."""
-    return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "train/train_rollout_logprob_abs_diff"}
-            for r in rows]
+    return [{k: v for k, v in r.items()
+             if not k.startswith(("perf/", "startup/")) and k != "train/train_rollout_logprob_abs_diff"} for r in rows]
 
 
 def data_state(run_dir: Path, step: int) -> dict:

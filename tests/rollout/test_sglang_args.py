@@ -21,7 +21,15 @@ from conftest import CONF, resolved
 from sglang_parser import start_parser
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
-from slime_hydra.rollout.engines.sglang import MANAGED_SERVER_ARGS, PREFILL_GRAPH_KEYS, SglangEngine
+from slime_hydra.rollout.engines.sglang import (
+    DECODE_GRAPH_KEYS,
+    MANAGED_SERVER_ARGS,
+    PREFILL_GRAPH_KEYS,
+    SGLANG_DEFAULT_DECODE_MAX_BS,
+    SglangEngine,
+    decode_graph_max_bs,
+    decode_graph_sizes,
+)
 from slime_hydra.rollout.fleet import engine_specs
 
 
@@ -218,27 +226,49 @@ def test_validation_needs_no_model_config(sglang):
         assert [e for e in errs if e.startswith("rollout.server_args")] == [], errs
 
 
-def test_colocated_engines_turn_off_the_prefill_cuda_graph(sglang):
-    """With the memory saver, SGLang gets --disable-prefill-cuda-graph unless server_args chooses a
-    prefill graph itself; split engines keep SGLang's default. Every key that counts as a choice is
-    one of this sglang's flags."""
+def test_engines_turn_off_the_prefill_cuda_graph(sglang):
+    """Colocated and split engines get --disable-prefill-cuda-graph unless server_args chooses a prefill
+    graph itself (false included: SGLang's default then). Every key that counts as a choice is one of
+    this sglang's flags."""
     flags = set(sglang.options()["flags"])
-    assert {to_flags({key: 1})[0] for key in PREFILL_GRAPH_KEYS} <= flags
-    (colocated, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b"])
-    assert sglang.parse(colocated[3:], ["enable_memory_saver", "disable_prefill_cuda_graph"]) == {
-        "enable_memory_saver": True, "disable_prefill_cuda_graph": True}
-    (split, *_) = engine_commands(["rollout=sglang", "parallelism=split_4_4", "model=qwen3_4b"])
-    assert sglang.parse(split[3:], ["enable_memory_saver", "disable_prefill_cuda_graph"]) == {
-        "enable_memory_saver": False, "disable_prefill_cuda_graph": False}
+    assert {to_flags({key: 1})[0] for key in PREFILL_GRAPH_KEYS + DECODE_GRAPH_KEYS} <= flags
+    for layout, saver in (("1gpu", True), ("split_4_4", False)):
+        (cmd, *_) = engine_commands(["rollout=sglang", f"parallelism={layout}", "model=qwen3_4b"])
+        assert sglang.parse(cmd[3:], ["enable_memory_saver", "disable_prefill_cuda_graph"]) == {
+            "enable_memory_saver": saver, "disable_prefill_cuda_graph": True}, layout
     (chosen, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b",
                                     "+rollout.server_args.cuda_graph_backend_prefill=tc_piecewise"])
     assert sglang.parse(chosen[3:], ["disable_prefill_cuda_graph", "cuda_graph_backend_prefill"]) == {
         "disable_prefill_cuda_graph": False, "cuda_graph_backend_prefill": "tc_piecewise"}
+    (kept, *_) = engine_commands(["rollout=sglang", "parallelism=split_4_4", "model=qwen3_4b",
+                                  "+rollout.server_args.disable_prefill_cuda_graph=false"])
+    assert sglang.parse(kept[3:], ["disable_prefill_cuda_graph"]) == {"disable_prefill_cuda_graph": False}
 
 
-def test_decode_cuda_graphs_follow_the_rollout_concurrency(sglang):
-    (cmd, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "rollout.concurrency=64"])
-    assert sglang.parse(cmd[3:], ["cuda_graph_max_bs_decode"]) == {"cuda_graph_max_bs_decode": 64}
+@pytest.mark.parametrize("overrides, max_bs", [
+    (["rollout.batch_size=8"], 64),  # TRL's anchor: 8 prompts x 8 samples on one engine
+    (["rollout.batch_size=5", "rollout.n_samples_per_prompt=4"], 24),  # 20 sequences: SGLang's next size
+    (["rollout.batch_size=8", "rollout.concurrency=2"], 16),  # two group requests at once
+    (["rollout.batch_size=8", "algo.dynamic_sampling=true"], 120),  # 8 + a refill of 8, less 1, groups
+    (["rollout.batch_size=8", "parallelism=colocate_4gpu"], 32),  # two engines: four groups each
+    (["rollout.batch_size=32"], None),  # 256 sequences: SGLang's own default
+    (["rollout.batch_size=8", "+rollout.server_args.cuda_graph_max_bs_decode=32"], 32),  # the user's
+    (["rollout.batch_size=8", "+rollout.server_args.cuda_graph_bs_decode=[1,8,64]"], None),
+])
+def test_decode_cuda_graphs_follow_the_engine_batch(sglang, overrides, max_bs):
+    """Decode graphs up to what the run can send an engine at once (plan.engine_batch), on SGLang's own grid."""
+    (cmd, *_) = engine_commands(["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", *overrides])
+    assert sglang.parse(cmd[3:], ["cuda_graph_max_bs_decode"]) == {"cuda_graph_max_bs_decode": max_bs}
+
+
+def test_decode_graph_sizes_are_sglangs(sglang):
+    for max_bs in (1, 8, 20, 64, 100, 256, 300, 600):
+        assert decode_graph_sizes(max_bs) == sglang.decode_graph_sizes(max_bs), max_bs
+    for batch in (1, 3, 13, 64, 65, 250):  # the rounding: the smallest captured size that holds the batch
+        assert decode_graph_max_bs(batch) in sglang.decode_graph_sizes(256)
+        assert decode_graph_max_bs(batch) >= batch
+        assert all(b < batch for b in sglang.decode_graph_sizes(256) if b < decode_graph_max_bs(batch))
+    assert len(sglang.decode_graph_sizes(SGLANG_DEFAULT_DECODE_MAX_BS)) == 36
 
 
 def test_memory_saver_cuda_graph_is_off(monkeypatch):
@@ -249,3 +279,20 @@ def test_memory_saver_cuda_graph_is_off(monkeypatch):
     assert SglangEngine(spec).env()["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "false"
     monkeypatch.setenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "true")  # the environment wins
     assert SglangEngine(spec).env()["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "true"
+
+
+def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch):
+    """In a run (launch/main.py), validation leaves sglang's parser check running in its child process
+    (deferred_server_args_checks) and the driver takes its answer while Ray starts: the same problems."""
+    from slime_hydra.launch.validate import validate
+    from slime_hydra.rollout.engines.sglang import deferred_server_args_checks
+
+    monkeypatch.syspath_prepend(str(sglang.site))
+    overrides = ["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "rollout.server_args.mem_fraction_static=abc"]
+    with deferred_server_args_checks() as pending:
+        errs = validate(resolved(overrides))
+    assert not [e for e in errs if e.startswith("rollout.server_args")] and len(pending) == 1
+    assert pending[0].problems() == [
+        "rollout.server_args.mem_fraction_static: argument --mem-fraction-static: invalid float value: 'abc' "
+        "(sglang 0.5.17)"]
+    assert "sglang" not in sys.modules

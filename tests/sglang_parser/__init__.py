@@ -67,6 +67,10 @@ class SglangParser:
         """``slime_hydra.launch.validate.validate`` of the composed config, with sglang importable."""
         return self.request("validate", overrides=list(overrides))
 
+    def decode_graph_sizes(self, max_bs: int) -> List[int]:
+        """The decode batch sizes sglang captures for ``cuda_graph_max_bs_decode=max_bs``."""
+        return self.request("decode_graph_sizes", max_bs=max_bs)
+
     def read_tensor_payload(self, payload: str, load_format: Optional[str] = None) -> List[list]:
         """[[name, shape, dtype, sum]] of what SGLang's TP worker would load from one
         ``serialized_named_tensors`` entry of ``/update_weights_from_tensor``."""

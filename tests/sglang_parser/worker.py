@@ -2,7 +2,8 @@
 requests, one JSON object a line on stdin -> one on stdout. Started by ``SglangParser`` (__init__.py).
 
 Requests: {"op": "options"} | {"op": "check", "argv": [...]} | {"op": "parse", "argv": [...], "dests": [...]}
-| {"op": "validate", "overrides": [...]} | {"op": "read_tensor_payload", "payload": str, "load_format": ...}
+| {"op": "validate", "overrides": [...]} | {"op": "decode_graph_sizes", "max_bs": int}
+| {"op": "read_tensor_payload", "payload": str, "load_format": ...}
 | {"op": "bucket_layout", "names": [...], "dtypes": [...], "shapes": [...]}.
 Replies: {"ok": <result>} or {"error": <traceback>}. The first line says {"ready": {...}} or {"error": ...}.
 """
@@ -73,6 +74,17 @@ def _bucket_layout(names, dtypes, shapes):
             "entries": [[m.name, m.start_idx, m.end_idx] for m in bucket.get_metadata()]}
 
 
+def _decode_graph_sizes(max_bs):
+    """The decode batch sizes sglang captures for ``cuda_graph_max_bs_decode=max_bs`` (its own generator,
+    no speculative decoding, padding on)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs._generate_decode_cuda_graph_batch_sizes(
+        SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm=None), max_bs)
+
+
 def _validate(overrides):
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import resolved
@@ -104,6 +116,7 @@ def main() -> None:
     ops = {"options": lambda r: _options(), "check": lambda r: check_with_sglang(r["argv"]),
            "parse": lambda r: _parse(r["argv"], r["dests"]),
            "validate": lambda r: _validate(r["overrides"]),
+           "decode_graph_sizes": lambda r: _decode_graph_sizes(r["max_bs"]),
            "read_tensor_payload": lambda r: _read_tensor_payload(r["payload"], r.get("load_format")),
            "bucket_layout": lambda r: _bucket_layout(r["names"], r["dtypes"], r["shapes"])}
     for line in sys.stdin:

@@ -8,6 +8,7 @@ memory release never interleave.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,18 @@ UNSUPPORTED_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repe
                         "structural_tag": None, "logit_bias": None}
 # SGLang's, with no effect on a whole (non-streamed) answer here
 IGNORED_SAMPLING = ("n", "stream_interval", "custom_params")
+# The embedded engine's logits on CPU do not depend on the batch (a run of one seed must not depend on how
+# requests were batched: the calculator agent's learning test failed under load, and a healed chaos run could
+# differ, when a token sampled near a boundary of its distribution changed with logits 1e-7 off):
+# - a CPU matrix product of a handful of rows takes another kernel (MKL's, for fewer than K/25 rows and at most
+#   15, measured for K = 32..2048), whose sums round differently: each linear layer gets at least this many rows
+#   (zero rows added, their outputs dropped; ``_batch_invariant``);
+CPU_MIN_ROWS = 16
+# - attention sums over the keys in vector lanes: where a request's keys sit in the batch's key axis decides
+#   which lane adds which of them. Prompts are right-padded (a prompt's keys start at 0) to a width rounded up
+#   to a multiple of this, so each key sits in the same lane in every batch (measured: widths 16 to 80 give
+#   the same bits, multiples of 8 do not; 16 floats are an AVX-512 register).
+CPU_KEY_BLOCK = 16
 
 
 @dataclass
@@ -89,6 +102,22 @@ class SamplingParams:
                              f"{self.min_new_tokens}.")
 
 
+def _batch_invariant(model: torch.nn.Module) -> None:
+    """Every linear layer of ``model`` multiplies at least CPU_MIN_ROWS rows (zero rows added, their outputs
+    dropped): one kernel for every row, whatever the batch."""
+
+    def forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows >= CPU_MIN_ROWS:
+            return torch.nn.functional.linear(x, layer.weight, layer.bias)
+        flat = torch.cat([x.reshape(rows, x.shape[-1]), x.new_zeros(CPU_MIN_ROWS - rows, x.shape[-1])])
+        return torch.nn.functional.linear(flat, layer.weight, layer.bias)[:rows].reshape(*x.shape[:-1], -1)
+
+    for layer in model.modules():
+        if type(layer) is torch.nn.Linear:
+            layer.forward = functools.partial(forward, layer)
+
+
 @dataclass
 class Request:
     input_ids: List[int]
@@ -132,6 +161,8 @@ class EmbeddedEngine:
     def _load(self, path: str) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype or "auto",
                                                      trust_remote_code=self.trust_remote_code)
+        if self.device.type == "cpu":
+            _batch_invariant(model)
         return model.to(self.device).eval()
 
     def named_parameters(self) -> Dict[str, torch.Tensor]:
@@ -282,12 +313,17 @@ class EmbeddedEngine:
         for i, r in enumerate(reqs):
             if r.params.max_new_tokens == 0:
                 finish[i] = {"type": "length", "length": 0}
-        plen = max(len(r.input_ids) for r in reqs)
-        ids = torch.tensor([[self.pad_id] * (plen - len(r.input_ids)) + list(r.input_ids) for r in reqs],
-                           device=self.device)
-        mask = torch.tensor([[0] * (plen - len(r.input_ids)) + [1] * len(r.input_ids) for r in reqs],
-                            device=self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        prompts = [list(r.input_ids) for r in reqs]
+        lens = torch.tensor([max(len(p), 1) for p in prompts], device=self.device)
+        width = max(len(p) for p in prompts)
+        if self.device.type == "cpu":  # batch-invariant logits (CPU_KEY_BLOCK)
+            width = -(-width // CPU_KEY_BLOCK) * CPU_KEY_BLOCK
+        # right-padded: a prompt's tokens sit at the same places whatever the batch; the new tokens follow
+        # every row's padding, each at its own position (its length so far)
+        ids = torch.tensor([p + [self.pad_id] * (width - len(p)) for p in prompts], device=self.device)
+        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
+        pos = torch.minimum(torch.arange(width, device=self.device)[None, :], lens[:, None] - 1)
+        last = lens - 1  # where each prompt's last token is: the first logits to sample from
         cache, step_ids, step_pos = None, ids, pos
         streams = [self._stream(r) for r in reqs]
         max_new = max(r.params.max_new_tokens for r in reqs)
@@ -296,8 +332,9 @@ class EmbeddedEngine:
                 break
             o = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
                            use_cache=True)
+            logits = o.logits[torch.arange(n, device=self.device), last] if cache is None else o.logits[:, -1, :]
             cache = o.past_key_values
-            tokens, lps = self._sample(o.logits[:, -1, :], reqs, streams)
+            tokens, lps = self._sample(logits, reqs, streams)
             for i, r in enumerate(reqs):
                 if finish[i] is not None:
                     continue
@@ -311,7 +348,7 @@ class EmbeddedEngine:
             live = torch.tensor([f is None for f in finish], device=self.device)
             mask = torch.cat([mask, live.long()[:, None]], dim=1)
             step_ids = torch.where(live, tokens, torch.full_like(tokens, self.pad_id))[:, None]
-            step_pos = step_pos[:, -1:] + 1
+            step_pos, lens = lens[:, None], lens + 1
         for i in range(n):
             if finish[i] is None:
                 finish[i] = {"type": "length", "length": len(out_ids[i])}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import RunConfig
+    from slime_hydra.plan.resources import ResourcePlan
 
 
 @dataclass
@@ -32,7 +33,8 @@ class ServerSpec:
     seed: int
     trust_remote_code: bool = False
     memory_saver: bool = False
-    max_batch: int = 256
+    max_batch: int = 256  # embedded engine: most sequences decoded together (rollout.embedded_max_batch)
+    decode_batch: Optional[int] = None  # most sequences the run decodes at once on this engine (plan.engine_batch)
     num_threads: Optional[int] = None  # embedded engine on CPU: torch threads
     server_args: Dict[str, Any] = field(default_factory=dict)
     nnodes: int = 1
@@ -79,6 +81,17 @@ class Engine(ABC):
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         """The server's command line, serving HTTP on ``host:port`` from GPU ``base_gpu_id`` on
         (``nccl_port``: a free port for the server's own NCCL group, where it has one)."""
+
+    @classmethod
+    def plan_notes(cls, cfg: "RunConfig", plan: "ResourcePlan") -> List[str]:
+        """Lines for the plan print-out: what this engine's servers are set to do at start."""
+        return []
+
+    @classmethod
+    def startup_parts(cls, log_text: str, started: float, ready: float) -> Dict[str, float]:
+        """Seconds of each part of the server's start, as far as its log (``log_text``, written since it
+        was started at ``started``; up at ``ready``; both ``time.time()``) tells them; {}: it does not."""
+        return {}
 
     def env(self) -> Dict[str, str]:
         """Environment variables for the server process, on top of the actor's. On GPUs both ends of

@@ -6,23 +6,31 @@ refused in validation with the config key to use instead, and where sglang is in
 checks the rest with sglang's own parser (``check_server_args``).
 
 The project pins sglang 0.5.17 for GPUs (the newest release on torch 2.11). What it needs, seen on an
-H200 (``../shared/reference/environment.md``):
-- With the memory saver (colocated engines), the prefill CUDA graph is turned off unless
-  ``rollout.server_args`` says otherwise (``colocated_server_args``): 0.5.17 captures a "breakable"
-  prefill graph by default, which refuses the memory saver when graph memory is to be released
-  ("Breakable CUDA graph is not compatible with memory saver mode"), and capturing it made the start
-  159 s instead of 45 s.
+H200 (``../shared/reference/environment.md``), and what its start costs:
+- No prefill CUDA graph unless ``rollout.server_args`` chooses one (``startup_server_args``): 0.5.17
+  captures a "breakable" prefill graph by default for about 60 token counts up to 8192, which made the
+  start 159 s instead of 45 s, and it refuses the memory saver of colocated engines when graph memory is
+  to be released ("Breakable CUDA graph is not compatible with memory saver mode"). A rollout's prefill
+  is a small part of its time.
+- Decode CUDA graphs only for the batch sizes the run can send an engine (``ServerSpec.decode_batch``,
+  from the plan's ``engine_batch``), rounded up to SGLang's own grid (``decode_graph_max_bs``), unless
+  ``rollout.server_args`` sets them: SGLang's default on an H100/H200 captures 36 sizes up to 256.
 - ``SGLANG_MEMORY_SAVER_CUDA_GRAPH`` is false: releasing CUDA-graph memory needs torch_memory_saver's
   preload hook mode ("Only hook_mode=preload supports pauseable CUDA Graph currently"). The decode
   graphs' memory then stays allocated while the trainer trains; weights and KV cache are released.
+- ``SGLANG_LOG_MS``: the server log's timestamps have milliseconds, so ``startup_parts`` can say where
+  the start went (imports, weights, KV cache, CUDA graphs, HTTP server).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from slime_hydra.rollout.engines.base import Engine, to_flags
 
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
     import argparse
 
     from slime_hydra.config.schema import RunConfig
+    from slime_hydra.plan.resources import ResourcePlan
 
 # ServerArgs fields set from the run config or the resource plan -> where they come from.
 MANAGED_SERVER_ARGS: Dict[str, str] = {
@@ -57,22 +66,70 @@ SGLANG_ENV = {
     "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
     "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
     "NCCL_CUMEM_ENABLE": "0",
+    "SGLANG_LOG_MS": "true",
 }
 
 
 # rollout.server_args keys that choose the prefill CUDA graph (sglang 0.5.17's names and deprecated aliases):
-# with any of them set, colocated engines keep the user's choice.
+# with any of them set, the engines keep the user's choice.
 PREFILL_GRAPH_KEYS = ("disable_prefill_cuda_graph", "cuda_graph_backend_prefill", "cuda_graph_config",
                       "disable_cuda_graph", "enable_breakable_cuda_graph", "disable_piecewise_cuda_graph",
                       "enforce_piecewise_cuda_graph")
+# ... and the decode CUDA graphs' batch sizes (cuda_graph_max_bs and cuda_graph_bs: 0.5.17's deprecated aliases)
+DECODE_GRAPH_KEYS = ("cuda_graph_max_bs_decode", "cuda_graph_bs_decode", "cuda_graph_max_bs", "cuda_graph_bs",
+                     "cuda_graph_config", "cuda_graph_backend_decode", "disable_decode_cuda_graph",
+                     "disable_cuda_graph", "disable_cuda_graph_padding")
+# SGLang's default largest decode graph on a GPU of 90-160 GB (H100, H200) below TP 4 (ServerArgs.
+# _handle_gpu_memory_settings); a run that can use as many sequences keeps SGLang's default.
+SGLANG_DEFAULT_DECODE_MAX_BS = 256
 
 
-def colocated_server_args(server_args: Dict[str, Any]) -> Dict[str, Any]:
-    """What a server with the memory saver adds to ``server_args``: no prefill CUDA graph, unless
-    the user chose one (a key of ``PREFILL_GRAPH_KEYS``)."""
-    if any(key in server_args for key in PREFILL_GRAPH_KEYS):
-        return {}
-    return {"disable_prefill_cuda_graph": True}
+def decode_graph_sizes(max_bs: int) -> List[int]:
+    """The decode batch sizes sglang 0.5.17 captures for ``cuda_graph_max_bs_decode=max_bs``
+    (``ServerArgs._generate_decode_cuda_graph_batch_sizes``, no speculative decoding, with padding)."""
+    grid = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    sizes = [b for b in grid if b <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def decode_graph_max_bs(batch: int) -> int:
+    """The smallest size of SGLang's grid that holds ``batch`` sequences: a batch in between is padded
+    up to the next captured size, so capturing up to ``batch`` itself would add a size of its own."""
+    grid = decode_graph_sizes(max(batch, 512) + 32)
+    return next(b for b in grid if b >= batch)
+
+
+def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]) -> Dict[str, Any]:
+    """What slime_hydra adds to ``server_args`` to start a server in less time: no prefill CUDA
+    graph, unless the user chose one (a key of ``PREFILL_GRAPH_KEYS``); decode graphs up to
+    ``decode_batch`` (the plan's ``engine_batch``) rounded up to SGLang's grid, unless the user chose
+    them (``DECODE_GRAPH_KEYS``) or the run can use SGLang's default (or more)."""
+    out: Dict[str, Any] = {}
+    if not any(key in server_args for key in PREFILL_GRAPH_KEYS):
+        out["disable_prefill_cuda_graph"] = True
+    if decode_batch and not any(key in server_args for key in DECODE_GRAPH_KEYS):
+        max_bs = decode_graph_max_bs(decode_batch)
+        if max_bs < SGLANG_DEFAULT_DECODE_MAX_BS:
+            out["cuda_graph_max_bs_decode"] = max_bs
+    return out
+
+
+def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int]) -> str:
+    """The plan print-out's line on what the servers capture at start (``startup_server_args``)."""
+    added = startup_server_args(server_args, decode_batch)
+    if "cuda_graph_max_bs_decode" in added:
+        n = len(decode_graph_sizes(added["cuda_graph_max_bs_decode"]))
+        decode = (f"decode CUDA graphs up to batch {added['cuda_graph_max_bs_decode']} ({n} sizes; at most "
+                  f"{decode_batch} sequences decode at once per engine), not SGLang's "
+                  f"{len(decode_graph_sizes(SGLANG_DEFAULT_DECODE_MAX_BS))} up to {SGLANG_DEFAULT_DECODE_MAX_BS}")
+    elif any(key in server_args for key in DECODE_GRAPH_KEYS):
+        decode = "decode CUDA graphs as rollout.server_args sets them"
+    else:
+        decode = (f"SGLang's default decode CUDA graphs (the run can send an engine "
+                  f"{decode_batch if decode_batch else 'an unknown number of'} sequences at once)")
+    prefill = "no prefill CUDA graph" if added.get("disable_prefill_cuda_graph") else \
+        "the prefill CUDA graph as rollout.server_args sets it"
+    return f"sglang start-up: {decode}; {prefill}"
 
 
 class SglangEngine(Engine):
@@ -92,12 +149,19 @@ class SglangEngine(Engine):
         errs += [f"rollout.server_args.{key}: set by slime_hydra from {MANAGED_SERVER_ARGS[key]}; remove it"
                  for key in args if key in MANAGED_SERVER_ARGS]
         if args and importlib.util.find_spec("sglang") is not None:
+            if _deferred is not None and "sglang.srt.server_args" not in sys.modules:
+                _deferred.append(ServerArgsCheck(dict(args)))  # answered later (deferred_server_args_checks)
+                return errs
             try:
                 errs += [f"rollout.server_args.{key}: {problem}" for key, problem in check_server_args(dict(args))]
             except Exception as e:  # noqa: BLE001 - an sglang that does not import: the server will say more
                 logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not "
                                                     "import (%s: %s)", type(e).__name__, e)
         return errs
+
+    @classmethod
+    def plan_notes(cls, cfg: "RunConfig", plan: "ResourcePlan") -> List[str]:
+        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch)]
 
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec
@@ -107,12 +171,66 @@ class SglangEngine(Engine):
                 "skip_server_warmup": True, "nccl_port": nccl_port, "nnodes": s.nnodes if multi else None,
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
                 "dtype": s.dtype if s.dtype != "float32" else None,
-                **(colocated_server_args(s.server_args) if s.memory_saver else {}), **s.server_args}
+                **startup_server_args(s.server_args, s.decode_batch), **s.server_args}
         return [sys.executable, "-m", "sglang.launch_server", *to_flags(args)]
 
     def env(self) -> Dict[str, str]:
         """``SGLANG_ENV`` (values already in the environment win)."""
         return {**super().env(), **{k: os.environ.get(k, v) for k, v in SGLANG_ENV.items()}}
+
+    @classmethod
+    def startup_parts(cls, log_text: str, started: float, ready: float) -> Dict[str, float]:
+        """Where the server's start went, from the timestamps of its log (``log_text``: what it wrote
+        since it was started at ``started``, up at ``ready``, both ``time.time()``): seconds from the
+        start to its first step of model set-up (``process_s``: interpreter, imports, the scheduler's
+        process), then torch distributed, the weights, the KV cache, the CUDA graphs (kernel warm-up,
+        Triton's compiles and the captures), the HTTP server, and the first answer to
+        /health_generate. A part whose lines are missing is left out. ``kv_tokens``: the KV cache's size
+        in tokens (SGLang sizes it from the GPU memory free when it measures: on a colocated GPU, the
+        trainer's memory at that moment makes it smaller; compare the plan's estimate)."""
+        marks: Dict[str, float] = {}
+        captured = 0.0
+        kv_tokens = None
+        for line in log_text.splitlines():
+            m = SGLANG_LOG_LINE.match(line)
+            if not m:
+                continue
+            try:
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f" if "." in m.group(1)
+                                      else "%Y-%m-%d %H:%M:%S").timestamp()
+            except ValueError:
+                continue
+            for name, pattern in SGLANG_MILESTONES:
+                if pattern in m.group(2) and (name not in marks or name == "graphs"):
+                    marks[name] = t  # the first of each, the last graph captured
+            e = SGLANG_CAPTURE.search(m.group(2))
+            if e:
+                captured += float(e.group(1))
+            k = SGLANG_KV_TOKENS.search(m.group(2))
+            if k:
+                kv_tokens = int(k.group(1))
+        order = [("start", started), *[(n, marks[n]) for n, _ in SGLANG_MILESTONES if n in marks], ("ready", ready)]
+        parts = {f"{SGLANG_PARTS[(a, b)]}_s": round(tb - ta, 2) for (a, ta), (b, tb) in zip(order, order[1:])
+                 if (a, b) in SGLANG_PARTS}
+        if captured:
+            parts["graph_capture_s"] = round(captured, 2)  # SGLang's own count, within cuda_graphs_s
+        if kv_tokens is not None:
+            parts["kv_tokens"] = kv_tokens
+        return parts
+
+
+# A server log's line: "[2026-12-01 16:15:00.123 TP0] message" (the milliseconds with SGLANG_LOG_MS)
+SGLANG_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)[^\]]*\] (.*)$")
+# (milestone, what its line says), in the order a start passes them (sglang 0.5.17's messages)
+SGLANG_MILESTONES = (("dist", "Init torch distributed begin"), ("load", "Load weight begin"),
+                     ("loaded", "Load weight end"), ("kv", "Memory pool end"), ("graphs", "CUDA graph end"),
+                     ("http", "The server is fired up"))
+# (from, to) -> the part between them, when both are in the log and nothing between them is missing
+SGLANG_PARTS = {("start", "dist"): "process", ("dist", "load"): "distributed_init", ("load", "loaded"): "weights",
+                ("loaded", "kv"): "kv_cache", ("kv", "graphs"): "cuda_graphs", ("graphs", "http"): "http_server",
+                ("kv", "http"): "http_server", ("http", "ready"): "first_answer"}
+SGLANG_CAPTURE = re.compile(r"CUDA graph end\. elapsed=([\d.]+) s")
+SGLANG_KV_TOKENS = re.compile(r"\bmax_total_num_tokens=(\d+)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -174,26 +292,87 @@ def check_server_args(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 
 def _check_server_args_in_child(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
-    import importlib.util
-    import json
-    import subprocess
+    return ServerArgsCheck(server_args).result()
 
-    spec = importlib.util.find_spec("sglang")
-    if spec is None:
-        raise ImportError("sglang is not installed")
-    # the child sees the sglang this process sees, and this slime_hydra
-    paths = [os.path.dirname(p) for p in (spec.submodule_search_locations or [])]
-    import slime_hydra
 
-    paths.append(os.path.dirname(os.path.dirname(os.path.abspath(slime_hydra.__file__))))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    out = subprocess.run([sys.executable, "-m", "slime_hydra.rollout.engines.sglang"],
-                         input=json.dumps(server_args, default=str), capture_output=True, text=True, env=env,
-                         timeout=600)
-    if out.returncode != 0:
-        tail = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
-        raise ImportError(f"sglang's parser failed in a child process: {tail[0]}")
-    return [tuple(pair) for pair in json.loads(out.stdout.strip().splitlines()[-1])]
+class ServerArgsCheck:
+    """``check_server_args`` in a child process, started at once and answered by ``result`` (importing
+    sglang's ServerArgs takes 10-25 s: torch, transformers and sglang's own modules)."""
+
+    def __init__(self, server_args: Dict[str, Any]):
+        import importlib.util
+        import json
+        import subprocess
+        import tempfile
+
+        spec = importlib.util.find_spec("sglang")
+        if spec is None:
+            raise ImportError("sglang is not installed")
+        # the child sees the sglang this process sees, and this slime_hydra
+        paths = [os.path.dirname(p) for p in (spec.submodule_search_locations or [])]
+        import slime_hydra
+
+        paths.append(os.path.dirname(os.path.dirname(os.path.abspath(slime_hydra.__file__))))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        # its output to files, not pipes: nobody reads them before ``result``, and a full pipe would stop it
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "slime_hydra.rollout.engines.sglang"],
+                                     stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, text=True, env=env)
+        self.proc.stdin.write(json.dumps(server_args, default=str))
+        self.proc.stdin.close()
+
+    def result(self, timeout: float = 600.0) -> List[Tuple[str, str]]:
+        """[(key, problem)]; raises ImportError when sglang's parser did not run."""
+        import json
+
+        try:
+            self.proc.wait(timeout=timeout)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self.out.seek(0)
+        self.err.seek(0)
+        out, err = self.out.read(), self.err.read()
+        if self.proc.returncode != 0:
+            tail = err.strip().splitlines()[-1:] or [f"exit status {self.proc.returncode}"]
+            raise ImportError(f"sglang's parser failed in a child process: {tail[0]}")
+        return [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
+
+    def kill(self) -> None:
+        """Not needed any more (validation failed anyway)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def problems(self) -> List[str]:
+        """``result`` as validation's problems (``rollout.server_args.<key>: ...``); [] with a warning when
+        sglang's parser did not run (the server will say more)."""
+        try:
+            return [f"rollout.server_args.{key}: {problem}" for key, problem in self.result()]
+        except ImportError as e:
+            import logging
+
+            logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not "
+                                                "import (%s)", e)
+            return []
+
+
+# set by deferred_server_args_checks: SglangEngine.check starts its parser check and leaves it running
+_deferred: Optional[List[ServerArgsCheck]] = None
+
+
+@contextlib.contextmanager
+def deferred_server_args_checks() -> Iterator[List[ServerArgsCheck]]:
+    """Within, validation starts sglang's parser check of ``rollout.server_args`` in a child process and
+    goes on without its answer (appended to the yielded list): the run starts Ray and its placement group
+    meanwhile, and takes the answers (``ServerArgsCheck.problems``) before any actor starts."""
+    global _deferred
+    outer, _deferred = _deferred, []
+    try:
+        yield _deferred
+    finally:
+        _deferred = outer
 
 
 def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:

@@ -55,7 +55,7 @@ from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
 from slime_hydra.train.backends.torch import fsdp, lora as peft_lora
 from slime_hydra.train.backends.torch.critic import Critic
-from slime_hydra.train.backends.torch.offload import Offloader
+from slime_hydra.train.backends.torch.offload import Offloader, data_parallel
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
 from slime_hydra.train.logprobs import fusable_head, fused_head
 from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
@@ -104,8 +104,7 @@ class TorchBackend(TrainerBackend):
         else:
             self.net = self.model.to(device)
             if world_size > 1:
-                self.net = torch.nn.parallel.DistributedDataParallel(
-                    self.model, device_ids=[device.index] if device.type == "cuda" else None)
+                self.net = data_parallel(self.model, device)
         self.opt = adamw([p for p in self.model.parameters() if p.requires_grad], algo, algo.lr)
         self.critic: Optional[Critic] = None
         if A.needs_critic(algo):
@@ -221,8 +220,11 @@ class TorchBackend(TrainerBackend):
             if self.device.type == "cuda" and not self.trainer_cfg.fsdp_cpu_offload:
                 fsdp.onload(self._fsdp_models(), [self.opt], self.device)
             return
-        for o in self.offloaders:
-            o.onload()
+        moved = [o.onload() for o in self.offloaders]  # every one, in order
+        if self.world_size > 1 and moved[0]:  # DDP's hooks stayed on the old gradient accumulators
+            self.net = data_parallel(self.model, self.device, init_sync=False)
+        if self.world_size > 1 and self.critic is not None and moved[-1]:
+            self.critic.net = data_parallel(self.critic.model, self.device, init_sync=False)
 
     def _fsdp_models(self) -> List[torch.nn.Module]:
         return [self.model] + ([self.ref_model] if self.ref_model is not None else [])

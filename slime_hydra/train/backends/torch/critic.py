@@ -26,6 +26,7 @@ from torch import nn
 
 from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import CriticBackend, StepResult, ValueLossFn
+from slime_hydra.train.backends.torch.offload import data_parallel
 from slime_hydra.train.batch import MicroBatch
 from slime_hydra.train.optim import accumulated_step, adamw, autocast
 
@@ -83,8 +84,7 @@ class Critic(CriticBackend):
             self.model.backbone.gradient_checkpointing_enable()
         self.net: nn.Module = self.model
         if world_size > 1:
-            self.net = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+            self.net = data_parallel(self.model, device)
         self.opt = adamw(self.model.parameters(), algo, algo.critic_lr if algo.critic_lr is not None else algo.lr)
         self.sched: Optional[torch.optim.lr_scheduler.LambdaLR] = None  # the backend sizes it to the run
 

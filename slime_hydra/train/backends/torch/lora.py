@@ -14,7 +14,10 @@ gradients, no optimiser state; kept in ``model.dtype``, bfloat16 on GPUs) and on
   SGLang's LoRA endpoints (``/load_lora_adapter``, with requests naming the adapter): it would plug in
   beside ``merged`` in ``TorchBackend._named_weights`` (the branch on ``trainer.lora.push``; the rules'
   ``LORA_PUSH`` lists the values) with a sender that POSTs adapters instead of weight buckets. It is not
-  built: the GPU measurements (``bench/lora_gpu.py``) say whether the merged push costs enough to need it.
+  built because it lost when measured on an H200 (``bench/lora_push_gpu.py``,
+  bench/measured/h200_lora_push.md). Its push was no faster: 0.239 s from tensors against 0.191 s for 8 GB
+  merged. Its rollout was 1.66x slower under ``--enable-lora``. And the adapter was lost across the memory
+  saver's release.
 - Checkpoints: the adapter as PEFT saves it (``adapter/``: ``PeftModel.from_pretrained(base, dir)``
   loads it) and, with ``trainer.lora.save_merged``, ``hf/`` with the adapters merged.
 

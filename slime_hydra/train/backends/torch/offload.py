@@ -6,6 +6,11 @@ at DMA speed and asynchronously; the GPU storage is dropped by pointing ``.data`
 copy, and ``torch.cuda.empty_cache()`` returns it to the driver. Measured on an H200 with the
 Qwen3-0.6B shape (fp32 weights and AdamW state, 7 GB): pageable ``module.to("cpu")`` and back took
 about 10 s per step; see bench/gpu_real_shape.sh for the numbers with this module.
+
+Moving a parameter's ``.data`` to another device gives it a new gradient accumulator (autograd's
+``set_data``), and DDP's all-reduce hooks stay on the old one: after an onload, ranks would silently
+train on their own gradients. So DDP is built again after every onload that moved something
+(:func:`data_parallel`; megatron's backend re-registers its own hooks for the same reason).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, Iterator
 
 import torch
+from torch import nn
 
 
 def _weights(model: torch.nn.Module) -> Iterator[torch.Tensor]:
@@ -39,6 +45,13 @@ def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable
     yield from _state(opt, extra)
 
 
+def data_parallel(model: nn.Module, device: torch.device, init_sync: bool = True) -> nn.Module:
+    """``model`` under DDP, its all-reduce hooks on the parameters' current gradient accumulators.
+    ``init_sync=False`` after an onload: every rank already holds the same weights, so no broadcast."""
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                               init_sync=init_sync)
+
+
 class Offloader:
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
                  extra: Iterable[torch.Tensor] = ()):
@@ -46,6 +59,7 @@ class Offloader:
         self.model, self.opt, self.device = model, opt, device
         self.extra = list(extra)
         self.host: Dict[int, torch.Tensor] = {}  # id(tensor) -> its pinned host buffer
+        self.moved = False  # offload moved tensors to the host that onload has not brought back
 
     def offload(self, keep_weights: bool = False) -> None:
         """``keep_weights``: the optimiser state and ``extra`` only, and the gradients freed (the weight
@@ -63,13 +77,17 @@ class Offloader:
                 buf = self.host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             buf.copy_(t.data, non_blocking=True)
             t.data = buf
+            self.moved = True
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
-    def onload(self) -> None:
+    def onload(self) -> bool:
+        """True when tensors came back: their gradient accumulators are new (see the module's doc)."""
+        moved, self.moved = self.moved, False
         if self.device.type != "cuda":
-            return
+            return moved
         for t in _tensors(self.model, self.opt, self.extra):
             if t.device.type == "cpu":
                 t.data = t.data.to(self.device, non_blocking=True)
         torch.cuda.synchronize()
+        return moved

@@ -1,0 +1,130 @@
+"""Where a real SGLang server's start-up goes (issue 24: start in a minute), on one GPU.
+
+    BENCH_SGLANG=1 source bench/gpu/env.sh && python3 bench/sglang_startup.py   # after bench/README.md's set-up
+
+The server is started from the engine class's own command line (the run's: colocated, memory saver, the
+run's server args and ``cuda_graph_max_bs_decode`` = the anchor's 64 requests), once per variant (env
+``VARIANTS``, default ``colocated,colocated,no_cuda_graph``: the second ``colocated`` finds the JIT caches
+the first one filled, as a user's second run does). Every log line is stamped with the seconds since launch,
+so the gaps between SGLang's own milestones (imports, model load, KV cache, CUDA-graph capture, ready) show
+where the time goes. Also: the seconds ``import sglang.srt.entrypoints.http_server`` takes alone.
+Writes ``$OUT/sglang_startup.{json,md}`` and each server's stamped log under ``$OUT/logs/``.
+``--cpu``: the embedded engine stands in (this script's own code paths, on a CPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, HERE]
+
+from gpu.harness import log, table, write_json, write_text  # noqa: E402
+from gpu.sglang_server import SERVER_ARGS  # noqa: E402
+from gpu.workload import Workload  # noqa: E402
+
+VARIANTS = {"colocated": {}, "no_cuda_graph": {"disable_cuda_graph": True}}
+# SGLang log lines worth a column: the first line containing the text marks the milestone
+MILESTONES = {"args_parsed": "server_args=", "init_torch_distributed": "Init torch distributed begin",
+              "load_weight_begin": "Load weight begin", "load_weight_end": "Load weight end",
+              "kv_cache": "KV Cache is allocated", "capture_begin": "Capture cuda graph begin",
+              "capture_end": "Capture cuda graph end", "ready": "The server is fired up"}
+
+
+def stamped(proc: subprocess.Popen, path: str, t0: float, seen: Dict[str, float]) -> threading.Thread:
+    """Copies the server's output to ``path``, each line prefixed with the seconds since ``t0``; notes the
+    first time each milestone's text appears."""
+    def pump() -> None:
+        with open(path, "w") as f:
+            for line in proc.stdout:
+                dt = time.perf_counter() - t0
+                f.write(f"[+{dt:7.2f}s] {line}")
+                f.flush()
+                for name, text in MILESTONES.items():
+                    if name not in seen and text.lower() in line.lower():
+                        seen[name] = round(dt, 2)
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def start_once(w: Workload, variant: str, index: int, logs: str, limit_s: float) -> Dict[str, Any]:
+    from slime_hydra.rollout.engines import ServerSpec, make_engine
+    from slime_hydra.utils.proc import free_port, kill_tree, wait_http
+
+    cpu = w.device != "cuda"
+    spec = ServerSpec(engine="embedded" if cpu else "sglang", model_path=w.ckpt, tokenizer_path=w.ckpt,
+                      dtype="float32" if cpu else "bfloat16", device=w.device, gpus=1, seed=0, memory_saver=not cpu,
+                      server_args={} if cpu else {**SERVER_ARGS, "cuda_graph_max_bs_decode": w.prompts * w.samples,
+                                                   **VARIANTS[variant]})
+    engine = make_engine(spec)
+    port = free_port()
+    cmd = engine.command("127.0.0.1", port, 0, nccl_port=free_port())
+    env = {k: v for k, v in {**os.environ, **engine.env()}.items() if k not in engine.unset_env}
+    path = os.path.join(logs, f"sglang_startup_{index}_{variant}.log")
+    seen: Dict[str, float] = {}
+    res: Dict[str, Any] = {"variant": variant, "command": " ".join(cmd[1:]), "milestones": seen}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    pump = stamped(proc, path, t0, seen)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health_generate", proc, limit_s, path)
+        res["ready_s"] = round(time.perf_counter() - t0, 2)
+    except Exception as e:  # noqa: BLE001 - a bench reports what failed and goes on to the next variant
+        res["error"] = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        kill_tree(proc, timeout=20)
+        pump.join(timeout=5)
+    log(f"{variant} #{index}: ready in {res.get('ready_s')}s; {seen}")
+    return res
+
+
+def import_seconds(cpu: bool) -> float:
+    mod = "slime_hydra.rollout.engines.embedded" if cpu else "sglang.srt.entrypoints.http_server"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", f"import {mod}"], check=True)
+    return round(time.perf_counter() - t0, 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(HERE, "results")))
+    ap.add_argument("--variants", default=os.environ.get("VARIANTS", "colocated,colocated,no_cuda_graph"))
+    ap.add_argument("--limit", type=float, default=240.0, help="seconds one start may take")
+    ap.add_argument("--cpu", action="store_true")
+    args = ap.parse_args()
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)} (known: {', '.join(VARIANTS)})")
+    w = Workload("/tmp/startupbench", preset="tiny" if args.cpu else "qwen3_0_6b", device="cpu" if args.cpu else "cuda")
+    logs = os.path.join(args.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    t0 = time.perf_counter()
+    w.build()
+    results: Dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 1), "import_s": import_seconds(args.cpu)}
+    log(f"checkpoint in {results['build_s']}s; server module import {results['import_s']}s")
+    runs: List[Dict[str, Any]] = []
+    for i, variant in enumerate(variants):
+        runs.append(start_once(w, variant, i, logs, args.limit))
+        results["runs"] = runs
+        write_json(os.path.join(args.out, "sglang_startup.json"), results)
+    cols = list(MILESTONES)
+    lines = [f"# SGLang start-up, {w.preset} shape (seconds since launch)", "",
+             f"server module import alone: {results['import_s']} s", "",
+             *table(["variant", "ready s", *cols], [[r["variant"], r.get("ready_s", r.get("error")),
+                                                    *(r["milestones"].get(c) for c in cols)] for r in runs])]
+    write_text(os.path.join(args.out, "sglang_startup.md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

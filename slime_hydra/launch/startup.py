@@ -1,0 +1,156 @@
+"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go.
+
+The driver times its own parts (``StartupClock.part``: the initial checkpoint, Ray, the placement group,
+the trainer group, the wait for the rollout side, the first weight push, the eval before training, the
+first step); the rollout manager and its engines report theirs (``RolloutManager.startup_report``: each
+server's start to its first answer and, where the engine's log tells, that start's own parts: SGLang's
+imports, weights, KV cache, CUDA graphs, HTTP server). After the first step the driver logs them in one
+line and writes them to that step's metrics row and to summary.json (``startup/*``, seconds).
+
+While it starts, ``StartupWatch`` says every ``STARTUP_REPORT_S`` on the console what the run waits for
+(the trainers, each engine with the last line of its log): the actors log to their own files, and an
+engine's start can take minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from slime_hydra.utils.proc import tail
+
+log = logging.getLogger("slime_hydra")
+STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
+# how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
+ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
+                     "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
+                     "first_answer": "first answer"}
+
+
+def process_started() -> float:
+    """``time.time()`` when this process started (``python run.py``), or now if that is unknown."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or no procfs: the clock starts at its creation
+        return time.time()
+
+
+class StartupClock:
+    """Seconds of each part of the start-up, in the order they were first timed."""
+
+    def __init__(self, launched: Optional[float] = None):
+        self.launched = launched if launched is not None else process_started()
+        self.parts: Dict[str, float] = {}
+        self.engines: Dict[str, float] = {}  # the rollout side's parts (add_rollout_side)
+        self.done_at: Optional[float] = None  # time.time() when the first step finished
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time the block as ``name`` (a part timed again, e.g. after a healing, adds up)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+    def add_rollout_side(self, report: Dict[str, Any], created_at: float) -> None:
+        """The rollout manager's ``startup_report`` for a manager created at ``created_at`` (``time.time()``):
+        its actor's start, the data, the engines' actors, each engine's server (the slowest one's parts)."""
+        e: Dict[str, float] = {}
+        if report.get("created"):
+            e["manager_actor"] = report["created"] - created_at  # a Ray worker, the manager's imports
+        if report.get("launched") and report.get("created"):
+            e["engines_launch"] = report["launched"] - report["created"]
+        if report.get("data_s") is not None:
+            e["data"] = report["data_s"]
+        if report.get("up"):
+            e["rollout_side"] = report["up"] - created_at
+        engines = [x for x in report.get("engines") or [] if x.get("started") and x.get("ready")]
+        if engines:
+            slowest = max(engines, key=lambda x: x["ready"] - x["started"])
+            if report.get("launched"):
+                e["engine_actor"] = max(x["started"] for x in engines) - report["launched"]
+            e["engine_server"] = slowest["ready"] - slowest["started"]
+            e.update({f"engine_{k.removesuffix('_s')}": v for k, v in (slowest.get("parts") or {}).items()})
+        self.engines = e
+
+    def total(self) -> float:
+        return (self.done_at or time.time()) - self.launched
+
+    def metrics(self) -> Dict[str, float]:
+        """``startup/<part>_s``: the driver's parts, the rollout side's, and ``startup/total_s`` (launch to
+        the first finished step)."""
+        out = {f"startup/{k}{'' if k.endswith('_tokens') else '_s'}": round(v, 2)
+               for k, v in {**self.parts, **self.engines}.items()}
+        out["startup/total_s"] = round(self.total(), 2)
+        return out
+
+    def line(self) -> str:
+        """The console's one-line account."""
+        driver = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in self.parts.items())
+        e = self.engines
+        kv = [f"{e['engine_kv_tokens']:,} tokens of KV cache"] if "engine_kv_tokens" in e else []
+        engine_parts = ", ".join([f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
+                                  if "engine_" + k in e] + kv)
+        side = []
+        for key, name in (("manager_actor", "manager actor"), ("data", "data"), ("engine_actor", "engine actor"),
+                          ("engine_server", "server")):
+            if key in e:
+                side.append(f"{name} {e[key]:.1f}" + (f" ({engine_parts})" if key == "engine_server" and engine_parts
+                                                       else ""))
+        rollout = f"; rollout side {e['rollout_side']:.1f} from its creation: " + ", ".join(side) \
+            if "rollout_side" in e else ""
+        return f"start-up: {self.total():.1f}s from launch to the first step done: {driver}{rollout}"
+
+
+def engine_log_status(log_dir: str) -> List[str]:
+    """``engine <rank>: <its log's last line>`` for each engine log in ``log_dir`` (this node's; a
+    progress bar's last state; SGLang's timestamp dropped)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(log_dir, "engine_*.log"))):
+        lines = [ln.split("\r")[-1].strip() for ln in tail(path, 5).splitlines()]
+        last = next((ln for ln in reversed(lines) if ln), "")
+        last = re.sub(r"^\[[^\]]*\]\s*", "", last)
+        name = os.path.basename(path).removesuffix(".log").replace("_", " ")
+        out.append(f"{name}: {last[-140:] if not last.startswith('$ ') else 'started, no output yet'}")
+    return out
+
+
+class StartupWatch:
+    """While the run starts: every ``interval`` s, one console line with the seconds since launch and
+    what it waits for (``waiting()``: e.g. "the trainers, the rollout side"), then each engine's log."""
+
+    def __init__(self, clock: StartupClock, waiting: Callable[[], str], log_dir: str,
+                 interval: float = STARTUP_REPORT_S):
+        self.clock, self.waiting, self.log_dir, self.interval = clock, waiting, log_dir, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="startup-watch", daemon=True)
+
+    def __enter__(self) -> "StartupWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                what = self.waiting()
+                engines = engine_log_status(self.log_dir) if "rollout side" in what or "engine" in what else []
+                log.info("starting (%.0fs since launch): waiting for %s%s", time.time() - self.clock.launched,
+                         what, "".join(f"\n  {e}" for e in engines))
+            except Exception as e:  # noqa: BLE001 - a report must never stop the run
+                log.debug("start-up report failed: %r", e)
