@@ -99,6 +99,7 @@ def test_one_request_per_group_samples_what_one_request_per_sample_does(engine_u
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # 56 s; the fast short chaos run (tests/launch/test_heal.py) compares two runs row by row too
 def test_same_seed_same_run(tmp_path):
     """Two short runs of the default with the same seed write the same metrics.jsonl, but for the
     timings (perf/, startup/) and the engine-vs-trainer log-prob gap (float noise that depends on the batch)."""

@@ -130,6 +130,7 @@ def test_colocated_cpu_with_tensor_transport(tmp_path):
     assert "start-up: " in (d / "run.log").read_text()
 
 
+@pytest.mark.slow  # 34 s; test_colocated_cpu_with_tensor_transport is the fast colocated run
 def test_colocated_cpu_without_offload(tmp_path):
     """``offload_train=false offload_rollout=false``: the engine keeps its memory and the trainer its
     state; nothing moves, and the weights still reach the engine after every step (a stale engine

@@ -29,6 +29,7 @@ def test_lora_colocated_pushes_merged_weights_and_saves_the_adapter(tmp_path):
     assert not leftover_processes()
 
 
+@pytest.mark.slow  # 27 s; FSDP2's fast tests are tests/train/test_fsdp.py
 def test_fsdp_colocated_over_disk(tmp_path):
     """The fast suite's FSDP2 run: one rank (its own process group), colocated, weights gathered into a
     safetensors file (sync.transport=disk) that the engine loads: it scores its samples as the trainer does."""

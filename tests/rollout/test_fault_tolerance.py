@@ -58,7 +58,7 @@ def busy(port: int) -> bool:
 
 
 @pytest.mark.parametrize("fault, overrides", [
-    ("kill", []),
+    pytest.param("kill", [], marks=pytest.mark.slow),  # 46 s; the fast suite kills engines in tests/launch/test_heal.py
     pytest.param("stop", [], marks=pytest.mark.slow),
     # the only engine of an async run: the rollout cannot go on until the trainers push, and they have
     # moved on by a step, so the rollout is generated again with the newer weights
