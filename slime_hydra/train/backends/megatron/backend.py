@@ -59,6 +59,7 @@ from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend
 from slime_hydra.train.backends.megatron.packing import PackedBatch, pack
 from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
+from slime_hydra.train.backends.torch.offload import pinned_buffer
 from slime_hydra.train.optim import lr_lambda, read_metrics
 
 if TYPE_CHECKING:
@@ -323,9 +324,7 @@ class MegatronBackend(TrainerBackend):
             for b in self._buffers():
                 b.offload_to_cpu(move_params=False, move_grads=True)
             for t in self._optimizer_tensors():  # into pinned buffers kept across steps, asynchronously
-                host = self._host.get(id(t))
-                if host is None or host.shape != t.shape or host.dtype != t.dtype:
-                    host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host = pinned_buffer(self._host, id(t), t)
                 host.copy_(t.data, non_blocking=True)
                 t.data = host
             self._state_offloaded = True
@@ -337,10 +336,7 @@ class MegatronBackend(TrainerBackend):
     def _offload_weights(self) -> None:
         for b in self._buffers():
             if b.param_data is not None:  # the distributed optimizer's contiguous parameter buffer
-                host = self._host.get(id(b))
-                if host is None:
-                    host = self._host[id(b)] = torch.empty(b.param_data.shape, dtype=b.param_data.dtype,
-                                                           pin_memory=True)
+                host = pinned_buffer(self._host, id(b), b.param_data)
                 host.copy_(b.param_data)
                 for p in b.params:
                     start, end, _ = b.param_index_map[p]
@@ -350,9 +346,7 @@ class MegatronBackend(TrainerBackend):
                 b.param_data.untyped_storage().resize_(0)
         if not self.ddp_config.use_distributed_optimizer:  # no parameter buffer: the parameters one by one
             for p in self._params():
-                host = self._host.get(id(p))
-                if host is None:
-                    host = self._host[id(p)] = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+                host = pinned_buffer(self._host, id(p), p)
                 host.copy_(p.data)
                 p.data = host
         self._offloaded = True

@@ -39,6 +39,15 @@ def _state(opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]) -> Iterato
     yield from extra
 
 
+def pinned_buffer(cache: Dict[int, torch.Tensor], key: int, like: torch.Tensor) -> torch.Tensor:
+    """The pinned host buffer ``cache[key]`` shaped like ``like``, allocated the first time (or when the
+    shape or dtype changed) and reused after: pinning is slow, copies into pinned memory are fast."""
+    buf = cache.get(key)
+    if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+        buf = cache[key] = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
+    return buf
+
+
 def data_parallel(model: nn.Module, device: torch.device, init_sync: bool = True) -> nn.Module:
     """``model`` under DDP, its all-reduce hooks on the parameters' current gradient accumulators.
     ``init_sync=False`` after an onload: every rank already holds the same weights, so no broadcast."""
@@ -72,9 +81,7 @@ class Offloader:
         for t in tensors:
             if t.device.type != "cuda":
                 continue
-            buf = self.host.get(id(t))
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = self.host[id(t)] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            buf = pinned_buffer(self.host, id(t), t)
             buf.copy_(t.data, non_blocking=True)
             t.data = buf
             self.moved = True
