@@ -7,7 +7,8 @@ one after the other, each once the one before has healed:
   push      the SGLang server SIGKILLed inside the weight push of v3, over CUDA IPC (the run is held there by
             the SLIME_HYDRA_TEST_HOLD test hook, utils/testpoint.py: the engine paused, the tensor handles
             about to go; a push lasts a fraction of a second)
-  trainer   the trainer rank SIGKILLed mid-step 5, in its training (row 4 is there; the steps' rollout and
+  trainer   the trainer rank SIGKILLed mid-step 5, in its training (row 4 is there and so is step 4's checkpoint,
+            which is saved after the row is written; the steps' rollout and
             train times so far say when), so the checkpoint of step 4 is loaded and step 5 is done again
 
 The run must end with every step's row once. Measured per fault: seconds from the kill to the healing (the
@@ -156,6 +157,16 @@ class Faults:
         self.windows: List[tuple] = []  # (step, start, end) wall times of each step seen, in order
         self.rows: List[Dict[str, Any]] = []
         self.sampler: Optional[h.GpuSampler] = None
+        self.trainer_clock: Optional[float] = None  # when row and checkpoint of TRAINER_AFTER_ROW were both there
+
+    def _saved(self, step: int) -> bool:
+        """Whether the run's checkpoint of ``step`` is complete (or none is due at ``step``)."""
+        from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint
+
+        if step % SAVE_INTERVAL:
+            return True
+        ckpt = find_checkpoint("auto", self.run_dir)
+        return ckpt is not None and read_checkpoint(ckpt)["step"] >= step
 
     def command(self) -> List[str]:
         extra = (f"rollout.fault_tolerance=true trainer.save_interval={SAVE_INTERVAL} "
@@ -251,11 +262,14 @@ class Faults:
             victims = run_pids(self.run_dir, SERVER_MARKS) \
                 if os.path.exists(os.path.join(self.hold, f"push_{PUSH_VERSION}")) else []
         else:  # mid-training of the step after row TRAINER_AFTER_ROW, as the steps so far timed it (the least
-            # of each part: a step that waited for a healing is no guide)
+            # of each part: a step that waited for a healing is no guide). A step's checkpoint is saved after its
+            # row is written, so the clock starts once both are there: a kill inside the save is another moment
             row = next((r for r in self.rows if r["step"] == TRAINER_AFTER_ROW), None)
+            if row is not None and self.trainer_clock is None and self._saved(TRAINER_AFTER_ROW):
+                self.trainer_clock = time.time()
             least = {k: min((r.get(f"perf/{k}", 0.0) for r in self.rows), default=0.0)
                      for k in ("rollout_wait_time", "offload_time", "train_time")}
-            due = row is not None and time.time() - self.arrived[row["step"]] >= \
+            due = self.trainer_clock is not None and time.time() - self.trainer_clock >= \
                 least["rollout_wait_time"] + least["offload_time"] + 0.5 * least["train_time"]
             victims = run_pids(self.run_dir, (b"ray::TrainerActor",)) if due else []
         if not victims:

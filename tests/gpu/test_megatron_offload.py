@@ -58,16 +58,17 @@ def test_megatron_steps_after_offload_and_onload(tmp_path, distributed):
             assert out["grad_norm"] > 0, out  # the norm the optimizer clipped by (weight decay is 0: steps need it)
             free = torch.cuda.memory_allocated()
             if step == 1:  # parallelism.push_before_offload: the optimizer state first, the push, then the weights
-                pushed_from_host = None
                 be.offload(keep_weights=True)
                 kept = torch.cuda.memory_allocated()
                 assert kept < free
-                weights = dict(be.hf_weights())
-                assert all(t.is_cuda for t in weights.values())  # the push reads the GPU's weights
+                weights = {}
+                for k, t in be.hf_weights():  # views of the GPU's weights: copied before the offload frees them
+                    assert t.is_cuda, k  # the push reads the GPU's weights
+                    weights[k] = t.cpu()
                 be.offload()
                 assert torch.cuda.memory_allocated() < kept
-                pushed_from_host = dict(be.hf_weights())
-                assert all(torch.equal(weights[k].cpu(), pushed_from_host[k].cpu()) for k in weights)
+                pushed_from_host = {k: t.cpu() for k, t in be.hf_weights()}
+                assert all(torch.equal(weights[k], pushed_from_host[k]) for k in weights)
             else:
                 be.offload()
             assert torch.cuda.memory_allocated() < free  # the state really left the GPU
