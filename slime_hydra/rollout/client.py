@@ -67,7 +67,7 @@ class GenerateClient:
         import aiohttp
 
         last: Any = None
-        attempt = 0
+        attempt, stale_retried = 0, False
         direct = self.engine_url is not None and path == "/generate" and is_batch(payload)
         async with self.sem:
             while True:
@@ -83,6 +83,11 @@ class GenerateClient:
                         last = f"HTTP {r.status}: {text[:200]}"
                 except aiohttp.SocketTimeoutError as e:
                     raise EngineError(f"POST {base}{path}: no reply within {self.read_timeout:g}s ({e!r})") from e
+                except aiohttp.ServerDisconnectedError as e:
+                    last = repr(e)
+                    if not stale_retried:  # a pooled connection the server had closed while idle: again, at once
+                        stale_retried = True
+                        continue
                 except aiohttp.ClientError as e:
                     last = repr(e)
                 if self.requeue is not None and await self.requeue(sent):

@@ -67,6 +67,10 @@ SGLANG_ENV = {
     "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
     "NCCL_CUMEM_ENABLE": "0",
     "SGLANG_LOG_MS": "true",
+    # uvicorn closes a connection idle for 5 s by default; a big model's training and weight sync take longer, so
+    # the rollout client's pooled connections were dead at the next rollout: "Server disconnected", a retry, 1.5 s
+    # lost (the Qwen3-4B shape on the H200). An hour, as the embedded engine's server
+    "SGLANG_TIMEOUT_KEEP_ALIVE": "3600",
 }
 
 

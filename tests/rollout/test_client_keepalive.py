@@ -1,0 +1,82 @@
+"""The rollout client when the server closes a pooled connection as the next request arrives. SGLang's uvicorn
+closes connections idle for 5 s; when a step's training and weight sync take about that long (the Qwen3-4B shape
+on the H200), the next rollout's requests race the close and fail with "Server disconnected": each was retried
+after a logged warning and a sleep, 1.5 s of that step. The request must go again at once, on a new connection.
+
+The server here answers the first request of every connection (keep-alive) and closes the connection when a
+second request comes on it: the race, made deterministic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+
+from slime_hydra.rollout.client import GenerateClient
+
+
+def _serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        threading.Thread(target=_connection, args=(conn,), daemon=True).start()
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return body
+
+
+def _connection(conn: socket.socket) -> None:
+    with conn:
+        body = _read_request(conn)
+        if not body:
+            return
+        reply = json.dumps({"text": "ok", "echo": json.loads(body)["text"]}).encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply))
+        _read_request(conn)  # the next request on this connection: closed unanswered (the keep-alive race)
+
+
+async def _rollout(client: GenerateClient, texts):
+    return await asyncio.gather(*(client.post("/generate", {"text": t}) for t in texts))
+
+
+async def _client(url: str) -> GenerateClient:
+    return GenerateClient(url, concurrency=4, retries=2, retry_interval=5.0)
+
+
+def test_a_connection_closed_as_the_request_arrives_is_tried_again_at_once(caplog):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    threading.Thread(target=_serve, args=(sock,), daemon=True).start()
+    loop = asyncio.new_event_loop()
+    try:
+        client = loop.run_until_complete(_client(f"http://127.0.0.1:{sock.getsockname()[1]}"))
+        caplog.set_level(logging.WARNING, logger="slime_hydra.rollout.client")
+        for i in range(3):  # rollouts 2 and 3 find every pooled connection closed on them
+            t0 = time.monotonic()
+            out = loop.run_until_complete(_rollout(client, [f"{i}-{j}" for j in range(4)]))
+            assert [o["echo"] for o in out] == [f"{i}-{j}" for j in range(4)]
+            assert time.monotonic() - t0 < 3.0  # a logged retry sleeps retry_interval (5 s) first
+        assert not [r for r in caplog.records if "retry" in r.getMessage()], caplog.text
+        loop.run_until_complete(client.aclose())
+    finally:
+        loop.close()
+        sock.close()
