@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-from gpu.harness import GpuSampler, log, read_rows  # noqa: E402 - bench/ is on the path from here
+from gpu.harness import GpuSampler, log, plan_of, read_rows  # noqa: E402 - bench/ is on the path from here
 from gpu.workload import build_checkpoint, write_prompts  # noqa: E402
 
 WORK = "/tmp/lorabench"
@@ -83,26 +82,6 @@ def overrides(name: str, steps: int) -> List[str]:
             "logging.progress=false", "sync.max_logprob_diff=" + os.environ.get("MAX_LOGPROB_DIFF", "0.05"),
             f"rollout.server_args.mem_fraction_static={SERVER_ARGS['mem_fraction_static']}",
             *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static"), *extra]
-
-
-def plan_of(args: List[str]) -> Dict[str, Any]:
-    """The memory plan of a command line: ``run.py ... dry_run=true``'s estimate lines, parsed."""
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "run.py"), *args, "dry_run=true"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    plan: Dict[str, Any] = {"returncode": out.returncode}
-    for key, pattern in (("trainer_gib", r"^\s*trainer: ([\d.]+) ="), ("engine_gib", r"engine: ([\d.]+) ="),
-                         ("training_peak_gib", r"colocated GPU, training: ([\d.]+)"),
-                         ("rollout_peak_gib", r"colocated GPU, rollout: ([\d.]+)")):
-        m = re.search(pattern, text, re.M)
-        plan[key] = float(m.group(1)) if m else None
-    m = re.search(r"^\s*trainer: [\d.]+ = (.*)$", text, re.M)
-    plan["trainer_parts"] = m.group(1) if m else None
-    m = re.search(r"offload: train=(\w+) rollout=(\w+)", text)
-    plan["offload"] = m.groups() if m else None
-    if out.returncode:
-        plan["error"] = text[-1500:]
-    return plan
 
 
 def median_after_first(rows: List[Dict[str, Any]], key: str):

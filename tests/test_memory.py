@@ -307,6 +307,21 @@ def test_megatron_optimizer_state_is_whole_on_every_rank_without_the_distributed
     assert sharded.trainer["activations"] > resolved_activations(["experiment=qwen3_4b_grpo_math"])
 
 
+def test_megatron_packs_by_tokens_whatever_the_micro_batch_size():
+    """The megatron backend packs up to trainer.max_tokens_per_micro_batch, and micro_batch_size does not cap the
+    samples (train/backends/megatron/backend.py: micro_batches). The estimate once capped them by it: 21.3 GiB for
+    the anchor's megatron trainer against 49.7 GiB measured on the H200 (bench/memory_table.py)."""
+    base = ["model=qwen3_0_6b", "trainer=megatron", "rollout=sglang", "parallelism=1gpu", "rollout.batch_size=8",
+            "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.recompute=none",
+            "trainer.max_tokens_per_micro_batch=16384"]
+    ests = [M.estimate(cfg, make_plan(cfg)) for cfg in (resolved([*base, f"trainer.micro_batch_size={n}"])
+                                                         for n in (4, 16, 64))]
+    assert {e.micro_batch.samples for e in ests} == {64}  # 16384 tokens of 256-token samples: the whole step
+    assert ests[0].trainer["activations"] == ests[2].trainer["activations"]
+    half = resolved([*base, "trainer.max_tokens_per_micro_batch=8192"])
+    assert M.estimate(half, make_plan(half)).micro_batch.samples == 32
+
+
 def resolved_activations(overrides):
     cfg = resolved(overrides)
     return M.estimate(cfg, make_plan(cfg)).trainer["activations"]

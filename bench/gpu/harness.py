@@ -11,6 +11,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -271,6 +272,27 @@ class GpuSampler:
 
 
 # ------------------------------------------------------------------------------------- logs
+def plan_of(args: List[str], env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """The memory plan of a command line: ``run.py ... dry_run=true``'s estimate lines, parsed."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "run.py"), *args, "dry_run=true"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=env)
+    text = out.stdout + out.stderr
+    plan: Dict[str, Any] = {"returncode": out.returncode}
+    for key, pattern in (("trainer_gib", r"^\s*trainer: ([\d.]+) ="), ("engine_gib", r"engine: ([\d.]+) ="),
+                         ("training_peak_gib", r"colocated GPU, training: ([\d.]+)"),
+                         ("rollout_peak_gib", r"colocated GPU, rollout: ([\d.]+)"),
+                         ("push_peak_gib", r"colocated GPU, push: ([\d.]+)")):
+        m = re.search(pattern, text, re.M)
+        plan[key] = float(m.group(1)) if m else None
+    m = re.search(r"^\s*trainer: [\d.]+ = (.*)$", text, re.M)
+    plan["trainer_parts"] = m.group(1) if m else None
+    m = re.search(r"offload: train=(\w+) rollout=(\w+)", text)
+    plan["offload"] = m.groups() if m else None
+    if out.returncode:
+        plan["error"] = text[-1500:]
+    return plan
+
+
 def copy_logs(dest: str, files: Iterable[str] = (), run_dirs: Iterable[str] = (), lines: int = 80) -> None:
     """The last ``lines`` of each file, and of each run dir's run.log and logs/*.log (named
     ``<run dir>_<log>``), with each run dir's metrics.jsonl whole, into ``dest``. (A device call brings

@@ -454,8 +454,10 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     critic = (n.total - n.lm_head) / n.total if cfg.algo.advantage_estimator == "ppo" else 0.0
     mb = micro_batch_shape(cfg, plan.data_parallel)
     budget = t.max_tokens_per_micro_batch
-    if budget is not None:  # packed micro-batches: as many full-length samples as the token budget holds
-        mb = MicroBatchShape(min(mb.samples, max(1, budget // max(1, mb.prompt_len + mb.response_len))),
+    if budget is not None:  # packed micro-batches: as many full-length samples as the token budget holds, up to
+        # the rank's whole step; trainer.micro_batch_size does not cap them (the backend packs by tokens alone)
+        mb = MicroBatchShape(min(rank_step_samples(cfg, plan.data_parallel),
+                                 max(1, budget // max(1, mb.prompt_len + mb.response_len))),
                              mb.prompt_len, mb.response_len)
     mb = MicroBatchShape(mb.samples, mb.prompt_len // cp, mb.response_len // cp)  # CP splits every sequence
     acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
