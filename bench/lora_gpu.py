@@ -70,7 +70,8 @@ def overrides(name: str, steps: int) -> List[str]:
     if CPU:
         return ["model=tiny", "parallelism=cpu_colocate", f"trainer.num_rollout={steps}", "eval.interval=0",
                 "eval.before_train=false", "logging.progress=false", "logging.wandb=false",
-                "trainer.save_interval=1000", "rollout.batch_size=4", "rollout.n_samples_per_prompt=4", *extra]
+                "trainer.save_interval=0", "trainer.save_last=false", "rollout.batch_size=4",
+                "rollout.n_samples_per_prompt=4", *extra]
     ckpt = build(preset)
     return [f"model={preset}", f"model.path={ckpt}", "model.tokenizer=null", "data=jsonl",
             f"data.path={os.path.join(WORK, 'prompts.jsonl')}", "data.apply_chat_template=false", "eval.datasets=[]",
@@ -78,7 +79,8 @@ def overrides(name: str, steps: int) -> List[str]:
             f"rollout.max_response_len={NEW_TOKENS}", f"rollout.max_prompt_len={PROMPT_WORDS + 8}",
             f"rollout.concurrency={PROMPTS * SAMPLES}", "parallelism=1gpu", "algo=grpo",
             f"trainer.num_rollout={steps}", f"trainer.micro_batch_size={MICRO_BATCH}",
-            "trainer.gradient_checkpointing=true", "trainer.save_interval=1000", "logging.wandb=false",
+            "trainer.gradient_checkpointing=true", "trainer.save_interval=0", "trainer.save_last=false",
+            "logging.wandb=false",
             "logging.progress=false", "sync.max_logprob_diff=" + os.environ.get("MAX_LOGPROB_DIFF", "0.05"),
             f"rollout.server_args.mem_fraction_static={SERVER_ARGS['mem_fraction_static']}",
             *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static"), *extra]

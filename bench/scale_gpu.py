@@ -90,7 +90,8 @@ def run_layout(name: str, spec: Dict[str, Any], ckpt: str, data: str, steps: int
     args = [f"model={spec['model']}", f"model.path={ckpt}", "model.tokenizer=null", "data=jsonl",
             f"data.path={data}", "data.apply_chat_template=false", "eval.datasets=[]",
             f"rollout.batch_size={PROMPTS}", f"rollout.n_samples_per_prompt={SAMPLES}",
-            f"rollout.max_response_len={NEW_TOKENS}", f"trainer.num_rollout={steps}", "trainer.save_interval=1000",
+            f"rollout.max_response_len={NEW_TOKENS}", f"trainer.num_rollout={steps}", "trainer.save_interval=0",
+            "trainer.save_last=false",
             "reward.type=custom", "reward.custom=gpu_rewards.even_tokens", "algo.kl_loss_coef=0.0",
             "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05"]
     if not cpu:

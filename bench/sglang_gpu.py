@@ -83,7 +83,7 @@ def run_overrides(w: Workload, layout: str, phase: str, steps: int, extra: str =
               f"data.path={w.data}", "data.apply_chat_template=false", "eval.datasets=[]",
               f"rollout.batch_size={w.prompts}", f"rollout.n_samples_per_prompt={w.samples}",
               f"rollout.max_response_len={w.new_tokens}", f"trainer.num_rollout={steps}",
-              f"trainer.micro_batch_size={MICRO_BATCH}", "trainer.save_interval=1000",
+              f"trainer.micro_batch_size={MICRO_BATCH}", "trainer.save_interval=0", "trainer.save_last=false",
               "logging.wandb=false", "logging.progress=false", "sync.max_logprob_diff=0.05",
               # no KL loss: TRL's default (beta 0), so both run the same objective; algo=grpo's KL 0.04 adds a
               # reference pass, which bench/train_gpu.py times

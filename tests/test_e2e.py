@@ -108,9 +108,11 @@ def test_embedded_default_learns(tmp_path):
 def test_colocated_cpu_with_tensor_transport(tmp_path):
     """Trainer and engine share one slot: the engine releases its memory while the trainer trains,
     weights go through shared memory (update_weights_from_tensor). The start-up's parts (launch/startup.py)
-    go to the first step's row, summary.json and the console."""
+    go to the first step's row, summary.json and the console. With trainer.save_last=false (and save_interval
+    beyond the run) it saves nothing."""
     d = tmp_path / "run"
-    summary = run(d, "parallelism=cpu_colocate", "trainer.num_rollout=4", *FAST)
+    summary = run(d, "parallelism=cpu_colocate", "trainer.num_rollout=4", "trainer.save_last=false", *FAST)
+    assert not (d / "checkpoints").exists()
     assert summary["max_logprob_abs_diff"] < 1e-3
     assert "tensor" in (d / "config.yaml").read_text()
     rows = metrics(d)

@@ -322,6 +322,44 @@ def test_megatron_packs_by_tokens_whatever_the_micro_batch_size():
     assert M.estimate(half, make_plan(half)).micro_batch.samples == 32
 
 
+# the Qwen3-4B shape, megatron + SGLang colocated on one H200 (bench/measured/h200_megatron_sglang_4b_1gpu.md)
+MEGATRON_4B = ["model=qwen3_4b", "trainer=megatron", "rollout=sglang", "parallelism=1gpu", "rollout.batch_size=8",
+               "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "algo.kl_loss_coef=0"]
+
+
+def test_a_run_checkpoint_and_the_save_gather_are_counted():
+    """On the H200 the 4B megatron run's final save first ran out of host memory (the distributed optimizer
+    gathers its state on the host beside the pinned offload buffers; 110 GB of 128 GiB), then, without it, out
+    of the 64 GiB disk."""
+    cfg = resolved(MEGATRON_4B)
+    est = M.estimate(cfg, make_plan(cfg))
+    n = M.param_count(cfg.model.arch).total
+    assert sum(est.checkpoint.values()) == pytest.approx(16 * n / M.GIB)  # hf/ and megatron's weights, 12 B Adam
+    assert est.host_per_node["checkpoint_gather"] == pytest.approx(est.trainer["adam"])
+    assert "a run checkpoint on disk: 59.9" in est.describe()
+    whole = resolved([*MEGATRON_4B, "trainer.use_distributed_optimizer=false"])
+    assert "checkpoint_gather" not in M.estimate(whole, make_plan(whole)).host_per_node
+    lora = resolved(["model=qwen3_4b", "rollout=sglang", "parallelism=1gpu", "trainer.lora.rank=16"])
+    assert sum(M.estimate(lora, make_plan(lora)).checkpoint.values()) < 1  # adapters and their optimizer only
+    none = resolved([*MEGATRON_4B, "trainer.save_last=false", "trainer.save_interval=0"])
+    assert M.estimate(none, make_plan(none)).checkpoint == {}
+
+
+def test_a_run_that_cannot_save_or_whose_host_memory_is_short_is_refused_before_it_starts():
+    cfg = resolved(MEGATRON_4B)
+    est = M.estimate(cfg, make_plan(cfg))  # host 97.4 GiB (offload 52.4, gather 45.0), checkpoint 59.9 GiB
+    problems, warnings = M.machine_problems(cfg, est, host_gib=125.0, disk_free_gib=40.0)
+    assert len(problems) == 1 and problems[0].startswith("output_dir: a run checkpoint is ~60 GiB")
+    assert "40 GiB free" in problems[0] and "trainer.save_last=false" in problems[0]
+    assert len(warnings) == 1 and "78% of this machine's 125 GiB" in warnings[0]  # the H200 machine: a warning
+    assert "trainer.use_distributed_optimizer=false" in warnings[0]
+    problems, warnings = M.machine_problems(cfg, est, host_gib=100.0, disk_free_gib=500.0)
+    assert warnings == [] and len(problems) == 1 and problems[0].startswith("parallelism: the trainers need ~97 GiB")
+    problems, warnings = M.machine_problems(cfg, est, host_gib=None, disk_free_gib=150.0)  # a joined cluster
+    assert problems == [] and "fewer than trainer.keep_checkpoints=2" in warnings[0]  # 3 x 60 GiB do not fit
+    assert M.machine_problems(cfg, est, host_gib=1000.0, disk_free_gib=1000.0) == ([], [])
+
+
 def resolved_activations(overrides):
     cfg = resolved(overrides)
     return M.estimate(cfg, make_plan(cfg)).trainer["activations"]

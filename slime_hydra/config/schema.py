@@ -304,7 +304,8 @@ class TrainerConfig:
     # async: the most training steps a sample's weights may lag the trainer (trainer version minus
     # the sample's weight version, rollout/staleness_max); more stops the run
     max_staleness: int = 1
-    save_interval: int = 50  # rollouts; the last step is always saved
+    save_interval: int = 50  # rollouts; 0: none but the last step's
+    save_last: bool = True  # save the last step too; false: a measurement whose checkpoint is not wanted
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
     # fault tolerance (rollout.fault_tolerance): trainer-group rebuilds allowed per hour; one more stops

@@ -360,7 +360,7 @@ class Run:
         self.logger.progress(metrics)
         for hook in EVAL_HOOKS if any(k.startswith("eval/") for k in metrics) else ():
             hook(step, metrics)  # after the row is written: a pruned trial's curve ends at its last eval
-        if periodic(step, cfg.trainer.save_interval, num_rollout):
+        if periodic(step, cfg.trainer.save_interval, num_rollout if cfg.trainer.save_last else -1):
             self.moment = "save"
             # the data position after rollout `step` (an async run has already started the next one)
             save_checkpoint(self.run_dir, step, lambda d: self.trainers.save(d, self.model_path),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import time
 from typing import Any, Dict, Optional
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import ConfigError
 from slime_hydra.launch.validate import check
+from slime_hydra.plan.memory import GIB, machine_problems
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import engine_class
 from slime_hydra.rollout.engines.sglang import deferred_server_args_checks
@@ -49,6 +51,15 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
         print(plan.describe())
         print("config is valid (dry_run=true: nothing started)")
         return None
+    if plan.memory is not None:  # GPUs: this machine's memory and disk against the plan, before anything starts
+        problems, warnings = machine_problems(cfg, plan.memory, _host_gib(cfg), _disk_free_gib(output_dir))
+        for w in warnings:
+            log.warning("%s", w)
+        if problems:
+            for c in pending:
+                c.kill()
+            log.error("%s", ConfigError(problems))
+            sys.exit(2)
     os.makedirs(output_dir, exist_ok=True)
     from slime_hydra.logging.secrets import redacted_config
 
@@ -66,3 +77,18 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],
              summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
     return summary
+
+
+def _host_gib(cfg) -> Optional[float]:
+    """This machine's memory, where a local Ray cluster puts the trainers; None when joining a cluster."""
+    if cfg.cluster.address is not None:
+        return None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def _disk_free_gib(path: str) -> float:
+    """Free space of the disk that holds ``path`` (or will: its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free / GIB

@@ -469,6 +469,9 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     host = {}
     if p.colocate and p.offload_train and p.device == "cuda":
         host["offloaded_state"] = (1 + critic) * (state["weights"] + state["adam"])  # gradients are freed
+    if sharded and p.device == "cuda":  # a save gathers each data-parallel group's optimizer state on its first
+        # rank, in host memory (_OPTIMIZER_SHARDING in the backend): on average a rank's own share, beside the above
+        host["checkpoint_gather"] = (1 + critic) * state["adam"]
     if cfg.algo.kl_coef or cfg.algo.kl_loss_coef:
         host["reference_copy"] = 2 * state["weights"]  # the reference's shards and a staging copy
     return TrainerMemory(gpu={**state, "critic": critic * sum(state.values()),
@@ -541,6 +544,8 @@ class MemoryEstimate:
     host_per_node: Dict[str, float] = field(default_factory=dict)  # GiB of host memory the trainers pin
     micro_batch: Optional[MicroBatchShape] = None
     notes: List[str] = field(default_factory=list)
+    checkpoint: Dict[str, float] = field(default_factory=dict)  # GiB one run checkpoint writes, by part
+    keep_checkpoints: int = 1
 
     @property
     def trainer_total(self) -> float:
@@ -566,6 +571,9 @@ class MemoryEstimate:
         if self.host_per_node:
             host = self.host_per_node
             lines.append(f"  host memory per node: {sum(host.values()):.1f} = {_parts(host)}")
+        if self.checkpoint:
+            lines.append(f"  a run checkpoint on disk: {sum(self.checkpoint.values()):.1f} = {_parts(self.checkpoint)} "
+                         f"(the newest {self.keep_checkpoints} kept, one more while the next is written)")
         lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -606,13 +614,75 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
     est = MemoryEstimate(backend=label, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
                          trainer=trainer, engine=engine, gpus=gpus, kv_cache_tokens=kv_tokens,
                          host_per_node={k: ranks_per_node * v / GIB for k, v in tm.host.items()},
-                         micro_batch=tm.micro_batch or micro_batch_shape(cfg, plan.data_parallel))
+                         micro_batch=tm.micro_batch or micro_batch_shape(cfg, plan.data_parallel),
+                         checkpoint={k: v / GIB for k, v in checkpoint_bytes(cfg).items()} if saves(cfg) else {},
+                         keep_checkpoints=cfg.trainer.keep_checkpoints)
     if cfg.rollout.max_prompt_len is None:
         est.notes.append("(prompts count as 0 tokens: rollout.max_prompt_len is unset)")
     if cfg.rollout.engine == "sglang" and mem_fraction_static(cfg) is None:
         est.notes.append(f"(rollout.server_args.mem_fraction_static is not a number: the engine counts "
                          f"{SGLANG_MEM_FRACTION_DEFAULT:g})")
     return est
+
+
+def checkpoint_bytes(cfg: "RunConfig") -> Dict[str, float]:
+    """Bytes one run checkpoint writes, all ranks together, by part (checkpoint/ckpt.py, the backends' ``save``):
+    ``hf/`` in ``model.dtype`` (LoRA: only with ``trainer.lora.save_merged``), the optimizer (float32 master weights
+    and AdamW's two moments of what trains), megatron's own copy of the weights, the reference (a KL term, not
+    LoRA) and a critic's weights and optimizer (PPO)."""
+    a, t = cfg.model.arch, cfg.trainer
+    pc = param_count(a)
+    n, compute = pc.total, _bytes(cfg.model.dtype)
+    lora = t.lora.rank > 0
+    trains = lora_params(cfg) if lora else n
+    kl = bool(cfg.algo.kl_coef or cfg.algo.kl_loss_coef) and not lora
+    return {"hf": compute * n if not lora or t.lora.save_merged else 0.0,
+            "optimizer": 12.0 * trains,
+            "weights": compute * n if t.backend == "megatron" else 0.0,
+            "reference": (compute if t.backend == "megatron" else 4) * n if kl else 0.0,
+            "critic": (compute + 12.0) * (n - pc.lm_head) if cfg.algo.advantage_estimator == "ppo" else 0.0}
+
+
+def saves(cfg: "RunConfig") -> bool:
+    """Whether the run writes a checkpoint: its last step (``trainer.save_last``) or every ``save_interval``."""
+    t = cfg.trainer
+    return t.save_last or (t.save_interval > 0 and (t.num_rollout is None or t.save_interval <= t.num_rollout))
+
+
+HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
+
+
+def machine_problems(cfg: "RunConfig", est: MemoryEstimate, host_gib: Optional[float],
+                     disk_free_gib: float) -> Tuple[List[str], List[str]]:
+    """(problems, warnings) of a run about to start on this machine: the trainers' host memory against
+    ``host_gib`` (None: the trainers run on other nodes, not checked) and a run checkpoint against the free disk
+    of the run directory (when the run saves one). ``est``: the plan's memory estimate."""
+    problems: List[str] = []
+    warnings: List[str] = []
+    ckpt = sum(est.checkpoint.values())
+    if ckpt > disk_free_gib:
+        problems.append(f"output_dir: a run checkpoint is ~{ckpt:.0f} GiB ({_parts(est.checkpoint)}) and the run "
+                        f"directory's disk has {disk_free_gib:.0f} GiB free: free space, put the run directory "
+                        "(hydra.run.dir) on a larger disk, or save nothing (trainer.save_last=false "
+                        "trainer.save_interval=0)")
+    elif ckpt * (est.keep_checkpoints + 1) > disk_free_gib:
+        warnings.append(f"a run checkpoint is ~{ckpt:.0f} GiB and the run directory's disk has {disk_free_gib:.0f} "
+                        f"GiB free: fewer than trainer.keep_checkpoints={est.keep_checkpoints} plus the one being "
+                        "written fit")
+    host = sum(est.host_per_node.values())
+    if host_gib and host > HOST_WARN * host_gib:
+        hint = ("; trainer.use_distributed_optimizer=false saves without the gather (one data-parallel rank: it "
+                "shards nothing)" if est.host_per_node.get("checkpoint_gather") and cfg.parallelism.trainer_gpus
+                // (cfg.parallelism.tensor_parallel * cfg.parallelism.pipeline_parallel) <= 1 else
+                "; parallelism.offload_train=false keeps the trainer's state on the GPU, where it fits")
+        what = (f"the trainers need ~{host:.0f} GiB of host memory per node ({_parts(est.host_per_node)}), "
+                f"{host / host_gib:.0%} of this machine's {host_gib:.0f} GiB")
+        if host > HOST_REFUSE * host_gib:
+            problems.append(f"parallelism: {what} (more than {HOST_REFUSE:.0%}){hint}")
+        else:
+            warnings.append(f"{what}: with the processes' own memory, a save may pass Ray's memory monitor's limit "
+                            f"(95%){hint}")
+    return problems, warnings
 
 
 def memory_problems(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> List[str]:
