@@ -342,7 +342,8 @@ def test_a_run_checkpoint_and_the_save_gather_are_counted():
     lora = resolved(["model=qwen3_4b", "rollout=sglang", "parallelism=1gpu", "trainer.lora.rank=16"])
     assert sum(M.estimate(lora, make_plan(lora)).checkpoint.values()) < 1  # adapters and their optimizer only
     none = resolved([*MEGATRON_4B, "trainer.save_last=false", "trainer.save_interval=0"])
-    assert M.estimate(none, make_plan(none)).checkpoint == {}
+    nothing = M.estimate(none, make_plan(none))
+    assert nothing.checkpoint == {} and "checkpoint_gather" not in nothing.host_per_node
 
 
 def test_a_run_that_cannot_save_or_whose_host_memory_is_short_is_refused_before_it_starts():
