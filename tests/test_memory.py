@@ -361,6 +361,27 @@ def test_a_run_that_cannot_save_or_whose_host_memory_is_short_is_refused_before_
     assert M.machine_problems(cfg, est, host_gib=1000.0, disk_free_gib=1000.0) == ([], [])
 
 
+def test_a_kv_pool_the_run_cannot_fill_is_named_when_it_is_why_the_trainer_moves():
+    """The 4B run on the H200 moved the trainer's 52 GiB to the host and back every step, beside a 62.5 GiB KV
+    pool (mem_fraction_static=0.5) of which a rollout fills a few GiB; the plan says what would keep it on the GPU."""
+    from slime_hydra.plan.fit import fit
+
+    bounded = [*MEGATRON_4B, "rollout.max_prompt_len=128", "rollout.server_args.mem_fraction_static=0.5"]
+    cfg = resolved(bounded)
+    fit(cfg)  # as run.py: the micro-batch and the offload (both) left to the plan
+    assert cfg.parallelism.offload_train
+    hint = M.kv_cache_hint(cfg, make_plan(cfg))
+    assert "a rollout keeps at most 24,576 in flight" in hint and "mem_fraction_static=0.11" in hint
+    assert hint in make_plan(cfg).describe()
+    kept = resolved([*bounded, "rollout.server_args.mem_fraction_static=0.11", "parallelism.offload_train=false",
+                     "parallelism.offload_rollout=true", f"trainer.max_tokens_per_micro_batch="
+                     f"{cfg.trainer.max_tokens_per_micro_batch}", f"trainer.recompute={cfg.trainer.recompute}"])
+    assert M.memory_problems(kept, make_plan(kept), 140.0) == []  # what the hint says does fit
+    unbounded = resolved([*MEGATRON_4B, "rollout.server_args.mem_fraction_static=0.5"])
+    fit(unbounded)
+    assert M.kv_cache_hint(unbounded, make_plan(unbounded)) is None  # prompts of any length: no bound to size by
+
+
 def resolved_activations(overrides):
     cfg = resolved(overrides)
     return M.estimate(cfg, make_plan(cfg)).trainer["activations"]

@@ -820,6 +820,35 @@ def colocated_peaks(cfg: "RunConfig", plan: "Plan") -> Dict[Tuple[bool, bool], f
         for train, rollout in OFFLOAD_CHOICES}
 
 
+KV_MARGIN = 2.0  # kv_cache_hint sizes SGLang's KV pool at this many times the tokens a rollout keeps in flight
+
+
+def kv_cache_hint(cfg: "RunConfig", plan: "Plan") -> Optional[str]:
+    """Colocated SGLang whose KV pool is far larger than the run can fill, where that pool is why the trainer's
+    state goes to the host: the ``mem_fraction_static`` that keeps it on the GPU (no ``offload_train``: nothing of
+    the trainer moves between rollout and training). None when prompts are unbounded (``rollout.max_prompt_len``
+    unset) or no smaller pool helps."""
+    p, r = cfg.parallelism, cfg.rollout
+    if r.engine != "sglang" or not p.colocate or not p.offload_train or r.max_prompt_len is None \
+            or plan.engine_batch is None or mem_fraction_static(cfg) is None:
+        return None
+    gpu = p.gpu_memory_gib * GIB
+    eng, tokens = engine_memory(cfg, gpu)
+    if not tokens:
+        return None
+    need = plan.engine_batch * (r.max_prompt_len + r.max_response_len)
+    frac = math.ceil((eng["weights"] + KV_MARGIN * need * eng["kv_cache"] / tokens) / gpu * 100) / 100
+    if frac >= mem_fraction_static(cfg):
+        return None
+    alt = replace(cfg, rollout=replace(r, server_args={**(r.server_args or {}), "mem_fraction_static": frac}),
+                  parallelism=replace(p, offload_train=False))
+    if estimate(alt, plan).peak > (1 - AUTO_OFFLOAD_HEADROOM) * p.gpu_memory_gib:
+        return None
+    return (f"the KV cache holds ~{tokens:,} tokens per engine and a rollout keeps at most {need:,} in flight: "
+            f"rollout.server_args.mem_fraction_static={frac:g} ({KV_MARGIN:g}x that) fits with "
+            "parallelism.offload_train=false, and the trainer's state stays on the GPU")
+
+
 def offload_summary(cfg: "RunConfig", plan: "Plan") -> str:
     """One line for ``dry_run``: the colocated GPU's peak for each offload, and the rule of the default."""
     names = {(False, False): "none", (False, True): "engine", (True, False): "trainer", (True, True): "both"}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.plan.memory import TRAINER_MEMORY, MemoryEstimate, estimate, offload_summary
+from slime_hydra.plan.memory import TRAINER_MEMORY, MemoryEstimate, estimate, kv_cache_hint, offload_summary
 
 TRAINER_SHARE = 0.4
 ENGINE_SHARE = 0.2
@@ -146,4 +146,6 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
         plan.memory = estimate(cfg, plan)
         if colocate:
             plan.memory.notes.append(offload_summary(cfg, plan))
+            if hint := kv_cache_hint(cfg, plan):
+                plan.memory.notes.append(hint)
     return plan
