@@ -61,9 +61,9 @@ OFFLOAD = {"sglang": NO_OFFLOAD, "sglang_warm": NO_OFFLOAD, "sglang_variant": NO
            "sglang_offload": ["parallelism.offload_train=true", "parallelism.offload_rollout=true"], "embedded": []}
 # phase -> (the least it finishes in, the most it may take), seconds on one H200. Seen there on 2026-12-01:
 # build 43 s, raw 145-156 s (SGLang up in 135-156 s), sglang 147-176 s and sglang_offload 120 s (run.py's
-# first step after 96-131 s, the final checkpoint 22 s after the last step), trl 45 s, embedded 150 s (2
-# steps of 26 s). Three SGLang start-ups do not leave room for the embedded run in one 10-minute call, so it
-# runs only when asked for (PHASES=...,embedded).
+# first step after 96-131 s, the final checkpoint 22 s after the last step: the runs now save none,
+# trainer.save_last=false), trl 45 s, embedded 150 s (2 steps of 26 s). Three SGLang start-ups do not leave room
+# for the embedded run in one 10-minute call, so it runs only when asked for (PHASES=...,embedded).
 PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "sglang_warm": (70, 150),
         "sglang_variant": (70, 170), "sglang_offload": (125, 160), "trl": (50, 120), "embedded": (120, 170)}
 
@@ -126,7 +126,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     out.update(returncode=run.returncode, wall_s=run.wall_s, rows=rows)
     if rows:
         out["startup_s"] = run.seen[rows[0]["step"]] - rows[0]["perf/step_time"]  # launch -> first step begins
-        out["after_last_step_s"] = run.wall_s - run.seen[rows[-1]["step"]]  # final save and shutdown
+        out["after_last_step_s"] = run.wall_s - run.seen[rows[-1]["step"]]  # shutdown (the runs save no checkpoint)
         first = next((r for r in rows if "startup/total_s" in r), {})  # the run's own account (launch/startup.py)
         out["startup"] = {k.removeprefix("startup/"): v for k, v in first.items() if k.startswith("startup/")}
     out["log_times"] = run_log_times(run_dir)
