@@ -347,18 +347,17 @@ def test_a_run_checkpoint_and_the_save_gather_are_counted():
 
 
 def test_a_run_that_cannot_save_or_whose_host_memory_is_short_is_refused_before_it_starts():
-    cfg = resolved(MEGATRON_4B)
-    est = M.estimate(cfg, make_plan(cfg))  # host 97.4 GiB (offload 52.4, gather 45.0), checkpoint 59.9 GiB
-    problems, warnings = M.machine_problems(cfg, est, host_gib=125.0, disk_free_gib=40.0)
+    plan = make_plan(resolved(MEGATRON_4B))  # host 97.4 GiB (offload 52.4, gather 45.0), checkpoint 59.9 GiB
+    problems, warnings = M.machine_problems(plan, host_gib=125.0, disk_free_gib=40.0)
     assert len(problems) == 1 and problems[0].startswith("output_dir: a run checkpoint is ~60 GiB")
     assert "40 GiB free" in problems[0] and "trainer.save_last=false" in problems[0]
     assert len(warnings) == 1 and "78% of this machine's 125 GiB" in warnings[0]  # the H200 machine: a warning
     assert "trainer.use_distributed_optimizer=false" in warnings[0]
-    problems, warnings = M.machine_problems(cfg, est, host_gib=100.0, disk_free_gib=500.0)
+    problems, warnings = M.machine_problems(plan, host_gib=100.0, disk_free_gib=500.0)
     assert warnings == [] and len(problems) == 1 and problems[0].startswith("parallelism: the trainers need ~97 GiB")
-    problems, warnings = M.machine_problems(cfg, est, host_gib=None, disk_free_gib=150.0)  # a joined cluster
+    problems, warnings = M.machine_problems(plan, host_gib=None, disk_free_gib=150.0)  # a joined cluster
     assert problems == [] and "fewer than trainer.keep_checkpoints=2" in warnings[0]  # 3 x 60 GiB do not fit
-    assert M.machine_problems(cfg, est, host_gib=1000.0, disk_free_gib=1000.0) == ([], [])
+    assert M.machine_problems(plan, host_gib=1000.0, disk_free_gib=1000.0) == ([], [])
 
 
 def test_a_kv_pool_the_run_cannot_fill_is_named_when_it_is_why_the_trainer_moves():

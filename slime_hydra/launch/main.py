@@ -52,7 +52,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
         print("config is valid (dry_run=true: nothing started)")
         return None
     if plan.memory is not None:  # GPUs: this machine's memory and disk against the plan, before anything starts
-        problems, warnings = machine_problems(cfg, plan.memory, _host_gib(cfg), _disk_free_gib(output_dir))
+        problems, warnings = machine_problems(plan, _host_gib(cfg), _disk_free_gib(output_dir))
         for w in warnings:
             log.warning("%s", w)
         if problems:

@@ -652,11 +652,11 @@ def saves(cfg: "RunConfig") -> bool:
 HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
 
 
-def machine_problems(cfg: "RunConfig", est: MemoryEstimate, host_gib: Optional[float],
-                     disk_free_gib: float) -> Tuple[List[str], List[str]]:
+def machine_problems(plan: "Plan", host_gib: Optional[float], disk_free_gib: float) -> Tuple[List[str], List[str]]:
     """(problems, warnings) of a run about to start on this machine: the trainers' host memory against
     ``host_gib`` (None: the trainers run on other nodes, not checked) and a run checkpoint against the free disk
-    of the run directory (when the run saves one). ``est``: the plan's memory estimate."""
+    of the run directory (when the run saves one), from the plan's memory estimate."""
+    est = plan.memory
     problems: List[str] = []
     warnings: List[str] = []
     ckpt = sum(est.checkpoint.values())
@@ -672,8 +672,7 @@ def machine_problems(cfg: "RunConfig", est: MemoryEstimate, host_gib: Optional[f
     host = sum(est.host_per_node.values())
     if host_gib and host > HOST_WARN * host_gib:
         hint = ("; trainer.use_distributed_optimizer=false saves without the gather (one data-parallel rank: it "
-                "shards nothing)" if est.host_per_node.get("checkpoint_gather") and cfg.parallelism.trainer_gpus
-                // (cfg.parallelism.tensor_parallel * cfg.parallelism.pipeline_parallel) <= 1 else
+                "shards nothing)" if est.host_per_node.get("checkpoint_gather") and plan.data_parallel <= 1 else
                 "; parallelism.offload_train=false keeps the trainer's state on the GPU, where it fits")
         what = (f"the trainers need ~{host:.0f} GiB of host memory per node ({_parts(est.host_per_node)}), "
                 f"{host / host_gib:.0%} of this machine's {host_gib:.0f} GiB")
