@@ -151,7 +151,10 @@ RULES = [
     (["eval.datasets=[{name: a},{name: a}]"], "eval.datasets: names must be unique"),
     (["eval.datasets=[{name: a, temperature: -1}]"], "eval.datasets[0].temperature: must be >= 0"),
     (["eval.datasets=[{name: a, path: /nope.jsonl}]"], "eval.datasets[0].path: '/nope.jsonl' does not exist"),
-    (["trainer.mode=async", "parallelism=cpu_colocate"], "trainer.mode: async (one-step off-policy)"),
+    (["trainer.mode=async", "parallelism=cpu_colocate", "parallelism.offload_train=true"],
+     "parallelism.offload_train: true with trainer.mode=async on colocated GPUs"),
+    (["trainer.mode=async", "parallelism=cpu_colocate", "parallelism.offload_rollout=true"],
+     "parallelism.offload_rollout: true with trainer.mode=async on colocated GPUs"),
     (["sync.transport=tensor"], "sync.transport: 'tensor' shares memory"),
     (["trainer.update_weights_interval=2"], "trainer.update_weights_interval: > 1 only makes sense"),
     (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints: must be >= 1"),
@@ -245,3 +248,27 @@ def test_the_router_policy_routes_by_prefix_only_between_several_engines():
     assert resolved([]).rollout.router.policy == "round_robin"  # the default: one embedded engine
     assert resolved(["parallelism=colocate_8gpu", "rollout=sglang"]).rollout.router.policy == "cache_aware"
     assert resolved(["rollout.router.policy=random"]).rollout.router.policy == "random"
+
+
+def test_async_on_colocated_slots_offloads_nothing_and_keeps_what_the_user_sets():
+    """One-step off-policy on colocated slots trains while the next rollout generates: offload_train,
+    offload_rollout and push_before_offload left unset resolve to false, on CPU slots (where a sync run takes
+    the colocated choreography) and on a GPU (where the estimate would have the sync run's engine release its
+    memory: the anchor workload, logits head, with SGLang keeping 0.7 of the H200; async then trains a smaller
+    micro-batch beside it); the sync transport stays the tensor one."""
+    for overrides in (["parallelism=cpu_colocate"],
+                      ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.batch_size=8",
+                       "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.fused_logprobs=false",
+                       "data=jsonl", f"data.path={ROOT / 'tests/fixtures/prompts.jsonl'}"]):
+        sync = resolved(overrides).parallelism
+        assert sync.offload_rollout is True  # what the sync loop takes on these slots
+        cfg = resolved([*overrides, "trainer.mode=async"])
+        p = cfg.parallelism
+        assert (p.offload_train, p.offload_rollout, p.push_before_offload) == (False, False, False)
+        assert cfg.sync.transport == "tensor"
+        assert validate(cfg) == []
+    kept = resolved(["parallelism=cpu_colocate", "trainer.mode=async", "parallelism.offload_train=true"])
+    assert (kept.parallelism.offload_train, kept.parallelism.offload_rollout) == (True, False)
+    (problem,) = validate(kept)
+    assert problem.startswith("parallelism.offload_train: true with trainer.mode=async on colocated GPUs")
+    assert "set parallelism.offload_train=false" in problem and "parallelism.colocate=false" in problem

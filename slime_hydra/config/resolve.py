@@ -83,6 +83,12 @@ def resolve(cfg: RunConfig) -> RunConfig:
             ds.reward = cfg.reward.type
         if ds.max_response_len is None:
             ds.max_response_len = r.max_response_len
+    if t.mode == "async" and p.colocate:
+        # async trains while the next rollout generates, so nothing can take turns on the GPU: both sides stay
+        # resident (launch/rules.py refuses an offload set to true here)
+        for name in ("offload_train", "offload_rollout", "push_before_offload"):
+            if getattr(p, name) is None:
+                setattr(p, name, False)
     if not (p.colocate and p.device == "cuda"):  # colocated GPUs: plan.fit.resolve_offload, by the estimate
         if p.offload_train is None:  # CPU slots: the colocated choreography, as on GPUs that need it
             p.offload_train = p.colocate

@@ -72,9 +72,14 @@ def _check_loop(cfg: RunConfig) -> List[str]:
     errs: List[str] = []
     t, p = cfg.trainer, cfg.parallelism
     choice(errs, "trainer.mode", t.mode, LOOP_MODES)
-    if t.mode == "async" and p.colocate:
-        errs.append("trainer.mode: async (one-step off-policy) overlaps rollout and training, so it needs "
-                    "parallelism.colocate=false")
+    if t.mode == "async" and p.colocate:  # the GPU cannot take turns: both sides stay resident
+        for name in ("offload_train", "offload_rollout"):
+            if getattr(p, name):
+                errs.append(f"parallelism.{name}: true with trainer.mode=async on colocated GPUs: async (one-step "
+                            "off-policy) trains while the next rollout generates on the same GPUs, so the trainer's "
+                            "state and the engines' weights and KV cache both stay resident and nothing can be "
+                            f"offloaded; set parallelism.{name}=false (or leave it unset), or "
+                            "parallelism.colocate=false, or trainer.mode=sync")
     if t.num_rollout is None and cfg.data.num_epoch is None:
         errs.append("trainer.num_rollout: set trainer.num_rollout or data.num_epoch")
     if t.num_rollout is not None and cfg.data.num_epoch is not None:
