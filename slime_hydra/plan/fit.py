@@ -30,6 +30,7 @@ from slime_hydra.plan.memory import (
     colocated_peaks,
     estimate,
     rank_step_samples,
+    resident,
 )
 from slime_hydra.plan.resources import make_plan
 
@@ -97,6 +98,8 @@ def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
     With nothing offloaded, a step moves no memory and the weight push reads the trainer's GPU tensors."""
     p = cfg.parallelism
     fixed = (p.offload_train, p.offload_rollout)
+    if resident(cfg):  # nothing takes turns (config.resolve fills these first; suggestion's trials come here)
+        return (bool(fixed[0]), bool(fixed[1]))
     allowed = [c for c in OFFLOAD_CHOICES if all(f is None or f == v for f, v in zip(fixed, c))]
     try:
         peaks = colocated_peaks(cfg, make_plan(cfg))
@@ -107,18 +110,28 @@ def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
 
 def suggestion(cfg: "RunConfig") -> Optional[str]:
     """For a config whose estimate does not fit: the micro-batch, recompute and offload the plan would
-    choose, when they fit (None when nothing does, or when they are what the config already has)."""
-    trial = replace(cfg, trainer=replace(cfg.trainer), parallelism=replace(cfg.parallelism))
-    for k in CPU_DEFAULTS:
-        setattr(trial.trainer, k, AUTO if k in _knob_keys(cfg) else getattr(cfg.trainer, k))
-    trial.parallelism.offload_train = trial.parallelism.offload_rollout = None
-    fit(trial)
-    if _peak(trial) > _limit(trial):
+    choose, when they fit (None when nothing does, or when they are what the config already has). An async
+    run on colocated GPUs may not offload: its micro-batch and recompute first, then the sync loop (which
+    may offload) with what that would choose."""
+    for mode in (cfg.trainer.mode, "sync") if resident(cfg) else (cfg.trainer.mode,):
+        trial = replace(cfg, trainer=replace(cfg.trainer, mode=mode), parallelism=replace(cfg.parallelism))
+        for k in CPU_DEFAULTS:
+            setattr(trial.trainer, k, AUTO if k in _knob_keys(cfg) else getattr(cfg.trainer, k))
+        trial.parallelism.offload_train = trial.parallelism.offload_rollout = None
+        if resident(cfg) and not resident(trial):  # what a sync run would choose for it
+            trial.parallelism.push_before_offload = None
+        fit(trial)
+        if _peak(trial) <= _limit(trial):
+            break
+    else:
         return None
-    keys = [f"trainer.{k}" for k in CPU_DEFAULTS] + ["parallelism.offload_train", "parallelism.offload_rollout"]
+    keys = ["trainer.mode", *(f"trainer.{k}" for k in CPU_DEFAULTS), "parallelism.offload_train",
+            "parallelism.offload_rollout"]
     changed = [f"{k}={_get(trial, k)}" for k in keys if _get(trial, k) != _get(cfg, k)]
-    return (f"{' '.join(changed)} fits (~{_peak(trial):.0f} GiB; or leave them unset/auto for the plan to choose)"
-            if changed else None)
+    why = "; async on colocated GPUs keeps trainer and engine resident together" if trial.trainer.mode != \
+        cfg.trainer.mode else ""
+    return (f"{' '.join(changed)} fits (~{_peak(trial):.0f} GiB{why}; or leave them unset/auto for the plan to "
+            "choose)" if changed else None)
 
 
 # ---------------------------------------------------------------------------------------- inside

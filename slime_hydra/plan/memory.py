@@ -76,6 +76,8 @@ engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the
 ``offload_train`` moves it to the host); without offload the two add up. With ``offload_train`` and
 ``push_before_offload`` a third phase, the push: the trainer's weights (its other state moved to the
 host) beside the engine's weights (all of the engine without ``offload_rollout``) and two push buckets.
+An async loop on colocated GPUs (``trainer.mode=async``) offloads nothing: the next rollout generates while the
+trainer trains, so the training phase (the trainer beside the engine's weights and KV cache) is the peak.
 ``choose_offload`` (``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset:
 the least that fits with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
 H200 with the Qwen3-0.6B shape it is measured in ``bench/measured/h200_sglang_colocated.md``).
@@ -617,6 +619,9 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
                          micro_batch=tm.micro_batch or micro_batch_shape(cfg, plan.data_parallel),
                          checkpoint={k: v / GIB for k, v in checkpoint_bytes(cfg).items()} if saves(cfg) else {},
                          keep_checkpoints=cfg.trainer.keep_checkpoints)
+    if resident(cfg):
+        est.notes.append("(trainer.mode=async: the next rollout generates while the trainer trains, so the training "
+                         "phase, the trainer beside the engine's weights and KV cache, is the colocated GPU's peak)")
     if cfg.rollout.max_prompt_len is None:
         est.notes.append("(prompts count as 0 tokens: rollout.max_prompt_len is unset)")
     if cfg.rollout.engine == "sglang" and mem_fraction_static(cfg) is None:
@@ -799,7 +804,9 @@ def _room_hint(cfg: "RunConfig", est: MemoryEstimate, trainer_gib: float, offloa
     """Colocated without offload: how to leave ``trainer_gib`` of the GPU to the trainer beside the engine."""
     why = {"offload_rollout": "the engine releases its memory while the trainer trains",
            "offload_train": "the trainer's state goes to the host while the engines generate"}[offload_key]
-    tips = [f"set parallelism.{offload_key}=true ({why})"]
+    tips = [f"set trainer.mode=sync (async trains while the next rollout generates, so nothing can be offloaded; "
+            f"sync may set parallelism.{offload_key}=true: {why})" if resident(cfg) else
+            f"set parallelism.{offload_key}=true ({why})"]
     gpu = est.gpu_memory_gib
     if cfg.rollout.engine == "sglang":
         frac = math.floor(100 * (gpu - trainer_gib) / gpu) / 100  # what the engine may take, rounded down
@@ -812,6 +819,12 @@ def _room_hint(cfg: "RunConfig", est: MemoryEstimate, trainer_gib: float, offloa
 
 
 # ------------------------------------------------------------------------------------ offload
+def resident(cfg: "RunConfig") -> bool:
+    """Async on colocated GPUs: the next rollout generates while the trainer trains, so both stay resident and
+    nothing is offloaded (``launch/rules.py``; the training phase, with the engine's whole footprint, is the peak)."""
+    return cfg.trainer.mode == "async" and cfg.parallelism.colocate
+
+
 def colocated_peaks(cfg: "RunConfig", plan: "Plan") -> Dict[Tuple[bool, bool], float]:
     """The peak GiB of a colocated GPU for each (offload_train, offload_rollout) of ``OFFLOAD_CHOICES``."""
     return {(train, rollout): estimate(replace(cfg, parallelism=replace(
@@ -853,5 +866,8 @@ def offload_summary(cfg: "RunConfig", plan: "Plan") -> str:
     names = {(False, False): "none", (False, True): "engine", (True, False): "trainer", (True, True): "both"}
     peaks = ", ".join(f"{names[c]} {v:.1f}" for c, v in colocated_peaks(cfg, plan).items())
     gpu = cfg.parallelism.gpu_memory_gib
+    if resident(cfg):
+        return (f"peak by what is offloaded: {peaks}; trainer.mode=async offloads nothing (the rollout runs while "
+                "the trainer trains); the others are for trainer.mode=sync")
     return (f"peak by what is offloaded: {peaks}; unset parallelism.offload_train / offload_rollout take the "
             f"least offload within {(1 - AUTO_OFFLOAD_HEADROOM) * gpu:g} GiB ({1 - AUTO_OFFLOAD_HEADROOM:.0%})")
