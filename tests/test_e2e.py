@@ -147,6 +147,25 @@ def test_colocated_cpu_without_offload(tmp_path):
     assert "offload_rollout: false" in (d / "config.yaml").read_text()
 
 
+def test_async_on_colocated_slots_trains_beside_the_next_rollout(tmp_path):
+    """``trainer.mode=async`` on one colocated slot: the offloads resolve false (both sides stay resident), the
+    next rollout generates while the trainer trains, and the weights go through shared memory after each step
+    once that rollout is done. Every step's row is written; the first rollout was made by the initial weights
+    and trained at once (staleness 0), each later one by the weights one step behind the trainer's."""
+    d = tmp_path / "run"
+    summary = run(d, "parallelism=cpu_colocate", "trainer.mode=async", "trainer.num_rollout=3",
+                  "trainer.save_last=false", *FAST)
+    config = (d / "config.yaml").read_text()
+    assert "offload_train: false" in config and "offload_rollout: false" in config and "transport: tensor" in config
+    rows = metrics(d)[1:]
+    assert [r["step"] for r in rows] == [1, 2, 3] and summary["steps"] == 3
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1]
+    assert all(r["perf/offload_time"] == 0 and r["perf/weight_sync_bytes"] > 0 for r in rows)  # pushed every step
+    # one step off-policy: the trainer's log-probs differ from those of the older weights that sampled
+    assert max(r["train/train_rollout_logprob_abs_diff"] for r in rows[1:]) > 1e-4
+    assert not leftover_processes()
+
+
 @pytest.mark.slow
 def test_disk_transport_two_trainers_async(tmp_path):
     """Two data-parallel trainer ranks (DDP over gloo), weights through disk, one-step off-policy loop."""

@@ -100,6 +100,28 @@ def test_nothing_fits_is_refused_with_no_false_suggestion():
     assert "alone take" in str(e.value) and " fits (~" not in str(e.value)
 
 
+def test_async_on_a_colocated_gpu_offloads_nothing_and_is_refused_with_the_sync_loop_not_an_offload():
+    """trainer.mode=async trains while the next rollout generates, so the plan offloads nothing: the anchor
+    workload fits its whole step beside the engine's half of the H200. Where no micro-batch fits beside the
+    engine, the suggestion is the sync loop with the offload it would choose; where a smaller one fits, that."""
+    cfg, _ = fitted([*ANCHOR, "trainer.mode=async"])
+    assert (cfg.parallelism.offload_train, cfg.parallelism.offload_rollout) == (False, False)
+    assert (cfg.trainer.micro_batch_size, cfg.trainer.gradient_checkpointing) == (64, False)
+    with pytest.raises(ConfigError) as e:  # the logits head's 64 samples (68 GiB of activations) beside 70 GiB
+        check(compose([*ANCHOR, "trainer.mode=async", "trainer.fused_logprobs=false", "trainer.micro_batch_size=64",
+                       "trainer.gradient_checkpointing=false"]))
+    msg = str(e.value)
+    assert "set trainer.mode=sync (async trains while the next rollout generates, so nothing can be offloaded" in msg
+    assert "trainer: trainer.micro_batch_size=32 fits" in msg and "trainer.mode=sync trainer." not in msg
+    with pytest.raises(ConfigError) as e:  # SGLang keeps 0.9 of the GPU: nothing of the trainer fits beside it
+        check(compose([*ANCHOR, "trainer.mode=async", "rollout.server_args.mem_fraction_static=0.9",
+                       "trainer.fused_logprobs=false", "trainer.micro_batch_size=64"]))
+    msg = str(e.value)
+    assert "set parallelism.offload_rollout=true (" not in msg
+    assert "parallelism.offload_train=True parallelism.offload_rollout=True fits" in msg
+    assert "trainer: trainer.mode=sync " in msg and "async on colocated GPUs keeps trainer and engine resident" in msg
+
+
 def test_cpu_runs_take_the_old_defaults():
     cfg = resolved([])
     assert cfg.trainer.micro_batch_size == 128  # the built-in task's recipe sets it

@@ -261,6 +261,27 @@ def test_colocated_without_offload_is_refused_with_what_would_fit():
     assert "or lower rollout.embedded_max_batch (now 4096)" in M.memory_problems(embedded, make_plan(embedded), 140)[0]
 
 
+def test_async_colocated_counts_the_trainer_beside_the_whole_engine_and_refuses_with_the_sync_loop():
+    """trainer.mode=async on a colocated GPU: the rollout runs while the trainer trains, so nothing is offloaded
+    and the peak is the training phase, the trainer (activations too) beside the engine's weights and KV cache.
+    A layout over the GPU is refused naming trainer.mode=sync, not an offload async cannot take."""
+    cfg = resolved([*ANCHOR, "trainer.mode=async"])
+    est = M.estimate(cfg, make_plan(cfg))
+    assert est.engine["kv_cache"] > 0 and est.trainer["activations"] > 0
+    assert est.gpus["colocated GPU, training"] == pytest.approx(est.trainer_total + est.engine_total)  # 130.6
+    sync = resolved(ANCHOR)  # the same in the sync loop: the engine releases its memory while the trainer trains
+    assert est.peak == est.gpus["colocated GPU, training"] > M.estimate(sync, make_plan(sync)).peak
+    assert any("trainer.mode=async" in n for n in est.notes)
+    assert "trainer.mode=async offloads nothing" in make_plan(cfg).describe()
+    cfg = resolved(["experiment=qwen3_4b_grpo_math", "trainer.mode=async", "parallelism.tensor_parallel=1",
+                    "trainer.use_distributed_optimizer=false"])
+    training, rollout = M.memory_problems(cfg, make_plan(cfg), 140.0)
+    assert training.startswith("parallelism: colocated GPU, training needs ~173 GiB")
+    for problem in (training, rollout):
+        assert "set trainer.mode=sync (async trains while the next rollout generates, so nothing can be offloaded" \
+            in problem and "=true (the" not in problem
+
+
 def test_sglang_kv_cache_and_weights_must_fit_in_mem_fraction_static():
     tight = resolved(["experiment=qwen3_4b_grpo_math", "rollout.server_args.mem_fraction_static=0.03"])
     (kv,) = M.memory_problems(tight, make_plan(tight), 140.0)
