@@ -185,9 +185,10 @@ class ParallelismConfig:
     trainer_gpus: int = 1  # total trainer slots (data x tensor x pipeline x context parallel)
     rollout_gpus: Optional[int] = None  # None: = trainer_gpus when colocated
     gpus_per_engine: int = 1  # accelerators of one engine (SGLang tp_size; may span nodes)
-    colocate: bool = False  # trainers and engines share slots, taking turns on memory
+    colocate: bool = False  # trainers and engines share slots, taking turns on memory as offload_* say
     # Colocated only. None: on GPUs, the least offload the memory estimate fits (plan/fit.py
-    # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate.
+    # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate;
+    # with trainer.mode=async, false (both sides stay resident; true is refused)
     offload_train: Optional[bool] = None  # the trainer's state goes to the host while the engines generate
     offload_rollout: Optional[bool] = None  # the engines release their memory while the trainer trains
     # with offload_train: the push reads the trainer's weights on the GPU before they go to the host (the
@@ -299,7 +300,9 @@ class TrainerConfig:
     # recompute activations in the backward pass (torch backend); "auto": only where the memory estimate
     # needs it for a micro-batch of AUTO_TARGET_TOKENS (plan/fit.py)
     gradient_checkpointing: Any = "auto"
-    mode: str = "sync"  # sync | async (one-step off-policy; requires colocate=false)
+    # sync | async (one-step off-policy: the next rollout generates while the trainer trains; on colocated
+    # GPUs only with parallelism.offload_train/offload_rollout=false, both sides resident at once)
+    mode: str = "sync"
     update_weights_interval: int = 1  # push weights to the engines every N steps (and after the last)
     # async: the most training steps a sample's weights may lag the trainer (trainer version minus
     # the sample's weight version, rollout/staleness_max); more stops the run

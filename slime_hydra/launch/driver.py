@@ -10,7 +10,9 @@ Colocated GPUs take turns on memory as ``parallelism.offload_rollout`` / ``offlo
 config/resolve.py picks them from the memory estimate when unset): engines that offload release their
 memory while the trainer trains and take back their weights, then their KV cache, around the weight
 push; a trainer that offloads moves its state to the host for the push and the rollout, and back
-before training. Without offload nothing moves: the push reads the trainer's GPU tensors.
+before training. Without offload nothing moves: the push reads the trainer's GPU tensors. An async
+loop on colocated GPUs offloads nothing (launch/rules.py): the next rollout generates on the GPU
+while the trainer trains there, and the push still waits for that rollout to finish.
 """
 
 from __future__ import annotations

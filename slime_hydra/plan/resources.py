@@ -60,7 +60,7 @@ class ResourcePlan:
     def describe(self) -> str:
         unit = "GPU" if self.device == "cuda" else "slot"
         mode = (
-            "colocated: trainers and engines take turns on the same bundles"
+            "colocated: trainers and engines share the same bundles"
             if self.colocate
             else "split: engines on their own bundles"
         )
