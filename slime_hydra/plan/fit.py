@@ -6,7 +6,8 @@ and activation recompute (``trainer.gradient_checkpointing`` / ``recompute``). I
 The order, and why:
 
 1. Offload: the least that fits a micro-batch of ``AUTO_TARGET_TOKENS`` (every offload costs time at every
-   step; a smaller micro-batch costs a little efficiency, so the offload is chosen for a good one).
+   step; a smaller micro-batch costs a little efficiency, so the offload is chosen for a good one). An async
+   loop on colocated GPUs offloads nothing (its next rollout generates while the trainer trains).
 2. Micro-batch: the largest candidate (the rank's whole share of a step, then halves of it; packed budgets
    are power-of-two multiples of the longest sequence) whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU
    free, without recompute.
@@ -128,8 +129,8 @@ def suggestion(cfg: "RunConfig") -> Optional[str]:
     keys = ["trainer.mode", *(f"trainer.{k}" for k in CPU_DEFAULTS), "parallelism.offload_train",
             "parallelism.offload_rollout"]
     changed = [f"{k}={_get(trial, k)}" for k in keys if _get(trial, k) != _get(cfg, k)]
-    why = "; async on colocated GPUs keeps trainer and engine resident together" if trial.trainer.mode != \
-        cfg.trainer.mode else ""
+    why = "" if trial.trainer.mode == cfg.trainer.mode else "; async on colocated GPUs keeps trainer and engine " \
+        "resident together"
     return (f"{' '.join(changed)} fits (~{_peak(trial):.0f} GiB{why}; or leave them unset/auto for the plan to "
             "choose)" if changed else None)
 
