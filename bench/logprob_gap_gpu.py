@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
 import time
+import urllib.request
 from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,6 +75,9 @@ def sample(w: Workload, dtype: str, prompts: List[List[int]]) -> Dict[str, Any]:
     try:
         wait_http(url + "/health_generate", proc, 600, server_log)
         up = time.perf_counter() - t0
+        served = json.load(urllib.request.urlopen(url + "/get_server_info", timeout=30)).get("dtype")
+        if served != dtype:  # a row must be the dtype it names (an unset --dtype serves the checkpoint's)
+            raise RuntimeError(f"asked for a {dtype} server, /get_server_info says dtype={served!r}")
         outs = asyncio.run(go())
     finally:
         kill_tree(proc)
@@ -139,6 +144,7 @@ def report(res: Dict[str, Any], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=os.environ.get("SHAPES", "qwen3_0_6b,qwen3_4b"))
+    ap.add_argument("--dtypes", default=os.environ.get("DTYPES", ",".join(DTYPES)), help="engine dtypes, in order")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -165,7 +171,7 @@ def main() -> None:
         write_prompts(w.data, args.prompts, w.prompt_words, w.words)
         prompts = prompt_ids(w, args.prompts)
         by_dtype = res["shapes"].setdefault(shape, {})
-        for dtype in DTYPES:
+        for dtype in [d for d in args.dtypes.split(",") if d]:
             try:
                 got = sample(w, dtype, prompts)
                 score(w, got["seqs"])

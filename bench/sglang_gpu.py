@@ -19,6 +19,7 @@ random checkpoint and prompts of 64 random words:
             SGLang's memory released while the trainer trains).
   sglang_warm     the sglang run again (``--warm-steps``, default 2): its start-up with what the first start left
             on the machine (Triton's kernel cache, Python's bytecode, the page cache); not a default phase.
+            ``--warm-overrides`` (env WARM_OVERRIDES) adds run.py overrides to it (and to sglang_variant).
   sglang_variant  the same as sglang_warm with ``--variant-overrides`` (env VARIANT_OVERRIDES) added: a start-up
             flag tried against sglang_warm in the same call; not a default phase, skipped without overrides.
   trl       TRL's GRPOTrainer (HF generate) on the same checkpoint, prompts and batch (bench/gpu/trl_step.py).
@@ -117,6 +118,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     console = os.path.join(w.work, f"run_{layout}_{phase}.out")
     overrides = run_overrides(w, layout, phase, steps, extra)
     out["command"] = "python run.py " + " ".join(overrides) + f" hydra.run.dir={run_dir}"
+    out["extra_overrides"] = extra
     sampler = h.GpuSampler(os.path.join(w.work, f"gpu_{layout}_{phase}.csv")) if layout != "colocated" and \
         w.device == "cuda" else None
     run = h.run_py(overrides, run_dir, console, limit_s)
@@ -210,6 +212,9 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
                          h.cell(s["logprob_gap_max"], ".4f"), s["steps"]])
     lines += h.table(["", "startup s", "step s", "rollout wait s", "rollout s", "train s", "sync s", "offload s",
                     "sync ms/GB", "log-prob gap (max)", "steps"], rows)
+    for name in RUN_PHASES:
+        if (results.get(name) or {}).get("extra_overrides"):
+            lines.append(f"- {ROW_NAMES[name]}: `{results[name]['extra_overrides']}`")
     trl_step = summaries["trl"]["step_time"] if "trl" in summaries else None
     for name in RUN_PHASES:
         if trl_step and name in summaries and summaries[name]["step_time"]:
@@ -286,11 +291,14 @@ def steps_of(phase: str, args) -> int:
 
 
 def phase_overrides(phase: str, args) -> str:
-    """The run phase's extra overrides: SGLANG_OVERRIDES for every SGLang run, VARIANT_OVERRIDES on top for
-    sglang_variant."""
+    """The run phase's extra overrides: SGLANG_OVERRIDES for every SGLang run, WARM_OVERRIDES on top for
+    sglang_warm and sglang_variant, VARIANT_OVERRIDES on top of those for sglang_variant (three runs, each
+    adding one change to the one before)."""
     if phase == "embedded":
         return ""
-    return args.sglang_overrides + (" " + args.variant_overrides if phase == "sglang_variant" else "")
+    extra = [args.warm_overrides] if phase in ("sglang_warm", "sglang_variant") else []
+    extra += [args.variant_overrides] if phase == "sglang_variant" else []
+    return " ".join([args.sglang_overrides, *extra]).strip()
 
 
 def run_phase(args, w: Workload) -> None:
@@ -339,6 +347,9 @@ def main() -> None:
     ap.add_argument("--embedded-steps", type=int, default=2)
     ap.add_argument("--warm-steps", type=int, default=int(os.environ.get("WARM_STEPS", 2)),
                     help="steps of sglang_warm and sglang_variant (env WARM_STEPS)")
+    ap.add_argument("--warm-overrides", default=os.environ.get("WARM_OVERRIDES", ""),
+                    help="run.py overrides that sglang_warm and sglang_variant add to the sglang run's (env "
+                         "WARM_OVERRIDES)")
     ap.add_argument("--variant-overrides", default=os.environ.get("VARIANT_OVERRIDES", ""),
                     help="run.py overrides that sglang_variant adds to sglang_warm's (env VARIANT_OVERRIDES)")
     ap.add_argument("--trl-steps", type=int, default=3)

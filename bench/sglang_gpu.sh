@@ -4,7 +4,8 @@
 # serving the same requests; checks against the live server. bench/sglang_gpu.py says what each phase does;
 # bench/README.md how the device calls are set up (the SGLang bundle in one call, then this one).
 # PHASES= picks phases (build,raw,sglang,sglang_warm,sglang_variant,sglang_offload,trl,embedded: embedded needs a
-# call of its own; sglang_warm runs the sglang run again on the warm machine, sglang_variant adds VARIANT_OVERRIDES);
+# call of its own; sglang_warm runs the sglang run again on the warm machine with WARM_OVERRIDES added, sglang_variant
+# adds VARIANT_OVERRIDES to those);
 # WORKLOAD=256x256 (32 prompts x 8 samples x 256 tokens) instead of TRL's anchor (8 x 8 x 256); STEPS,
 # OFFLOAD_STEPS, EMBEDDED_STEPS, TRL_STEPS, WARM_STEPS set each run's steps. Results: $OUT/sglang_gpu_colocated[_256x256]
 # .{json,md}, logs' tails in $OUT/logs/; exits non-zero when a check failed or a phase did not finish.

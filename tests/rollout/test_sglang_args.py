@@ -89,7 +89,7 @@ def test_shipped_engine_command_lines_parse(sglang, overrides):
         assert got["enable_memory_saver"] == bool(cfg.parallelism.offload_rollout)
         assert got["trust_remote_code"] == cfg.model.trust_remote_code
         assert got["skip_server_warmup"] is True
-        assert got["dtype"] == (cfg.model.dtype if cfg.model.dtype != "float32" else "auto")
+        assert got["dtype"] == cfg.model.dtype  # float32 included: "auto" would serve a bf16 checkpoint in bf16
         for key, value in cfg.rollout.server_args.items():
             assert got[key] == value, key
     # and the config's own validation, with the parser importable, finds nothing in rollout.server_args

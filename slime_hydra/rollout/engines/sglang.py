@@ -174,7 +174,7 @@ class SglangEngine(Engine):
         args = {**self.common_args(host, port, base_gpu_id), "tp_size": s.gpus, "enable_memory_saver": s.memory_saver,
                 "skip_server_warmup": True, "nccl_port": nccl_port, "nnodes": s.nnodes if multi else None,
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
-                "dtype": s.dtype if s.dtype != "float32" else None,
+                "dtype": s.dtype,  # float32 too: else SGLang serves the checkpoint's dtype
                 **startup_server_args(s.server_args, s.decode_batch), **s.server_args}
         return [sys.executable, "-m", "sglang.launch_server", *to_flags(args)]
 
