@@ -51,10 +51,18 @@ def test_log_probs_follow_temperature_and_reference(tiny_ckpt):
         backend(config("algo.kl_loss_coef=0"), tiny_ckpt).log_probs(mbs, 0.7, reference=True)
 
 
-def test_the_forward_pass_without_attention_mask_is_the_masked_one(tiny_ckpt):
+def test_the_forward_pass_without_attention_mask_is_the_masked_one(tiny_ckpt, monkeypatch):
     """The backend runs its right-padded rows without an attention mask (causal attention never lets a
-    real token see a pad): log-probs and their gradients are those of the masked forward pass."""
+    real token see a pad): log-probs and their gradients are those of the masked forward pass. And the
+    model sees plain causal rows: transformers finds no packed sequences in the positions (pads that
+    repeat a position did read as packed, and made the GPU's causal kernel a masked one)."""
+    from transformers import masking_utils
+
     from slime_hydra.train.batch import response_log_probs
+
+    packed = []
+    find = masking_utils.find_packed_sequence_indices
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda pos: packed.append(find(pos)))
 
     be = backend(config(), tiny_ckpt)
     data = fake_rollout(6)  # sequences of 6 to 8 tokens: rows 0, 1, 3, 4 are padded
@@ -73,6 +81,7 @@ def test_the_forward_pass_without_attention_mask_is_the_masked_one(tiny_ckpt):
         (lp * mb.loss_mask).sum().backward()
         grads.append((lp.detach() * mb.loss_mask, [p.grad.clone() for p in be.model.parameters()]))
     (want, want_grads), (got, got_grads) = grads
+    assert packed == [None]  # the backend's pass (the masked one has a mask, so transformers looks no further)
     torch.testing.assert_close(got, want)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w)
