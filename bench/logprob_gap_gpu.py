@@ -177,7 +177,7 @@ def main() -> None:
                 score(w, got["seqs"])
                 by_dtype[dtype] = {"startup_s": got["startup_s"], "gaps": gaps(got["seqs"])}
             except Exception as e:  # noqa: BLE001 - one failed server (e.g. a dtype SGLang refuses) must not hide the rest
-                by_dtype[dtype] = {"error": repr(e)[:300]}
+                by_dtype[dtype] = {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}  # the end: the log's last lines
             log(f"{shape} {dtype}: {by_dtype[dtype]}")
             report(res, path)
     print(open(path + ".md").read())

@@ -43,6 +43,10 @@ def runs() -> List[Dict[str, Any]]:
         r = fused[phase]
         out.append({"run": f"0.6B, {trainer}, SGLang colocated, no offload", "file": "h200_sglang_colocated_fused.md",
                     "command": r["command"], "trainer_gib": steady(r["rows"], "train/gpu_peak_gib"), "gpu_gib": None})
+    auto = json.load(open(os.path.join(MEASURED, "h200_sglang_colocated_compile.json")))["sglang"]
+    out.append({"run": "0.6B, torch, SGLang colocated, no offload, the plan's micro-batch (64)",
+                "file": "h200_sglang_colocated_compile.md", "command": auto["command"],
+                "trainer_gib": steady(auto["rows"], "train/gpu_peak_gib"), "gpu_gib": None})
     heal = json.load(open(os.path.join(MEASURED, "h200_heal.json")))["run"]
     peaks = [mib for step, mib in heal["step_peaks_mib"][:2]]  # the whole steps before any fault
     out.append({"run": "0.6B, torch, SGLang colocated, both offloads", "file": "h200_heal.md",
@@ -50,6 +54,10 @@ def runs() -> List[Dict[str, Any]]:
     mega = json.load(open(os.path.join(MEASURED, "h200_megatron_sglang_4b_1gpu_push_first.json")))
     r = mega["layouts"]["colocate_1gpu"]
     out.append({"run": "4B, megatron, SGLang colocated, both offloads, push first",
+                "file": "h200_megatron_sglang_4b_1gpu.md", "command": r["command"],
+                "trainer_gib": steady(r["rows"], "train/gpu_peak_gib"), "gpu_gib": r["gpus"]["gpu0"]["peak_gib"]})
+    r = json.load(open(os.path.join(MEASURED, "h200_megatron_sglang_4b_1gpu_resident.json")))["layouts"]["colocate_1gpu"]
+    out.append({"run": "4B, megatron, SGLang colocated, no offload (KV pool 0.12)",
                 "file": "h200_megatron_sglang_4b_1gpu.md", "command": r["command"],
                 "trainer_gib": steady(r["rows"], "train/gpu_peak_gib"), "gpu_gib": r["gpus"]["gpu0"]["peak_gib"]})
     lora = json.load(open(os.path.join(MEASURED, "h200_lora.json")))
