@@ -37,13 +37,16 @@ def test_value_model_shape_and_positions(tiny_ckpt):
     assert torch.count_nonzero(v) == 0  # zero-initialised head: every value starts at 0
     torch.nn.init.normal_(model.value_head.weight)
     v = model(mb)
-    # the value of response token t is read where the logits that score token t are
+    # the value of response token t is read where the logits that score token t are, and the critic's pass
+    # without a mask gives the masked pass's values at every real token (padded rows included)
+    assert not mb.attention_mask.all()
     pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = model.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos)
     hidden = out.last_hidden_state
-    b, t = 2, 1
-    expected = model.value_head(hidden[b, int(mb.response_start[b]) - 1 + t])
-    torch.testing.assert_close(v[b, t], expected[0])
+    for b in range(4):
+        for t in range(int(mb.loss_mask[b].sum())):
+            expected = model.value_head(hidden[b, int(mb.response_start[b]) - 1 + t])
+            torch.testing.assert_close(v[b, t], expected[0])
 
 
 def test_backbone_is_the_policy_backbone(tiny_ckpt):

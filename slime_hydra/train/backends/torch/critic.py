@@ -61,10 +61,10 @@ class ValueModel(nn.Module):
         return cls(backbone)
 
     def forward(self, mb: MicroBatch) -> torch.Tensor:
-        """Values of the response tokens, ``[B, T]`` float32 (garbage at padding: mask them)."""
-        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                               position_ids=pos).last_hidden_state  # [B, L, H]
+        """Values of the response tokens, ``[B, T]`` float32 (garbage at padding: mask them). Like the
+        policy's forward pass (``TorchBackend._forward``): right-padded rows under causal attention need no
+        mask, and the model's own positions keep transformers from reading the pads as packed sequences."""
+        hidden = self.backbone(input_ids=mb.input_ids).last_hidden_state  # [B, L, H]
         idx = response_positions(mb, hidden.shape[1])
         rows = hidden.gather(1, idx[..., None].expand(*idx.shape, hidden.shape[-1]))  # [B, T, H]
         with torch.autocast(rows.device.type, enabled=False):  # the head stays float32 under autocast
