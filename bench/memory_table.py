@@ -56,7 +56,8 @@ def runs() -> List[Dict[str, Any]]:
     out.append({"run": "4B, megatron, SGLang colocated, both offloads, push first",
                 "file": "h200_megatron_sglang_4b_1gpu.md", "command": r["command"],
                 "trainer_gib": steady(r["rows"], "train/gpu_peak_gib"), "gpu_gib": r["gpus"]["gpu0"]["peak_gib"]})
-    r = json.load(open(os.path.join(MEASURED, "h200_megatron_sglang_4b_1gpu_resident.json")))["layouts"]["colocate_1gpu"]
+    resident = json.load(open(os.path.join(MEASURED, "h200_megatron_sglang_4b_1gpu_resident.json")))
+    r = resident["layouts"]["colocate_1gpu"]
     out.append({"run": "4B, megatron, SGLang colocated, no offload (KV pool 0.12)",
                 "file": "h200_megatron_sglang_4b_1gpu.md", "command": r["command"],
                 "trainer_gib": steady(r["rows"], "train/gpu_peak_gib"), "gpu_gib": r["gpus"]["gpu0"]["peak_gib"]})

@@ -240,7 +240,8 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
                      f"peak {h.cell(results['trl'].get('peak_gib'), '.1f')} GiB")
     if results.get("goals"):
         lines += ["", "Goals (issue 24; the rollout against raw SGLang: issue 10):"]
-        lines += [f"- {ROW_NAMES[n]}: " + "; ".join(f"{k} {v}" for k, v in g.items()) for n, g in results["goals"].items()]
+        lines += [f"- {ROW_NAMES[n]}: " + "; ".join(f"{k} {v}" for k, v in g.items())
+                  for n, g in results["goals"].items()]
     h.write_text(path + ".md", "\n".join(lines + ["", "Checks:"] + h.check_lines(results)) + "\n")
 
 
