@@ -76,7 +76,7 @@ def workload(args) -> Workload:
     prompts, samples, new_tokens = WORKLOADS[args.workload]
     if args.cpu:  # the tiny model's context is short
         return Workload("/tmp/sglbench_cpu", "tiny", prompts, samples, 16, prompt_words=8, words=20, device="cpu")
-    return Workload("/tmp/sglbench", "qwen3_0_6b", prompts, samples, new_tokens)
+    return Workload("/tmp/sglbench", args.shape, prompts, samples, new_tokens)
 
 
 # ------------------------------------------------------------------------------ runs (phase)
@@ -346,6 +346,9 @@ def main() -> None:
     ap.add_argument("--layout", choices=["colocated", "split"], default="colocated")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default=os.environ.get("WORKLOAD", "anchor"),
                     help="anchor: 8 prompts x 8 samples x 256 tokens; 256x256: 32 x 8 x 256 (env WORKLOAD)")
+    ap.add_argument("--shape", default=os.environ.get("SHAPE", "qwen3_0_6b"),
+                    help="the model shape (conf/model/; env SHAPE): e.g. qwen3_4b with PHASES=build,trl for TRL on "
+                         "the 4B shape (the run phases' memory settings are the 0.6B shape's)")
     ap.add_argument("--phases", default=os.environ.get("PHASES", ",".join(DEFAULT_PHASES)),
                     help=f"comma-separated, in this order: {','.join(PHASES)} (env PHASES; build always runs)")
     ap.add_argument("--steps", type=int, default=6, help="steps of the sglang run (no offload)")
@@ -386,7 +389,8 @@ def main() -> None:
         wanted.discard("sglang_variant")
     phases = [p for p in PHASES if p in wanted]
     path = os.path.join(args.out, f"sglang_gpu_{args.layout}" + ("" if args.workload == "anchor" else
-                                                                 f"_{args.workload}"))
+                                                                 f"_{args.workload}")
+                        + ("" if args.shape == "qwen3_0_6b" else f"_{args.shape}"))
     names = ["cpu (dry run)"] if args.cpu else h.gpu_names()
     results: Dict[str, Any] = {"layout": args.layout, "workload": args.workload, "gpu": (names or [""])[0],
                                "gpus": len(names), "cmdline": " ".join(sys.argv)}
