@@ -248,6 +248,7 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
 # the start-up parts shown, in order (the run's startup/* keys; engine_*: the slowest SGLang server's own parts)
 STARTUP_COLUMNS = [("total", "to step 1 done"), ("before_train", "before train"), ("ray_init", "Ray"),
                    ("placement_group", "PG"), ("initial_checkpoint", "ckpt"), ("trainers", "trainers"),
+                   ("trainer_warm_up", "warm-up"),
                    ("rollout_side", "rollout side"), ("engine_server", "SGLang"), ("engine_process", "process"),
                    ("engine_distributed_init", "dist"), ("engine_weights", "weights"),
                    ("engine_kv_cache", "KV"), ("engine_cuda_graphs", "graphs"), ("engine_http_server", "HTTP"),

@@ -136,12 +136,14 @@ def test_colocated_cpu_with_tensor_transport(tmp_path):
 def test_colocated_cpu_without_offload(tmp_path):
     """``offload_train=false offload_rollout=false``: the engine keeps its memory and the trainer its
     state; nothing moves, and the weights still reach the engine after every step (a stale engine
-    would fail the run at the log-prob gap guard, 1e-3 here)."""
+    would fail the run at the log-prob gap guard, 1e-3 here). With the trainers' warm-up pass (on by default on
+    GPUs only), timed as a start-up part."""
     d = tmp_path / "run"
     summary = run(d, "parallelism=cpu_colocate", "parallelism.offload_train=false",
-                  "parallelism.offload_rollout=false", "trainer.num_rollout=3", *FAST)
+                  "parallelism.offload_rollout=false", "trainer.num_rollout=3", "trainer.warm_up=true", *FAST)
     rows = metrics(d)[1:]
     assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["startup/trainer_warm_up_s"] > 0
     assert all(r["perf/offload_time"] == 0 and r["perf/weight_sync_bytes"] > 0 for r in rows)
     assert summary["max_logprob_abs_diff"] < 1e-3 and summary["train_reward_last"] is not None
     assert "offload_rollout: false" in (d / "config.yaml").read_text()

@@ -291,6 +291,10 @@ class TrainerConfig:
     # torch.compile each decoder layer (one graph for all, dynamic sequence lengths): fuses the eager model's
     # elementwise work (norms, rotary, SwiGLU, autocast casts); the first steps pay for the compilation
     compile: bool = False
+    # one forward and backward pass on two short dummy rows while the engines start, the weights, gradients and
+    # optimizer left as they were: step 1 then skips the compile (trainer.compile) and CUDA's first-call set-up;
+    # auto: with the torch trainer on GPUs
+    warm_up: Any = "auto"
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size

@@ -217,6 +217,9 @@ class TrainerGroup:
     def free_cache(self) -> None:
         self._all("free_cache")
 
+    def warm_up(self, temperature: float) -> None:
+        self._all("warm_up", temperature)
+
     def save(self, out_dir: str, tokenizer_dir: str) -> None:
         self._all("save", out_dir, tokenizer_dir)
 

@@ -133,6 +133,7 @@ class Run:
         self.ft = cfg.rollout.fault_tolerance
         self.healer = Healer(cfg, self.run_dir)
         self.moment = "start-up"  # what the loop does now (for the record of a healing)
+        self.warming = False  # the trainers' warm-up pass is running (start-up)
         self.manager = self._new_manager()
         self.trainers: Optional[TrainerGroup] = None  # built by _start_up (a rank may die meanwhile)
         self.logger: Optional[RunLogger] = None
@@ -197,7 +198,8 @@ class Run:
         side = "" if self.manager_report is None or ray.wait([self.manager_report], timeout=0)[0] else \
             "the rollout side (engines, router, data)"
         if self.moment == "start-up":
-            trainers = "the trainer group (actors, model load)" if self.trainers is None else ""
+            trainers = "the trainer group (actors, model load)" if self.trainers is None else \
+                "the trainers' warm-up pass (trainer.warm_up)" if self.warming else ""
             return " and ".join(filter(None, [trainers, side])) or "the trainers' set-up"
         what = {"first push": "the first weight push", "eval": "the eval before training"}.get(
             self.moment, f"the first step ({self.moment})")
@@ -231,11 +233,19 @@ class Run:
     def _start_up(self) -> None:
         """The trainer group is built (its actors start and load the model) while the rollout manager,
         created before it, starts the engines: on a colocated GPU both load at once, as the memory plan
-        counts them (plan/memory.py). Then the driver waits for the rollout side."""
+        counts them (plan/memory.py), and runs its warm-up pass (``trainer.warm_up``). Then the driver waits for
+        the rollout side."""
         cfg = self.cfg
         if self.trainers is None:
             with self.clock.part("trainers"):
                 self.trainers = self._new_trainers()
+            if cfg.trainer.warm_up:  # the first step's one-off costs, while the engines start
+                with self.clock.part("trainer_warm_up"):
+                    self.warming = True
+                    try:
+                        self.trainers.warm_up(cfg.rollout.temperature)
+                    finally:
+                        self.warming = False
         with self.clock.part("wait_for_rollout_side"):
             report = ray.get(self.manager_report)
         self.clock.add_rollout_side(report, self.manager_created)

@@ -59,11 +59,25 @@ def fit(cfg: "RunConfig") -> List[str]:
             setattr(t, k, CPU_DEFAULTS[k])
     if not knobs:
         resolve_offload(cfg)
+        resolve_warm_up(cfg)
         return []
     _set(cfg, _knobs(cfg, _target_index(cfg), False, set(knobs)))
     resolve_offload(cfg)  # the offload is chosen for a good micro-batch, then the micro-batch for the offload
     _set(cfg, {k: AUTO for k in knobs})
-    return [_choose_micro_batch(cfg, set(knobs))]
+    choice = _choose_micro_batch(cfg, set(knobs))
+    resolve_warm_up(cfg)
+    return [choice]
+
+
+def resolve_warm_up(cfg: "RunConfig") -> None:
+    """``trainer.warm_up=auto``: on where the torch trainer's first step pays for CUDA's set-up and any compile
+    (GPUs), unless the GPU is colocated with offload. There the start-up already holds the trainer's weights
+    beside the whole engine, and the warm-up's gradients (as large as the trainable weights, for a moment) are
+    memory the plan did not count at that time."""
+    t, p = cfg.trainer, cfg.parallelism
+    if t.warm_up == AUTO:
+        t.warm_up = p.device == "cuda" and t.backend == "torch" and not (
+            p.colocate and (p.offload_train or p.offload_rollout))
 
 
 def resolve_offload(cfg: "RunConfig") -> "RunConfig":

@@ -127,7 +127,8 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
         f"per rollout = {t.num_steps_per_rollout} optimiser step(s) of {t.global_batch_size}",
         f"weight sync: {cfg.sync.transport} ({'nccl' if p.device == 'cuda' else 'gloo'} for distributed), "
         f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
-        f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}",
+        f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}"
+        + ("; the trainers' warm-up pass runs while the engines start" if t.warm_up is True else ""),
     ]
     plan = ResourcePlan(
         device=p.device,

@@ -122,6 +122,9 @@ class TrainerActor:
     def free_cache(self) -> None:
         self.backend.free_cache()
 
+    def warm_up(self, temperature: float) -> None:
+        self.backend.warm_up(temperature)
+
     def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """``out_dir/hf`` (every run checkpoint has one) and the backend's resumable state."""
         self.backend.export_hf(os.path.join(out_dir, "hf"), tokenizer_dir)

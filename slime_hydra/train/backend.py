@@ -190,6 +190,12 @@ class TrainerBackend(ABC):
     def onload(self) -> None:
         """Undo :meth:`offload`."""
 
+    def warm_up(self, temperature: float) -> None:
+        """A forward and backward pass on dummy rows, leaving weights, gradients and optimizer as they were
+        (``trainer.warm_up``): the first step's one-off costs, paid while the engines start. This default does
+        nothing: the megatron backend has no warm-up yet (validation refuses ``trainer.warm_up=true`` for it)."""
+        return None
+
     def free_cache(self) -> None:
         """Give the GPU memory that training freed (activations, kept by torch's caching allocator)
         back to the driver: colocated engines take it for their KV cache while this trainer stays."""

@@ -131,3 +131,29 @@ def test_entropy_keeps_a_graph_only_for_an_entropy_bonus(tiny_ckpt, entropy_coef
     with torch.no_grad():
         _, expected = be._forward(mb, 1.0, with_entropy=True)
     torch.testing.assert_close(entropy.detach(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("lora", [[], ["trainer.lora.rank=4", "trainer.lora.dropout=0.1"]], ids=["full", "lora"])
+def test_warm_up_changes_nothing_the_training_keeps(tiny_ckpt, lora):
+    """``trainer.warm_up``: a forward and backward pass on dummy rows leaves no gradient, no optimizer state and
+    the random generators where they were (LoRA's dropout draws), so training after it is bitwise the training
+    without it."""
+    runs = []
+    for warm in (True, False):
+        cfg = config("trainer.micro_batch_size=3", *lora)
+        torch.manual_seed(0)
+        rl, be = rl_trainer(cfg, tiny_ckpt)
+        before = {k: v.clone() for k, v in be.model.state_dict().items()}
+        if warm:
+            rng = torch.get_rng_state()
+            be.warm_up(cfg.rollout.temperature)
+            assert all(p.grad is None for p in be.model.parameters())
+            assert not be.opt.state and torch.equal(torch.get_rng_state(), rng)
+            for k, v in be.model.state_dict().items():
+                assert torch.equal(v, before[k]), k
+        metrics = [train(rl, cfg, fake_rollout(6, seed=s)) for s in (0, 1)]
+        runs.append((metrics, {k: v.clone() for k, v in be.model.state_dict().items()}))
+    (wm, ww), (cm, cw) = runs
+    assert wm == cm
+    for k in ww:
+        assert torch.equal(ww[k], cw[k]), k

@@ -294,6 +294,22 @@ class TorchBackend(TrainerBackend):
         return accumulated_step(self.net, self.model, self.opt, self.sched, mbs, loss_of, self.world_size,
                                 self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
+    def warm_up(self, temperature: float) -> None:
+        """Two short rows (one padded) forward and backward as a training step runs them, then the gradients
+        dropped: what a first step pays once (CUDA's and cuBLAS's set-up, ``trainer.compile``'s graphs for the
+        forward and the backward, with dynamic lengths) is paid here, while the engines start. Nothing the step
+        keeps changes: no optimizer step, the gradients ``None`` again, the random number generators' states
+        restored (LoRA's dropout draws). Every rank calls it (DDP's and FSDP2's collectives)."""
+        data = {"tokens": [[1] * 24, [1] * 20], "response_lengths": [16, 12], "loss_masks": [None, None]}
+        self.model.train()
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            for mb in self.micro_batches(data, [0, 1], 16):
+                log_probs, entropy = self._forward(mb, temperature, with_entropy=True)
+                loss = (log_probs * mb.loss_mask).sum() + (0 if entropy is None else (entropy * mb.loss_mask).sum())
+                (0.0 * loss).backward()
+        self.net.zero_grad(set_to_none=True)
+        self.free_cache()
+
     # ---------------------------------------------------------------------------- checkpoints
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained); FSDP2's other
