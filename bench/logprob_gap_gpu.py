@@ -41,6 +41,12 @@ from gpu.sglang_server import SERVER_ARGS, prompt_ids, sampling_params  # noqa: 
 from gpu.workload import Workload, build_checkpoint, write_prompts  # noqa: E402
 
 DTYPES = ("bfloat16", "float32")
+# SGLang 0.5.17 in float32: its native Qwen3 calls sgl_kernel's rmsnorm, built for fp16/bf16 only (the server dies
+# capturing its decode CUDA graphs: "failed to dispatch data type Float"); the transformers model implementation
+# runs SGLang's RMSNorm in torch for float32, with SGLang's attention, sampling and log-probs. Triton's float32
+# dots (the attention kernels) default to TF32: IEEE float32 instead.
+FP32_SERVER_ARGS = {"model_impl": "transformers"}
+FP32_ENV = {"TRITON_F32_DEFAULT": "ieee"}
 PAIRS = (("engine", "reference"), ("trainer", "reference"), ("engine", "trainer"))
 
 
@@ -51,16 +57,19 @@ def sample(w: Workload, dtype: str, prompts: List[List[int]]) -> Dict[str, Any]:
     from slime_hydra.rollout.engines import ServerSpec, make_engine
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
+    fp32 = dtype == "float32" and w.device == "cuda"
     spec = ServerSpec(engine="sglang" if w.device == "cuda" else "embedded", model_path=w.ckpt, tokenizer_path=w.ckpt,
                       dtype=dtype, device=w.device, gpus=1, seed=0,
-                      server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": len(prompts) * w.samples})
+                      server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": len(prompts) * w.samples,
+                                   **(FP32_SERVER_ARGS if fp32 else {})})
     engine = make_engine(spec)
     port = free_port()
     for name in engine.unset_env:
         os.environ.pop(name, None)
     server_log = os.path.join(w.work, f"gap_{os.path.basename(w.ckpt)}_{dtype}.log")
     t0 = time.perf_counter()
-    proc = spawn(engine.command("127.0.0.1", port, 0, nccl_port=free_port()), server_log, engine.env())
+    proc = spawn(engine.command("127.0.0.1", port, 0, nccl_port=free_port()), server_log,
+                 {**engine.env(), **(FP32_ENV if fp32 else {})})
     url = f"http://127.0.0.1:{port}"
 
     async def go():
