@@ -149,7 +149,6 @@ RULES = [
     (["data.num_epoch=2"], "data.num_epoch: set only one of trainer.num_rollout and data.num_epoch"),
     (["trainer.num_rollout=null"], "trainer.num_rollout: set trainer.num_rollout or data.num_epoch"),
     (["trainer.warm_up=sometimes"], "trainer.warm_up: must be true, false or auto, got 'sometimes'"),
-    (["trainer=megatron", "trainer.warm_up=true"], "trainer.warm_up: true is for trainer=torch"),
     (["eval.datasets=[{name: a},{name: a}]"], "eval.datasets: names must be unique"),
     (["eval.datasets=[{name: a, temperature: -1}]"], "eval.datasets[0].temperature: must be >= 0"),
     (["eval.datasets=[{name: a, path: /nope.jsonl}]"], "eval.datasets[0].path: '/nope.jsonl' does not exist"),
@@ -276,13 +275,13 @@ def test_async_on_colocated_slots_offloads_nothing_and_keeps_what_the_user_sets(
     assert "set parallelism.offload_train=false" in problem and "parallelism.colocate=false" in problem
 
 
-def test_warm_up_is_on_for_the_torch_trainer_on_gpus_that_do_not_offload():
-    """``trainer.warm_up=auto``: the torch trainer's first step on a GPU pays for CUDA's set-up and any compile,
-    which the warm-up moves into the engines' start; on CPU slots it would only slow the start-up, and on a
-    colocated GPU that offloads its gradients would sit beside the whole engine, uncounted."""
+def test_warm_up_is_on_for_gpus_that_do_not_offload():
+    """``trainer.warm_up=auto``: a trainer's first step on a GPU pays for CUDA's set-up and compiles, which the
+    warm-up moves into the engines' start; on CPU slots it would only slow the start-up, and on a colocated GPU
+    that offloads its gradients would sit beside the whole engine, uncounted."""
     assert resolved([]).trainer.warm_up is False
     gpu = resolved(["parallelism=1gpu"])
     assert (gpu.parallelism.offload_train, gpu.parallelism.offload_rollout, gpu.trainer.warm_up) == (False, False, True)
     assert resolved(["parallelism=1gpu", "parallelism.offload_rollout=true"]).trainer.warm_up is False
-    assert resolved(["parallelism=1gpu", "trainer=megatron"]).trainer.warm_up is False
+    assert resolved(["parallelism=split_4_4", "trainer=megatron"]).trainer.warm_up is True
     assert resolved(["trainer.warm_up=true"]).trainer.warm_up is True

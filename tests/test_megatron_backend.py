@@ -207,3 +207,20 @@ def test_old_log_probs_from_the_training_forward_give_the_same_gradients_and_met
         assert m1[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_warm_up_leaves_weights_gradients_and_rng_as_they_were(backend, ckpt):
+    """``trainer.warm_up`` on megatron: the dummy rows go forward and backward through the schedule (DDP's
+    ``main_grad`` buffers fill), then the buffers are zeroed; no optimizer step, the random generators restored.
+    The next step's gradients (``test_gradients_match_the_torch_backend``) start from zeroed buffers anyway; what
+    must hold is that nothing else moved."""
+    weights = {k: v.clone() for k, v in backend.hf_weights()}
+    rng = torch.get_rng_state()
+    torch.rand(1)  # the warm-up restores the state it found, whatever that is
+    rng = torch.get_rng_state()
+    with cuda_on_cpu():
+        backend.warm_up(1.0)
+    assert all(float(p.main_grad.abs().sum()) == 0 for p in backend._params())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, weights[k]) for k, v in backend.hf_weights())
+    assert not any(o.optimizer.state for o in backend._inner_optimizers())

@@ -292,8 +292,8 @@ class TrainerConfig:
     # elementwise work (norms, rotary, SwiGLU, autocast casts); the first steps pay for the compilation
     compile: bool = False
     # one forward and backward pass on two short dummy rows while the engines start, the weights, gradients and
-    # optimizer left as they were: step 1 then skips the compile (trainer.compile) and CUDA's first-call set-up;
-    # auto: with the torch trainer on GPUs
+    # optimizer left as they were: step 1 then skips the compiles (trainer.compile, megatron's fusions) and CUDA's
+    # first-call set-up; auto: on GPUs, unless colocated with offload (plan/fit.py)
     warm_up: Any = "auto"
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout

@@ -70,14 +70,13 @@ def fit(cfg: "RunConfig") -> List[str]:
 
 
 def resolve_warm_up(cfg: "RunConfig") -> None:
-    """``trainer.warm_up=auto``: on where the torch trainer's first step pays for CUDA's set-up and any compile
-    (GPUs), unless the GPU is colocated with offload. There the start-up already holds the trainer's weights
-    beside the whole engine, and the warm-up's gradients (as large as the trainable weights, for a moment) are
-    memory the plan did not count at that time."""
+    """``trainer.warm_up=auto``: on where a trainer's first step pays for CUDA's set-up and compiles (GPUs),
+    unless the GPU is colocated with offload. There the start-up already holds the trainer's weights beside the
+    whole engine, and the warm-up's gradients (as large as the trainable weights, for a moment) are memory the
+    plan did not count at that time."""
     t, p = cfg.trainer, cfg.parallelism
     if t.warm_up == AUTO:
-        t.warm_up = p.device == "cuda" and t.backend == "torch" and not (
-            p.colocate and (p.offload_train or p.offload_rollout))
+        t.warm_up = p.device == "cuda" and not (p.colocate and (p.offload_train or p.offload_rollout))
 
 
 def resolve_offload(cfg: "RunConfig") -> "RunConfig":

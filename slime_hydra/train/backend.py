@@ -190,10 +190,13 @@ class TrainerBackend(ABC):
     def onload(self) -> None:
         """Undo :meth:`offload`."""
 
+    # the warm-up's dummy rows (``trainer.warm_up``): two short ones, one padded, within any token budget
+    WARM_UP_ROWS = {"tokens": [[1] * 8, [1] * 6], "response_lengths": [4, 3], "loss_masks": [None, None]}
+
     def warm_up(self, temperature: float) -> None:
         """A forward and backward pass on dummy rows, leaving weights, gradients and optimizer as they were
-        (``trainer.warm_up``): the first step's one-off costs, paid while the engines start. This default does
-        nothing: the megatron backend has no warm-up yet (validation refuses ``trainer.warm_up=true`` for it)."""
+        (``trainer.warm_up``): the first step's one-off costs, paid while the engines start. A backend without
+        one-off costs worth moving keeps this default, which does nothing."""
         return None
 
     def free_cache(self) -> None:

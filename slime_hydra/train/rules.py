@@ -23,8 +23,6 @@ def check(cfg: RunConfig) -> List[str]:
         errs.append(f"trainer.gradient_checkpointing: must be true, false or auto, got {t.gradient_checkpointing!r}")
     if t.warm_up not in (True, False, "auto"):
         errs.append(f"trainer.warm_up: must be true, false or auto, got {t.warm_up!r}")
-    elif t.warm_up is True and t.backend != "torch":
-        errs.append(f"trainer.warm_up: true is for trainer=torch; the {t.backend} trainer has no warm-up pass")
     if t.max_restarts_per_hour < 0:
         errs.append(f"trainer.max_restarts_per_hour: must be >= 0 (0: no rebuild), got {t.max_restarts_per_hour}")
     if t.hang_timeout_s is not None and t.hang_timeout_s <= 0:

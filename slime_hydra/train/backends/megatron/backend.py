@@ -493,6 +493,20 @@ class MegatronBackend(TrainerBackend):
                 sums[k] = sums[k] + v if k in sums else v
         return read_metrics(sums)
 
+    def warm_up(self, temperature: float) -> None:
+        """Two short rows forward and backward through megatron's schedule, as a training step runs them, then
+        DDP's gradient buffers zeroed: the first step's one-off costs (CUDA's set-up, the torch.compile'd fusions)
+        are paid while the engines start. No optimizer step; the random number generators (megatron's tracker
+        too) are restored. Every rank calls it (the schedule's and DDP's collectives)."""
+        rng = self._rng_state()
+        self.accumulate_grads(self.micro_batches(self.WARM_UP_ROWS, [0, 1], 4), temperature,
+                              lambda rows, lp, ent: (0.0 * lp.sum(), {}))
+        for c in self.chunks:
+            c.zero_grad_buffer()
+        self.opt.zero_grad()
+        self._set_rng_state(rng)
+        self.free_cache()
+
     def train_step(self, mbs: Sequence[PackedMicroBatch], temperature: float, loss_fn: PolicyLossFn) -> StepResult:
         metrics = self.accumulate_grads(mbs, temperature, loss_fn)
         _, grad_norm, _ = self.opt.step()  # clips to algo.clip_grad; the norm is over all model-parallel ranks

@@ -300,10 +300,9 @@ class TorchBackend(TrainerBackend):
         forward and the backward, with dynamic lengths) is paid here, while the engines start. Nothing the step
         keeps changes: no optimizer step, the gradients ``None`` again, the random number generators' states
         restored (LoRA's dropout draws). Every rank calls it (DDP's and FSDP2's collectives)."""
-        data = {"tokens": [[1] * 24, [1] * 20], "response_lengths": [16, 12], "loss_masks": [None, None]}
         self.model.train()
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for mb in self.micro_batches(data, [0, 1], 16):
+            for mb in self.micro_batches(self.WARM_UP_ROWS, [0, 1], 4):
                 log_probs, entropy = self._forward(mb, temperature, with_entropy=True)
                 loss = (log_probs * mb.loss_mask).sum() + (0 if entropy is None else (entropy * mb.loss_mask).sum())
                 (0.0 * loss).backward()
