@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
 import time
-import urllib.request
 from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,13 +38,7 @@ from gpu.harness import log, table, write_json, write_text  # noqa: E402 - bench
 from gpu.sglang_server import SERVER_ARGS, prompt_ids, sampling_params  # noqa: E402
 from gpu.workload import Workload, build_checkpoint, write_prompts  # noqa: E402
 
-DTYPES = ("bfloat16", "float32")
-# SGLang 0.5.17 in float32: its native Qwen3 calls sgl_kernel's rmsnorm, built for fp16/bf16 only (the server dies
-# capturing its decode CUDA graphs: "failed to dispatch data type Float"); the transformers model implementation
-# runs SGLang's RMSNorm in torch for float32, with SGLang's attention, sampling and log-probs. Triton's float32
-# dots (the attention kernels) default to TF32: IEEE float32 instead.
-FP32_SERVER_ARGS = {"model_impl": "transformers"}
-FP32_ENV = {"TRITON_F32_DEFAULT": "ieee"}
+DTYPES = ("bfloat16", "float32")  # a float32 server starts as the engine starts one (FLOAT32_SERVER_ARGS)
 PAIRS = (("engine", "reference"), ("trainer", "reference"), ("engine", "trainer"))
 
 
@@ -55,21 +47,19 @@ def sample(w: Workload, dtype: str, prompts: List[List[int]]) -> Dict[str, Any]:
     answer's tokens and the engine's log-probs."""
     from slime_hydra.rollout.client import GenerateClient
     from slime_hydra.rollout.engines import ServerSpec, make_engine
+    from slime_hydra.utils.http import control
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
-    fp32 = dtype == "float32" and w.device == "cuda"
     spec = ServerSpec(engine="sglang" if w.device == "cuda" else "embedded", model_path=w.ckpt, tokenizer_path=w.ckpt,
                       dtype=dtype, device=w.device, gpus=1, seed=0,
-                      server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": len(prompts) * w.samples,
-                                   **(FP32_SERVER_ARGS if fp32 else {})})
+                      server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": len(prompts) * w.samples})
     engine = make_engine(spec)
     port = free_port()
     for name in engine.unset_env:
         os.environ.pop(name, None)
     server_log = os.path.join(w.work, f"gap_{os.path.basename(w.ckpt)}_{dtype}.log")
     t0 = time.perf_counter()
-    proc = spawn(engine.command("127.0.0.1", port, 0, nccl_port=free_port()), server_log,
-                 {**engine.env(), **(FP32_ENV if fp32 else {})})
+    proc = spawn(engine.command("127.0.0.1", port, 0, nccl_port=free_port()), server_log, engine.env())
     url = f"http://127.0.0.1:{port}"
 
     async def go():
@@ -84,7 +74,7 @@ def sample(w: Workload, dtype: str, prompts: List[List[int]]) -> Dict[str, Any]:
     try:
         wait_http(url + "/health_generate", proc, 600, server_log)
         up = time.perf_counter() - t0
-        served = json.load(urllib.request.urlopen(url + "/get_server_info", timeout=30)).get("dtype")
+        served = control(url, "/get_server_info", method="GET", timeout=30).get("dtype")
         if served != dtype:  # a row must be the dtype it names (an unset --dtype serves the checkpoint's)
             raise RuntimeError(f"asked for a {dtype} server, /get_server_info says dtype={served!r}")
         outs = asyncio.run(go())

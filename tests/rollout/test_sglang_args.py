@@ -106,6 +106,26 @@ def test_multi_node_engine_command_parses(sglang):
         "tp_size": 16, "nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:20000"}
 
 
+def test_a_float32_server_runs_the_transformers_implementation_in_ieee_float32(sglang):
+    """sglang 0.5.17's native kernels have no float32 RMSNorm: a float32 server gets ``--model-impl transformers``
+    and Triton's IEEE float32, and parses; ``rollout.server_args`` and the environment keep the last word."""
+    from slime_hydra.rollout.engines import make_engine
+
+    def engine(dtype, **server_args):
+        return make_engine(ServerSpec(engine="sglang", model_path="/ckpt", tokenizer_path="/ckpt", dtype=dtype,
+                                      device="cuda", gpus=1, seed=0, server_args=server_args))
+
+    fp32 = engine("float32")
+    argv = fp32.command("127.0.0.1", 30000, 0, nccl_port=31000)[3:]
+    assert sglang.check(argv) is None
+    assert sglang.parse(argv, ["dtype", "model_impl"]) == {"dtype": "float32", "model_impl": "transformers"}
+    assert fp32.env()["TRITON_F32_DEFAULT"] == "ieee"
+    bf16 = engine("bfloat16")
+    assert "--model-impl" not in bf16.command("127.0.0.1", 30000, 0) and "TRITON_F32_DEFAULT" not in bf16.env()
+    assert sglang.parse(engine("float32", model_impl="sglang").command("127.0.0.1", 30000, 0)[3:],
+                        ["model_impl"]) == {"model_impl": "sglang"}
+
+
 @pytest.mark.parametrize("override, message", [
     ("rollout.server_args.mem_fraction_static=abc", "argument --mem-fraction-static: invalid float value: 'abc'"),
     ("+rollout.server_args.no_such_option=1", "unrecognized arguments: --no-such-option 1"),

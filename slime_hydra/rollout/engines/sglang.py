@@ -20,6 +20,11 @@ H200 (``../shared/reference/environment.md``), and what its start costs:
   graphs' memory then stays allocated while the trainer trains; weights and KV cache are released.
 - ``SGLANG_LOG_MS``: the server log's timestamps have milliseconds, so ``startup_parts`` can say where
   the start went (imports, weights, KV cache, CUDA graphs, HTTP server).
+- ``model.dtype=float32``: 0.5.17's native Qwen3 calls ``sgl_kernel``'s ``rmsnorm``, built for fp16 and bf16
+  only, and a float32 server died capturing its decode CUDA graphs (on the H200; the kernel's dtype dispatch
+  read in SGLang's source). Unless ``rollout.server_args`` sets ``model_impl``, float32 servers run the
+  transformers implementation (SGLang's RMSNorm in torch for float32) with Triton's float32 dots in IEEE
+  precision, not TF32 (``FLOAT32_SERVER_ARGS``, ``FLOAT32_ENV``); not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -72,6 +77,10 @@ SGLANG_ENV = {
     # lost (the Qwen3-4B shape on the H200). An hour, as the embedded engine's server
     "SGLANG_TIMEOUT_KEEP_ALIVE": "3600",
 }
+
+# float32 servers (see above); rollout.server_args and the environment win
+FLOAT32_SERVER_ARGS = {"model_impl": "transformers"}
+FLOAT32_ENV = {"TRITON_F32_DEFAULT": "ieee"}
 
 
 # rollout.server_args keys that choose the prefill CUDA graph (sglang 0.5.17's names and deprecated aliases):
@@ -175,12 +184,14 @@ class SglangEngine(Engine):
                 "skip_server_warmup": True, "nccl_port": nccl_port, "nnodes": s.nnodes if multi else None,
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
                 "dtype": s.dtype,  # float32 too: else SGLang serves the checkpoint's dtype
+                **(FLOAT32_SERVER_ARGS if s.dtype == "float32" else {}),
                 **startup_server_args(s.server_args, s.decode_batch), **s.server_args}
         return [sys.executable, "-m", "sglang.launch_server", *to_flags(args)]
 
     def env(self) -> Dict[str, str]:
-        """``SGLANG_ENV`` (values already in the environment win)."""
-        return {**super().env(), **{k: os.environ.get(k, v) for k, v in SGLANG_ENV.items()}}
+        """``SGLANG_ENV``, and ``FLOAT32_ENV`` for a float32 server (values already in the environment win)."""
+        env = {**SGLANG_ENV, **(FLOAT32_ENV if self.spec.dtype == "float32" else {})}
+        return {**super().env(), **{k: os.environ.get(k, v) for k, v in env.items()}}
 
     @classmethod
     def startup_parts(cls, log_text: str, started: float, ready: float) -> Dict[str, float]:
