@@ -215,11 +215,14 @@ def test_warm_up_leaves_weights_gradients_and_rng_as_they_were(backend, ckpt):
     The next step's gradients (``test_gradients_match_the_torch_backend``) start from zeroed buffers anyway; what
     must hold is that nothing else moved."""
     weights = {k: v.clone() for k, v in backend.hf_weights()}
-    rng = torch.get_rng_state()
     torch.rand(1)  # the warm-up restores the state it found, whatever that is
     rng = torch.get_rng_state()
+    backward = []  # the pass really ran a backward through megatron's schedule
+    hook = backend._params()[0].register_hook(lambda g: backward.append(1))
     with cuda_on_cpu():
         backend.warm_up(1.0)
+    hook.remove()
+    assert backward
     assert all(float(p.main_grad.abs().sum()) == 0 for p in backend._params())
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(v, weights[k]) for k, v in backend.hf_weights())

@@ -19,6 +19,15 @@ from train.tiny_trainer import fake_rollout  # noqa: E402
 from conftest import resolved  # noqa: E402
 
 
+def _warmed(be, weight: torch.Tensor) -> None:
+    """``be.warm_up``, checked to run a backward (a gradient reaches ``weight``)."""
+    backward = []
+    hook = weight.register_hook(lambda g: backward.append(1))
+    be.warm_up(1.0)
+    hook.remove()
+    assert backward
+
+
 def _unchanged(be, weights, cuda_rng) -> None:
     assert torch.equal(torch.cuda.get_rng_state(), cuda_rng)
     for k, v in be.hf_weights():
@@ -35,7 +44,7 @@ def test_torch_warm_up_on_a_gpu(tiny_ckpt):
                       model_path=tiny_ckpt, rank=0, world_size=1, device=torch.device("cuda"))
     weights = {k: v.clone() for k, v in be.hf_weights()}
     rng = torch.cuda.get_rng_state()
-    be.warm_up(1.0)
+    _warmed(be, next(be.model.parameters()))
     assert all(p.grad is None for p in be.model.parameters()) and not be.opt.state
     _unchanged(be, weights, rng)
     out = RLTrainer(be, cfg.algo, 1).train(fake_rollout(8), temperature=1.0, max_response_len=3)
@@ -62,7 +71,7 @@ def test_megatron_warm_up_on_a_gpu(tmp_path, distributed):
     try:
         weights = {k: v.clone() for k, v in be.hf_weights()}
         rng = torch.cuda.get_rng_state()
-        be.warm_up(1.0)
+        _warmed(be, be._params()[0])
         assert all(float(p.main_grad.abs().sum()) == 0 for p in be._params())
         assert not any(o.optimizer.state for o in be._inner_optimizers())
         _unchanged(be, weights, rng)

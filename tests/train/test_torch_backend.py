@@ -146,7 +146,11 @@ def test_warm_up_changes_nothing_the_training_keeps(tiny_ckpt, lora):
         before = {k: v.clone() for k, v in be.model.state_dict().items()}
         if warm:
             rng = torch.get_rng_state()
+            backward = []  # the pass really ran a backward: a gradient reached the first trained weight
+            hook = next(p for p in be.model.parameters() if p.requires_grad).register_hook(lambda g: backward.append(float(g.abs().sum())))
             be.warm_up(cfg.rollout.temperature)
+            hook.remove()
+            assert backward
             assert all(p.grad is None for p in be.model.parameters())
             assert not be.opt.state and torch.equal(torch.get_rng_state(), rng)
             for k, v in be.model.state_dict().items():
