@@ -146,8 +146,9 @@ def test_warm_up_changes_nothing_the_training_keeps(tiny_ckpt, lora):
         before = {k: v.clone() for k, v in be.model.state_dict().items()}
         if warm:
             rng = torch.get_rng_state()
-            backward = []  # the pass really ran a backward: a gradient reached the first trained weight
-            hook = next(p for p in be.model.parameters() if p.requires_grad).register_hook(lambda g: backward.append(float(g.abs().sum())))
+            backward: list = []  # the pass really ran a backward: a gradient reached the first trained weight
+            trained = next(p for p in be.model.parameters() if p.requires_grad)
+            hook = trained.register_hook(lambda g, seen=backward: seen.append(1))
             be.warm_up(cfg.rollout.temperature)
             hook.remove()
             assert backward
