@@ -27,7 +27,6 @@ import asyncio
 import os
 import statistics
 import sys
-import time
 from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,7 +34,7 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
 from gpu.harness import log, table, write_json, write_text  # noqa: E402 - bench/ is on the path from here
-from gpu.sglang_server import SERVER_ARGS, prompt_ids, sampling_params  # noqa: E402
+from gpu.sglang_server import SERVER_ARGS, prompt_ids, sampling_params, serving  # noqa: E402
 from gpu.workload import Workload, build_checkpoint, write_prompts  # noqa: E402
 
 DTYPES = ("bfloat16", "float32")  # a float32 server starts as the engine starts one (FLOAT32_SERVER_ARGS)
@@ -46,23 +45,14 @@ def sample(w: Workload, dtype: str, prompts: List[List[int]]) -> Dict[str, Any]:
     """One server of ``dtype`` on the checkpoint: every prompt sampled ``w.samples`` times (seeded), each
     answer's tokens and the engine's log-probs."""
     from slime_hydra.rollout.client import GenerateClient
-    from slime_hydra.rollout.engines import ServerSpec, make_engine
+    from slime_hydra.rollout.engines import ServerSpec
     from slime_hydra.utils.http import control
-    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
     spec = ServerSpec(engine="sglang" if w.device == "cuda" else "embedded", model_path=w.ckpt, tokenizer_path=w.ckpt,
                       dtype=dtype, device=w.device, gpus=1, seed=0,
                       server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": len(prompts) * w.samples})
-    engine = make_engine(spec)
-    port = free_port()
-    for name in engine.unset_env:
-        os.environ.pop(name, None)
-    server_log = os.path.join(w.work, f"gap_{os.path.basename(w.ckpt)}_{dtype}.log")
-    t0 = time.perf_counter()
-    proc = spawn(engine.command("127.0.0.1", port, 0, nccl_port=free_port()), server_log, engine.env())
-    url = f"http://127.0.0.1:{port}"
 
-    async def go():
+    async def go(url: str):
         client = GenerateClient(url, concurrency=len(prompts) * w.samples, retries=0)
         try:
             return await asyncio.gather(*(client.post("/generate", {
@@ -71,20 +61,16 @@ def sample(w: Workload, dtype: str, prompts: List[List[int]]) -> Dict[str, Any]:
         finally:
             await client.aclose()
 
-    try:
-        wait_http(url + "/health_generate", proc, 600, server_log)
-        up = time.perf_counter() - t0
-        served = control(url, "/get_server_info", method="GET", timeout=30).get("dtype")
+    with serving(spec, os.path.join(w.work, f"gap_{os.path.basename(w.ckpt)}_{dtype}.log"), timeout_s=600) as srv:
+        served = control(srv["url"], "/get_server_info", method="GET", timeout=30).get("dtype")
         if served != dtype:  # a row must be the dtype it names (an unset --dtype serves the checkpoint's)
             raise RuntimeError(f"asked for a {dtype} server, /get_server_info says dtype={served!r}")
-        outs = asyncio.run(go())
-    finally:
-        kill_tree(proc)
+        outs = asyncio.run(go(srv["url"]))
     seqs = [{"prompt": p, "ids": [t for _, t, *_ in o["meta_info"]["output_token_logprobs"]],
              "engine": [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]}
             for p, o in zip((p for p in prompts for _ in range(w.samples)), outs)]
-    log(f"{w.preset} {dtype} server: up in {up:.0f} s, {sum(len(s['ids']) for s in seqs)} tokens sampled")
-    return {"startup_s": round(up, 1), "seqs": seqs}
+    log(f"{w.preset} {dtype} server: up in {srv['startup_s']:.0f} s, {sum(len(s['ids']) for s in seqs)} tokens sampled")
+    return {"startup_s": round(srv["startup_s"], 1), "seqs": seqs}
 
 
 def score(w: Workload, seqs: List[Dict[str, Any]]) -> None:

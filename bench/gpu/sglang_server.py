@@ -7,12 +7,13 @@ request, aborts. On a CPU (``--cpu``) the embedded engine stands in: it speaks t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import statistics
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from gpu.harness import check, log, median
 from gpu.workload import Workload
@@ -88,14 +89,42 @@ def checkpoint_weights(ckpt: str, device) -> List:
     return sorted(named.items())
 
 
+@contextlib.contextmanager
+def serving(spec, log_path: str, gpu: int = 0, timeout_s: float = 400,
+            out: Optional[Dict[str, Any]] = None) -> Iterator[Dict[str, Any]]:
+    """A server of ``spec`` (``slime_hydra.rollout.engines.ServerSpec``) started as the engine actor starts one, with
+    its log at ``log_path``, until it answers ``/health_generate``; killed, with its process group, on exit. Yields
+    {url, engine, started (``time.time()`` at launch), startup_s}; ``out`` gets its command line before the start,
+    and its ``startup_s``."""
+    from slime_hydra.rollout.engines import make_engine
+    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
+
+    out = {} if out is None else out
+    engine = make_engine(spec)
+    port = free_port()
+    cmd = engine.command("127.0.0.1", port, gpu, nccl_port=free_port())
+    for name in engine.unset_env:
+        os.environ.pop(name, None)
+    open(log_path, "w").close()
+    url = f"http://127.0.0.1:{port}"
+    out["command"] = " ".join(cmd[1:])
+    t0, started = time.perf_counter(), time.time()
+    proc = spawn(cmd, log_path, engine.env())
+    try:
+        wait_http(url + "/health_generate", proc, timeout_s, log_path)
+        out["startup_s"] = time.perf_counter() - t0
+        yield {"url": url, "engine": engine, "started": started, "startup_s": out["startup_s"]}
+    finally:
+        kill_tree(proc)
+
+
 def phase_raw(w: Workload, layout: str, out: Dict[str, Any]) -> None:
     import httpx
     import torch
 
-    from slime_hydra.rollout.engines import ServerSpec, make_engine
+    from slime_hydra.rollout.engines import ServerSpec
     from slime_hydra.sync.sender import Endpoint, WeightSender
     from slime_hydra.utils.http import EngineError, control, weight_version
-    from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
     colocated = layout == "colocated"
     gpus = {"trainer": 0, "engine": 0 if colocated else 1}
@@ -103,22 +132,12 @@ def phase_raw(w: Workload, layout: str, out: Dict[str, Any]) -> None:
                       tokenizer_path=w.ckpt, dtype="bfloat16", device=w.device, gpus=1, seed=0, memory_saver=colocated,
                       server_args={**SERVER_ARGS, "cuda_graph_max_bs_decode": w.prompts * w.samples,
                                    **({} if colocated else {"disable_prefill_cuda_graph": True})})
-    engine = make_engine(spec)
-    port = free_port()
-    cmd = engine.command("127.0.0.1", port, gpus["engine"], nccl_port=free_port())
-    for name in engine.unset_env:
-        os.environ.pop(name, None)
     server_log = os.path.join(w.work, f"raw_{layout}_server.log")
-    open(server_log, "w").close()
-    url = f"http://127.0.0.1:{port}"
-    out["command"] = " ".join(cmd[1:])
-    t0, wall0 = time.perf_counter(), time.time()
-    proc = spawn(cmd, server_log, engine.env())
-    try:
-        wait_http(url + "/health_generate", proc, 400, server_log)
-        out["startup_s"] = time.perf_counter() - t0
+    out["server_log"] = server_log
+    with serving(spec, server_log, gpus["engine"], 400, out) as srv:
+        url = srv["url"]
         with open(server_log, errors="replace") as f:  # the server's parts, from its log's timestamps
-            parts = engine.startup_parts(f.read(), wall0, time.time())
+            parts = srv["engine"].startup_parts(f.read(), srv["started"], time.time())
         out["server_log_times"] = {**sglang_log_times(server_log), **parts}
         log(f"raw {spec.engine} up in {out['startup_s']:.1f}s: {out['server_log_times']}")
 
@@ -184,9 +203,6 @@ def phase_raw(w: Workload, layout: str, out: Dict[str, Any]) -> None:
         torch.cuda.empty_cache()
         check_batched(w, url, out)
         check_aborts(w, url, out)
-    finally:
-        kill_tree(proc)
-        out["server_log"] = server_log
 
 
 def check_batched(w: Workload, url: str, out: Dict[str, Any]) -> None:
