@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -87,11 +88,36 @@ def start_once(w: Workload, variant: str, index: int, logs: str, limit_s: float)
     return res
 
 
-def import_seconds(cpu: bool) -> float:
+def import_profile(cpu: bool, logs: str) -> Dict[str, Any]:
+    """The server module's import alone, three ways: its seconds; ``python -X importtime`` (the modules that take
+    longest, by their own time and by top-level package); and cProfile (the functions that take longest, which
+    shows work done at import that is not importing: subprocesses, file-system scans, CUDA calls)."""
     mod = "slime_hydra.rollout.engines.embedded" if cpu else "sglang.srt.entrypoints.http_server"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", f"import {mod}"], check=True)
-    return round(time.perf_counter() - t0, 2)
+    res: Dict[str, Any] = {"import_s": round(time.perf_counter() - t0, 2)}
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {mod}"], check=True,
+                         capture_output=True, text=True).stderr
+    write_text(os.path.join(logs, "importtime.log"), out)
+    rows = []  # (self us, cumulative us, module)
+    for line in out.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+        if m:
+            rows.append((int(m[1]), int(m[2]), m[4]))
+    by_package: Dict[str, int] = {}
+    for own, _, name in rows:
+        by_package[name.split(".")[0]] = by_package.get(name.split(".")[0], 0) + own
+    res["importtime_total_s"] = round(sum(r[0] for r in rows) / 1e6, 2)
+    res["top_self"] = [[name, round(own / 1e6, 3)] for own, _, name in sorted(rows, reverse=True)[:25]]
+    res["top_packages"] = [[k, round(v / 1e6, 2)] for k, v in sorted(by_package.items(), key=lambda kv: -kv[1])[:20]]
+    prof, script = os.path.join(logs, "import.prof"), os.path.join(logs, "import_only.py")
+    write_text(script, f"import {mod}\n")
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", prof, script], check=True)
+    report = "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(40); " \
+             "s.sort_stats('cumulative').print_stats(60)"
+    stats = subprocess.run([sys.executable, "-c", report, prof], capture_output=True, text=True).stdout
+    write_text(os.path.join(logs, "import_cprofile.txt"), stats)
+    return res
 
 
 def main() -> None:
@@ -110,8 +136,9 @@ def main() -> None:
     os.makedirs(logs, exist_ok=True)
     t0 = time.perf_counter()
     w.build()
-    results: Dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 1), "import_s": import_seconds(args.cpu)}
-    log(f"checkpoint in {results['build_s']}s; server module import {results['import_s']}s")
+    results: Dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 1), **import_profile(args.cpu, logs)}
+    log(f"checkpoint in {results['build_s']}s; server module import {results['import_s']}s; slowest modules (own s): "
+        f"{results['top_self'][:10]}; by package: {results['top_packages'][:10]}")
     runs: List[Dict[str, Any]] = []
     for i, variant in enumerate(variants):
         runs.append(start_once(w, variant, i, logs, args.limit))
@@ -119,7 +146,10 @@ def main() -> None:
         write_json(os.path.join(args.out, "sglang_startup.json"), results)
     cols = list(MILESTONES)
     lines = [f"# SGLang start-up, {w.preset} shape (seconds since launch)", "",
-             f"server module import alone: {results['import_s']} s", "",
+             f"server module import alone: {results['import_s']} s (`-X importtime`'s own times add up to "
+             f"{results['importtime_total_s']} s)", "",
+             "slowest packages, their modules' own import seconds: "
+             + ", ".join(f"{k} {v}" for k, v in results["top_packages"][:12]), "",
              *table(["variant", "ready s", *cols], [[r["variant"], r.get("ready_s", r.get("error")),
                                                     *(r["milestones"].get(c) for c in cols)] for r in runs])]
     write_text(os.path.join(args.out, "sglang_startup.md"), "\n".join(lines) + "\n")
