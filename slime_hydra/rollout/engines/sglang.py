@@ -310,9 +310,61 @@ def _check_server_args_in_child(server_args: Dict[str, Any]) -> List[Tuple[str, 
     return ServerArgsCheck(server_args).result()
 
 
+def cache_dir() -> str:
+    """Where slime_hydra keeps what it can work out again (``$SLIME_HYDRA_CACHE``, else
+    ``$XDG_CACHE_HOME/slime_hydra``, else ``~/.cache/slime_hydra``)."""
+    return os.environ.get("SLIME_HYDRA_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "slime_hydra")
+
+
+def _answer_path(sglang_dirs: List[str], server_args: Dict[str, Any]) -> Optional[str]:
+    """The cache file of the parser's answer for these arguments and this sglang; None if its
+    ``server_args.py`` is not a file (nothing is cached)."""
+    import hashlib
+    import json
+
+    source = next((f for d in sglang_dirs if os.path.isfile(f := os.path.join(d, "sglang", "srt", "server_args.py"))),
+                  None)
+    if source is None:
+        return None
+    st = os.stat(source)
+    key = json.dumps([os.path.realpath(source), st.st_size, st.st_mtime_ns, server_args], sort_keys=True, default=str)
+    return os.path.join(cache_dir(), "sglang_server_args", hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+
+def _read_answer(path: Optional[str]) -> Optional[List[Tuple[str, str]]]:
+    import json
+
+    try:
+        with open(path) as f:
+            return [tuple(pair) for pair in json.load(f)]
+    except (TypeError, OSError, ValueError):  # no path, no file, a file from an older layout: ask the parser
+        return None
+
+
+def _write_answer(path: Optional[str], answer: List[Tuple[str, str]]) -> None:
+    import json
+
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(answer, f)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: the next run asks the parser again
+        pass
+
+
 class ServerArgsCheck:
     """``check_server_args`` in a child process, started at once and answered by ``result`` (importing
-    sglang's ServerArgs takes 10-25 s: torch, transformers and sglang's own modules)."""
+    sglang's ServerArgs takes 10-25 s: torch, transformers and sglang's own modules).
+
+    An answer is kept in ``cache_dir()`` under the installed sglang (its ``server_args.py``: path, size, mtime)
+    and the arguments: the parser is the same for the same file, so the next run with the same
+    ``rollout.server_args`` starts no child and does not wait for one (7-10 s of a GPU run's start-up, between
+    Ray's start and the engines')."""
 
     def __init__(self, server_args: Dict[str, Any]):
         import importlib.util
@@ -325,6 +377,11 @@ class ServerArgsCheck:
             raise ImportError("sglang is not installed")
         # the child sees the sglang this process sees, and this slime_hydra
         paths = [os.path.dirname(p) for p in (spec.submodule_search_locations or [])]
+        self.proc: Optional["subprocess.Popen"] = None
+        self.cache_path = _answer_path(paths, server_args)
+        self.cached = _read_answer(self.cache_path)
+        if self.cached is not None:
+            return
         import slime_hydra
 
         paths.append(os.path.dirname(os.path.dirname(os.path.abspath(slime_hydra.__file__))))
@@ -340,6 +397,8 @@ class ServerArgsCheck:
         """[(key, problem)]; raises ImportError when sglang's parser did not run."""
         import json
 
+        if self.cached is not None:
+            return self.cached
         try:
             self.proc.wait(timeout=timeout)
         except BaseException:
@@ -352,11 +411,13 @@ class ServerArgsCheck:
         if self.proc.returncode != 0:
             tail = err.strip().splitlines()[-1:] or [f"exit status {self.proc.returncode}"]
             raise ImportError(f"sglang's parser failed in a child process: {tail[0]}")
-        return [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
+        self.cached = [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
+        _write_answer(self.cache_path, self.cached)
+        return self.cached
 
     def kill(self) -> None:
         """Not needed any more (validation failed anyway)."""
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
