@@ -210,19 +210,23 @@ def test_old_log_probs_from_the_training_forward_give_the_same_gradients_and_met
 
 
 def test_warm_up_leaves_weights_gradients_and_rng_as_they_were(backend, ckpt):
-    """``trainer.warm_up`` on megatron: the dummy rows go forward and backward through the schedule (DDP's
-    ``main_grad`` buffers fill), then the buffers are zeroed; no optimizer step, the random generators restored.
-    The next step's gradients (``test_gradients_match_the_torch_backend``) start from zeroed buffers anyway; what
+    """``trainer.warm_up`` on megatron: the dummy rows go through the step's no-grad log-prob pass, then forward
+    and backward through the schedule (DDP's ``main_grad`` buffers fill), then the buffers are zeroed; no
+    optimizer step, the random generators restored. The next step's gradients (``test_gradients_match_the_torch_backend``) start from zeroed buffers anyway; what
     must hold is that nothing else moved."""
     weights = {k: v.clone() for k, v in backend.hf_weights()}
     torch.rand(1)  # the warm-up restores the state it found, whatever that is
     rng = torch.get_rng_state()
     backward = []  # the pass really ran a backward through megatron's schedule
     hook = backend._params()[0].register_hook(lambda g: backward.append(1))
+    passes = []  # (grad enabled, train mode) of each forward: the step's no-grad log-prob pass ran too
+    forward = backend.chunks[0].register_forward_hook(
+        lambda m, i, o: passes.append((torch.is_grad_enabled(), m.training)))
     with cuda_on_cpu():
         backend.warm_up(1.0)
     hook.remove()
-    assert backward
+    forward.remove()
+    assert backward and (False, False) in passes and (True, True) in passes
     assert all(float(p.main_grad.abs().sum()) == 0 for p in backend._params())
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(v, weights[k]) for k, v in backend.hf_weights())

@@ -135,9 +135,9 @@ def test_entropy_keeps_a_graph_only_for_an_entropy_bonus(tiny_ckpt, entropy_coef
 
 @pytest.mark.parametrize("lora", [[], ["trainer.lora.rank=4", "trainer.lora.dropout=0.1"]], ids=["full", "lora"])
 def test_warm_up_changes_nothing_the_training_keeps(tiny_ckpt, lora):
-    """``trainer.warm_up``: a forward and backward pass on dummy rows leaves no gradient, no optimizer state and
-    the random generators where they were (LoRA's dropout draws), so training after it is bitwise the training
-    without it."""
+    """``trainer.warm_up``: the step's no-grad log-prob pass and a forward and backward pass on dummy rows leave no
+    gradient, no optimizer state and the random generators where they were (LoRA's dropout draws), so training
+    after it is bitwise the training without it."""
     runs = []
     for warm in (True, False):
         cfg = config("trainer.micro_batch_size=3", *lora)
@@ -149,9 +149,13 @@ def test_warm_up_changes_nothing_the_training_keeps(tiny_ckpt, lora):
             backward: list = []  # the pass really ran a backward: a gradient reached the first trained weight
             trained = next(p for p in be.model.parameters() if p.requires_grad)
             hook = trained.register_hook(lambda g, seen=backward: seen.append(1))
+            passes: list = []  # (grad enabled, train mode) of each forward: the step's no-grad pass ran too
+            forward = be.model.register_forward_hook(
+                lambda m, i, o, seen=passes: seen.append((torch.is_grad_enabled(), m.training)))
             be.warm_up(cfg.rollout.temperature)
             hook.remove()
-            assert backward
+            forward.remove()
+            assert backward and (False, False) in passes and (True, True) in passes
             assert all(p.grad is None for p in be.model.parameters())
             assert not be.opt.state and torch.equal(torch.get_rng_state(), rng)
             for k, v in be.model.state_dict().items():

@@ -494,13 +494,15 @@ class MegatronBackend(TrainerBackend):
         return read_metrics(sums)
 
     def warm_up(self, temperature: float) -> None:
-        """Two short rows forward and backward through megatron's schedule, as a training step runs them, then
-        DDP's gradient buffers zeroed: the first step's one-off costs (CUDA's set-up, the torch.compile'd fusions)
-        are paid while the engines start. No optimizer step; the random number generators (megatron's tracker
-        too) are restored. Every rank calls it (the schedule's and DDP's collectives)."""
+        """Two short rows through megatron's schedule as a training step runs them (the no-grad log-prob pass, then
+        forward and backward), then DDP's gradient buffers zeroed: the first step's one-off costs (CUDA's set-up,
+        the torch.compile'd fusions) are paid while the engines start. No optimizer step; the random number
+        generators (megatron's tracker too) are restored. Every rank calls it (the schedule's and DDP's
+        collectives)."""
         rng = self._rng_state()
-        self.accumulate_grads(self.micro_batches(self.WARM_UP_ROWS, [0, 1], 4), temperature,
-                              lambda rows, lp, ent: (0.0 * lp.sum(), {}))
+        mbs = self.micro_batches(self.WARM_UP_ROWS, [0, 1], 4)
+        self._log_probs(mbs, temperature)  # the step's no-grad pass (eval mode; the reference's is the same pass)
+        self.accumulate_grads(mbs, temperature, lambda rows, lp, ent: (0.0 * lp.sum(), {}))
         for c in self.chunks:
             c.zero_grad_buffer()
         self.opt.zero_grad()

@@ -295,14 +295,20 @@ class TorchBackend(TrainerBackend):
                                 self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
     def warm_up(self, temperature: float) -> None:
-        """Two short rows (one padded) forward and backward as a training step runs them, then the gradients
-        dropped: what a first step pays once (CUDA's and cuBLAS's set-up, ``trainer.compile``'s graphs for the
-        forward and the backward, with dynamic lengths) is paid here, while the engines start. Nothing the step
-        keeps changes: no optimizer step, the gradients ``None`` again, the random number generators' states
-        restored (LoRA's dropout draws). Every rank calls it (DDP's and FSDP2's collectives)."""
-        self.model.train()
+        """Two short rows (one padded) through what a training step runs: the no-grad log-prob pass (eval mode;
+        the reference's too where the algorithm keeps one), then forward and backward in train mode; then the
+        gradients dropped. What a first step pays once (CUDA's and cuBLAS's set-up, ``trainer.compile``'s graphs,
+        with dynamic lengths: one for the no-grad pass, one for the forward and its backward) is paid here, while
+        the engines start. Nothing the step keeps changes: no optimizer step, the gradients ``None`` again, the
+        random number generators' states restored (LoRA's dropout draws). Every rank calls it (DDP's and FSDP2's
+        collectives)."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for mb in self.micro_batches(self.WARM_UP_ROWS, [0, 1], 4):
+            mbs = self.micro_batches(self.WARM_UP_ROWS, [0, 1], 4)
+            self.log_probs(mbs, temperature)
+            if A.needs_ref(self.algo):
+                self.log_probs(mbs, temperature, reference=True)
+            self.model.train()
+            for mb in mbs:
                 log_probs, entropy = self._forward(mb, temperature, with_entropy=True)
                 loss = (log_probs * mb.loss_mask).sum() + (0 if entropy is None else (entropy * mb.loss_mask).sum())
                 (0.0 * loss).backward()
