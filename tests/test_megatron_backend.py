@@ -212,8 +212,9 @@ def test_old_log_probs_from_the_training_forward_give_the_same_gradients_and_met
 def test_warm_up_leaves_weights_gradients_and_rng_as_they_were(backend, ckpt):
     """``trainer.warm_up`` on megatron: the dummy rows go through the step's no-grad log-prob pass, then forward
     and backward through the schedule (DDP's ``main_grad`` buffers fill), then the buffers are zeroed; no
-    optimizer step, the random generators restored. The next step's gradients (``test_gradients_match_the_torch_backend``) start from zeroed buffers anyway; what
-    must hold is that nothing else moved."""
+    optimizer step, the random generators restored. The next step's gradients
+    (``test_gradients_match_the_torch_backend``) start from zeroed buffers anyway; what must hold is that nothing
+    else moved."""
     weights = {k: v.clone() for k, v in backend.hf_weights()}
     torch.rand(1)  # the warm-up restores the state it found, whatever that is
     rng = torch.get_rng_state()
