@@ -143,23 +143,29 @@ def summarize(res: Dict[str, Any], arch, trainer_gpus: int) -> Dict[str, Any]:
     return s
 
 
+
+def trainer_of(command: str) -> str:
+    """The trainer a run.py command line ran (Hydra takes the last ``trainer=`` override: EXTRA's wins)."""
+    return ([a.split("=", 1)[1] for a in command.split() if a.startswith("trainer=")] or ["torch"])[-1]
+
 def report(results: Dict[str, Any], path: str) -> None:
     h.write_json(path + ".json", results)
     rows = []
     for name, r in results["layouts"].items():
         s, c = r.get("summary", {}), h.cell
-        rows.append([name, r.get("model"), f"{s.get('steps', 0)} (rc {s.get('returncode')})",
+        rows.append([name, trainer_of(r.get("command") or ""), r.get("model"),
+                     f"{s.get('steps', 0)} (rc {s.get('returncode')})",
                      c(s.get("startup_s"), ".0f"), c(s.get("step_time")), c(s.get("rollout_wait_time")),
                      c(s.get("train_time")), c(s.get("weight_sync_time")), c(s.get("sync_s_per_gb"), ".3f"),
                      c(s.get("train_tokens_per_s_per_gpu"), ".0f"), c(s.get("mfu"), ".3f"),
                      c(s.get("logprob_gap_max"), ".4f"),
                      " ".join(f"{v:.0f}" for v in s.get("peak_gib_per_gpu", {}).values()) or "-"])
-    lines = [f"# GRPO with trainer=megatron, rollout=sglang on {results.get('gpu', '?')}", "",
+    lines = [f"# GRPO through run.py with rollout=sglang on {results.get('gpu', '?')}", "",
              f"{PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens a step, {PROMPT_WORDS}-token "
              "prompts, random bf16 weights; medians over the steps after the first. train tokens/s and MFU "
              "per trainer GPU (8N FLOPs per token: recompute forward + training step); sync with offload "
              "and onload where colocated.", "",
-             *h.table(["layout", "model", "steps", "start-up s", "step s", "rollout s", "train s", "sync s",
+             *h.table(["layout", "trainer", "model", "steps", "start-up s", "step s", "rollout s", "train s", "sync s",
                        "sync s/GB", "train tok/s/GPU", "MFU", "log-prob gap max", "peak GiB per GPU"], rows),
              "", "Commands:", ""] + [f"- {n}: `{r.get('command')}`" for n, r in results["layouts"].items()]
     h.write_text(path + ".md", "\n".join(lines) + "\n")
