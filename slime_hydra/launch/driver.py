@@ -38,7 +38,7 @@ from slime_hydra.launch.lease import RunLease
 from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.logging.metrics import RunLogger
 from slime_hydra.plan.resources import ResourcePlan
-from slime_hydra.sync.sender import WeightSyncError
+from slime_hydra.sync import WeightSyncError
 
 log = logging.getLogger("slime_hydra")
 # Called as hook(step, metrics) after each eval: a sweep's pruner (slime_hydra/sweep/optuna.py) stops a weak

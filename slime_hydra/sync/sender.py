@@ -39,16 +39,12 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
-from slime_hydra.sync import transport
+from slime_hydra.sync import WeightSyncError, transport
 from slime_hydra.utils.http import EngineError, EngineUnreachable, control, weight_version
 from slime_hydra.utils.testpoint import hold
 
 log = logging.getLogger(__name__)
 GROUP_NAME = "slime_hydra_weights"
-
-
-class WeightSyncError(RuntimeError):
-    pass
 
 
 @dataclass

@@ -147,3 +147,16 @@ def test_late_checks_stop_the_run_before_any_actor(tmp_path):
         train(cfg, make_plan(cfg), StartupClock(), [late])
     assert asked == [True] and not ray.is_initialized()
     assert not (tmp_path / "run" / "logs").exists()  # no manager, no engine, no trainer wrote a log
+
+
+def test_the_driver_starts_ray_before_it_imports_torch():
+    """``python run.py`` reaches Ray's start (launch/driver.py) without importing torch or transformers: on a GPU
+    machine their import takes seconds, and everything before Ray's start delays the engines' start. The initial
+    checkpoint, which needs them when it builds one, imports them in its own thread while Ray starts."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import slime_hydra.launch.main, slime_hydra.launch.driver; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
