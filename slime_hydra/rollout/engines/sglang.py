@@ -318,7 +318,7 @@ def cache_dir() -> str:
 
 
 def _answer_path(sglang_dirs: List[str], server_args: Dict[str, Any]) -> Optional[str]:
-    """The cache file of the parser's answer for these arguments and this sglang; None if its
+    """The cache file of the parser's answer for these arguments, this sglang and this module; None if sglang's
     ``server_args.py`` is not a file (nothing is cached)."""
     import hashlib
     import json
@@ -327,8 +327,10 @@ def _answer_path(sglang_dirs: List[str], server_args: Dict[str, Any]) -> Optiona
                   None)
     if source is None:
         return None
-    st = os.stat(source)
-    key = json.dumps([os.path.realpath(source), st.st_size, st.st_mtime_ns, server_args], sort_keys=True, default=str)
+    # the answer is sglang's parser's, read by this module's rules (MANAGED_SERVER_ARGS, the messages): both files
+    files = [(os.path.realpath(f), st.st_size, st.st_mtime_ns) for f in (source, os.path.abspath(__file__))
+             for st in [os.stat(f)]]
+    key = json.dumps([files, server_args], sort_keys=True, default=str)
     return os.path.join(cache_dir(), "sglang_server_args", hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 
 
@@ -361,10 +363,10 @@ class ServerArgsCheck:
     """``check_server_args`` in a child process, started at once and answered by ``result`` (importing
     sglang's ServerArgs takes 10-25 s: torch, transformers and sglang's own modules).
 
-    An answer is kept in ``cache_dir()`` under the installed sglang (its ``server_args.py``: path, size, mtime)
-    and the arguments: the parser is the same for the same file, so the next run with the same
-    ``rollout.server_args`` starts no child and does not wait for one (7-10 s of a GPU run's start-up, between
-    Ray's start and the engines')."""
+    An answer is kept in ``cache_dir()`` under the installed sglang (its ``server_args.py``: path, size, mtime),
+    this module (which reads the parser's answer) and the arguments: the parser is the same for the same files,
+    so the next run with the same ``rollout.server_args`` starts no child and does not wait for one (7-10 s of a
+    GPU run's start-up, between Ray's start and the engines')."""
 
     def __init__(self, server_args: Dict[str, Any]):
         import importlib.util
