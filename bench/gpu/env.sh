@@ -7,7 +7,8 @@
 #   - with BENCH_SGLANG=1: the SGLang stack (.sglang-bundle, unpacked once to /tmp/sglang-site) first on
 #     PYTHONPATH (its pinned transformers, fastapi and pydantic before the device bundle's);
 #   - the carried packages' Python bytecode compiled once per machine (as pip does when it installs);
-#   - OUT (default bench/results) exists; the versions that run and the GPUs are printed.
+#   - OUT (default bench/results) exists; the versions that run and the GPUs are printed;
+#   - on a GPU, tests/gpu/test_megatron_offload.py passes (once per machine and code; SKIP_GPU_TESTS=1 skips it).
 # Returns non-zero (the caller exits) when the stack does not import.
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
@@ -45,3 +46,21 @@ done
 python3 -c "$_stack; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   || { echo "the stack does not import (see above)"; return 1; }
 nvidia-smi -L || echo "nvidia-smi failed"
+# issue 24: before any bench of this tree, megatron's optimizer offloaded, onloaded and stepped on the GPU
+# (tests/gpu/test_megatron_offload.py, about 15 s); once per machine and per content of what it covers, so later
+# calls on a warm machine with the same code skip it. A failure stops the bench. SKIP_GPU_TESTS=1 skips it.
+if [ "${SKIP_GPU_TESTS:-0}" != 1 ] && nvidia-smi -L >/dev/null 2>&1; then
+  _key=$(cat slime_hydra/train/*.py slime_hydra/train/backends/megatron/*.py tests/gpu/test_megatron_offload.py \
+         | sha256sum | cut -c1-16)
+  if [ ! -f "/tmp/gpu-offload-test-passed-$_key" ]; then
+    # the device bundle's order (its transformers, not SGLang's pinned one): as tests/gpu runs in call 2
+    PYTHONPATH=/tmp/site:$PWD python3 -m pytest -q -x -rs -p no:cacheprovider tests/gpu/test_megatron_offload.py
+    _rc=$?  # 5: nothing ran (skipped: no CUDA, or no megatron-core)
+    if [ $_rc != 0 ]; then
+      echo "tests/gpu/test_megatron_offload.py $([ $_rc = 5 ] && echo 'did not run' || echo failed) (pytest exit" \
+           "$_rc): no bench on this tree (SKIP_GPU_TESTS=1 to run anyway)"
+      return 1
+    fi
+    touch "/tmp/gpu-offload-test-passed-$_key"
+  fi
+fi

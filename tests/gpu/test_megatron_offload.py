@@ -3,8 +3,8 @@ colocated choreography of every step). Step 2 used to fail in torch's fused Adam
 state came back from the host ("state_steps is on cpu"); and after an onload, backward left DDP's
 ``main_grad`` at zero (the parameters' gradient accumulators were new, DDP's hooks on the old ones), so
 every colocated step after the first trained on nothing. One step offloads in two parts (the optimizer
-state, then the weights: ``parallelism.push_before_offload``). Skipped without CUDA and megatron-core; the GPU
-benches run it in every call (``bench/gpu/env.sh`` callers: ``python3 -m pytest -q tests/gpu``)."""
+state, then the weights: ``parallelism.push_before_offload``). Skipped without CUDA and megatron-core. Every GPU
+bench runs it first (``bench/gpu/env.sh``, once per machine and code) and stops if it fails."""
 
 from __future__ import annotations
 
