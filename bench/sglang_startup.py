@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,6 +89,35 @@ def start_once(w: Workload, variant: str, index: int, logs: str, limit_s: float)
     return res
 
 
+def importtime_summary(text: str, chains_of: int = 12) -> Dict[str, Any]:
+    """``python -X importtime``'s report summed: the modules' own times in all, the slowest modules, the
+    slowest top-level packages, and for the ``chains_of`` slowest packages the import chain that first brought
+    each in (``[module, cumulative s]`` from the package up to the module the script imported)."""
+    rows = []  # (own us, cumulative us, depth, module), children before their parent, as the report lists them
+    for line in text.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+        if m:
+            rows.append((int(m[1]), int(m[2]), len(m[3]), m[4]))
+    by_package: Counter = Counter()
+    for own, _, _, name in rows:
+        by_package[name.split(".")[0]] += own
+
+    def chain(i: int) -> List[Any]:
+        out = [[rows[i][3], round(rows[i][1] / 1e6, 2)]]
+        for j in range(i + 1, len(rows)):  # the parent: the next row less indented
+            if rows[j][2] < rows[i][2]:
+                out.append([rows[j][3], round(rows[j][1] / 1e6, 2)])
+                i = j
+        return out
+
+    first = {r[3]: i for i, r in reversed(list(enumerate(rows)))}  # a module's first (and only) import
+    packages = [k for k, _ in by_package.most_common()]
+    return {"importtime_total_s": round(sum(r[0] for r in rows) / 1e6, 2),
+            "top_self": [[name, round(own / 1e6, 3)] for own, _, _, name in sorted(rows, reverse=True)[:25]],
+            "top_packages": [[k, round(v / 1e6, 2)] for k, v in by_package.most_common(20)],
+            "import_chains": {k: chain(first[k]) for k in packages[:chains_of] if k in first}}
+
+
 def import_profile(cpu: bool, logs: str) -> Dict[str, Any]:
     """The server module's import alone, three ways: its seconds; ``python -X importtime`` (the modules that take
     longest, by their own time and by top-level package); and cProfile (the functions that take longest, which
@@ -99,17 +129,7 @@ def import_profile(cpu: bool, logs: str) -> Dict[str, Any]:
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {mod}"], check=True,
                          capture_output=True, text=True).stderr
     write_text(os.path.join(logs, "importtime.log"), out)
-    rows = []  # (self us, cumulative us, module)
-    for line in out.splitlines():
-        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
-        if m:
-            rows.append((int(m[1]), int(m[2]), m[4]))
-    by_package: Dict[str, int] = {}
-    for own, _, name in rows:
-        by_package[name.split(".")[0]] = by_package.get(name.split(".")[0], 0) + own
-    res["importtime_total_s"] = round(sum(r[0] for r in rows) / 1e6, 2)
-    res["top_self"] = [[name, round(own / 1e6, 3)] for own, _, name in sorted(rows, reverse=True)[:25]]
-    res["top_packages"] = [[k, round(v / 1e6, 2)] for k, v in sorted(by_package.items(), key=lambda kv: -kv[1])[:20]]
+    res.update(importtime_summary(out))
     prof, script = os.path.join(logs, "import.prof"), os.path.join(logs, "import_only.py")
     write_text(script, f"import {mod}\n")
     subprocess.run([sys.executable, "-m", "cProfile", "-o", prof, script], check=True)
