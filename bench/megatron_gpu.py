@@ -125,6 +125,7 @@ def throughput(args) -> dict:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from slime_hydra.train.backends.megatron import spec
+    from slime_hydra.train.backends.megatron.backend import compile_layers
     from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
     from slime_hydra.train.backends.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
     from slime_hydra.train.backends.megatron.spec import packed_attention_path, resolve_attention_impl
@@ -139,8 +140,12 @@ def throughput(args) -> dict:
         overrides.update(recompute_granularity=args.recompute)
         if args.recompute == "full":
             overrides.update(recompute_method="uniform", recompute_num_layers=1)
+    if args.unfused_rope:  # megatron's own THD RoPE: a host sync and a loop over the sequences per layer
+        overrides.update(apply_rope_fusion=False)
     config = transformer_config(hf, Parallel(), dtype=torch.bfloat16, overrides=overrides)
     model = build_gpt_model(hf, config, attention=args.attention).cuda()
+    if args.compile:
+        compile_layers([model])
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
                                                overlap_grad_reduce=False)
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
@@ -195,6 +200,7 @@ def throughput(args) -> dict:
         shape=args.shape, params_b=round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
         tokens_per_step=tokens, micro_batches=args.micro_batches, tokens_per_micro_batch=args.tokens,
         sample_lengths=list(args.sample_lengths), recompute=args.recompute, fused_adam=args.fused_adam,
+        compile=args.compile, rope="megatron's unfused" if args.unfused_rope else "packed (spec.packed_rotary_pos_emb)",
         median_step_s=round(step_s, 4),
         median_forward_backward_s=round(sorted(p[0] for p in parts)[len(parts) // 2], 4),
         median_optimizer_s=round(sorted(p[1] for p in parts)[len(parts) // 2], 4),
@@ -347,6 +353,9 @@ def main() -> None:
     p.add_argument("--no-varlen", action="store_true", help="packed attention: one SDPA call per sequence")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--fused-adam", action="store_true", help="torch's fused Adam kernel (as the trainer uses)")
+    p.add_argument("--compile", action="store_true", help="trainer.compile: each decoder layer under torch.compile")
+    p.add_argument("--unfused-rope", action="store_true",
+                   help="megatron's own packed RoPE (a host sync per layer) instead of spec.packed_rotary_pos_emb")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile one more step: kernel kinds, top N")
     p.add_argument("--compare", action="store_true", help="the 2-GPU TP / PP log-prob comparison")
     p.add_argument("--out", help="also write the result as JSON here")

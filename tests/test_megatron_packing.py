@@ -76,3 +76,35 @@ def test_log_probs_match_log_softmax_and_skip_padding():
     assert (lp - ref_lp).abs().max() < 1e-4 and (ent - ref_ent).abs().max() < 1e-4
     assert x.grad.dtype == torch.bfloat16 and x.grad[:, vocab:].abs().max() == 0
     assert (x.grad.float() - ref_x.grad).abs().max() < 1e-2  # bf16 gradient of an fp32 computation
+
+
+@pytest.mark.parametrize("rot_dim", [8, 4])  # all of the head, and part of it (the rest passes through)
+def test_packed_rope_equals_megatrons_per_sequence_loop(rot_dim):
+    """The packed RoPE (``spec.packed_rotary_pos_emb``, no host sync) gives exactly what megatron's own
+    THD path gives, for sequences of different lengths, a padding tail included; and the families that
+    use it have megatron route their RoPE there (``apply_rope_fusion``)."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron_cpu import megatron_on_cpu, tiny_hf_config
+
+    from slime_hydra.train.backends.megatron.model import transformer_config
+    from slime_hydra.train.backends.megatron.spec import HAVE_TE, packed_rotary_pos_emb
+
+    torch.manual_seed(0)
+    lengths = [5, 1, 9, 3, 2]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    t = torch.randn(int(cu[-1]), 3, 8, requires_grad=True)
+    freqs = torch.randn(max(lengths), 1, 1, rot_dim)
+    with megatron_on_cpu():
+        from megatron.core import parallel_state
+
+        want = rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=parallel_state.get_context_parallel_group())
+        got = packed_rotary_pos_emb(t, cu, freqs)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        g_want, = torch.autograd.grad(want.square().sum(), t)
+        g_got, = torch.autograd.grad(got.square().sum(), t)
+        torch.testing.assert_close(g_got, g_want)
+        if not HAVE_TE:
+            assert rope_utils.fused_apply_rotary_pos_emb_thd is packed_rotary_pos_emb
+            fusion = {f: transformer_config(tiny_hf_config(f)).apply_rope_fusion for f in ("qwen3", "llama", "glm4")}
+            assert fusion == {"qwen3": True, "llama": True, "glm4": False}  # GLM-4's rope is interleaved

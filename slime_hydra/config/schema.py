@@ -288,8 +288,8 @@ class TrainerConfig:
     # log-probs and entropies from the hidden states a chunk of response tokens at a time (train/logprobs.py),
     # never the micro-batch's [B, L, V] logits; false: the model's logits, then the log-softmax
     fused_logprobs: bool = True
-    # torch.compile each decoder layer (one graph for all, dynamic sequence lengths): fuses the eager model's
-    # elementwise work (norms, rotary, SwiGLU, autocast casts); the first steps pay for the compilation
+    # torch.compile each decoder layer (one graph for all, dynamic sequence lengths; torch and megatron backends):
+    # fuses the eager model's elementwise work (norms, rotary, SwiGLU, casts); trainer.warm_up pays for the compiles
     compile: bool = False
     # one forward and backward pass on two short dummy rows while the engines start, the weights, gradients and
     # optimizer left as they were: step 1 then skips the compiles (trainer.compile, megatron's fusions) and CUDA's

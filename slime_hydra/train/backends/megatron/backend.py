@@ -107,6 +107,22 @@ def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], 
     return groups
 
 
+def compile_layers(chunks: Sequence[torch.nn.Module]) -> None:
+    """``trainer.compile``: each decoder layer of each model chunk under torch.compile, dynamic shapes (one
+    graph, and its backward, serves every layer and packed length; the no-grad log-prob pass gets its own),
+    as the torch backend does. What would split a layer's graph: megatron's linear layers call
+    ``warnings.warn`` on every call (no TP group passed), which dynamo may move after the graph instead; and
+    the layer's last call, ``make_viewless_tensor``, sets ``.data``, so it runs eagerly after the graph.
+    Packed RoPE reads nothing on the host (``spec.packed_rotary_pos_emb``), and on GPUs the packed attention
+    is one varlen flash call."""
+    import warnings
+
+    torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
+    for chunk in chunks:
+        for layer in chunk.decoder.layers:
+            layer.compile(dynamic=True)
+
+
 def _size(group) -> int:
     return dist.get_world_size(group) if group is not None else 1
 
@@ -176,6 +192,8 @@ class MegatronBackend(TrainerBackend):
                                           pre_process=shard.pre_process, post_process=shard.post_process,
                                           vp_stage=vp, pp_rank=self.pp_rank).to(device))
             self.shards.append(shard)
+        if trainer.compile:
+            compile_layers(chunks)
         self.layout = Layout.from_hf(self.hf, tp=p.tensor_parallel)
         load_hf_weights(chunks, model_path, self.layout, self.shards)
 

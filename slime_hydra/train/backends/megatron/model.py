@@ -26,6 +26,10 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 from slime_hydra.train.backends.megatron.families import family, moe_layers, padded_vocab_size, rope
 from slime_hydra.train.backends.megatron.spec import HAVE_TE, decoder_block_spec
 
+# Without Transformer Engine, megatron's fused-RoPE slot holds spec.packed_rotary_pos_emb (no host sync per
+# layer); it rotates halves, so GLM-4's interleaved rope and DeepSeek-V3's multi-latent one keep megatron's own
+PACKED_ROPE_FAMILIES = ("qwen3", "llama", "qwen3_moe")
+
 
 @dataclass(frozen=True)
 class Parallel:
@@ -60,7 +64,8 @@ def transformer_config(hf, parallel: Parallel = Parallel(), *, dtype: torch.dtyp
         hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
         init_method_std=getattr(hf, "initializer_range", 0.02),
         bias_activation_fusion=True, bias_dropout_fusion=True, masked_softmax_fusion=False,
-        apply_rope_fusion=HAVE_TE, persist_layer_norm=False, gradient_accumulation_fusion=False,
+        apply_rope_fusion=HAVE_TE or fam in PACKED_ROPE_FAMILIES, persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         variable_seq_lengths=True, moe_token_dispatcher_type="alltoall", use_cpu_initialization=cpu_init,
         tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,

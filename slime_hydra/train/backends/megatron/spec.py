@@ -61,6 +61,45 @@ except ImportError:
     if not hasattr(_moe_utils, "te_general_gemm"):
         _moe_utils.te_general_gemm = None
 
+
+def packed_rotary_pos_emb(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1,
+                          cp_rank: int = 0) -> torch.Tensor:
+    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each sequence from position 0, in one gather
+    of ``freqs`` [max_len, 1, 1, rot_dim] by each token's position within its sequence.
+
+    megatron-core's unfused THD path (``rope_utils._apply_rotary_pos_emb_thd``) reads the sequence lengths on
+    the host (``cu_seqlens.tolist()``) and slices the table once per sequence in Python: for q and k in
+    every layer a GPU sync and a loop over the micro-batch's sequences (64 of them in the anchor workload),
+    and under ``trainer.compile`` a graph break in each layer. Here nothing leaves the GPU. The values are
+    megatron's: the same table, the same rotation (``_apply_rotary_pos_emb_bshd``, not interleaved; its
+    unfused path's second case, which is the only one a packed batch of several sequences reaches).
+    Installed where megatron looks for Transformer Engine's fused kernel (``apply_rope_fusion``), which
+    takes no ``interleaved`` flag: the families with interleaved or multi-latent rope keep the unfused path
+    (``model.transformer_config``)."""
+    if cp_size != 1:
+        raise ValueError("packed_rotary_pos_emb: context parallelism is not supported (cp_size must be 1)")
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    token = torch.arange(t.shape[0], device=t.device, dtype=cu_seqlens.dtype)
+    start = cu_seqlens[torch.searchsorted(cu_seqlens[1:], token, right=True)]  # each token's sequence start
+    return _apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs[(token - start).long()]).squeeze(1)
+
+
+def _rotary_pos_emb_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """megatron's own unfused RoPE of ``[s, b, h, d]`` inputs, in the slot of TE's fused one (the
+    non-packed twin of :func:`packed_rotary_pos_emb`, which ``apply_rope_fusion`` also routes here)."""
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    return _apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
+
+
+if not HAVE_TE:  # megatron's fused-RoPE slots (Transformer Engine's kernels when it is there): ours
+    import megatron.core.models.common.embeddings.rope_utils as _rope_utils
+
+    _rope_utils.fused_apply_rotary_pos_emb_thd = packed_rotary_pos_emb
+    _rope_utils.fused_apply_rotary_pos_emb = _rotary_pos_emb_bshd
+
+
 ATTENTION_IMPLS = ("auto", "sdpa", "te")
 # Packed (THD) sequences on CUDA go through torch's varlen flash kernel when it exists; False: one SDPA
 # call per sequence (a switch for measurements and for torch builds whose varlen kernel misbehaves).
