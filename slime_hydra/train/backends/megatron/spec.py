@@ -248,11 +248,31 @@ def resolve_attention_impl(impl: str) -> str:
     return impl
 
 
+class _PassTPGroup:
+    """megatron-core 0.16.1's tensor-parallel linears call ``linear_with_grad_accumulation_and_async_allreduce``
+    without the TP group they hold (the row-parallel one passes None), and it then warns (a
+    DeprecationWarning) on every call: a cost in every layer, and under ``trainer.compile`` a graph break at
+    every linear. Pass the group."""
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        return super()._forward_impl(input, weight, *args, **{**kwargs, "tp_group": self.tp_group})
+
+
+class ColumnLinear(_PassTPGroup, ColumnParallelLinear):
+    """megatron's ``ColumnParallelLinear``, its TP group passed (:class:`_PassTPGroup`)."""
+
+
+class RowLinear(_PassTPGroup, RowParallelLinear):
+    """megatron's ``RowParallelLinear``, its TP group passed (:class:`_PassTPGroup`)."""
+
+
 def _local_layer_spec(config: TransformerConfig, moe: bool, post_norms: bool) -> ModuleSpec:
-    """A transformer layer from megatron-core's own linears, our RMSNorm and SDPAttention."""
-    proj, fc2 = RowParallelLinear, RowParallelLinear
+    """A transformer layer from megatron-core's own linears (the TP group passed: :class:`_PassTPGroup`; not
+    in multi-latent attention, which accepts megatron's own classes only), our RMSNorm and SDPAttention."""
+    row = RowParallelLinear if config.multi_latent_attention else RowLinear
+    proj, fc2 = row, row
     if post_norms:
-        proj = fc2 = _with_post_norm(RowParallelLinear, RMSNorm)
+        proj = fc2 = _with_post_norm(row, RMSNorm)
     qk_norm = RMSNorm if config.qk_layernorm else IdentityOp
     if config.multi_latent_attention:
         attention = ModuleSpec(
@@ -266,13 +286,13 @@ def _local_layer_spec(config: TransformerConfig, moe: bool, post_norms: bool) ->
         attention = ModuleSpec(
             module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
             submodules=SelfAttentionSubmodules(
-                linear_qkv=ColumnParallelLinear, core_attention=SDPAttention, linear_proj=proj,
+                linear_qkv=ColumnLinear, core_attention=SDPAttention, linear_proj=proj,
                 q_layernorm=qk_norm, k_layernorm=qk_norm))
     if moe:
         mlp = get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=config.num_moe_experts,
                                               moe_grouped_gemm=False)
     else:
-        mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=fc2))
+        mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnLinear, linear_fc2=fc2))
     return ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
         input_layernorm=RMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add,
         pre_mlp_layernorm=RMSNorm, mlp=mlp, mlp_bda=get_bias_dropout_add))
