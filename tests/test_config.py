@@ -285,3 +285,18 @@ def test_warm_up_is_on_for_gpus_that_do_not_offload():
     assert resolved(["parallelism=1gpu", "parallelism.offload_rollout=true"]).trainer.warm_up is False
     assert resolved(["parallelism=split_4_4", "trainer=megatron"]).trainer.warm_up is True
     assert resolved(["trainer.warm_up=true"]).trainer.warm_up is True
+
+
+def test_warm_up_runs_the_steps_shape():
+    """The warm-up's rows are a rank's share of a step, each as long as the memory plan counts a sample: a compiled
+    graph specialises to the range of sizes it first saw (H200: 14.2 s compiling again in step 1 after a warm-up on
+    two short rows), and the plan already counts this much beside the engines."""
+    from types import SimpleNamespace
+
+    from slime_hydra.launch.driver import warm_up_shape
+    from slime_hydra.train.backend import WarmUpShape
+
+    cfg = resolved(["parallelism=1gpu", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
+                    "rollout.max_prompt_len=64", "rollout.max_response_len=256"])
+    assert warm_up_shape(cfg, SimpleNamespace(data_parallel=1)) == WarmUpShape(64, 320, 256)
+    assert warm_up_shape(cfg, SimpleNamespace(data_parallel=4)).samples == 16

@@ -15,6 +15,7 @@ from megatron_cpu import saved_checkpoint, tiny_hf_model  # skips without megatr
 from train.tiny_trainer import fake_rollout
 
 from conftest import resolved
+from slime_hydra.train.backend import WarmUpShape
 
 
 def cuda_on_cpu():
@@ -224,7 +225,7 @@ def test_warm_up_leaves_weights_gradients_and_rng_as_they_were(backend, ckpt):
     forward = backend.chunks[0].register_forward_hook(
         lambda m, i, o: passes.append((torch.is_grad_enabled(), m.training)))
     with cuda_on_cpu():
-        backend.warm_up(1.0)
+        backend.warm_up(1.0, WarmUpShape(samples=3, length=6, response_len=3))  # 18 tokens: one packed micro-batch
     hook.remove()
     forward.remove()
     assert backward and (False, False) in passes and (True, True) in passes

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -18,6 +18,9 @@ from slime_hydra.launch.heal import wait_all
 from slime_hydra.launch.lease import TOKEN_ENV
 from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
 from slime_hydra.utils.proc import HOST_ENV
+
+if TYPE_CHECKING:
+    from slime_hydra.train.backend import WarmUpShape
 
 log = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
@@ -217,8 +220,8 @@ class TrainerGroup:
     def free_cache(self) -> None:
         self._all("free_cache")
 
-    def warm_up(self, temperature: float) -> None:
-        self._all("warm_up", temperature)
+    def warm_up(self, temperature: float, shape: "WarmUpShape") -> None:
+        self._all("warm_up", temperature, shape)
 
     def save(self, out_dir: str, tokenizer_dir: str) -> None:
         self._all("save", out_dir, tokenizer_dir)

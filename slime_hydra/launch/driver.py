@@ -37,8 +37,10 @@ from slime_hydra.launch.heal import Healer, PartDied, manager_died
 from slime_hydra.launch.lease import RunLease
 from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.logging.metrics import RunLogger
+from slime_hydra.plan.memory import rank_step_samples
 from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.sync import WeightSyncError
+from slime_hydra.train.backend import WarmUpShape
 
 log = logging.getLogger("slime_hydra")
 # Called as hook(step, metrics) after each eval: a sweep's pruner (slime_hydra/sweep/optuna.py) stops a weak
@@ -65,6 +67,14 @@ class Offload:
 
 def periodic(step: int, interval: int, last: int) -> bool:
     return step == last or (interval > 0 and step % interval == 0)
+
+
+def warm_up_shape(cfg: RunConfig, plan: ResourcePlan) -> WarmUpShape:
+    """The most a trainer rank's step holds, for its warm-up pass (``trainer.warm_up``): its share of an
+    optimiser step's samples, each as long as the memory plan counts them (``max_prompt_len + max_response_len``)."""
+    r = cfg.rollout
+    return WarmUpShape(rank_step_samples(cfg, plan.data_parallel), (r.max_prompt_len or 0) + r.max_response_len,
+                       r.max_response_len)
 
 
 def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = None,
@@ -243,7 +253,7 @@ class Run:
                 with self.clock.part("trainer_warm_up"):
                     self.warming = True
                     try:
-                        self.trainers.warm_up(cfg.rollout.temperature)
+                        self.trainers.warm_up(cfg.rollout.temperature, warm_up_shape(cfg, self.plan))
                     finally:
                         self.warming = False
         with self.clock.part("wait_for_rollout_side"):

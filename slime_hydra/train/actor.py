@@ -12,6 +12,7 @@ import torch
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
+    from slime_hydra.train.backend import WarmUpShape
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,8 @@ class TrainerActor:
     def free_cache(self) -> None:
         self.backend.free_cache()
 
-    def warm_up(self, temperature: float) -> None:
-        self.backend.warm_up(temperature)
+    def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
+        self.backend.warm_up(temperature, shape)
 
     def save(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """``out_dir/hf`` (every run checkpoint has one) and the backend's resumable state."""

@@ -103,6 +103,27 @@ class CriticBackend(ABC):
         """One optimiser step of ``loss_fn`` over the step's micro-batches (forward, backward, clip, step)."""
 
 
+@dataclass(frozen=True)
+class WarmUpShape:
+    """What a rank's training step holds at most (``trainer.warm_up``): ``samples`` rows of ``length`` tokens, the
+    last ``response_len`` of each the response. The driver takes it from the config (the rank's share of a step;
+    ``rollout.max_prompt_len + max_response_len`` tokens, as the memory plan counts them)."""
+
+    samples: int
+    length: int
+    response_len: int
+
+
+def warm_up_rows(shape: WarmUpShape) -> Dict[str, list]:
+    """Dummy rollout rows of ``shape`` for a warm-up pass. The step's own shape, not two short rows: with
+    ``trainer.compile``, inductor specialises a graph to the range of sizes it was compiled for (32-bit indexing
+    and fusion decisions, guarded), so a graph compiled on short rows compiled again in step 1 on an H200 (14.2 s,
+    and 40.7 s for megatron); its memory is the step's, which the plan counts beside the engines."""
+    length = max(shape.length, shape.response_len + 1)
+    return {"tokens": [[1] * length] * shape.samples, "response_lengths": [shape.response_len] * shape.samples,
+            "loss_masks": [None] * shape.samples}
+
+
 class TrainerBackend(ABC):
     """One trainer rank's training engine.
 
@@ -190,13 +211,11 @@ class TrainerBackend(ABC):
     def onload(self) -> None:
         """Undo :meth:`offload`."""
 
-    # the warm-up's dummy rows (``trainer.warm_up``): two short ones, one padded, within any token budget
-    WARM_UP_ROWS = {"tokens": [[1] * 8, [1] * 6], "response_lengths": [4, 3], "loss_masks": [None, None]}
-
-    def warm_up(self, temperature: float) -> None:
-        """A forward and backward pass on dummy rows, leaving weights, gradients and optimizer as they were
-        (``trainer.warm_up``): the first step's one-off costs, paid while the engines start. A backend without
-        one-off costs worth moving keeps this default, which does nothing."""
+    def warm_up(self, temperature: float, shape: "WarmUpShape") -> None:
+        """A training step's passes on dummy rows of the step's own shape (:func:`warm_up_rows`), leaving
+        weights, gradients and optimizer as they were (``trainer.warm_up``): the first step's one-off costs,
+        paid while the engines start. A backend without one-off costs worth moving keeps this default, which
+        does nothing."""
         return None
 
     def free_cache(self) -> None:

@@ -17,13 +17,14 @@ if not torch.cuda.is_available():
 from train.tiny_trainer import fake_rollout  # noqa: E402
 
 from conftest import resolved  # noqa: E402
+from slime_hydra.train.backend import WarmUpShape  # noqa: E402
 
 
 def _warmed(be, weight: torch.Tensor) -> None:
     """``be.warm_up``, checked to run a backward (a gradient reaches ``weight``)."""
     backward = []
     hook = weight.register_hook(lambda g: backward.append(1))
-    be.warm_up(1.0)
+    be.warm_up(1.0, WarmUpShape(samples=8, length=16, response_len=8))
     hook.remove()
     assert backward
 

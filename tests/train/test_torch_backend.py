@@ -7,6 +7,8 @@ import pytest
 import torch
 from tiny_trainer import backend, config, fake_rollout, rl_trainer, train
 
+from slime_hydra.train.backend import WarmUpShape
+
 
 def snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -149,13 +151,16 @@ def test_warm_up_changes_nothing_the_training_keeps(tiny_ckpt, lora):
             backward: list = []  # the pass really ran a backward: a gradient reached the first trained weight
             trained = next(p for p in be.model.parameters() if p.requires_grad)
             hook = trained.register_hook(lambda g, seen=backward: seen.append(1))
-            passes: list = []  # (grad enabled, train mode) of each forward: the step's no-grad pass ran too
+            passes: list = []  # (grad enabled, train mode, [B, L]) of each forward: the step's no-grad pass ran too
             forward = be.model.register_forward_hook(
-                lambda m, i, o, seen=passes: seen.append((torch.is_grad_enabled(), m.training)))
-            be.warm_up(cfg.rollout.temperature)
+                lambda m, i, kw, o, seen=passes: seen.append((torch.is_grad_enabled(), m.training,
+                                                              tuple(kw["input_ids"].shape))), with_kwargs=True)
+            # the step's shape: 5 rows of 12 tokens in micro-batches of 3, the last one 2
+            be.warm_up(cfg.rollout.temperature, WarmUpShape(samples=5, length=12, response_len=4))
             hook.remove()
             forward.remove()
-            assert backward and (False, False) in passes and (True, True) in passes
+            assert backward and {(False, False), (True, True)} == {p[:2] for p in passes}
+            assert {p[2] for p in passes} == {(3, 12), (2, 12)}
             assert all(p.grad is None for p in be.model.parameters())
             assert not be.opt.state and torch.equal(torch.get_rng_state(), rng)
             for k, v in be.model.state_dict().items():
