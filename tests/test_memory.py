@@ -133,9 +133,12 @@ def test_compiled_activation_bytes_per_layer_are_what_the_compiled_layer_saves(k
     assert sum(M._layer_act_bytes(arch, table, False)) == measured
 
 
-def test_gradient_checkpointing_keeps_each_layers_float32_input():
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_gradient_checkpointing_keeps_each_layers_float32_input(compiled):
+    """Compiled too: the checkpoint wraps the compiled layer, which the backward pass recomputes whole."""
     arch = small_arch("qwen3")
-    assert saved_bytes_per_token_per_layer(arch, autocast=True, checkpointing=True) == 4 * arch.hidden_size
+    assert saved_bytes_per_token_per_layer(arch, autocast=True, checkpointing=True,
+                                           compiled=compiled) == 4 * arch.hidden_size
 
 
 def test_logprob_chunk_is_the_trainers():

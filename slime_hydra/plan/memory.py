@@ -59,9 +59,9 @@ recomputes the norms, rotary embedding and SiLU from them in the backward pass, 
 Qwen3-0.6B's layer: ``ACT_COMPILED_AUTOCAST`` and ``ACT_COMPILED_FP32``, measured the same way with the layers
 compiled (AOTAutograd saves through ``save_for_backward``, which the hooks see: the tensors the compiled forward
 graph returns for its backward), exact for the Qwen3 and Llama layers (10h + 6 (q + kv) + 6 ffn with q/k norms,
-4 (q + kv) without, and 4 bytes per query head, plus per query and key head with q/k norms, under autocast);
+4 (q + kv) without, 4 bytes per query head, and 4 per query and key/value head with q/k norms, under autocast);
 the MoE part, GLM-4's extra norms and MLA keep their eager counts, and so does the megatron backend. With gradient
-checkpointing a layer keeps only its input (4h on GPUs: the residual stream is float32) and one layer
+checkpointing a layer, compiled or not, keeps only its input (4h on GPUs: the residual stream is float32) and one layer
 is recomputed at a time. The log-prob head: with ``trainer.fused_logprobs`` (the default,
 ``train/logprobs.py``) the response tokens' hidden rows (``d h`` a response token), about five float32
 ``HEAD_CHUNK_ROWS x V`` temporaries and a ``model.dtype`` copy plus a float32 gradient of the head's
