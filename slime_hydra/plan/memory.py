@@ -53,8 +53,15 @@ with saved-tensor hooks on CPU (a fused attention kernel: no ``L x L`` scores):
 ``a_h h + a_attn (q + kv) + a_f ffn`` with q, kv the query and key+value widths and ``a_attn`` higher
 with Qwen3's q/k norms; GLM-4's two extra norms add 12h; an MoE layer replaces the MLP's ``a_f ffn``
 with ``14h + 4 experts + top_k (16 ffn_moe + 17)`` plus the shared experts as an MLP; MLA counts its
-query, key and value widths at the plain rate plus 10 bytes per low-rank width. With gradient
-checkpointing a layer keeps only its input (4h on GPUs: the residual stream is float32) and one layer
+query, key and value widths at the plain rate plus 10 bytes per low-rank width. With ``trainer.compile`` (the torch
+backend compiles each decoder layer) inductor's partitioner keeps the matmuls' outputs in the compute dtype and
+recomputes the norms, rotary embedding and SiLU from them in the backward pass, about 0.58 of the eager bytes for
+Qwen3-0.6B's layer: ``ACT_COMPILED_AUTOCAST`` and ``ACT_COMPILED_FP32``, measured the same way with the layers
+compiled (AOTAutograd saves through ``save_for_backward``, which the hooks see: the tensors the compiled forward
+graph returns for its backward), exact for the Qwen3 and Llama layers (10h + 6 (q + kv) + 6 ffn with q/k norms,
+4 (q + kv) without, 4 bytes per query head, and 4 per query and key/value head with q/k norms, under autocast);
+the MoE part, GLM-4's extra norms and MLA keep their eager counts, and so does the megatron backend. With gradient
+checkpointing a layer, compiled or not, keeps only its input (4h on GPUs: the residual stream is float32) and one layer
 is recomputed at a time. The log-prob head: with ``trainer.fused_logprobs`` (the default,
 ``train/logprobs.py``) the response tokens' hidden rows (``d h`` a response token), about five float32
 ``HEAD_CHUNK_ROWS x V`` temporaries and a ``model.dtype`` copy plus a float32 gradient of the head's
@@ -63,7 +70,9 @@ token the gathered row, the float32 log-softmax and its exp (entropy): ``d V`` a
 ``(d + 8) V`` a response token, plus ``8 V`` for each token of one chunk (``LOGPROB_CHUNK``). The
 logits head was checked against one measured run: Qwen3-0.6B shape, one H200, micro-batch 16 x 384
 tokens, no checkpointing: 37.8 GiB peak measured (bench/measured/h200_gpu_components.json), 35.3 GiB
-estimated. The fused head's estimate is not yet checked against a GPU run.
+estimated. The whole trainer, the fused head's included, is checked against every GPU run with measured peaks in
+bench/measured/memory_plan_vs_h200.md; compiled (``trainer.compile=true``, micro-batches of 64 x 256 new tokens):
+34.1 GiB estimated against 37.3 and 39.5 measured in two runs (48.9 when compiled layers counted eager bytes).
 
 Engine, per GPU: SGLang takes ``mem_fraction_static`` of the GPU (``rollout.server_args``; when it is
 unset SGLang picks one from the GPU's size, and 0.9 stands in for it here) for its weights
@@ -122,6 +131,12 @@ MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.backends.megat
 # "attn_norm"/"attn": per query + key/value width with / without Qwen3's q/k RMSNorm, "ffn": per MLP unit.
 ACT_AUTOCAST = {"h": 26, "attn_norm": 10, "attn": 4, "ffn": 8, "const": 8}
 ACT_FP32 = {"h": 24, "attn_norm": 16, "attn": 8, "ffn": 16, "const": 8}
+# trainer.compile (the torch backend compiles each decoder layer): inductor's partitioner keeps the matmuls' outputs
+# in model.dtype and recomputes the norms, rotary embedding and SiLU from them in the backward pass. Also per head:
+# "heads" per query head (the attention's float32 log-sum-exp; the eager tables fold it into "attn"),
+# "norm_heads" per query and key/value head (the float32 rsqrt of Qwen3's q/k norms).
+ACT_COMPILED_AUTOCAST = {"h": 10, "attn_norm": 6, "attn": 4, "ffn": 6, "const": 8, "heads": 4, "norm_heads": 4}
+ACT_COMPILED_FP32 = {"h": 16, "attn_norm": 12, "attn": 8, "ffn": 12, "const": 8, "heads": 4, "norm_heads": 4}
 ACT_EXTRA_NORMS = 12  # GLM-4's post_self_attn / post_mlp norms, per hidden unit
 ACT_MOE = {"h": 14, "expert": 4, "routed_ffn": 16, "routed": 17}
 ACT_MLA_LOW_RANK = 10
@@ -210,7 +225,9 @@ def _layer_act_bytes(a: "ArchConfig", table: Dict[str, float], moe: bool) -> Tup
         attn = table["attn"] * nh * (2 * qk + a.v_head_dim) + ACT_MLA_LOW_RANK * low_rank
     else:
         width = (a.num_heads + a.num_kv_heads) * _head_dim(a)
-        attn = (table["attn_norm"] if a.type in ("qwen3", "qwen3_moe") else table["attn"]) * width
+        qk_norm = a.type in ("qwen3", "qwen3_moe")
+        attn = (table["attn_norm"] if qk_norm else table["attn"]) * width + table.get("heads", 0) * nh
+        attn += table.get("norm_heads", 0) * (nh + a.num_kv_heads) if qk_norm else 0
     hidden = table["h"] * h + table["const"] + (ACT_EXTRA_NORMS * h if a.type == "glm4" else 0)
     if not moe:
         return hidden, attn + table["ffn"] * a.intermediate_size
@@ -252,7 +269,8 @@ def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
 def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
                      residual_bytes: int, checkpointing: bool, tensor_parallel: int = 1,
                      sequence_parallel: bool = False, layers_held: float = 1.0,
-                     vocab_parallel_head: bool = False, fused_head: bool = False) -> Dict[str, float]:
+                     vocab_parallel_head: bool = False, fused_head: bool = False,
+                     compiled: bool = False) -> Dict[str, float]:
     """Peak activation bytes of one micro-batch's forward and backward: the decoder layers (and the
     embedding output and final norm) and the log-prob head (logits, log-softmax), as the torch backend
     computes them; with tensor parallelism, Megatron's split (vocab-parallel logits). ``layers_held``:
@@ -263,8 +281,11 @@ def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int
     ``trainer.fused_logprobs`` (``train/logprobs.py``), which keeps the response tokens' hidden rows and
     makes the logits a chunk of ``HEAD_CHUNK_ROWS`` at a time (about five float32 ``chunk x V``
     temporaries in the backward), with a ``model.dtype`` copy of the head's weight and its float32
-    gradient."""
-    table = ACT_AUTOCAST if autocast else {k: v * compute_bytes / 4 for k, v in ACT_FP32.items()}
+    gradient. ``compiled``: the torch backend's ``trainer.compile`` (compiled decoder layers; MLA, measured
+    only eager, keeps the eager tables)."""
+    compiled = compiled and not _is_mla(a)
+    autocast_table, fp32_table = (ACT_COMPILED_AUTOCAST, ACT_COMPILED_FP32) if compiled else (ACT_AUTOCAST, ACT_FP32)
+    table = autocast_table if autocast else {k: v * compute_bytes / 4 for k, v in fp32_table.items()}
     tp = tensor_parallel
     h_split = tp if sequence_parallel else 1
 
@@ -319,7 +340,7 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     autocast = gpu and compute < 4
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
                             residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing,
-                            fused_head=cfg.trainer.fused_logprobs)
+                            fused_head=cfg.trainer.fused_logprobs, compiled=cfg.trainer.compile)
     ref = master * n if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else 0
     host = {}
     if p.colocate and p.offload_train and gpu:  # weights, Adam's moments and the reference; gradients are dropped
@@ -405,7 +426,8 @@ def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
         gpu_parts["autocast_copies"] = compute * (adapters if lora else n)
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
                             residual_bytes=compute if (lora or fsdp) and gpu else master,
-                            checkpointing=t.gradient_checkpointing, fused_head=t.fused_logprobs)
+                            checkpointing=t.gradient_checkpointing, fused_head=t.fused_logprobs,
+                            compiled=t.compile)
     gpu_parts["activations"] = acts["layers"] + acts["logits"]
     return TrainerMemory(gpu=gpu_parts, offloaded=state, host=host)
 
