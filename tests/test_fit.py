@@ -75,6 +75,13 @@ def test_the_anchor_workload_keeps_trainer_and_engine_together_with_the_largest_
     assert "micro_batch_size=64 (64 samples of up to 256 tokens)" in notes[0]
 
 
+def test_a_micro_batch_the_user_set_is_described_as_set():
+    """Only the recompute left to the plan: the line names the user's micro-batch, not a size the plan tried."""
+    cfg, notes = fitted([*ANCHOR, "trainer.micro_batch_size=16"])
+    assert cfg.trainer.micro_batch_size == 16
+    assert "micro_batch_size=16 (16 samples of up to 256 tokens)" in notes[0]
+
+
 def test_megatron_gets_a_packed_budget_of_whole_sequences():
     cfg, notes = fitted([*ANCHOR, "trainer=megatron"])
     t = cfg.trainer
