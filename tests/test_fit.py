@@ -80,6 +80,7 @@ def test_a_micro_batch_the_user_set_is_described_as_set():
     cfg, notes = fitted([*ANCHOR, "trainer.micro_batch_size=16"])
     assert cfg.trainer.micro_batch_size == 16
     assert "micro_batch_size=16 (16 samples of up to 256 tokens)" in notes[0]
+    assert "peak GiB by samples (+rc: recompute): 16 " in notes[0]
 
 
 def test_megatron_gets_a_packed_budget_of_whole_sequences():

@@ -247,10 +247,12 @@ def _choose_micro_batch(cfg: "RunConfig", auto: Set[str]) -> str:
         rec = True
     _set(cfg, _knobs(cfg, chosen, rec, auto))
     peak(chosen, rec)
-    shown = ", ".join(f"{_sizes(cfg)[i]}{'+rc' if r else ''} {v:.1f}" for (i, r), v in sorted(tried.items()))
     size = getattr(t, size_key)
-    samples = _sizes(cfg)[chosen] if size_key in auto else (  # a size the user set is kept: its own samples
+    kept = None if size_key in auto else (  # a size the user set is kept: its own samples
         size // max(seq, 1) if size_key == "max_tokens_per_micro_batch" else min(size, _rank_samples(cfg)))
+    samples = _sizes(cfg)[chosen] if kept is None else kept
+    shown = ", ".join(f"{_sizes(cfg)[i] if kept is None else kept}{'+rc' if r else ''} {v:.1f}"
+                      for (i, r), v in sorted(tried.items()))
     what = f"{size_key}={size} ({samples} samples of up to {seq} tokens), {rec_key}={getattr(t, rec_key)}"
     why = (f"the largest whose peak fits {_limit(cfg):g} GiB ({1 - AUTO_OFFLOAD_HEADROOM:.0%} of the GPU)"
            if best is not None else f"nothing fits {_limit(cfg):g} GiB: the smallest, refused below")
