@@ -300,3 +300,7 @@ def test_warm_up_runs_the_steps_shape():
                     "rollout.max_prompt_len=64", "rollout.max_response_len=256"])
     assert warm_up_shape(cfg, SimpleNamespace(data_parallel=1)) == WarmUpShape(64, 320, 256)
     assert warm_up_shape(cfg, SimpleNamespace(data_parallel=4)).samples == 16
+    packed = resolved(["parallelism=1gpu", "trainer=megatron", "trainer.max_tokens_per_micro_batch=200",
+                       "rollout.max_prompt_len=64", "rollout.max_response_len=256"])
+    shape = warm_up_shape(packed, SimpleNamespace(data_parallel=1))
+    assert (shape.length, shape.response_len) == (200, 199)  # within megatron's packed budget

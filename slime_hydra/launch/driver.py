@@ -71,10 +71,13 @@ def periodic(step: int, interval: int, last: int) -> bool:
 
 def warm_up_shape(cfg: RunConfig, plan: ResourcePlan) -> WarmUpShape:
     """The most a trainer rank's step holds, for its warm-up pass (``trainer.warm_up``): its share of an
-    optimiser step's samples, each as long as the memory plan counts them (``max_prompt_len + max_response_len``)."""
-    r = cfg.rollout
-    return WarmUpShape(rank_step_samples(cfg, plan.data_parallel), (r.max_prompt_len or 0) + r.max_response_len,
-                       r.max_response_len)
+    optimiser step's samples, each as long as the memory plan counts them (``max_prompt_len + max_response_len``),
+    within megatron's packed token budget (a longer row would be refused there)."""
+    r, t = cfg.rollout, cfg.trainer
+    length = (r.max_prompt_len or 0) + r.max_response_len
+    if t.backend == "megatron" and t.max_tokens_per_micro_batch:  # a packed budget holds at least one row
+        length = min(length, t.max_tokens_per_micro_batch)
+    return WarmUpShape(rank_step_samples(cfg, plan.data_parallel), length, min(r.max_response_len, length - 1))
 
 
 def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = None,
