@@ -110,14 +110,11 @@ def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], 
 def compile_layers(chunks: Sequence[torch.nn.Module]) -> None:
     """``trainer.compile``: each decoder layer of each model chunk under torch.compile, dynamic shapes (one
     graph, and its backward, serves every layer and packed length; the no-grad log-prob pass gets its own),
-    as the torch backend does. What would split a layer's graph: megatron's linear layers call
-    ``warnings.warn`` on every call (no TP group passed), which dynamo may move after the graph instead; and
-    the layer's last call, ``make_viewless_tensor``, sets ``.data``, so it runs eagerly after the graph.
-    Packed RoPE reads nothing on the host (``spec.packed_rotary_pos_emb``), and on GPUs the packed attention
-    is one varlen flash call."""
-    import warnings
-
-    torch._dynamo.config.reorderable_logging_functions.add(warnings.warn)
+    as the torch backend does. A dense layer is one graph: the packed RoPE reads nothing on the host
+    (``spec.packed_rotary_pos_emb``), the linears pass their TP group (``spec._PassTPGroup``: megatron's own
+    warn on every call, and a warning breaks the graph), and on GPUs the packed attention is one varlen flash
+    call; only the layer's last call, ``make_viewless_tensor``, which sets ``.data``, runs eagerly after it.
+    MoE layers' expert linears are megatron's own (their warnings split those graphs)."""
     for chunk in chunks:
         for layer in chunk.decoder.layers:
             layer.compile(dynamic=True)
