@@ -56,13 +56,14 @@ def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device
             "ms_per_decode_step": 1000 * dt / new_tokens}
 
 
-def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_loss_coef: float = 0.04,
-                  overrides: tuple = ()):
-    """The torch backend and the RL step as run.py builds them, for ``batch`` samples a rollout (8 per
-    prompt) in micro-batches of ``micro``; GRPO with ``algo.kl_loss_coef``; more config ``overrides``."""
+def rl_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_loss_coef: float = 0.04,
+               overrides: tuple = ()):
+    """The trainer backend (the torch one unless ``overrides`` name another) and the RL step as run.py builds
+    them, for ``batch`` samples a rollout (8 per prompt) in micro-batches of ``micro``; GRPO with
+    ``algo.kl_loss_coef``; more config ``overrides``."""
     from slime_hydra.config import load, resolve
     from slime_hydra.config.describe import compose
-    from slime_hydra.train.backends.torch.backend import TorchBackend
+    from slime_hydra.train.backend import load_backend
     from slime_hydra.train.trainer import RLTrainer
 
     cfg = resolve(load(compose([
@@ -73,9 +74,10 @@ def torch_trainer(path: str, batch: int, micro: int, preset: str, device: str, k
         *overrides])))
     cfg.output_dir = "/tmp"
     dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-    tr = TorchBackend(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
-                      model_path=path, rank=0, world_size=1, device=dev)
-    return tr, RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout)
+    tr = load_backend(cfg.trainer.backend)(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+                                           parallelism=cfg.parallelism, model_path=path, rank=0, world_size=1,
+                                           device=dev)
+    return tr, RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout), cfg
 
 
 def fake_rollout(batch: int, prompt_len: int, resp_len: int, vocab: int, seed: int = 0) -> dict:
@@ -88,7 +90,7 @@ def fake_rollout(batch: int, prompt_len: int, resp_len: int, vocab: int, seed: i
 
 
 def bench_train(path: str, batch: int, prompt_len: int, resp_len: int, micro: int, preset: str, device: str) -> dict:
-    tr, rl = torch_trainer(path, batch, micro, preset, device)
+    tr, rl, _ = rl_trainer(path, batch, micro, preset, device)
     data = fake_rollout(batch, prompt_len, resp_len, min(1000, tr.model.config.vocab_size))
     rl.train(data, temperature=1.0, max_response_len=resp_len)  # warm-up
     sync(device)

@@ -38,7 +38,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from gpu.harness import write_json  # noqa: E402 - bench/ is on the path
 from gpu.workload import build_checkpoint  # noqa: E402
-from gpu_components import fake_rollout, sync, torch_trainer  # noqa: E402
+from gpu_components import fake_rollout, rl_trainer, sync  # noqa: E402
 
 PROMPT = 64
 # RL-step variants: (algo.kl_loss_coef, more config overrides). no_kl_logits: the log-prob head of before
@@ -68,7 +68,7 @@ def timed(fn, steps: int, device: str, warmup: List[float] = None) -> List[float
 
 def bench_trainer(path: str, batch: int, resp: int, args, kl: float, overrides: tuple = (),
                   reuse: bool = True) -> Dict[str, Any]:
-    backend, rl = torch_trainer(path, batch, args.micro, args.preset, args.device, kl, overrides)
+    backend, rl, _ = rl_trainer(path, batch, args.micro, args.preset, args.device, kl, overrides)
     rl.reuse_step_log_probs = reuse
     data = fake_rollout(batch, PROMPT, resp, min(1000, backend.model.config.vocab_size))
     if args.device == "cuda":

@@ -24,7 +24,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from gpu.harness import write_json  # noqa: E402 - bench/ is on the path
 from gpu.workload import build_checkpoint  # noqa: E402
-from gpu_components import fake_rollout, sync  # noqa: E402
+from gpu_components import fake_rollout, rl_trainer, sync  # noqa: E402
 
 TRAINER_OVERRIDES = {"torch": ["trainer=torch"], "megatron": ["trainer=megatron"]}
 
@@ -36,31 +36,17 @@ def graphs() -> int:
 
 
 def run_trainer(name: str, path: str, args) -> Dict[str, Any]:
-    from slime_hydra.config import load, resolve
-    from slime_hydra.config.describe import compose
-    from slime_hydra.launch.driver import warm_up_shape
-    from slime_hydra.train.backend import load_backend
-    from slime_hydra.train.trainer import RLTrainer
-
-    tokens = args.batch * (args.prompt + args.resp)
-    cfg = resolve(load(compose([
-        f"model={args.preset}", f"model.path={path}", "model.tokenizer=null", "model.dtype=bfloat16",
-        "parallelism=1gpu" if args.device == "cuda" else "parallelism=cpu", "data=jsonl",
-        f"data.path={path}/config.json", "eval.datasets=[]", f"rollout.batch_size={args.batch // 8}",
-        "rollout.n_samples_per_prompt=8", f"rollout.max_prompt_len={args.prompt}",
-        f"rollout.max_response_len={args.resp}", "algo.kl_loss_coef=0", "trainer.compile=true",
-        *TRAINER_OVERRIDES[name], f"trainer.max_tokens_per_micro_batch={tokens}" if name == "megatron"
-        else f"trainer.micro_batch_size={args.batch}"])))
-    cfg.output_dir = "/tmp"
-    dev = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-    torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
+    from slime_hydra.launch.driver import warm_up_shape
+
+    tokens = args.batch * (args.prompt + args.resp)
+    torch._dynamo.reset()
     counters.clear()
-    be = load_backend(name)(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
-                            model_path=path, rank=0, world_size=1, device=dev)
+    be, rl, cfg = rl_trainer(path, args.batch, args.batch, args.preset, args.device, 0.0, (
+        f"rollout.max_prompt_len={args.prompt}", f"rollout.max_response_len={args.resp}", "trainer.compile=true",
+        *TRAINER_OVERRIDES[name], f"trainer.max_tokens_per_micro_batch={tokens}"))
     try:
-        rl = RLTrainer(be, cfg.algo, cfg.trainer.num_steps_per_rollout)
         shape = warm_up_shape(cfg, SimpleNamespace(data_parallel=1))
         sync(args.device)
         t0 = time.perf_counter()

@@ -119,8 +119,7 @@ def warm_up_rows(shape: WarmUpShape) -> Dict[str, list]:
     ``trainer.compile``, inductor specialises a graph to the range of sizes it was compiled for (32-bit indexing
     and fusion decisions, guarded), so a graph compiled on short rows compiled again in step 1 on an H200 (14.2 s,
     and 40.7 s for megatron); its memory is the step's, which the plan counts beside the engines."""
-    length = max(shape.length, shape.response_len + 1)
-    return {"tokens": [[1] * length] * shape.samples, "response_lengths": [shape.response_len] * shape.samples,
+    return {"tokens": [[1] * shape.length] * shape.samples, "response_lengths": [shape.response_len] * shape.samples,
             "loss_masks": [None] * shape.samples}
 
 
@@ -217,6 +216,12 @@ class TrainerBackend(ABC):
         paid while the engines start. A backend without one-off costs worth moving keeps this default, which
         does nothing."""
         return None
+
+    def warm_up_micro_batches(self, shape: "WarmUpShape") -> list:
+        """The micro-batches of a step of ``shape`` that a warm-up needs: the rows are alike, so the first one
+        and a smaller last one, if any."""
+        mbs = self.micro_batches(warm_up_rows(shape), list(range(shape.samples)), shape.response_len)
+        return mbs[:1] + mbs[1:][-1:]
 
     def free_cache(self) -> None:
         """Give the GPU memory that training freed (activations, kept by torch's caching allocator)

@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from slime_hydra.train import algorithms as A
-from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend, WarmUpShape, warm_up_rows
+from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend, WarmUpShape
 from slime_hydra.train.backends.megatron.packing import PackedBatch, pack
 from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
 from slime_hydra.train.backends.torch.offload import pinned_buffer
@@ -509,14 +509,13 @@ class MegatronBackend(TrainerBackend):
         return read_metrics(sums)
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
-        """Dummy rows of the step's shape (``warm_up_rows``) through megatron's schedule as a training step runs
-        them (the no-grad log-prob pass, then forward and backward), then DDP's gradient buffers zeroed: the first
+        """Dummy rows of the step's shape (``warm_up_micro_batches``) through megatron's schedule as a training step
+        runs them (the no-grad log-prob pass, then forward and backward), then DDP's gradient buffers zeroed: the first
         step's one-off costs (CUDA's set-up, the torch.compile'd fusions, ``trainer.compile``'s graphs) are paid
         while the engines start. No optimizer step; the random number generators (megatron's tracker too) are
         restored. Every rank calls it (the schedule's and DDP's collectives)."""
         rng = self._rng_state()
-        mbs = self.micro_batches(warm_up_rows(shape), list(range(shape.samples)), shape.response_len)
-        mbs = mbs[:1] + mbs[1:][-1:]  # the rows are alike: the first micro-batch and a smaller last one
+        mbs = self.warm_up_micro_batches(shape)
         self._log_probs(mbs, temperature)  # the step's no-grad pass (eval mode; the reference's is the same pass)
         self.accumulate_grads(mbs, temperature, lambda rows, lp, ent: (0.0 * lp.sum(), {}))
         for c in self.chunks:

@@ -52,7 +52,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from slime_hydra.train import algorithms as A
-from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend, WarmUpShape, warm_up_rows
+from slime_hydra.train.backend import PolicyLossFn, StepResult, TrainerBackend, WarmUpShape
 from slime_hydra.train.backends.torch import fsdp, lora as peft_lora
 from slime_hydra.train.backends.torch.critic import Critic
 from slime_hydra.train.backends.torch.offload import Offloader, data_parallel
@@ -295,17 +295,15 @@ class TorchBackend(TrainerBackend):
                                 self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
-        """Dummy rows of the step's shape (``warm_up_rows``) through what a training step runs: the no-grad
-        log-prob pass (eval mode; the reference's too where the algorithm keeps one), then forward and backward in
-        train mode, micro-batch by micro-batch; then the gradients dropped. What a first step pays once (CUDA's and
-        cuBLAS's set-up, ``trainer.compile``'s graphs: one for the no-grad pass, one for the forward and its
-        backward) is paid here, while the engines start. Nothing the step keeps changes: no optimizer step, the
+        """Dummy rows of the step's shape (``warm_up_micro_batches``) through what a training step runs: the
+        no-grad log-prob pass (eval mode; the reference's too where the algorithm keeps one), then forward and
+        backward in train mode, micro-batch by micro-batch; then the gradients dropped. What a first step pays once
+        (CUDA's and cuBLAS's set-up, ``trainer.compile``'s graphs: one for the no-grad pass, one for the forward and
+        its backward) is paid here, while the engines start. Nothing the step keeps changes: no optimizer step, the
         gradients ``None`` again, the random number generators' states restored (LoRA's dropout draws). Every rank
         calls it (DDP's and FSDP2's collectives)."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            rows = warm_up_rows(shape)
-            mbs = self.micro_batches(rows, list(range(shape.samples)), shape.response_len)
-            mbs = mbs[:1] + mbs[1:][-1:]  # the rows are alike: the first micro-batch and a smaller last one
+            mbs = self.warm_up_micro_batches(shape)
             self.log_probs(mbs, temperature)
             if A.needs_ref(self.algo):
                 self.log_probs(mbs, temperature, reference=True)
