@@ -80,7 +80,7 @@ def engine_commands(overrides: List[str]) -> List[List[str]]:
 def test_shipped_engine_command_lines_parse(sglang, overrides):
     cfg = resolved(overrides)
     for cmd in engine_commands(overrides):
-        assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        assert cmd[:3] == [sys.executable, "-m", "slime_hydra.rollout.engines.sglang_launch"]
         assert sglang.check(cmd[3:]) is None, cmd
         got = sglang.parse(cmd[3:], ["model_path", "tp_size", "enable_memory_saver", "trust_remote_code", "dtype",
                                      "skip_server_warmup", *cfg.rollout.server_args])
