@@ -5,9 +5,11 @@
 The server is started from the engine class's own command line (the run's: colocated, memory saver, the
 run's server args and ``cuda_graph_max_bs_decode`` = the anchor's 64 requests), once per variant (env
 ``VARIANTS``, default ``colocated,colocated,no_cuda_graph``: the second ``colocated`` finds the JIT caches
-the first one filled, as a user's second run does). Every log line is stamped with the seconds since launch,
-so the gaps between SGLang's own milestones (imports, model load, KV cache, CUDA-graph capture, ready) show
-where the time goes. Also: the seconds ``import sglang.srt.entrypoints.http_server`` takes alone.
+the first one filled, as a user's second run does; ``colocated_spawn`` is ``colocated`` started with SGLang's
+own ``python -m sglang.launch_server``, whose scheduler imports everything again after the server did). Every
+log line is stamped with the seconds since launch, so the gaps between SGLang's own milestones (imports, model
+load, KV cache, CUDA-graph capture, ready) show where the time goes. Also (unless ``--no-import-profile``): the
+seconds ``import sglang.srt.entrypoints.http_server`` takes alone.
 Writes ``$OUT/sglang_startup.{json,md}`` and each server's stamped log under ``$OUT/logs/``.
 ``--cpu``: the embedded engine stands in (this script's own code paths, on a CPU machine).
 """
@@ -32,7 +34,10 @@ from gpu.harness import log, table, write_json, write_text  # noqa: E402
 from gpu.sglang_server import SERVER_ARGS  # noqa: E402
 from gpu.workload import Workload  # noqa: E402
 
-VARIANTS = {"colocated": {}, "no_cuda_graph": {"disable_cuda_graph": True}}
+VARIANTS = {"colocated": {}, "no_cuda_graph": {"disable_cuda_graph": True}, "colocated_spawn": {}}
+# variants started with SGLang's own ``python -m sglang.launch_server`` (its workers spawned, importing everything
+# again) instead of the engine's launcher (rollout/engines/sglang_launch.py: workers forked from a preloaded server)
+SPAWN_VARIANTS = {"colocated_spawn"}
 # SGLang log lines worth a column: the first line containing the text marks the milestone
 MILESTONES = {"args_parsed": "server_args=", "init_torch_distributed": "Init torch distributed begin",
               "load_weight_begin": "Load weight begin", "load_weight_end": "Load weight end",
@@ -69,6 +74,8 @@ def start_once(w: Workload, variant: str, index: int, logs: str, limit_s: float)
     engine = make_engine(spec)
     port = free_port()
     cmd = engine.command("127.0.0.1", port, 0, nccl_port=free_port())
+    if variant in SPAWN_VARIANTS and not cpu:  # (the embedded engine stands in on a CPU: its own command)
+        cmd[1:3] = ["-m", "sglang.launch_server"]
     env = {k: v for k, v in {**os.environ, **engine.env()}.items() if k not in engine.unset_env}
     path = os.path.join(logs, f"sglang_startup_{index}_{variant}.log")
     seen: Dict[str, float] = {}
@@ -146,6 +153,8 @@ def main() -> None:
     ap.add_argument("--variants", default=os.environ.get("VARIANTS", "colocated,colocated,no_cuda_graph"))
     ap.add_argument("--limit", type=float, default=240.0, help="seconds one start may take")
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--no-import-profile", action="store_true",
+                    help="skip the server module's import profile (three imports, about 80 s on an H200)")
     args = ap.parse_args()
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)
@@ -156,20 +165,22 @@ def main() -> None:
     os.makedirs(logs, exist_ok=True)
     t0 = time.perf_counter()
     w.build()
-    results: Dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 1), **import_profile(args.cpu, logs)}
-    log(f"checkpoint in {results['build_s']}s; server module import {results['import_s']}s; slowest modules (own s): "
-        f"{results['top_self'][:10]}; by package: {results['top_packages'][:10]}")
+    results: Dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 1)}
+    if not args.no_import_profile:
+        results.update(import_profile(args.cpu, logs))
+        log(f"checkpoint in {results['build_s']}s; server module import {results['import_s']}s; slowest modules "
+            f"(own s): {results['top_self'][:10]}; by package: {results['top_packages'][:10]}")
     runs: List[Dict[str, Any]] = []
     for i, variant in enumerate(variants):
         runs.append(start_once(w, variant, i, logs, args.limit))
         results["runs"] = runs
         write_json(os.path.join(args.out, "sglang_startup.json"), results)
     cols = list(MILESTONES)
-    lines = [f"# SGLang start-up, {w.preset} shape (seconds since launch)", "",
-             f"server module import alone: {results['import_s']} s (`-X importtime`'s own times add up to "
-             f"{results['importtime_total_s']} s)", "",
-             "slowest packages, their modules' own import seconds: "
-             + ", ".join(f"{k} {v}" for k, v in results["top_packages"][:12]), "",
+    profile = [f"server module import alone: {results['import_s']} s (`-X importtime`'s own times add up to "
+               f"{results['importtime_total_s']} s)", "",
+               "slowest packages, their modules' own import seconds: "
+               + ", ".join(f"{k} {v}" for k, v in results["top_packages"][:12]), ""] if "import_s" in results else []
+    lines = [f"# SGLang start-up, {w.preset} shape (seconds since launch)", "", *profile,
              *table(["variant", "ready s", *cols], [[r["variant"], r.get("ready_s", r.get("error")),
                                                     *(r["milestones"].get(c) for c in cols)] for r in runs])]
     write_text(os.path.join(args.out, "sglang_startup.md"), "\n".join(lines) + "\n")
