@@ -32,6 +32,10 @@ import sys
 import time
 
 if __name__ == "__main__":
+    if os.environ.get("FORCE_SPAWN"):  # as if the forkserver had loaded the CUDA driver (sglang_preload)
+        from slime_hydra.rollout.engines import sglang_launch
+
+        sglang_launch._status.update(fork=False)
     started = time.monotonic()
     mp.set_start_method("spawn", force=True)  # as sglang's _set_envs_and_config
     os.environ["SET_LATE"] = "set just before the worker starts"
@@ -48,19 +52,51 @@ if __name__ == "__main__":
 """
 
 
-def test_workers_fork_from_a_preloaded_server_in_the_servers_environment(tmp_path):
+def launch(tmp_path, **env):
     (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER))
     (tmp_path / "server.py").write_text(textwrap.dedent(SERVER))
     code = ("import sys; from slime_hydra.rollout.engines.sglang_launch import main; "
-            "main(sys.argv[1:], server_module='server', worker_modules=('worker',))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")])}
+            "main(sys.argv[1:], server_module='server', worker_modules=('worker', 'no_such_module'))")
+    env = {**os.environ, **env,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code, "--port", "30000"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["exitcode"] == 0 and got["process_class"] == "WorkerProcess"
-    # the worker's module was imported in the forkserver, not in the worker (nor in the server)
+    return got, out.stderr
+
+
+def test_workers_fork_from_a_preloaded_server_in_the_servers_environment(tmp_path):
+    got, _ = launch(tmp_path)
+    # the worker's module was imported in the forkserver, not in the worker (nor in the server); a module
+    # that does not import there is left to the worker
     assert got["imported_in"] not in (got["pid"], got["server_pid"])
     # what the server set in its environment just before the worker started reached the worker
     assert got["late"] == "set just before the worker starts"
     assert got["server_argv"] == "--port 30000"
+
+
+def test_workers_are_spawned_where_the_forkserver_may_not_fork(tmp_path):
+    got, _ = launch(tmp_path, FORCE_SPAWN="1")
+    assert got["imported_in"] == got["pid"]  # imported again in the worker: spawned, as SGLang does it
+    assert got["late"] == "set just before the worker starts" and got["server_argv"] == "--port 30000"
+
+
+def test_preload_leaves_modules_that_initialise_cuda_to_the_worker(tmp_path, monkeypatch):
+    """A module that would initialise CUDA as it imports is refused (the CPU build of torch has no
+    ``_cuda_init``: a stand-in takes its place), the others import, and torch is as it was after."""
+    import torch
+
+    from slime_hydra.rollout.engines import sglang_preload
+
+    (tmp_path / "wants_cuda.py").write_text("import torch\ntorch._C._cuda_init()\n")
+    (tmp_path / "plain.py").write_text("import json\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_init", lambda: calls.append("init"), raising=False)
+    init, capability = torch._C._cuda_init, torch.cuda.get_device_capability
+    got = sglang_preload.preload(["wants_cuda", "plain"])
+    assert got["imported"] == ["plain"] and "CudaAtImport" in got["left"]["wants_cuda"]
+    assert got["fork"] and not got["torch_cuda_initialized"] and not got["cuda_driver_loaded"]
+    assert torch._C._cuda_init is init and torch.cuda.get_device_capability is capability and calls == []

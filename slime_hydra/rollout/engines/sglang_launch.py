@@ -5,8 +5,9 @@ code while the server imported its own.
 Why: SGLang's server imports its stack (about 20 s on the H200) before it parses its arguments; then it
 spawns the scheduler, which imports the same stack again (about 20 s more) before it touches the GPU
 (``bench/measured/h200_sglang_startup.md``). Here a multiprocessing forkserver starts first and imports the
-workers' modules (``WORKER_MODULES``) beside the server's own imports, and ``multiprocessing.Process`` (what
-SGLang starts its workers with) forks from it, so the second import overlaps the first.
+workers' modules (``WORKER_MODULES``, without initialising CUDA: ``sglang_preload``) beside the server's own
+imports, and ``multiprocessing.Process`` (what SGLang starts its workers with) forks from it, so the second
+import overlaps the first.
 
 A worker forked so keeps what a spawned one had:
 - the server's environment when the worker starts (SGLang sets NCCL and CUDA variables just before):
@@ -15,29 +16,64 @@ A worker forked so keeps what a spawned one had:
   the forkserver begins with it;
 - a worker's death stops the server: SGLang's own watchdog polls its workers (a forkserver that died reads
   as every worker dead).
-The forkserver imports torch and SGLang but does not touch CUDA, so the workers may.
+Where the forkserver could not import without loading the CUDA driver, the workers are spawned as SGLang
+spawns them (the server's log says so).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
 import runpy
 import sys
-from typing import Iterator, List, Sequence
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from slime_hydra.rollout.engines import sglang_preload
+
+log = logging.getLogger(__name__)
 
 # what SGLang's workers run (sglang 0.5.17: run_scheduler_process, run_detokenizer_process and, with
 # --dp-size, run_data_parallel_controller_process); importing the scheduler's imports most of the stack
 WORKER_MODULES = ("sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager",
                   "sglang.srt.managers.data_parallel_controller")
+STATUS_TIMEOUT_S = 300.0  # the forkserver's imports take about 20 s on an H200
+
+_status: Dict[str, Any] = {}  # the forkserver's answer (sglang_preload), read at the first worker's start
+_status_path: List[str] = []  # where main() told the forkserver to write it
+
+
+def forkserver_status() -> Dict[str, Any]:
+    if "fork" not in _status:
+        got = sglang_preload.read_status(_status_path[0], STATUS_TIMEOUT_S, _forkserver_alive) if _status_path \
+            else None
+        _status.update(got or {"fork": False, "left": {"forkserver": "no answer"}})
+        if not _status["fork"]:
+            log.warning("sglang_launch: workers spawned, not forked (the forkserver's preload: %s)", _status)
+    return _status
+
+
+def _forkserver_alive() -> bool:
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    try:
+        return pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 class WorkerProcess(multiprocessing.context.ForkServerProcess):
-    """A process forked from the forkserver that runs in its parent's environment as it was at ``start``
-    (as a spawned process would), not the forkserver's."""
+    """A process forked from the forkserver (spawned where the forkserver says it may not fork) that runs in its
+    parent's environment as it was at ``start``, as a spawned process would, not the forkserver's."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        if forkserver_status()["fork"]:
+            return multiprocessing.context.ForkServerProcess._Popen(process_obj)
+        return multiprocessing.context.SpawnProcess._Popen(process_obj)
 
     def start(self) -> None:
         self._environ = dict(os.environ)
@@ -50,28 +86,56 @@ class WorkerProcess(multiprocessing.context.ForkServerProcess):
 
 
 @contextlib.contextmanager
-def memory_saver_preload(argv: List[str]) -> Iterator[None]:
-    """With ``--enable-memory-saver``, torch_memory_saver's ``LD_PRELOAD`` (its hook mode ``preload``, as SGLang
-    sets it for a spawned scheduler), for a process started within."""
-    if "--enable-memory-saver" not in argv:
+def environment(extra: Dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
         yield
-        return
-    from torch_memory_saver import configure_subprocess
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def memory_saver_preload(argv: List[str]) -> Dict[str, str]:
+    """With ``--enable-memory-saver``: torch_memory_saver's ``LD_PRELOAD`` (its hook mode ``preload``, as SGLang
+    sets it for a spawned scheduler)."""
+    if "--enable-memory-saver" not in argv:
+        return {}
+    from torch_memory_saver.hooks.mode_preload import configure_subprocess
 
     with configure_subprocess():
-        yield
+        return {"LD_PRELOAD": os.environ["LD_PRELOAD"]}
+
+
+def start_forkserver(argv: List[str], worker_modules: Sequence[str], status_path: str) -> None:
+    """multiprocessing's forkserver, started now: it imports ``worker_modules`` (``sglang_preload``) in the
+    background and writes its answer to ``status_path``."""
+    multiprocessing.set_forkserver_preload([sglang_preload.__name__])
+    with environment({**memory_saver_preload(argv), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+                      sglang_preload.MODULES_ENV: ",".join(worker_modules), sglang_preload.STATUS_ENV: status_path}):
+        multiprocessing.forkserver.ensure_running()
 
 
 def main(argv: List[str], server_module: str = "sglang.launch_server",
-         worker_modules: Sequence[str] = WORKER_MODULES) -> None:
-    """Start multiprocessing's forkserver, which imports ``worker_modules`` in the background, then run
-    ``python -m server_module argv`` here, its ``multiprocessing.Process`` forking from that server."""
-    multiprocessing.set_forkserver_preload(list(worker_modules))
-    with memory_saver_preload(argv):
-        multiprocessing.forkserver.ensure_running()
+         worker_modules: Sequence[str] = WORKER_MODULES, status_path: Optional[str] = None) -> None:
+    """Start the forkserver, then run ``python -m server_module argv`` here, its ``multiprocessing.Process``
+    forking from that server."""
+    if status_path is None:
+        fd, status_path = tempfile.mkstemp(prefix="sglang_preload_", suffix=".json")
+        os.close(fd)
+        os.unlink(status_path)  # the forkserver writes it whole when its imports are done
+    _status_path[:] = [status_path]
+    start_forkserver(argv, worker_modules, status_path)
     multiprocessing.Process = WorkerProcess  # SGLang starts its workers with multiprocessing.Process(...)
     sys.argv = [server_module, *argv]
-    runpy.run_module(server_module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(server_module, run_name="__main__", alter_sys=True)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(status_path)
 
 
 if __name__ == "__main__":

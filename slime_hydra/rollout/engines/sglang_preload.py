@@ -1,0 +1,122 @@
+"""Imported by ``sglang_launch``'s forkserver, and only there: SGLang's worker modules, imported as far as
+they go without CUDA, and then a word to the launcher on whether its workers may be forked from here.
+
+A process forked after CUDA was initialised cannot use CUDA, and SGLang's modules ask for the GPU's compute
+capability as they import (``_is_sm100_supported = is_sm100_supported()`` and the like). So, while they
+import here:
+- the capability is read from NVML, which needs no CUDA (the same answer; a function that kept a reference
+  to it asks torch again once CUDA is initialised, in the worker);
+- ``torch.cuda.is_available()`` and ``device_count()`` use NVML too (``PYTORCH_NVML_BASED_CUDA_CHECK``, set
+  by the launcher for this process only);
+- anything else that would initialise CUDA through torch raises ``CudaAtImport``: that module and those
+  that were importing it are left for the worker to import, and the rest stays imported.
+Then, if the CUDA driver is loaded all the same (``libcuda`` mapped: triton, or a library's own call), the
+workers are not forked from here but spawned, as SGLang starts them. ``STATUS_ENV`` names the file that
+says which (JSON, written whole).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+MODULES_ENV = "SLIME_HYDRA_SGLANG_PRELOAD"  # comma-separated modules to import
+STATUS_ENV = "SLIME_HYDRA_SGLANG_PRELOAD_STATUS"  # where to write what happened
+# torch's entry points that initialise CUDA (refused while the modules import)
+CUDA_ENTRY_POINTS = ("_cuda_init", "_cuda_getDeviceCount")
+
+
+class CudaAtImport(ImportError):
+    """A module asked torch to initialise CUDA while it was imported in the forkserver."""
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> Any:
+    raise CudaAtImport("CUDA would be initialised in the forkserver")
+
+
+def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.cuda.get_device_capability`` answered by NVML until CUDA is initialised, then by ``original``."""
+
+    def get_device_capability(device: Any = None) -> Any:
+        import torch
+
+        if torch.cuda.is_initialized():
+            return original(device)
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = getattr(device, "index", device)
+        index = int(str(index).rsplit(":", 1)[-1]) if index not in (None, "cuda") else 0
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        entry = visible[index].strip() if visible else str(index)
+        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByUUID(entry))
+        return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+
+    return get_device_capability
+
+
+def cuda_driver_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" in f.read()
+    except OSError:
+        return True  # cannot tell: do not fork
+
+
+def preload(modules: List[str]) -> Dict[str, Any]:
+    """Import ``modules`` as described above; what was imported and whether workers may fork from here."""
+    t0 = time.monotonic()
+    imported: List[str] = []
+    left: Dict[str, str] = {}
+    try:
+        import torch
+    except ImportError as e:
+        return {"fork": False, "imported": [], "left": {"torch": str(e)}, "seconds": 0.0}
+    saved = {name: getattr(torch._C, name) for name in CUDA_ENTRY_POINTS if hasattr(torch._C, name)}
+    capability = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = nvml_capability(capability)
+    for name in saved:
+        setattr(torch._C, name, _refuse)
+    try:
+        for m in modules:
+            try:
+                importlib.import_module(m)
+                imported.append(m)
+            except Exception as e:  # noqa: BLE001 - the worker imports it itself (and fails there, if it must)
+                left[m] = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        for name, f in saved.items():
+            setattr(torch._C, name, f)
+        torch.cuda.get_device_capability = capability
+    torch_cuda, driver = torch.cuda.is_initialized(), cuda_driver_loaded()
+    return {"fork": not (torch_cuda or driver), "torch_cuda_initialized": torch_cuda, "cuda_driver_loaded": driver,
+            "imported": imported, "left": left, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def write_status(path: str, status: Dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, path)
+
+
+def read_status(path: str, timeout: float, alive: Callable[[], bool]) -> Optional[Dict[str, Any]]:
+    """The forkserver's status once written; None if it is not within ``timeout`` s or the server died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            if not alive():
+                return None
+            time.sleep(0.05)
+    return None
+
+
+if os.environ.get(STATUS_ENV):  # in the forkserver (the launcher sets these for it alone)
+    write_status(os.environ[STATUS_ENV], preload([m for m in os.environ.get(MODULES_ENV, "").split(",") if m]))
