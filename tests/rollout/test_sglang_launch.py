@@ -98,5 +98,20 @@ def test_preload_leaves_modules_that_initialise_cuda_to_the_worker(tmp_path, mon
     init, capability = torch._C._cuda_init, torch.cuda.get_device_capability
     got = sglang_preload.preload(["wants_cuda", "plain"])
     assert got["imported"] == ["plain"] and "CudaAtImport" in got["left"]["wants_cuda"]
-    assert got["fork"] and not got["torch_cuda_initialized"] and not got["cuda_driver_loaded"]
+    assert got["fork"] and not got["torch_cuda_initialized"] and got["probe"] is None
     assert torch._C._cuda_init is init and torch.cuda.get_device_capability is capability and calls == []
+
+
+def test_the_probe_reports_a_child_that_cannot_initialise_cuda(monkeypatch):
+    """The forked child initialises CUDA as a worker would: on this machine's CPU build of torch that fails
+    (it has no CUDA), which is what a forkserver whose imports touched the CUDA driver looks like; the GPU
+    check is made believe there is one."""
+    import torch
+
+    from slime_hydra.rollout.engines import sglang_preload
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    problem = sglang_preload.cuda_after_fork()
+    assert problem and "CUDA" in problem
+    got = sglang_preload.preload(["json"])
+    assert not got["fork"] and got["probe"] == problem and got["imported"] == ["json"]

@@ -1,13 +1,14 @@
 """``python -m slime_hydra.rollout.engines.sglang_launch ARGS``: SGLang's ``python -m sglang.launch_server
-ARGS``, whose worker processes (scheduler, detokenizer) are forked from a process that imported their
-code while the server imported its own.
+ARGS``, whose worker processes (scheduler, detokenizer) are forked from a process that imported most of
+their code while the server imported its own.
 
 Why: SGLang's server imports its stack (about 20 s on the H200) before it parses its arguments; then it
 spawns the scheduler, which imports the same stack again (about 20 s more) before it touches the GPU
-(``bench/measured/h200_sglang_startup.md``). Here a multiprocessing forkserver starts first and imports the
-workers' modules (``WORKER_MODULES``, without initialising CUDA: ``sglang_preload``) beside the server's own
-imports, and ``multiprocessing.Process`` (what SGLang starts its workers with) forks from it, so the second
-import overlaps the first.
+(``bench/measured/h200_sglang_startup.md``). Here a multiprocessing forkserver starts first and imports
+``WORKER_MODULES`` without initialising CUDA (``sglang_preload``) beside the server's own imports, and
+``multiprocessing.Process`` (what SGLang starts its workers with) forks from it, so most of the second import
+overlaps the first: a server was ready in 40.5 s instead of 50.2-51.0 s on one H200
+(``bench/measured/h200_sglang_startup_forkserver.md``).
 
 A worker forked so keeps what a spawned one had:
 - the server's environment when the worker starts (SGLang sets NCCL and CUDA variables just before):
@@ -16,8 +17,8 @@ A worker forked so keeps what a spawned one had:
   the forkserver begins with it;
 - a worker's death stops the server: SGLang's own watchdog polls its workers (a forkserver that died reads
   as every worker dead).
-Where the forkserver could not import without loading the CUDA driver, the workers are spawned as SGLang
-spawns them (the server's log says so).
+Where a process forked from the forkserver could not use CUDA (``sglang_preload`` tries one), the workers are
+spawned as SGLang spawns them, and the server's log says so.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from slime_hydra.rollout.engines import sglang_preload
 
 log = logging.getLogger(__name__)
 
-# what SGLang's workers run (sglang 0.5.17: run_scheduler_process, run_detokenizer_process and, with
-# --dp-size, run_data_parallel_controller_process); importing the scheduler's imports most of the stack
-WORKER_MODULES = ("sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager",
-                  "sglang.srt.managers.data_parallel_controller")
+# what the forkserver imports for SGLang's workers: ServerArgs' module, which the workers' modules import first
+# and which brings in most of the stack (torch, transformers, ...: about 18 of the 20 s on the H200). Not the
+# workers' own modules (scheduler, detokenizer): they load sgl_kernel, which touches the CUDA driver as it
+# imports, and a worker forked after that cannot use CUDA (sglang_preload checks, and spawns then)
+WORKER_MODULES = ("sglang.srt.server_args",)
 STATUS_TIMEOUT_S = 300.0  # the forkserver's imports take about 20 s on an H200
 
 _status: Dict[str, Any] = {}  # the forkserver's answer (sglang_preload), read at the first worker's start

@@ -1,18 +1,17 @@
-"""Imported by ``sglang_launch``'s forkserver, and only there: SGLang's worker modules, imported as far as
-they go without CUDA, and then a word to the launcher on whether its workers may be forked from here.
+"""Imported by ``sglang_launch``'s forkserver, and only there: the modules SGLang's workers import first,
+imported without CUDA, then a word to the launcher on whether its workers may be forked from here.
 
-A process forked after CUDA was initialised cannot use CUDA, and SGLang's modules ask for the GPU's compute
-capability as they import (``_is_sm100_supported = is_sm100_supported()`` and the like). So, while they
-import here:
-- the capability is read from NVML, which needs no CUDA (the same answer; a function that kept a reference
-  to it asks torch again once CUDA is initialised, in the worker);
+A process forked after CUDA was initialised cannot use CUDA. So, while the modules import:
+- the GPU's compute capability, which SGLang's modules ask for as they import, is read from NVML (the same
+  answer; a function that kept a reference to it asks torch again once CUDA is initialised, in the worker);
 - ``torch.cuda.is_available()`` and ``device_count()`` use NVML too (``PYTORCH_NVML_BASED_CUDA_CHECK``, set
   by the launcher for this process only);
-- anything else that would initialise CUDA through torch raises ``CudaAtImport``: that module and those
-  that were importing it are left for the worker to import, and the rest stays imported.
-Then, if the CUDA driver is loaded all the same (``libcuda`` mapped: triton, or a library's own call), the
-workers are not forked from here but spawned, as SGLang starts them. ``STATUS_ENV`` names the file that
-says which (JSON, written whole).
+- anything else that would initialise CUDA through torch raises ``CudaAtImport``: that module, and those that
+  were importing it, are left for the worker to import.
+A library may still touch the CUDA driver without torch (sgl_kernel loads its kernels as it imports: a worker
+forked after that failed with "CUDA error: initialization error" on the H200). So at the end a child is forked
+and initialises CUDA, as a worker would; only if it can are the workers forked from here, else they are
+spawned, as SGLang starts them. ``STATUS_ENV`` names the file that says which (JSON, written whole).
 """
 
 from __future__ import annotations
@@ -59,12 +58,30 @@ def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
     return get_device_capability
 
 
-def cuda_driver_loaded() -> bool:
-    try:
-        with open("/proc/self/maps") as f:
-            return "libcuda.so" in f.read()
-    except OSError:
-        return True  # cannot tell: do not fork
+def cuda_after_fork() -> Optional[str]:
+    """None if a process forked from this one can initialise CUDA (or there is no GPU to initialise), else why
+    not: a child is forked and tries, as a worker would."""
+    import torch
+
+    if not torch.cuda.is_available():  # NVML's answer here (PYTORCH_NVML_BASED_CUDA_CHECK)
+        return None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: initialise CUDA and make its context, say what failed, and leave at once
+        os.close(r)
+        problem = b""
+        try:
+            torch.cuda.init()
+            torch.cuda.mem_get_info()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            problem = f"{type(e).__name__}: {e}".encode()[:300] or b"failed"
+        os.write(w, problem)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        problem = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return problem or None
 
 
 def preload(modules: List[str]) -> Dict[str, Any]:
@@ -92,8 +109,9 @@ def preload(modules: List[str]) -> Dict[str, Any]:
         for name, f in saved.items():
             setattr(torch._C, name, f)
         torch.cuda.get_device_capability = capability
-    torch_cuda, driver = torch.cuda.is_initialized(), cuda_driver_loaded()
-    return {"fork": not (torch_cuda or driver), "torch_cuda_initialized": torch_cuda, "cuda_driver_loaded": driver,
+    torch_cuda = torch.cuda.is_initialized()
+    probe = None if torch_cuda else cuda_after_fork()
+    return {"fork": not torch_cuda and probe is None, "torch_cuda_initialized": torch_cuda, "probe": probe,
             "imported": imported, "left": left, "seconds": round(time.monotonic() - t0, 2)}
 
 
