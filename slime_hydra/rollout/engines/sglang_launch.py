@@ -54,7 +54,10 @@ def forkserver_status() -> Dict[str, Any]:
         got = sglang_preload.read_status(_status_path[0], STATUS_TIMEOUT_S, _forkserver_alive) if _status_path \
             else None
         _status.update(got or {"fork": False, "left": {"forkserver": "no answer"}})
-        if not _status["fork"]:
+        if _status["fork"]:
+            log.info("sglang_launch: workers forked from the forkserver (it imported %s in %s s)",
+                     ", ".join(_status["imported"]) or "nothing", _status["seconds"])
+        else:
             log.warning("sglang_launch: workers spawned, not forked (the forkserver's preload: %s)", _status)
     return _status
 
