@@ -47,7 +47,7 @@ def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
         import pynvml
 
         pynvml.nvmlInit()
-        index = getattr(device, "index", device)
+        index = device.index if isinstance(device, torch.device) else device  # None, an int or "cuda:N"
         index = int(str(index).rsplit(":", 1)[-1]) if index not in (None, "cuda") else 0
         visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         entry = visible[index].strip() if visible else str(index)
