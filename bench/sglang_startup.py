@@ -5,8 +5,9 @@
 The server is started from the engine class's own command line (the run's: colocated, memory saver, the
 run's server args and ``cuda_graph_max_bs_decode`` = the anchor's 64 requests), once per variant (env
 ``VARIANTS``, default ``colocated,colocated,no_cuda_graph``: the second ``colocated`` finds the JIT caches
-the first one filled, as a user's second run does; ``colocated_spawn`` is ``colocated`` started with SGLang's
-own ``python -m sglang.launch_server``, whose scheduler imports everything again after the server did). Every
+the first one filled, as a user's second run does; ``colocated_fork`` is ``colocated`` with
+``rollout.sglang_fork_workers``: the server's workers forked from a process that imported most of their code
+beside the server, instead of spawned to import it all again after the server did). Every
 log line is stamped with the seconds since launch, so the gaps between SGLang's own milestones (imports, model
 load, KV cache, CUDA-graph capture, ready) show where the time goes. Also (unless ``--no-import-profile``): the
 seconds ``import sglang.srt.entrypoints.http_server`` takes alone.
@@ -34,10 +35,9 @@ from gpu.harness import log, table, write_json, write_text  # noqa: E402
 from gpu.sglang_server import SERVER_ARGS  # noqa: E402
 from gpu.workload import Workload  # noqa: E402
 
-VARIANTS = {"colocated": {}, "no_cuda_graph": {"disable_cuda_graph": True}, "colocated_spawn": {}}
-# variants started with SGLang's own ``python -m sglang.launch_server`` (its workers spawned, importing everything
-# again) instead of the engine's launcher (rollout/engines/sglang_launch.py: workers forked from a preloaded server)
-SPAWN_VARIANTS = {"colocated_spawn"}
+VARIANTS = {"colocated": {}, "no_cuda_graph": {"disable_cuda_graph": True}, "colocated_fork": {}}
+# variants whose workers fork from a preloaded process (rollout.sglang_fork_workers: rollout/engines/sglang_launch.py)
+FORK_VARIANTS = {"colocated_fork"}
 # SGLang log lines worth a column: the first line containing the text marks the milestone
 MILESTONES = {"args_parsed": "server_args=", "init_torch_distributed": "Init torch distributed begin",
               "load_weight_begin": "Load weight begin", "load_weight_end": "Load weight end",
@@ -69,13 +69,12 @@ def start_once(w: Workload, variant: str, index: int, logs: str, limit_s: float)
     cpu = w.device != "cuda"
     spec = ServerSpec(engine="embedded" if cpu else "sglang", model_path=w.ckpt, tokenizer_path=w.ckpt,
                       dtype="float32" if cpu else "bfloat16", device=w.device, gpus=1, seed=0, memory_saver=not cpu,
+                      fork_workers=variant in FORK_VARIANTS,
                       server_args={} if cpu else {**SERVER_ARGS, "cuda_graph_max_bs_decode": w.prompts * w.samples,
                                                    **VARIANTS[variant]})
     engine = make_engine(spec)
     port = free_port()
     cmd = engine.command("127.0.0.1", port, 0, nccl_port=free_port())
-    if variant in SPAWN_VARIANTS and not cpu:  # (the embedded engine stands in on a CPU: its own command)
-        cmd[1:3] = ["-m", "sglang.launch_server"]
     env = {k: v for k, v in {**os.environ, **engine.env()}.items() if k not in engine.unset_env}
     path = os.path.join(logs, f"sglang_startup_{index}_{variant}.log")
     seen: Dict[str, float] = {}

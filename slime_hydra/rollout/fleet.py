@@ -89,7 +89,7 @@ def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> Lis
                       dtype=cfg.model.dtype, device=plan.device, gpus=p.gpus_per_engine, seed=cfg.rollout.seed,
                       trust_remote_code=cfg.model.trust_remote_code, memory_saver=bool(p.offload_rollout),
                       max_batch=cfg.rollout.embedded_max_batch, decode_batch=plan.engine_batch,
-                      server_args=dict(cfg.rollout.server_args),
+                      server_args=dict(cfg.rollout.server_args), fork_workers=cfg.rollout.sglang_fork_workers,
                       num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
     return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]
             for slot in plan.engines]

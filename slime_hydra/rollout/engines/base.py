@@ -37,6 +37,7 @@ class ServerSpec:
     decode_batch: Optional[int] = None  # most sequences the run decodes at once on this engine (plan.engine_batch)
     num_threads: Optional[int] = None  # embedded engine on CPU: torch threads
     server_args: Dict[str, Any] = field(default_factory=dict)
+    fork_workers: bool = False  # sglang: workers forked from a preloaded process (rollout.sglang_fork_workers)
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None

@@ -1,5 +1,5 @@
-"""SGLang servers (``python -m sglang.launch_server``, through ``sglang_launch``, which overlaps its two
-processes' imports), slime's production engine.
+"""SGLang servers (``python -m sglang.launch_server``; with ``rollout.sglang_fork_workers`` through
+``sglang_launch``, which overlaps its two processes' imports), slime's production engine.
 
 ``rollout.server_args`` is passed through to SGLang's ServerArgs (``mem_fraction_static: 0.7`` ->
 ``--mem-fraction-static 0.7``); the fields slime_hydra sets itself (``MANAGED_SERVER_ARGS``) are
@@ -80,9 +80,9 @@ SGLANG_ENV = {
     "SGLANG_TIMEOUT_KEEP_ALIVE": "3600",
 }
 
-# the server's command: sglang.launch_server with its workers forked from a process that imported them while
-# the server imported its own (sglang_launch's docstring says why and how)
-LAUNCHER = "slime_hydra.rollout.engines.sglang_launch"
+# the server's module: SGLang's own, or (rollout.sglang_fork_workers) sglang.launch_server with its workers forked
+# from a process that imported most of their code while the server imported its own (sglang_launch says how)
+LAUNCH_SERVER, FORKING_LAUNCHER = "sglang.launch_server", "slime_hydra.rollout.engines.sglang_launch"
 
 # float32 servers (see above); rollout.server_args and the environment win
 FLOAT32_SERVER_ARGS = {"model_impl": "transformers"}
@@ -192,7 +192,7 @@ class SglangEngine(Engine):
                 "dtype": s.dtype,  # float32 too: else SGLang serves the checkpoint's dtype
                 **(FLOAT32_SERVER_ARGS if s.dtype == "float32" else {}),
                 **startup_server_args(s.server_args, s.decode_batch), **s.server_args}
-        return [sys.executable, "-m", LAUNCHER, *to_flags(args)]
+        return [sys.executable, "-m", FORKING_LAUNCHER if s.fork_workers else LAUNCH_SERVER, *to_flags(args)]
 
     def env(self) -> Dict[str, str]:
         """``SGLANG_ENV``, and ``FLOAT32_ENV`` for a float32 server (values already in the environment win)."""
