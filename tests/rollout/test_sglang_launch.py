@@ -29,14 +29,12 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import time
 
 if __name__ == "__main__":
-    if os.environ.get("FORCE_SPAWN"):  # as if the forkserver had loaded the CUDA driver (sglang_preload)
+    if os.environ.get("FORCE_SPAWN"):  # as if a child of the forkserver could not use CUDA (sglang_preload)
         from slime_hydra.rollout.engines import sglang_launch
 
         sglang_launch._status.update(fork=False)
-    started = time.monotonic()
     mp.set_start_method("spawn", force=True)  # as sglang's _set_envs_and_config
     os.environ["SET_LATE"] = "set just before the worker starts"
     os.environ["SERVER_ARGV"] = " ".join(sys.argv[1:])
@@ -48,7 +46,7 @@ if __name__ == "__main__":
     got = reader.recv()
     proc.join()
     print(json.dumps({**got, "server_pid": os.getpid(), "exitcode": proc.exitcode,
-                      "process_class": type(proc).__name__, "worker_s": time.monotonic() - started}))
+                      "process_class": type(proc).__name__}))
 """
 
 
