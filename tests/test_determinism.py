@@ -157,15 +157,22 @@ def test_every_turn_of_a_custom_generate_function_is_seeded(evaluation):
     assert seeds == [sampling_seed(1234, "eval" if evaluation else 3, 7)] * 2
 
 
-def test_the_embedded_engine_samples_what_it_would_whatever_the_batch(tiny_ckpt):
+def test_the_embedded_engine_samples_what_it_would_whatever_the_batch(tiny_ckpt, request):
     """A request's tokens and log-probs are bit for bit the same alone, in a small batch and in a large one of
     prompts of other lengths: the engine's logits do not depend on the batch (embedded/engine.py,
     CPU_MIN_ROWS). They did, by up to 1.8e-7 between a batch of 1 and one of 33, which now and then changed
-    a sampled token and so a run (the calculator agent's learning test failed so under load)."""
+    a sampled token and so a run (the calculator agent's learning test failed so under load). With one torch
+    thread, as the engine's server runs by default (``parallelism.cpu_threads``): with two, on an AVX2 machine
+    (AMD EPYC, no AVX-512), log-probs still moved with the batch by about 2e-7."""
     import random
+
+    import torch
 
     from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the server's torch.set_num_threads(parallelism.cpu_threads)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     engine = EmbeddedEngine(tiny_ckpt, dtype="float32", seed=0)
     rng = random.Random(0)
 
