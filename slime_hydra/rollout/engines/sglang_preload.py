@@ -115,13 +115,6 @@ def preload(modules: List[str]) -> Dict[str, Any]:
             "imported": imported, "left": left, "seconds": round(time.monotonic() - t0, 2)}
 
 
-def write_status(path: str, status: Dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(status, f)
-    os.replace(tmp, path)
-
-
 def read_status(path: str, timeout: float, alive: Callable[[], bool]) -> Optional[Dict[str, Any]]:
     """The forkserver's status once written; None if it is not within ``timeout`` s or the server died."""
     deadline = time.monotonic() + timeout
@@ -137,4 +130,6 @@ def read_status(path: str, timeout: float, alive: Callable[[], bool]) -> Optiona
 
 
 if os.environ.get(STATUS_ENV):  # in the forkserver (the launcher sets these for it alone)
-    write_status(os.environ[STATUS_ENV], preload([m for m in os.environ.get(MODULES_ENV, "").split(",") if m]))
+    from slime_hydra.logging.metrics import write_json_atomic
+
+    write_json_atomic(os.environ[STATUS_ENV], preload([m for m in os.environ.get(MODULES_ENV, "").split(",") if m]))
