@@ -68,7 +68,7 @@ def launch(tmp_path, **env):
 def test_workers_fork_from_a_preloaded_server_in_the_servers_environment(tmp_path):
     got, _ = launch(tmp_path)
     # the worker's module was imported in the forkserver, not in the worker (nor in the server); a module
-    # that does not import there is left to the worker
+    # that does not import there (no_such_module) does not stop the workers from forking
     assert got["imported_in"] not in (got["pid"], got["server_pid"])
     # what the server set in its environment just before the worker started reached the worker
     assert got["late"] == "set just before the worker starts"
