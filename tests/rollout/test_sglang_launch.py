@@ -113,3 +113,52 @@ def test_the_probe_reports_a_child_that_cannot_initialise_cuda(monkeypatch):
     assert problem and "CUDA" in problem
     got = sglang_preload.preload(["json"])
     assert not got["fork"] and got["probe"] == problem and got["imported"] == ["json"]
+
+
+def test_a_module_that_catches_the_refusal_makes_the_workers_spawn(tmp_path, monkeypatch):
+    """A module that catches the refusal and imports anyway keeps a CPU-only answer (SGLang's fla utils cache
+    "cpu" so); a worker forked from there would inherit it, so the workers are spawned, and the status names
+    where the refusal was caught."""
+    import torch
+
+    from slime_hydra.rollout.engines import sglang_preload
+
+    (tmp_path / "falls_back.py").write_text(
+        "import torch\ntry:\n    torch._C._cuda_init()\n    DEVICE = 'cuda'\nexcept Exception:\n    DEVICE = 'cpu'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch._C, "_cuda_init", lambda: None, raising=False)
+    got = sglang_preload.preload(["falls_back"])
+    assert got["imported"] == ["falls_back"] and not got["fork"] and got["probe"] is None
+    assert len(got["refusals_caught"]) == 1 and "falls_back.py:3" in got["refusals_caught"][0]
+
+
+def test_imports_are_answered_as_a_spawned_worker_is_before_cuda_starts(tmp_path, monkeypatch):
+    """While the modules import: torch's accelerator is CUDA where NVML sees a GPU (asking the CUDA runtime
+    would initialise the driver), the current device is 0 and the capability NVML's; a reference a module keeps
+    asks torch itself once CUDA is initialised; and torch is as it was afterwards."""
+    import sys
+    import types
+
+    import torch
+
+    from slime_hydra.rollout.engines import sglang_preload
+
+    (tmp_path / "asks.py").write_text(
+        "import torch\nfrom torch.cuda import current_device\n"
+        "ACCELERATOR = torch._C._get_accelerator().type\nDEVICE = current_device()\n"
+        "CAPABILITY = torch.cuda.get_device_capability()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as NVML answers on a GPU machine
+    nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(sglang_preload, "cuda_after_fork", lambda: None)  # no GPU here to fork a probe for
+    originals = (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability)
+    got = sglang_preload.preload(["asks"])
+    asks = sys.modules.pop("asks")
+    assert got["fork"] and got["imported"] == ["asks"] and got["refusals_caught"] == []
+    assert (asks.ACCELERATOR, asks.DEVICE, asks.CAPABILITY) == ("cuda", 0, (9, 0))
+    assert (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability) == originals
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # in the worker, once CUDA is up
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
+    assert asks.current_device() == 3

@@ -1,16 +1,21 @@
 """Imported by ``sglang_launch``'s forkserver, and only there: the modules SGLang's workers import first,
 imported without CUDA, then a word to the launcher on whether its workers may be forked from here.
 
-A process forked after CUDA was initialised cannot use CUDA. So, while the modules import:
-- the GPU's compute capability, which SGLang's modules ask for as they import, is read from NVML (the same
-  answer; a function that kept a reference to it asks torch again once CUDA is initialised, in the worker);
+A process forked after CUDA was initialised cannot use CUDA. So, while the modules import, what they ask of the
+GPU is answered without initialising it, as a spawned worker would be answered at the same point of its imports:
+- the GPU's compute capability is read from NVML (the same answer);
+- the current device is 0 (a worker imports before it picks its device);
+- torch's accelerator is CUDA when NVML sees a GPU (``torch.get_device_module()`` asks it, and asking the CUDA
+  runtime initialises the driver: ``bench/cuda_at_import.py`` found SGLang's ``parallel_state`` doing so);
 - ``torch.cuda.is_available()`` and ``device_count()`` use NVML too (``PYTORCH_NVML_BASED_CUDA_CHECK``, set
-  by the launcher for this process only);
-- anything else that would initialise CUDA through torch raises ``CudaAtImport``: that module, and those that
-  were importing it, are left for the worker to import.
-A library may still touch the CUDA driver without torch (sgl_kernel loads its kernels as it imports: a worker
-forked after that failed with "CUDA error: initialization error" on the H200). So at the end a child is forked
-and initialises CUDA, as a worker would; only if it can are the workers forked from here, else they are
+  by the launcher for this process only).
+Each stand-in asks torch itself once CUDA is initialised (a module may keep a reference to it: in the worker it
+answers as torch would). Anything else that would initialise CUDA through torch raises ``CudaAtImport``: that
+module, and those that were importing it, are left for the worker to import. A module that catches the refusal
+and imports anyway would keep a CPU-only answer that a worker forked from here inherits; so then the workers are
+spawned. A library may also touch the CUDA driver without torch (sgl_kernel loads its kernels as it imports: a
+worker forked after that failed with "CUDA error: initialization error" on the H200). So at the end a child is
+forked and initialises CUDA, as a worker would; only if it can are the workers forked from here, else they are
 spawned, as SGLang starts them. ``STATUS_ENV`` names the file that says which (JSON, written whole).
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -32,8 +38,35 @@ class CudaAtImport(ImportError):
     """A module asked torch to initialise CUDA while it was imported in the forkserver."""
 
 
-def _refuse(*_args: Any, **_kwargs: Any) -> Any:
-    raise CudaAtImport("CUDA would be initialised in the forkserver")
+class Refusals:
+    """The refusals raised while the modules import, to tell those that stopped an import from those caught."""
+
+    def __init__(self) -> None:
+        self.raised: List[CudaAtImport] = []
+        self.where: List[str] = []
+
+    def refuse(self, *_args: Any, **_kwargs: Any) -> Any:
+        caller = sys._getframe(1)
+        self.where.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        self.raised.append(CudaAtImport("CUDA would be initialised in the forkserver"))
+        raise self.raised[-1]
+
+    def stopped(self, error: BaseException) -> Optional[int]:
+        """The index of the refusal that ``error`` (an import's failure) came from, if any."""
+        seen = set()
+        while error is not None and id(error) not in seen:
+            seen.add(id(error))
+            for i, r in enumerate(self.raised):
+                if r is error:
+                    return i
+            error = error.__cause__ or error.__context__
+        return None
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return torch.cuda.is_initialized()
 
 
 def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,7 +75,7 @@ def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
     def get_device_capability(device: Any = None) -> Any:
         import torch
 
-        if torch.cuda.is_initialized():
+        if _cuda_initialized():
             return original(device)
         import pynvml
 
@@ -56,6 +89,28 @@ def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
         return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
 
     return get_device_capability
+
+
+def first_device(original: Callable[[], int]) -> Callable[[], int]:
+    """``torch.cuda.current_device``: 0 until CUDA is initialised (no device picked yet), then ``original``."""
+
+    def current_device() -> int:
+        return original() if _cuda_initialized() else 0
+
+    return current_device
+
+
+def cuda_accelerator(original: Callable[[], Any]) -> Callable[[], Any]:
+    """``torch._C._get_accelerator``: CUDA where NVML sees a GPU until CUDA is initialised, then ``original``."""
+
+    def get_accelerator() -> Any:
+        import torch
+
+        if not _cuda_initialized() and torch.cuda.is_available():  # NVML's answer (PYTORCH_NVML_BASED_CUDA_CHECK)
+            return torch.device("cuda")
+        return original()
+
+    return get_accelerator
 
 
 def cuda_after_fork() -> Optional[str]:
@@ -93,11 +148,17 @@ def preload(modules: List[str]) -> Dict[str, Any]:
         import torch
     except ImportError as e:
         return {"fork": False, "imported": [], "left": {"torch": str(e)}, "seconds": 0.0}
-    saved = {name: getattr(torch._C, name) for name in CUDA_ENTRY_POINTS if hasattr(torch._C, name)}
-    capability = torch.cuda.get_device_capability
-    torch.cuda.get_device_capability = nvml_capability(capability)
-    for name in saved:
-        setattr(torch._C, name, _refuse)
+    refusals = Refusals()
+    # (owner, name, what takes its place while the modules import)
+    swaps = [(torch._C, name, refusals.refuse) for name in CUDA_ENTRY_POINTS if hasattr(torch._C, name)]
+    swaps += [(torch.cuda, "get_device_capability", nvml_capability(torch.cuda.get_device_capability)),
+              (torch.cuda, "current_device", first_device(torch.cuda.current_device))]
+    if hasattr(torch._C, "_get_accelerator"):
+        swaps.append((torch._C, "_get_accelerator", cuda_accelerator(torch._C._get_accelerator)))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    for owner, name, stand_in in swaps:
+        setattr(owner, name, stand_in)
+    stopped = set()
     try:
         for m in modules:
             try:
@@ -105,14 +166,16 @@ def preload(modules: List[str]) -> Dict[str, Any]:
                 imported.append(m)
             except Exception as e:  # noqa: BLE001 - the worker imports it itself (and fails there, if it must)
                 left[m] = f"{type(e).__name__}: {e}"[:300]
+                stopped.add(refusals.stopped(e))
     finally:
-        for name, f in saved.items():
-            setattr(torch._C, name, f)
-        torch.cuda.get_device_capability = capability
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    caught = [w for i, w in enumerate(refusals.where) if i not in stopped]
     torch_cuda = torch.cuda.is_initialized()
-    probe = None if torch_cuda else cuda_after_fork()
-    return {"fork": not torch_cuda and probe is None, "torch_cuda_initialized": torch_cuda, "probe": probe,
-            "imported": imported, "left": left, "seconds": round(time.monotonic() - t0, 2)}
+    probe = None if torch_cuda or caught else cuda_after_fork()
+    return {"fork": not torch_cuda and not caught and probe is None, "torch_cuda_initialized": torch_cuda,
+            "refusals_caught": caught, "probe": probe, "imported": imported, "left": left,
+            "seconds": round(time.monotonic() - t0, 2)}
 
 
 def read_status(path: str, timeout: float, alive: Callable[[], bool]) -> Optional[Dict[str, Any]]:
