@@ -33,7 +33,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     pending: list = []
     try:
         # sglang's parser check of rollout.server_args (10-25 s: it imports sglang) runs on in a child process
-        # while Ray starts; the driver takes its answer before any actor starts (launch/driver.py)
+        # while Ray and the engines start; the driver takes its answer before a trainer starts (launch/driver.py)
         with deferred_server_args_checks() as pending:
             cfg = check(dcfg, notes=choices)
         late = [c.problems for c in pending]
@@ -71,7 +71,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
 
     try:
         summary = train(cfg, plan, clock, late)
-    except ConfigError as e:  # a late check's problems, before any actor started
+    except ConfigError as e:  # a late check's problems, before a trainer started
         log.error("%s", e)
         sys.exit(2)
     log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],

@@ -126,9 +126,10 @@ def test_engine_batch(overrides, batch):
     assert make_plan(cfg).engine_batch == batch
 
 
-def test_late_checks_stop_the_run_before_any_actor(tmp_path):
-    """A late check (sglang's parser, still running after validation) that finds a problem stops the run
-    with ConfigError after Ray's start and before the rollout manager or a trainer starts."""
+def test_late_checks_stop_the_run_before_a_trainer(tmp_path):
+    """A late check (sglang's parser, still running after validation) is answered while the rollout side
+    starts (its engines take the longest), and one that finds a problem stops the run with ConfigError before
+    a trainer starts."""
     import ray
 
     from slime_hydra.config import ConfigError
@@ -137,16 +138,23 @@ def test_late_checks_stop_the_run_before_any_actor(tmp_path):
     cfg = resolved(["trainer.num_rollout=1", "logging.progress=false"])
     cfg.output_dir = str(tmp_path / "run")
     (tmp_path / "run").mkdir()  # as launch/main.py makes it
+    logs = tmp_path / "run" / "logs"
     asked = []
 
     def late() -> list:
-        asked.append(ray.is_initialized())
+        # the rollout manager was started before the check was answered: its log appears meanwhile
+        deadline = time.time() + 120
+        while not (logs / "rollout_manager.log").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        asked.append((ray.is_initialized(), (logs / "rollout_manager.log").exists()))
         return ["rollout.server_args.no_such_option: not a ServerArgs option of sglang 0.5.17"]
 
+    clock = StartupClock()
     with pytest.raises(ConfigError, match="no_such_option"):
-        train(cfg, make_plan(cfg), StartupClock(), [late])
-    assert asked == [True] and not ray.is_initialized()
-    assert not (tmp_path / "run" / "logs").exists()  # no manager, no engine, no trainer wrote a log
+        train(cfg, make_plan(cfg), clock, [late])
+    assert asked == [(True, True)] and not ray.is_initialized()
+    assert "late_checks" in clock.parts and "trainers" not in clock.parts  # no trainer group was built
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_the_driver_starts_ray_before_it_imports_torch():

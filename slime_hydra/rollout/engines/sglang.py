@@ -449,8 +449,9 @@ _deferred: Optional[List[ServerArgsCheck]] = None
 @contextlib.contextmanager
 def deferred_server_args_checks() -> Iterator[List[ServerArgsCheck]]:
     """Within, validation starts sglang's parser check of ``rollout.server_args`` in a child process and
-    goes on without its answer (appended to the yielded list): the run starts Ray and its placement group
-    meanwhile, and takes the answers (``ServerArgsCheck.problems``) before any actor starts."""
+    goes on without its answer (appended to the yielded list): the run starts Ray, its placement group and
+    its engines meanwhile (SGLang's own parser fails later than this check: after its imports), and takes the
+    answers (``ServerArgsCheck.problems``) before a trainer starts."""
     global _deferred
     outer, _deferred = _deferred, []
     try:
