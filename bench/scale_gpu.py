@@ -13,10 +13,13 @@ push checks the sync. Per layout it reports, over the steps after the first:
 seconds per step split into rollout, train and sync; training tokens/s per trainer GPU and MFU; sync
 seconds per GB; peak memory per GPU (nvidia-smi, every 0.5 s); start-up time; the log-prob gap.
 
-MFU counts 8 x (matmul parameters per token) FLOPs per trained token, the log-prob recompute's forward
-(2N) and the training step's forward and backward (6N), against the 790 TFLOP/s bf16 matmul peak
-measured on the H200 (bench/megatron_gpu.py); attention's quadratic FLOPs are left out (sequences of
-320 tokens). ``--cpu``: a dry run of this script on a CPU machine (tiny model, torch trainer, embedded
+MFU counts (6 + 2 x E) x N FLOPs per trained token, N the matmul parameters per token: the training
+step's forward and backward (6N) and E forward passes besides it (2N each), E the run's
+``train/extra_forward_passes`` (the old policy's log-probs, where the training step does not give them, and
+the reference's; 0 for one optimiser step without KL). A run without that metric (before it existed) is
+counted with E = 1, and its summary says so (``extra_forward_passes_assumed``). Against the 790 TFLOP/s bf16
+matmul peak measured on the H200 (bench/megatron_gpu.py); attention's quadratic FLOPs are left out
+(sequences of 320 tokens). ``--cpu``: a dry run of this script on a CPU machine (tiny model, torch trainer, embedded
 engine), to check its own code.
 """
 
@@ -129,7 +132,12 @@ def summarize(res: Dict[str, Any], arch, trainer_gpus: int) -> Dict[str, Any]:
     if tokens and samples and s["train_time"]:
         trained = tokens + samples * PROMPT_WORDS
         s["train_tokens_per_s_per_gpu"] = round(trained / s["train_time"] / trainer_gpus)
-        s["mfu"] = round(8 * matmul_params(arch) * s["train_tokens_per_s_per_gpu"] / (PEAK_TFLOPS * 1e12), 4)
+        passes = h.steady(steps, "train/extra_forward_passes")
+        if passes is None:  # a run from before the metric: the old policy's log-prob pass is assumed
+            passes, s["extra_forward_passes_assumed"] = 1, True
+        s["extra_forward_passes"] = passes
+        flops = (6 + 2 * passes) * matmul_params(arch) * s["train_tokens_per_s_per_gpu"]
+        s["mfu"] = round(flops / (PEAK_TFLOPS * 1e12), 4)
     gb = h.steady(steps, "perf/weight_sync_bytes")
     if gb and s["weight_sync_time"]:
         s["sync_gb"] = round(gb / 1e9, 2)
@@ -157,16 +165,19 @@ def report(results: Dict[str, Any], path: str) -> None:
                      f"{s.get('steps', 0)} (rc {s.get('returncode')})",
                      c(s.get("startup_s"), ".0f"), c(s.get("step_time")), c(s.get("rollout_wait_time")),
                      c(s.get("train_time")), c(s.get("weight_sync_time")), c(s.get("sync_s_per_gb"), ".3f"),
-                     c(s.get("train_tokens_per_s_per_gpu"), ".0f"), c(s.get("mfu"), ".3f"),
+                     c(s.get("train_tokens_per_s_per_gpu"), ".0f"),
+                     c(s.get("extra_forward_passes"), "g") + ("*" if s.get("extra_forward_passes_assumed") else ""),
+                     c(s.get("mfu"), ".3f"),
                      c(s.get("logprob_gap_max"), ".4f"),
                      " ".join(f"{v:.0f}" for v in s.get("peak_gib_per_gpu", {}).values()) or "-"])
     lines = [f"# GRPO through run.py with rollout=sglang on {results.get('gpu', '?')}", "",
              f"{PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens a step, {PROMPT_WORDS}-token "
              "prompts, random bf16 weights; medians over the steps after the first. train tokens/s and MFU "
-             "per trainer GPU (8N FLOPs per token: recompute forward + training step); sync with offload "
-             "and onload where colocated.", "",
+             "per trainer GPU ((6 + 2 x E) x N FLOPs per token: the training step's forward and backward, and "
+             "the E forward passes besides it, `train/extra_forward_passes`; E = 1 assumed where a run did not "
+             "log it, marked *); sync with offload and onload where colocated.", "",
              *h.table(["layout", "trainer", "model", "steps", "start-up s", "step s", "rollout s", "train s", "sync s",
-                       "sync s/GB", "train tok/s/GPU", "MFU", "log-prob gap max", "peak GiB per GPU"], rows),
+                       "sync s/GB", "train tok/s/GPU", "E", "MFU", "log-prob gap max", "peak GiB per GPU"], rows),
              "", "Commands:", ""] + [f"- {n}: `{r.get('command')}`" for n, r in results["layouts"].items()]
     h.write_text(path + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

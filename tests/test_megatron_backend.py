@@ -204,6 +204,7 @@ def test_old_log_probs_from_the_training_forward_give_the_same_gradients_and_met
     (m1, g1, p1), (m2, g2, p2) = runs
     assert p1 == [True] and p2 == [False, True]  # the shortcut left out the old policy's pass, only that
     assert m1.keys() == m2.keys() and m1["train_rollout_logprob_abs_diff"] > 0
+    assert (m1.pop("extra_forward_passes"), m2.pop("extra_forward_passes")) == (1, 2)
     for k in m1:
         assert m1[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
     for a, b in zip(g1, g2):

@@ -142,6 +142,9 @@ class RLTrainer:
             old_lp = rollout_lp
         ref_lp = be.log_probs(mbs, temperature, reference=True) if self.needs_ref else None
         values = critic.values(mbs) if critic is not None else None
+        # forward passes over the batch besides the training step's: the old policy's log-probs and the
+        # reference's (2N FLOPs a token each, for the MFU); the critic's values are another model's, not counted
+        metrics["extra_forward_passes"] = float(not from_step) + float(self.needs_ref)
 
         # 2. advantages (and the critic's targets) on the whole local batch; only KL reward shaping
         #    reads the old log-probs here, and then they were computed above

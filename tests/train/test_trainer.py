@@ -105,6 +105,7 @@ def test_old_log_probs_from_the_policy_step_train_as_a_pass_of_their_own(tiny_ck
     assert False not in reused_passes and recomputed_passes.count(False) == 3
     for a, b in zip(reused, recomputed):
         assert a.keys() == b.keys()
+        assert b.pop("extra_forward_passes") == a.pop("extra_forward_passes") + 1  # the old policy's pass
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     for k in reused_w:
@@ -120,3 +121,19 @@ def test_old_log_probs_get_their_own_pass_where_the_step_is_not_the_old_policy(t
     passes = count_log_prob_passes(be)
     train(rl, cfg, fake_rollout(8))
     assert passes.count(False) == 1
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (("algo.kl_loss_coef=0.0",), 0),  # one step, no KL: the old log-probs come from the step
+    (("algo.kl_loss_coef=0.0", "trainer.global_batch_size=4"), 1),  # two steps: the old policy's pass
+    ((), 1),  # GRPO's KL loss: the reference's pass
+    (("trainer.global_batch_size=4",), 2),
+    (("algo=reinforce_plus_plus",), 2),  # KL reward shaping: both
+])
+def test_extra_forward_passes_counts_the_log_prob_passes(tiny_ckpt, overrides, expected):
+    """``extra_forward_passes`` (what bench/scale_gpu.py's MFU counts besides the training pass) is the
+    number of log-prob passes the step ran."""
+    cfg = config("rollout.n_samples_per_prompt=2", "rollout.batch_size=4", *overrides)
+    rl, be = rl_trainer(cfg, tiny_ckpt)
+    passes = count_log_prob_passes(be)
+    assert train(rl, cfg, fake_rollout(8))["extra_forward_passes"] == len(passes) == expected
