@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from tiny_trainer import config, fake_rollout, rl_trainer, train
 
 
@@ -24,5 +23,11 @@ def test_compiled_layers_train_as_eager_ones(tiny_ckpt):
     for a, b in zip(cm, em):
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
-    for k in cw:  # Adam: see test_fused_logprobs
-        torch.testing.assert_close(cw[k], ew[k], rtol=1e-5, atol=1e-2 * cfg.algo.lr)
+    # Adam divides by the gradient's RMS: a rounding difference in a gradient near zero can move a weight by up to
+    # the learning rate a step (the gradients are compared above, through grad_norm). So nearly every weight is within
+    # 1% of the learning rate (on an AVX2 machine one of 2048 in a matrix was 1.04%), and every one within two steps
+    lr = cfg.algo.lr
+    for k in cw:
+        diff = (cw[k] - ew[k]).abs()
+        assert float((diff <= 1e-2 * lr + 1e-5 * ew[k].abs()).float().mean()) >= 0.999, k
+        assert float(diff.max()) <= 2 * lr, k

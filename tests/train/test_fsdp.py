@@ -132,13 +132,19 @@ def _two_ranks(rank, port, ckpt, out_dir, load_from, save_to, extra):
 
 @pytest.mark.slow  # three process groups: ~80 s
 @pytest.mark.parametrize("extra", [(), ("trainer.lora.rank=4",)], ids=["full", "lora"])
-def test_dcp_checkpoint_resumes_at_another_rank_count(tiny_ckpt, tmp_path, extra):
+def test_dcp_checkpoint_resumes_at_another_rank_count(tiny_ckpt, tmp_path, extra, request):
     """Two ranks save (torch.distributed.checkpoint, one file per rank); one rank resumes from it with
     the same weights, reference and AdamW state, trains a step and saves, and two ranks resume from that
     with its weights and AdamW state."""
     import torch.multiprocessing as mp
 
     from slime_hydra.train.backends.torch import fsdp
+
+    # one thread, as the ranks have: the reference log-probs are compared bit for bit, and on an AVX2 machine
+    # two threads summed them differently (2.4e-7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
 
     a, b = str(tmp_path / "two"), str(tmp_path / "one")
     mp.spawn(_two_ranks, args=(free_port(), tiny_ckpt, str(tmp_path), None, a, list(extra)), nprocs=2, join=True)
