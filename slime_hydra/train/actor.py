@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
@@ -104,14 +105,17 @@ class TrainerActor:
         return self.sender.push(weights, version)
 
     def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
-        """The RL step's metrics and, on a GPU, ``gpu_peak_gib``: what torch allocated at most during it
-        (the memory plan's trainer estimate is of this)."""
+        """The RL step's metrics; ``actor_time``, its seconds here (the driver's ``perf/train_time`` adds Ray's
+        hand-over of the data and of the answer); on a GPU, ``gpu_peak_gib``: what torch allocated at most during
+        it (the memory plan's trainer estimate is of this)."""
+        t0 = time.perf_counter()
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         metrics = self.rl.train(data, temperature=temperature, max_response_len=max_response_len)
         if cuda:
             metrics["gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+        metrics["actor_time"] = time.perf_counter() - t0  # the metrics were read from the device: it is done
         return metrics
 
     def offload(self, keep_weights: bool = False) -> None:
