@@ -174,6 +174,7 @@ def summarize_run(res: Dict[str, Any]) -> Dict[str, Any]:
                                                 "weight_transfer_time")}
     s["sync_all"] = (s["weight_sync_time"] or 0.0) + (s["offload_time"] or 0.0) \
         if s["weight_sync_time"] is not None else None
+    s["train_actor_time"] = h.steady(rows, "train/actor_time")  # of train_time: the step inside the trainer
     gaps = [r["train/train_rollout_logprob_abs_diff"] for r in rows if "train/train_rollout_logprob_abs_diff" in r]
     s["logprob_gap_max"] = max(gaps, default=None)
     s["logprob_gap_median"] = h.steady(rows, "train/train_rollout_logprob_abs_diff")
@@ -235,6 +236,9 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
             lines.append(f"- {name} sync parts (medians): the push {s['weight_push_time']:.3f} s, of which the "
                          f"weights' transfer {s['weight_transfer_time']:.3f} s (the rest: pause, cache flush, resume, "
                          "version check)")
+        if s.get("train_actor_time") is not None and s.get("train_time") is not None:
+            lines.append(f"- {name} train parts (medians): {s['train_actor_time']:.3f} s inside the trainer of "
+                         f"{s['train_time']:.3f} s (the rest: Ray's hand-over of the data and the answer)")
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
     lines += startup_table(results)
