@@ -171,10 +171,9 @@ def summarize_run(res: Dict[str, Any]) -> Dict[str, Any]:
     rows = res.get("rows") or []
     s = {k: h.steady(rows, f"perf/{k}") for k in ("step_time", "rollout_wait_time", "rollout_time", "train_time",
                                                 "weight_sync_time", "offload_time", "weight_push_time",
-                                                "weight_transfer_time")}
+                                                "weight_transfer_time", "train_actor_time")}
     s["sync_all"] = (s["weight_sync_time"] or 0.0) + (s["offload_time"] or 0.0) \
         if s["weight_sync_time"] is not None else None
-    s["train_actor_time"] = h.steady(rows, "train/actor_time")  # of train_time: the step inside the trainer
     gaps = [r["train/train_rollout_logprob_abs_diff"] for r in rows if "train/train_rollout_logprob_abs_diff" in r]
     s["logprob_gap_max"] = max(gaps, default=None)
     s["logprob_gap_median"] = h.steady(rows, "train/train_rollout_logprob_abs_diff")

@@ -84,7 +84,7 @@ def test_embedded_default_learns(tmp_path):
         assert key in rows[1], key
     assert all(0 < r["perf/weight_transfer_time"] <= r["perf/weight_push_time"] <= r["perf/weight_sync_time"]
                for r in rows[1:])
-    assert all(0 < r["train/actor_time"] <= r["perf/train_time"] for r in rows[1:])  # the step within the actor
+    assert all(0 < r["perf/train_actor_time"] <= r["perf/train_time"] for r in rows[1:])  # the step within the actor
     # One optimiser step per rollout (ratio 1) and one-token answers: the token-mean pg_loss is minus
     # the mean advantage, 0 when rewards are normalised per group (measured |pg_loss| <= 1.4e-8 over
     # 40 steps); on raw rewards it is minus the mean reward (-0.053 at step 1, seed 1234).

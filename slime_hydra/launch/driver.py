@@ -353,6 +353,7 @@ class Run:
         self.fresh_trainers = False
         t1 = time.perf_counter()
         train_metrics = self.trainers.train(data_refs, cfg.rollout.temperature, cfg.rollout.max_response_len)
+        metrics["perf/train_actor_time"] = train_metrics.pop("actor_time")  # a timing, as the other perf/ ones
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         t_train = time.perf_counter() - t1
         check_logprob_gap(cfg, metrics, step)
