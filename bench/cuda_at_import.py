@@ -23,8 +23,6 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
-CUDA_ERROR_NOT_INITIALIZED = 3
-
 
 def driver_state(lib: Optional[ctypes.CDLL]) -> Optional[int]:
     """cuDeviceGetCount's answer: 0 once the driver is initialised, 3 before; None without a driver."""
