@@ -21,6 +21,7 @@ import importlib.abc
 import json
 import os
 import sys
+import traceback
 from typing import Any, Dict, Optional
 
 
@@ -113,9 +114,18 @@ def main() -> None:
     report["after_torch"] = driver_state(lib)
     from slime_hydra.rollout.engines import sglang_preload
 
+    stacks = []  # each refusal's stack: who asked, through which imports
+    refuse = sglang_preload.Refusals._raise
+
+    def noted(self, *a, **k):  # noqa: ANN001, ANN202
+        stacks.append([line.strip() for line in traceback.format_stack(limit=16)[:-2]])
+        return refuse(self, *a, **k)
+
+    sglang_preload.Refusals._raise = noted
     status = sglang_preload.preload([m for m in args.modules.split(",") if m])
     sys.meta_path.remove(watch)
-    report.update(after_preload=driver_state(lib), first_initialised_after=watch.first, call=watch.call, preload=status)
+    report.update(after_preload=driver_state(lib), first_initialised_after=watch.first, call=watch.call, preload=status,
+                  refusal_stacks=stacks)
     print(json.dumps(report, indent=1, default=str))
 
 

@@ -146,19 +146,49 @@ def test_imports_are_answered_as_a_spawned_worker_is_before_cuda_starts(tmp_path
     (tmp_path / "asks.py").write_text(
         "import torch\nfrom torch.cuda import current_device\n"
         "ACCELERATOR = torch._C._get_accelerator().type\nDEVICE = current_device()\n"
-        "CAPABILITY = torch.cuda.get_device_capability()\n")
+        "CAPABILITY = torch.cuda.get_device_capability()\nNAME = torch.cuda.get_device_name(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as NVML answers on a GPU machine
     nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
-                                 nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0))
+                                 nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
+                                 nvmlDeviceGetName=lambda h: b"NVIDIA H200")
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setattr(sglang_preload, "cuda_after_fork", lambda: None)  # no GPU here to fork a probe for
-    originals = (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability)
+    originals = (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability,
+                 torch.cuda.get_device_name)
     got = sglang_preload.preload(["asks"])
     asks = sys.modules.pop("asks")
     assert got["fork"] and got["imported"] == ["asks"] and got["refusals_caught"] == []
-    assert (asks.ACCELERATOR, asks.DEVICE, asks.CAPABILITY) == ("cuda", 0, (9, 0))
-    assert (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability) == originals
+    assert (asks.ACCELERATOR, asks.DEVICE, asks.CAPABILITY, asks.NAME) == ("cuda", 0, (9, 0), "NVIDIA H200")
+    assert (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability,
+            torch.cuda.get_device_name) == originals
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # in the worker, once CUDA is up
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
     assert asks.current_device() == 3
+
+
+def test_a_package_left_to_the_workers_may_be_caught_by_its_one_importer(tmp_path, monkeypatch):
+    """sgl_kernel is never imported in the forkserver: its import is refused before any of its code runs. The
+    importer named in ``LEFT_TO_WORKERS`` may catch that and import on (the workers still fork); any other
+    importer that catches it makes the workers spawn; one that does not catch it is left to the workers."""
+    import sys
+
+    from slime_hydra.rollout.engines import sglang_preload
+
+    (tmp_path / "kernels.py").write_text("LOADED = True\n")
+    guarded = "try:\n    import kernels\n    HAVE = True\nexcept ImportError:\n    HAVE = False\n"
+    (tmp_path / "tolerant.py").write_text(guarded)
+    (tmp_path / "other.py").write_text(guarded)
+    (tmp_path / "needs.py").write_text("import kernels\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sglang_preload, "LEFT_TO_WORKERS", {"kernels": ("tolerant", "a test's reason")})
+    monkeypatch.setattr(sglang_preload, "cuda_after_fork", lambda: None)
+    for name in ("kernels", "tolerant", "other", "needs"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    got = sglang_preload.preload(["tolerant", "needs"])
+    assert got["fork"] and got["imported"] == ["tolerant"] and "left to the workers" in got["left"]["needs"]
+    assert got["refusals_caught"] == [] and got["tolerated"] == ["kernels, imported by tolerant"]
+    assert sys.modules["tolerant"].HAVE is False and "kernels" not in sys.modules
+    got = sglang_preload.preload(["other"])
+    assert not got["fork"] and got["refusals_caught"] == ["kernels, imported by other"]
+    assert sglang_preload.LeaveToWorkers not in map(type, sys.meta_path)  # removed after the imports

@@ -3,7 +3,7 @@ imported without CUDA, then a word to the launcher on whether its workers may be
 
 A process forked after CUDA was initialised cannot use CUDA. So, while the modules import, what they ask of the
 GPU is answered without initialising it, as a spawned worker would be answered at the same point of its imports:
-- the GPU's compute capability is read from NVML (the same answer);
+- the GPU's compute capability and name are read from NVML (the same answers);
 - the current device is 0 (a worker imports before it picks its device);
 - torch's accelerator is CUDA when NVML sees a GPU (``torch.get_device_module()`` asks it, and asking the CUDA
   runtime initialises the driver: ``bench/cuda_at_import.py`` found SGLang's ``parallel_state`` doing so);
@@ -16,12 +16,15 @@ and imports anyway would keep a CPU-only answer that a worker forked from here i
 spawned. A library may also touch the CUDA driver without torch (sgl_kernel loads its kernels as it imports: a
 worker forked after that failed with "CUDA error: initialization error" on the H200). So at the end a child is
 forked and initialises CUDA, as a worker would; only if it can are the workers forked from here, else they are
-spawned, as SGLang starts them. ``STATUS_ENV`` names the file that says which (JSON, written whole).
+spawned, as SGLang starts them. So sgl_kernel is never imported here (``LEFT_TO_WORKERS``): its import is
+refused, and only the importer named there may carry on without it. ``STATUS_ENV`` names the file that says which
+(JSON, written whole).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import json
 import os
 import sys
@@ -32,6 +35,14 @@ MODULES_ENV = "SLIME_HYDRA_SGLANG_PRELOAD"  # comma-separated modules to import
 STATUS_ENV = "SLIME_HYDRA_SGLANG_PRELOAD_STATUS"  # where to write what happened
 # torch's entry points that initialise CUDA (refused while the modules import)
 CUDA_ENTRY_POINTS = ("_cuda_init", "_cuda_getDeviceCount")
+# Packages refused here whatever they ask of torch, each with the one importer that may catch the refusal and import
+# on (what that importer keeps is then what a worker computes), and why
+LEFT_TO_WORKERS = {
+    "sgl_kernel": ("sglang.srt.utils.common",
+                   "sgl_kernel loads its CUDA kernels as it imports, which touches the driver without torch; "
+                   "sglang.srt.utils.common imports it in a try only to set is_intel_amx_backend_available, "
+                   "which is False without it and False with sgl_kernel's CUDA build"),
+}
 
 
 class CudaAtImport(ImportError):
@@ -44,12 +55,21 @@ class Refusals:
     def __init__(self) -> None:
         self.raised: List[CudaAtImport] = []
         self.where: List[str] = []
+        self.tolerated: List[bool] = []  # may be caught (``LEFT_TO_WORKERS``' importer)
 
     def refuse(self, *_args: Any, **_kwargs: Any) -> Any:
         caller = sys._getframe(1)
-        self.where.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
-        self.raised.append(CudaAtImport("CUDA would be initialised in the forkserver"))
+        self._raise(f"{caller.f_code.co_filename}:{caller.f_lineno}", "CUDA would be initialised in the forkserver")
+
+    def _raise(self, where: str, why: str, tolerated: bool = False) -> Any:
+        self.where.append(where)
+        self.tolerated.append(tolerated)
+        self.raised.append(CudaAtImport(why))
         raise self.raised[-1]
+
+    def caught(self, stopped: set) -> List[str]:
+        """Where the refusals were raised that a module caught and imported past (none tolerated)."""
+        return [w for i, w in enumerate(self.where) if i not in stopped and not self.tolerated[i]]
 
     def stopped(self, error: BaseException) -> Optional[int]:
         """The index of the refusal that ``error`` (an import's failure) came from, if any."""
@@ -63,32 +83,70 @@ class Refusals:
         return None
 
 
+class LeaveToWorkers(importlib.abc.MetaPathFinder):
+    """Refuses the packages of ``LEFT_TO_WORKERS`` (and their modules) before any of their code runs."""
+
+    def __init__(self, refusals: Refusals):
+        self.refusals = refusals
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        package = name.partition(".")[0]
+        if package not in LEFT_TO_WORKERS:
+            return None
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):  # importlib's own frames
+            frame = frame.f_back
+        importer = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+        self.refusals._raise(f"{package}, imported by {importer}", f"{package} is left to the workers",
+                             tolerated=importer == LEFT_TO_WORKERS[package][0])
+
+
 def _cuda_initialized() -> bool:
     import torch
 
     return torch.cuda.is_initialized()
 
 
+def nvml_handle(device: Any) -> Any:
+    """NVML's handle of torch's ``device`` (None, an int, "cuda:N" or a torch.device), as CUDA_VISIBLE_DEVICES
+    maps it."""
+    import pynvml
+    import torch
+
+    pynvml.nvmlInit()
+    index = device.index if isinstance(device, torch.device) else device
+    index = int(str(index).rsplit(":", 1)[-1]) if index not in (None, "cuda") else 0
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    entry = visible[index].strip() if visible else str(index)
+    return (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+            else pynvml.nvmlDeviceGetHandleByUUID(entry))
+
+
 def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.cuda.get_device_capability`` answered by NVML until CUDA is initialised, then by ``original``."""
 
     def get_device_capability(device: Any = None) -> Any:
-        import torch
-
         if _cuda_initialized():
             return original(device)
         import pynvml
 
-        pynvml.nvmlInit()
-        index = device.index if isinstance(device, torch.device) else device  # None, an int or "cuda:N"
-        index = int(str(index).rsplit(":", 1)[-1]) if index not in (None, "cuda") else 0
-        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        entry = visible[index].strip() if visible else str(index)
-        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
-                  else pynvml.nvmlDeviceGetHandleByUUID(entry))
-        return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+        return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(nvml_handle(device)))
 
     return get_device_capability
+
+
+def nvml_name(original: Callable[..., str]) -> Callable[..., str]:
+    """``torch.cuda.get_device_name``: NVML's name of the device until CUDA is initialised, then ``original``'s."""
+
+    def get_device_name(device: Any = None) -> str:
+        if _cuda_initialized():
+            return original(device)
+        import pynvml
+
+        name = pynvml.nvmlDeviceGetName(nvml_handle(device))
+        return name.decode() if isinstance(name, bytes) else name
+
+    return get_device_name
 
 
 def first_device(original: Callable[[], int]) -> Callable[[], int]:
@@ -152,6 +210,7 @@ def preload(modules: List[str]) -> Dict[str, Any]:
     # (owner, name, what takes its place while the modules import)
     swaps = [(torch._C, name, refusals.refuse) for name in CUDA_ENTRY_POINTS if hasattr(torch._C, name)]
     swaps += [(torch.cuda, "get_device_capability", nvml_capability(torch.cuda.get_device_capability)),
+              (torch.cuda, "get_device_name", nvml_name(torch.cuda.get_device_name)),
               (torch.cuda, "current_device", first_device(torch.cuda.current_device))]
     if hasattr(torch._C, "_get_accelerator"):
         swaps.append((torch._C, "_get_accelerator", cuda_accelerator(torch._C._get_accelerator)))
@@ -159,6 +218,8 @@ def preload(modules: List[str]) -> Dict[str, Any]:
     for owner, name, stand_in in swaps:
         setattr(owner, name, stand_in)
     stopped = set()
+    finder = LeaveToWorkers(refusals)
+    sys.meta_path.insert(0, finder)
     try:
         for m in modules:
             try:
@@ -168,13 +229,16 @@ def preload(modules: List[str]) -> Dict[str, Any]:
                 left[m] = f"{type(e).__name__}: {e}"[:300]
                 stopped.add(refusals.stopped(e))
     finally:
+        sys.meta_path.remove(finder)
         for owner, name, original in saved:
             setattr(owner, name, original)
-    caught = [w for i, w in enumerate(refusals.where) if i not in stopped]
+    caught = refusals.caught(stopped)
+    tolerated = [w for i, w in enumerate(refusals.where) if refusals.tolerated[i] and i not in stopped]
     torch_cuda = torch.cuda.is_initialized()
     probe = None if torch_cuda or caught else cuda_after_fork()
     return {"fork": not torch_cuda and not caught and probe is None, "torch_cuda_initialized": torch_cuda,
-            "refusals_caught": caught, "probe": probe, "imported": imported, "left": left,
+            "refusals_caught": caught, "tolerated": tolerated,
+            "probe": probe, "imported": imported, "left": left,
             "seconds": round(time.monotonic() - t0, 2)}
 
 
