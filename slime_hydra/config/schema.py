@@ -162,9 +162,9 @@ class RolloutConfig:
     server_args: Dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs pass-through
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
     # SGLang: fork the server's workers from a process that imported most of their code beside the server
-    # (rollout/engines/sglang_launch.py; a server alone started in 40.5 s instead of 50.2-51.0 s on an H200). Off
-    # until it is measured through run.py
-    sglang_fork_workers: bool = False
+    # (rollout/engines/sglang_launch.py; it spawns them, as SGLang does, where a forked process could not use
+    # CUDA). On one H200 the start to step 1 done took 35.3-40.8 s instead of 55.5 s (docs/gpu.md)
+    sglang_fork_workers: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
     # Fault tolerance (docs/faults.md): an engine whose process exits, whose /health_generate does not

@@ -80,7 +80,8 @@ def engine_commands(overrides: List[str]) -> List[List[str]]:
 def test_shipped_engine_command_lines_parse(sglang, overrides):
     cfg = resolved(overrides)
     for cmd in engine_commands(overrides):
-        assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        # SGLang's launch_server, its workers forked (rollout.sglang_fork_workers): its flags, unchanged
+        assert cmd[:3] == [sys.executable, "-m", "slime_hydra.rollout.engines.sglang_launch"]
         assert sglang.check(cmd[3:]) is None, cmd
         got = sglang.parse(cmd[3:], ["model_path", "tp_size", "enable_memory_saver", "trust_remote_code", "dtype",
                                      "skip_server_warmup", *cfg.rollout.server_args])
@@ -338,7 +339,7 @@ def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
 
 def test_fork_workers_starts_the_same_server_through_the_forking_launcher():
     overrides = list(COMBOS[0])
-    plain, forking = engine_commands(overrides), engine_commands(overrides + ["rollout.sglang_fork_workers=true"])
+    plain, forking = engine_commands(overrides + ["rollout.sglang_fork_workers=false"]), engine_commands(overrides)
     launcher = [sys.executable, "-m", "slime_hydra.rollout.engines.sglang_launch"]
     assert [c[:3] for c in forking] == [launcher] * len(plain)
     assert [c[3:] for c in forking] == [c[3:] for c in plain]  # the same flags: launch_server parses them

@@ -1,5 +1,5 @@
-"""SGLang servers (``python -m sglang.launch_server``; with ``rollout.sglang_fork_workers`` through
-``sglang_launch``, which overlaps its two processes' imports), slime's production engine.
+"""SGLang servers (``python -m sglang.launch_server``, through ``sglang_launch``, which overlaps its two
+processes' imports, unless ``rollout.sglang_fork_workers=false``), slime's production engine.
 
 ``rollout.server_args`` is passed through to SGLang's ServerArgs (``mem_fraction_static: 0.7`` ->
 ``--mem-fraction-static 0.7``); the fields slime_hydra sets itself (``MANAGED_SERVER_ARGS``) are

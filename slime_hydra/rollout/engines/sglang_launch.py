@@ -1,6 +1,6 @@
-"""``python -m slime_hydra.rollout.engines.sglang_launch ARGS`` (``rollout.sglang_fork_workers=true``): SGLang's
-``python -m sglang.launch_server ARGS``, whose worker processes (scheduler, detokenizer) are forked from a process
-that imported most of their code while the server imported its own.
+"""``python -m slime_hydra.rollout.engines.sglang_launch ARGS`` (``rollout.sglang_fork_workers``, on by default):
+SGLang's ``python -m sglang.launch_server ARGS``, whose worker processes (scheduler, detokenizer) are forked from a
+process that imported most of their code while the server imported its own.
 
 Why: SGLang's server imports its stack (about 20 s on the H200) before it parses its arguments; then it
 spawns the scheduler, which imports the same stack again (about 20 s more) before it touches the GPU
