@@ -11,7 +11,9 @@ batch (64 samples of 64 prompt + 256 response tokens, micro-batches of 16) and 2
   pass) and without (0, TRL's default beta): seconds a step (median of ``--steps`` after a warm-up),
   peak memory; and without KL with the levers of issue 24 taken away one at a time (``--variants``:
   ``no_kl_logits``, the [B, L, V] logits head of before ``trainer.fused_logprobs``; ``no_kl_recompute``,
-  the old policy's log-probs in a pass of their own);
+  the old policy's log-probs in a pass of their own; ``megatron`` and ``megatron_compile``, the megatron
+  trainer); for each, the share inside the backend's ``train_step`` (forward, backward, optimizer) against
+  the RL step's own work around it;
 - ``--micro 16 32 64``: each micro-batch size a run;
 - the floor: the same micro-batches through the bare Hugging Face model (float32 weights under bfloat16
   autocast, the response tokens' log-probs, backward, fused AdamW), the least a step of this model
@@ -44,10 +46,14 @@ PROMPT = 64
 # RL-step variants: (algo.kl_loss_coef, more config overrides). no_kl_logits: the log-prob head of before
 # trainer.fused_logprobs (the model's [B, L, V] logits, then the float32 log-softmax); no_kl_recompute: the
 # old policy's log-probs in a pass of their own (no on-policy shortcut: RLTrainer.reuse_step_log_probs);
-# no_kl_compile: trainer.compile=true (the warm-up step compiles; "compile_s" is its time)
+# no_kl_compile: trainer.compile=true (the warm-up step compiles; "compile_s" is its time); megatron,
+# megatron_compile: the megatron trainer (one packed micro-batch with --micro 64 on the anchor batch; the plan's
+# trainer.recompute is resolved by run.py only, so it is set here: none, as the plan picks it on an H200 there)
 VARIANTS = {"kl": (0.04, (), True), "no_kl": (0.0, (), True),
             "no_kl_logits": (0.0, ("trainer.fused_logprobs=false",), True), "no_kl_recompute": (0.0, (), False),
-            "no_kl_compile": (0.0, ("trainer.compile=true",), True)}
+            "no_kl_compile": (0.0, ("trainer.compile=true",), True),
+            "megatron": (0.0, ("trainer=megatron", "trainer.recompute=none"), True),
+            "megatron_compile": (0.0, ("trainer=megatron", "trainer.recompute=none", "trainer.compile=true"), True)}
 
 
 def timed(fn, steps: int, device: str, warmup: List[float] = None) -> List[float]:
@@ -66,18 +72,56 @@ def timed(fn, steps: int, device: str, warmup: List[float] = None) -> List[float
     return out
 
 
+def in_train_step(backend, rl, data, resp: int, steps: int, device: str) -> Dict[str, float]:
+    """Medians over ``steps`` more steps of ``RLTrainer.train`` and of its time inside the backend's ``train_step``
+    (forward, backward and the optimizer), the device synchronised around each: the difference is the RL step's
+    own work (the batch's micro-batches, advantages, the loss's inputs, metrics)."""
+    inside: List[float] = []
+    step = backend.train_step
+
+    def timed_step(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        sync(device)
+        t0 = time.perf_counter()
+        out = step(*a, **k)
+        sync(device)
+        inside.append(time.perf_counter() - t0)
+        return out
+
+    backend.train_step = timed_step
+    try:
+        whole = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), steps, device)
+    finally:
+        del backend.train_step  # the bound method again
+    return {"step_s": statistics.median(whole), "inside_s": statistics.median(inside[1:])}  # [0]: timed's warm-up
+
+
 def bench_trainer(path: str, batch: int, resp: int, args, kl: float, overrides: tuple = (),
                   reuse: bool = True) -> Dict[str, Any]:
-    backend, rl, _ = rl_trainer(path, batch, args.micro, args.preset, args.device, kl, overrides)
+    backend, rl, cfg = rl_trainer(path, batch, args.micro, args.preset, args.device, kl, overrides)
+    try:
+        return trainer_runs(backend, rl, batch, resp, args, kl, overrides, reuse)
+    finally:
+        if cfg.trainer.backend == "megatron":  # megatron's process group, for the next variant to make its own
+            import torch.distributed as dist
+            from megatron.core import parallel_state
+
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def trainer_runs(backend, rl, batch: int, resp: int, args, kl: float, overrides: tuple,
+                 reuse: bool) -> Dict[str, Any]:
     rl.reuse_step_log_probs = reuse
-    data = fake_rollout(batch, PROMPT, resp, min(1000, backend.model.config.vocab_size))
+    vocab = backend.hf.vocab_size if hasattr(backend, "hf") else backend.model.config.vocab_size
+    data = fake_rollout(batch, PROMPT, resp, min(1000, vocab))
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     warmup: List[float] = []
     times = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), args.steps, args.device, warmup)
     res = {"kl_loss_coef": kl, "overrides": list(overrides), "reuse_step_log_probs": reuse,
            "seconds": statistics.median(times), "all_s": times, "warmup_s": warmup[0],
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None}
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None,
+           "train_step": in_train_step(backend, rl, data, resp, args.steps, args.device)}
     if kl and args.device == "cuda":  # the reference's weights move with the trainer's state and come back whole
         mbs = backend.micro_batches(data, list(range(batch)), resp)
         before = backend.log_probs(mbs, 1.0, reference=True)
@@ -187,11 +231,15 @@ def main() -> None:
         if "reference_exact_after_offload" in r.get("kl", {}):
             print(f"  offload with KL: {r['kl']['offloaded_allocated_gib']:.2f} GiB left allocated; reference "
                   f"log-probs exact after the round trip: {r['kl']['reference_exact_after_offload']}")
-        p = r.get("no_kl", {}).get("profile")
-        if p:
-            print(f"  profile (KL 0): wall {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_s']:.3f} s")
-            for k in p["kernels"]:
-                print(f"    {k['ms']:8.1f} ms {k['calls']:6d}x  {k['name']}")
+        for k in variants:
+            if "train_step" in r.get(k, {}):
+                t = r[k]["train_step"]
+                print(f"  {k}: {t['inside_s']:.3f} s of {t['step_s']:.3f} s a step inside the backend's train_step")
+            p = r.get(k, {}).get("profile")
+            if p:
+                print(f"  profile of {k}: wall {p['wall_s']:.3f} s, GPU busy {p['gpu_busy_s']:.3f} s")
+                for kern in p["kernels"]:
+                    print(f"    {kern['ms']:8.1f} ms {kern['calls']:6d}x  {kern['name']}")
 
 
 if __name__ == "__main__":
