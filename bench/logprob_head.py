@@ -1,6 +1,8 @@
 """The log-prob head alone: the model's [B, L, V] logits then the float32 log-softmax
 (``train/batch.response_log_probs``) against the fused head (``train/logprobs.py``, ``trainer.fused_logprobs``),
-forward and backward of a GRPO-like loss over the response tokens' log-probs and entropies.
+and the fused head with its softmax statistics compiled (``compiled``: as ``trainer.compile`` runs it; the first
+step, a warm-up, compiles), forward and backward of a GRPO-like loss over the response tokens' log-probs and
+entropies.
 
     python bench/logprob_head.py                       # GPU: Qwen3-0.6B's head (V 151936, H 1024), 32 x (64 + 256)
     python bench/logprob_head.py --device cpu --samples 2 --prompt 16 --response 64   # CPU: a smaller batch
@@ -56,15 +58,17 @@ def main() -> None:
             logits = hidden @ weight.T
         return response_log_probs(logits, mb, 1.0, with_entropy=True, entropy_grad=False)
 
-    def fused():
+    def fused(fuse: bool = False):
         with amp:
-            lp, ent = head_log_probs(response_rows(hidden, start, T), weight, ids.reshape(-1), 1.0, with_entropy=True)
+            lp, ent = head_log_probs(response_rows(hidden, start, T), weight, ids.reshape(-1), 1.0, with_entropy=True,
+                                     fuse=fuse)
         return lp.view(B, T), ent.detach().view(B, T)
 
     results = {"shape": {"samples": B, "prompt": P, "response": T, "hidden": H, "vocab": V},
                "device": torch.cuda.get_device_name(0) if cuda else "cpu", "cmdline": " ".join(sys.argv)}
     grads = {}
-    for name, head in (("logits", plain), ("fused", fused)):
+    heads = (("logits", plain), ("fused", fused), ("compiled", lambda: fused(True)))
+    for name, head in heads:
         def step(head=head):
             hidden.grad = weight.grad = None
             lp, ent = head()
@@ -86,8 +90,10 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         grads[name] = (lp.float(), ent.float(), hidden.grad.float().clone(), weight.grad.float().clone())
         results[name] = {"seconds": statistics.median(times), "all_s": times, "peak_gib_above_inputs": peak}
-    diffs = [float((a - b).abs().max()) for a, b in zip(grads["logits"], grads["fused"])]
-    results["max_abs_diff"] = dict(zip(("log_probs", "entropy", "grad_hidden", "grad_weight"), diffs))
+    for name in ("fused", "compiled"):
+        diffs = [float((a - b).abs().max()) for a, b in zip(grads["logits"], grads[name])]
+        results["max_abs_diff" if name == "fused" else f"max_abs_diff_{name}"] = dict(
+            zip(("log_probs", "entropy", "grad_hidden", "grad_weight"), diffs))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "logprob_head.json")
     with open(path + ".tmp", "w") as f:
@@ -95,11 +101,12 @@ def main() -> None:
     os.replace(path + ".tmp", path)
     print(f"{results['device']}: {B} x ({P} + {T}) tokens, H {H}, V {V}; seconds (forward + backward), "
           f"median of {args.steps}")
-    for name in ("logits", "fused"):
+    for name, _ in heads:
         r = results[name]
         peak = r["peak_gib_above_inputs"]
         print(f"  {name:>7}: {r['seconds']:.4f} s" + (f", peak {peak:.2f} GiB above the inputs" if peak else ""))
-    print("  max |logits - fused|: " + ", ".join(f"{k} {v:.2e}" for k, v in results["max_abs_diff"].items()))
+    for name, key in (("fused", "max_abs_diff"), ("compiled", "max_abs_diff_compiled")):
+        print(f"  max |logits - {name}|: " + ", ".join(f"{k} {v:.2e}" for k, v in results[key].items()))
 
 
 if __name__ == "__main__":

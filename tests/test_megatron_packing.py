@@ -58,7 +58,12 @@ def test_pack_micro_batches_from_rollout_data():
     assert all(mb.num_tokens <= 12 and mb.num_tokens % 2 == 0 for mb in mbs)
 
 
-def test_log_probs_match_log_softmax_and_skip_padding():
+@pytest.mark.parametrize("fuse", [False, True])
+def test_log_probs_match_log_softmax_and_skip_padding(fuse, monkeypatch):
+    """Eager, and with ``fuse``'s functions (``trainer.compile``; run uncompiled here, the same Python)."""
+    from slime_hydra.train.backends.megatron import logprobs
+
+    monkeypatch.setattr(logprobs, "compiled", lambda fn: fn)
     torch.manual_seed(0)
     rows, vocab = 50, 90
     logits = (torch.randn(rows, 128) * 3).to(torch.bfloat16)
@@ -66,7 +71,7 @@ def test_log_probs_match_log_softmax_and_skip_padding():
     targets = torch.randint(0, vocab, (rows,))
     x = logits.clone().requires_grad_(True)
     lp, ent = vocab_parallel_log_probs(x, targets, vocab_size=vocab, temperature=0.9, with_entropy=True,
-                                       chunk_bytes=4 * 3 * 128 * 7)
+                                       chunk_bytes=4 * 3 * 128 * 7, fuse=fuse)
     assert lp.dtype == torch.float32 and lp.shape == (rows,)
     (lp.sum() + 0.5 * ent.sum()).backward()
     ref_x = logits.float().clone().requires_grad_(True)

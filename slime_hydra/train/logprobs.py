@@ -18,17 +18,70 @@ The model's own forward still runs (its hooks: DDP's, FSDP2's, PEFT's): :func:`f
 LM head's ``forward`` for one that returns the response tokens' ``[B, T, 2]`` (log-prob, entropy) in
 place of the logits, so the head's weight is read where the model reads it (unsharded under FSDP2,
 the reference's under ``torch.func.functional_call``).
+
+With ``trainer.compile`` the float32 softmax statistics of a chunk and their gradient run as torch.compile'd
+functions (:func:`row_max`, :func:`softmax_sums`, :func:`softmax_grad`; the megatron backend's vocab-parallel head
+uses them too): inductor fuses each into one or two kernels that read the chunk's logits once, in their own dtype,
+where eager torch makes about a dozen float32 passes over ``[chunk, V]``. Those passes, not the head's matmuls, were
+most of the head's time on an H200 (``bench/logprob_head.py``: 55-63 ms for 8,192 response tokens, of which the
+matmuls' FLOPs are about 14 ms). The same formulas, so the same numbers up to float32 rounding.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
 # response rows a chunk: 1024 x 151936 float32 is 0.6 GB a temporary (about four live at once in the backward)
 HEAD_CHUNK_ROWS = 1024
+
+
+def row_max(logits: torch.Tensor, inv_temp: float) -> torch.Tensor:
+    """``max(logits * inv_temp)`` of each row, float32 (``inv_temp > 0``)."""
+    return logits.float().amax(-1) * inv_temp
+
+
+def softmax_sums(logits: torch.Tensor, m: torch.Tensor, targets: torch.Tensor, in_range: torch.Tensor,
+                 inv_temp: float, with_entropy: bool) -> torch.Tensor:
+    """``[3, rows]`` float32 for ``x = logits * inv_temp`` and the rows' maxima ``m``: ``sum exp(x - m)``, the
+    target column's ``x`` (0 where ``in_range`` is False: the target is in another rank's slice) and, with
+    entropy, ``sum exp(x - m) * x`` (else 0). The statistics add up over slices of the vocabulary."""
+    x = logits.float() * inv_temp
+    e = torch.exp(x - m[:, None])
+    se = e.sum(-1)
+    chosen = x.gather(-1, targets[:, None])[:, 0] * in_range
+    return torch.stack([se, chosen, (e * x).sum(-1) if with_entropy else torch.zeros_like(se)])
+
+
+def softmax_grad(logits: torch.Tensor, targets: torch.Tensor, in_range: torch.Tensor, lse: torch.Tensor,
+                 ent: torch.Tensor, g_logp: Optional[torch.Tensor], g_ent: Optional[torch.Tensor], inv_temp: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The gradient with respect to ``logits`` (in ``dtype``) of ``g_logp . log p_target + g_ent . H``, where
+    ``log p = logits * inv_temp - lse`` and ``H = ent``: ``d log p_t / dz_k = [k = t] - p_k`` and
+    ``dH / dz_k = -p_k (log p_k + H)``, times ``inv_temp``. A column equal to the target (in this rank's slice) is
+    found by comparison, not a scatter, so that the whole is one pointwise kernel once compiled."""
+    logq = logits.float() * inv_temp - lse[:, None]
+    p = torch.exp(logq)
+    dz = torch.zeros_like(p)
+    if g_logp is not None:
+        cols = torch.arange(logits.shape[-1], device=logits.device)
+        hit = (cols[None, :] == targets[:, None]) & in_range[:, None]
+        dz = torch.where(hit, g_logp[:, None], dz) - p * g_logp[:, None]
+    if g_ent is not None:
+        dz = dz - g_ent[:, None] * p * (logq + ent[:, None])
+    return (dz * inv_temp).to(dtype)
+
+
+_COMPILED: Dict[Callable, Callable] = {}
+
+
+def compiled(fn: Callable) -> Callable:
+    """``fn`` under torch.compile with dynamic shapes (one graph for every chunk's row count), made once."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -44,31 +97,43 @@ class _HeadLogProbs(torch.autograd.Function):
     """(hidden rows [R, H], head weight [V, H], targets [R]) -> (log-prob [R], entropy [R]), float32."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy, dtype):
+    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy, dtype, fuse):
         ctx.set_materialize_grads(False)
         h, w = hidden.to(dtype), weight.to(dtype)
         rows = h.shape[0]
         logp = torch.empty(rows, dtype=torch.float32, device=h.device)
         ent = torch.zeros(rows, dtype=torch.float32, device=h.device)
+        lse = torch.empty(rows, dtype=torch.float32, device=h.device) if fuse else ent
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, rows, chunk):
-                lp = torch.log_softmax((h[s:s + chunk] @ w.T).float() / temperature, dim=-1)
-                logp[s:s + chunk] = lp.gather(-1, targets[s:s + chunk, None])[:, 0]
+                sl = slice(s, s + chunk)
+                if fuse:  # the compiled statistics (see the module's docstring)
+                    z, t = h[sl] @ w.T, targets[sl]
+                    m = compiled(row_max)(z, 1.0 / temperature)
+                    se, chosen, sx = compiled(softmax_sums)(z, m, t, torch.ones_like(t, dtype=torch.bool),
+                                                            1.0 / temperature, with_entropy)
+                    lse[sl] = m + torch.log(se)
+                    logp[sl] = chosen - lse[sl]
+                    if with_entropy:
+                        ent[sl] = lse[sl] - sx / se
+                    continue
+                lp = torch.log_softmax((h[sl] @ w.T).float() / temperature, dim=-1)
+                logp[sl] = lp.gather(-1, targets[sl, None])[:, 0]
                 if with_entropy:
-                    ent[s:s + chunk] = -(lp.exp() * lp).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, ent)
-        ctx.args = (temperature, chunk, with_entropy, dtype)
+                    ent[sl] = -(lp.exp() * lp).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, ent, lse)
+        ctx.args = (temperature, chunk, with_entropy, dtype, fuse)
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, weight, targets, ent = ctx.saved_tensors
-        temperature, chunk, with_entropy, dtype = ctx.args
+        hidden, weight, targets, ent, lse = ctx.saved_tensors
+        temperature, chunk, with_entropy, dtype, fuse = ctx.args
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if g_ent is not None and not with_entropy:
             g_ent = None
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         h, w = hidden.to(dtype), weight.to(dtype)
         rows = h.shape[0]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -76,31 +141,38 @@ class _HeadLogProbs(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, rows, chunk):
                 sl = slice(s, s + chunk)
-                lp = torch.log_softmax((h[sl] @ w.T).float() / temperature, dim=-1)
-                p = lp.exp()
-                dz = torch.zeros_like(lp)
-                if g_logp is not None:  # d log p_t / dz_k = [k = t] - p_k
-                    dz.sub_(p * g_logp[sl, None])
-                    dz.scatter_add_(-1, targets[sl, None], g_logp[sl, None])
-                if g_ent is not None:  # dH / dz_k = -p_k (log p_k + H)
-                    dz.sub_(g_ent[sl, None] * p * (lp + ent[sl, None]))
-                g = (dz / temperature).to(dtype)
+                if fuse:
+                    t = targets[sl]
+                    g = compiled(softmax_grad)(h[sl] @ w.T, t, torch.ones_like(t, dtype=torch.bool), lse[sl],
+                                               ent[sl], None if g_logp is None else g_logp[sl],
+                                               None if g_ent is None else g_ent[sl], 1.0 / temperature, dtype)
+                else:
+                    lp = torch.log_softmax((h[sl] @ w.T).float() / temperature, dim=-1)
+                    p = lp.exp()
+                    dz = torch.zeros_like(lp)
+                    if g_logp is not None:  # d log p_t / dz_k = [k = t] - p_k
+                        dz.sub_(p * g_logp[sl, None])
+                        dz.scatter_add_(-1, targets[sl, None], g_logp[sl, None])
+                    if g_ent is not None:  # dH / dz_k = -p_k (log p_k + H)
+                        dz.sub_(g_ent[sl, None] * p * (lp + ent[sl, None]))
+                    g = (dz / temperature).to(dtype)
                 if need_h:
                     grad_h[sl] = (g @ w).to(hidden.dtype)
                 if need_w:
                     grad_w.add_(g.T @ h[sl])
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
 
 
 def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False, chunk: int = HEAD_CHUNK_ROWS
+                   with_entropy: bool = False, chunk: int = HEAD_CHUNK_ROWS, fuse: bool = False
                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``log_softmax(hidden @ weight.T / temperature)[target]`` and, if asked, the entropy of that
     distribution, for each of the ``R`` rows of ``hidden`` (``[R, H]``; ``weight`` ``[V, H]``, a bias-free
     LM head), as float32 ``[R]`` tensors, differentiable in ``hidden`` and ``weight``. The matmul runs in
-    autocast's dtype where autocast is on, else in ``hidden``'s."""
+    autocast's dtype where autocast is on, else in ``hidden``'s. ``fuse``: the softmax statistics and their
+    gradient compiled (``trainer.compile``)."""
     logp, ent = _HeadLogProbs.apply(hidden, weight, targets, float(temperature), int(chunk), bool(with_entropy),
-                                    _compute_dtype(hidden))
+                                    _compute_dtype(hidden), bool(fuse))
     return logp, (ent if with_entropy else None)
 
 
@@ -126,15 +198,16 @@ def fusable_head(model: torch.nn.Module) -> Optional[torch.nn.Linear]:
 @contextlib.contextmanager
 def fused_head(head: torch.nn.Linear, response_start: torch.Tensor, response_ids: torch.Tensor,
                temperature: float, with_entropy: bool, entropy_grad: bool = True,
-               chunk: int = HEAD_CHUNK_ROWS) -> Iterator[None]:
+               chunk: int = HEAD_CHUNK_ROWS, fuse: bool = False) -> Iterator[None]:
     """Within it, ``head`` returns ``[B, T, 2]`` float32 (the response tokens' log-probs, and entropies
     or zeros) instead of ``[B, L, V]`` logits: the model's ``.logits`` output is that tensor.
-    ``entropy_grad=False``: the entropy is a metric only, and its gradient is not kept."""
+    ``entropy_grad=False``: the entropy is a metric only, and its gradient is not kept. ``fuse``: the softmax
+    statistics compiled (:func:`head_log_probs`)."""
     B, T = response_ids.shape
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         rows = response_rows(hidden, response_start, T)
-        lp, ent = head_log_probs(rows, head.weight, response_ids.reshape(-1), temperature, with_entropy, chunk)
+        lp, ent = head_log_probs(rows, head.weight, response_ids.reshape(-1), temperature, with_entropy, chunk, fuse)
         if ent is None:
             ent = torch.zeros_like(lp)
         elif not entropy_grad:

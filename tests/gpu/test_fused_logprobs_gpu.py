@@ -1,6 +1,7 @@
 """On a GPU: the fused log-prob head (``trainer.fused_logprobs``, slime_hydra/train/logprobs.py) under bf16
 autocast with float32 weights, as the torch backend runs it, against the [B, L, V] logits path: the same
-log-probs and gradients (to bf16 rounding of the matmul, computed the same way), and less peak memory.
+log-probs and gradients (to bf16 rounding of the matmul, computed the same way), and less peak memory; so too
+with its softmax statistics compiled (``fuse``, as ``trainer.compile`` runs it).
 Skipped without CUDA; the GPU benches run ``python3 -m pytest -q tests/gpu`` in every call."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def test_fused_head_matches_the_logits_path_with_less_memory():
     mb = MicroBatch(None, None, start, ids, torch.ones(B, T, device=dev), list(range(B)))
     adv = torch.randn(B, T, generator=g).to(dev)
     out = {}
-    for name in ("logits", "fused"):
+    for name in ("logits", "fused", "compiled", "compiled"):  # the first compiled pass compiles
         hidden.grad = weight.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -39,16 +40,18 @@ def test_fused_head_matches_the_logits_path_with_less_memory():
                 lp, ent = response_log_probs(hidden @ weight.T, mb, 0.9, with_entropy=True, entropy_grad=False)
             else:
                 lp, ent = head_log_probs(response_rows(hidden, start, T), weight, ids.reshape(-1), 0.9,
-                                         with_entropy=True)
+                                         with_entropy=True, fuse=name == "compiled")
                 lp, ent = lp.view(B, T), ent.detach().view(B, T)
         (-(lp * adv).mean()).backward()
         torch.cuda.synchronize()
         out[name] = (lp.detach(), ent, hidden.grad.clone(), weight.grad.clone(),
                      torch.cuda.max_memory_allocated() - base)
-    (lp1, e1, gh1, gw1, peak1), (lp2, e2, gh2, gw2, peak2) = out["logits"], out["fused"]
-    assert lp2.dtype == torch.float32 and gw2.dtype == torch.float32
-    # the same bf16 matmul over other row counts may round a logit one bf16 step apart: compare whole tensors
-    for a, b in ((lp2, lp1), (e2, e1), (gh2, gh1), (gw2, gw1)):
-        assert float((a - b).norm() / b.norm()) < 1e-2
-    assert float((lp2 - lp1).abs().max()) < 5e-2
-    assert peak2 < 0.5 * peak1, (peak2 / 2**30, peak1 / 2**30)
+    lp1, e1, gh1, gw1, peak1 = out["logits"]
+    for name in ("fused", "compiled"):
+        lp2, e2, gh2, gw2, peak2 = out[name]
+        assert lp2.dtype == torch.float32 and gw2.dtype == torch.float32
+        # the same bf16 matmul over other row counts may round a logit one bf16 step apart: compare whole tensors
+        for a, b in ((lp2, lp1), (e2, e1), (gh2, gh1), (gw2, gw1)):
+            assert float((a - b).norm() / b.norm()) < 1e-2, name
+        assert float((lp2 - lp1).abs().max()) < 5e-2, name
+        assert peak2 < 0.5 * peak1, (name, peak2 / 2**30, peak1 / 2**30)

@@ -1,5 +1,7 @@
 """The fused log-prob head (slime_hydra/train/logprobs.py) against the plain one (the model's logits,
-then the float32 log-softmax, slime_hydra/train/batch.py): the same log-probs, entropies and gradients."""
+then the float32 log-softmax, slime_hydra/train/batch.py): the same log-probs, entropies and gradients, with
+its softmax statistics compiled (``fuse``, ``trainer.compile``) as well: in the fast suite the functions it
+compiles run as they are (the compile is the slow test's)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,15 @@ import pytest
 import torch
 from tiny_trainer import backend, config, fake_rollout, rl_trainer, train
 
+from slime_hydra.train import logprobs
 from slime_hydra.train.batch import MicroBatch, response_log_probs
 from slime_hydra.train.logprobs import fused_head, head_log_probs
+
+
+@pytest.fixture
+def uncompiled(monkeypatch):
+    """``fuse``'s functions run uncompiled: the same Python, in eager torch."""
+    monkeypatch.setattr(logprobs, "compiled", lambda fn: fn)
 
 
 def _plain(hidden, weight, targets, temperature):
@@ -16,31 +25,35 @@ def _plain(hidden, weight, targets, temperature):
     return lp.gather(-1, targets[:, None])[:, 0], -(lp.exp() * lp).sum(-1)
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_head_log_probs_and_their_gradients_are_the_plain_ones(chunk, temperature):
+def test_head_log_probs_and_their_gradients_are_the_plain_ones(chunk, temperature, fuse, uncompiled):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(10, 16, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(40, 16, generator=g, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 40, (10,), generator=g)
     a, b = torch.randn(10, generator=g), torch.randn(10, generator=g)  # weights of log-prob and entropy in a loss
 
-    lp, ent = head_log_probs(hidden, weight, targets, temperature, with_entropy=True, chunk=chunk)
+    lp, ent = head_log_probs(hidden, weight, targets, temperature, with_entropy=True, chunk=chunk, fuse=fuse)
     (lp * a + ent * b).sum().backward()
     fused = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
     hidden.grad = weight.grad = None
     lp, ent = _plain(hidden, weight, targets, temperature)
     (lp * a + ent * b).sum().backward()
+    # fuse sums the softmax from the row's maximum, not log_softmax: float32 rounds it differently
+    tol = dict(rtol=1e-4, atol=1e-5) if fuse else dict(rtol=1e-5, atol=1e-6)
     for x, y in zip(fused, (lp.detach(), ent.detach(), hidden.grad, weight.grad)):
-        torch.testing.assert_close(x.double(), y.double(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.double(), y.double(), **tol)
 
 
-def test_gradients_pass_a_frozen_weight_and_an_unused_entropy_by():
+@pytest.mark.parametrize("fuse", [False, True])
+def test_gradients_pass_a_frozen_weight_and_an_unused_entropy_by(fuse, uncompiled):
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(6, 8, generator=g, requires_grad=True)
     weight = torch.randn(20, 8, generator=g)  # frozen (LoRA's base)
     targets = torch.randint(0, 20, (6,), generator=g)
-    lp, ent = head_log_probs(hidden, weight, targets, with_entropy=True, chunk=4)
+    lp, ent = head_log_probs(hidden, weight, targets, with_entropy=True, chunk=4, fuse=fuse)
     lp.sum().backward()  # the entropy is a metric only
     fused = hidden.grad.clone()
     hidden.grad = None
@@ -115,3 +128,22 @@ def test_reference_log_probs_through_the_fused_head(tiny_ckpt):
     torch.testing.assert_close(be.log_probs(mbs, 1.0, reference=True), first)
     be.trainer_cfg.fused_logprobs = False
     torch.testing.assert_close(be.log_probs(mbs, 1.0, reference=True), first, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_compiled_head_is_the_plain_one():
+    """``fuse`` with torch.compile itself (inductor's CPU code; about half a minute here): chunks of two sizes
+    (one graph, dynamic), log-probs, entropies and both gradients as the plain head's."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(37, 32, generator=g, requires_grad=True)
+    weight = torch.randn(300, 32, generator=g, requires_grad=True)
+    targets = torch.randint(0, 300, (37,), generator=g)
+    a, b = torch.randn(37, generator=g), torch.randn(37, generator=g)
+    lp, ent = head_log_probs(hidden, weight, targets, 0.8, with_entropy=True, chunk=16, fuse=True)
+    (lp * a + ent * b).sum().backward()
+    got = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    lp, ent = _plain(hidden, weight, targets, 0.8)
+    (lp * a + ent * b).sum().backward()
+    for x, y in zip(got, (lp.detach(), ent.detach(), hidden.grad, weight.grad)):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)

@@ -436,7 +436,7 @@ class MegatronBackend(TrainerBackend):
 
         from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
 
-        vocab, tp_group = self.hf.vocab_size, self.tp_group
+        vocab, tp_group, fuse = self.hf.vocab_size, self.tp_group, bool(self.trainer_cfg.compile)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
@@ -445,7 +445,7 @@ class MegatronBackend(TrainerBackend):
 
             def loss_func(output):
                 lp, ent = packed_response_log_probs(output, b, vocab_size=vocab, temperature=temperature,
-                                                    tp_group=tp_group, with_entropy=not forward_only)
+                                                    tp_group=tp_group, with_entropy=not forward_only, fuse=fuse)
                 return loss_of(mb, b.per_sample(lp, mb.width), None if ent is None else b.per_sample(ent, mb.width))
 
             return out, loss_func

@@ -7,6 +7,8 @@ all-reduces of ``[rows]`` vectors, whatever the chunking. Float32 is used only `
 time, in the forward and in the backward (which recomputes the softmax from the saved logits), so no
 full-vocabulary float32 tensor of the whole batch ever exists. Columns past the true vocabulary (the
 padding of ``model.padded_vocab_size``) are excluded, so the log-probs equal the Hugging Face model's.
+With ``fuse`` (``trainer.compile``) each chunk's statistics and gradient are the torch.compile'd functions of
+``slime_hydra/train/logprobs.py``, the same formulas in fewer passes over the logits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+from slime_hydra.train.logprobs import compiled, row_max, softmax_grad, softmax_sums
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
@@ -31,7 +35,7 @@ def _allreduce(t: torch.Tensor, op, group) -> torch.Tensor:
 
 class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy):
+    def forward(ctx, logits, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy, fuse):
         ctx.set_materialize_grads(False)  # an entropy that is only a metric: no gradient pass over it
         rows = logits.shape[0]
         dev = logits.device
@@ -41,12 +45,20 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         m = torch.full((rows,), float("-inf"), device=dev)
         if n_valid:
             for s in range(0, rows, chunk):
+                if fuse:  # compiled (slime_hydra/train/logprobs.py says why)
+                    m[s:s + chunk] = compiled(row_max)(logits[s:s + chunk, :n_valid], inv_temp)
+                    continue
                 m[s:s + chunk] = logits[s:s + chunk, :n_valid].float().amax(-1) * inv_temp
         _allreduce(m, dist.ReduceOp.MAX, group)
         # pass 2: sum exp, the chosen logit, sum exp * logit
         stats = torch.zeros(3, rows, device=dev)
         if n_valid:
             for s in range(0, rows, chunk):
+                if fuse:
+                    sl = slice(s, s + chunk)
+                    stats[:, sl] = compiled(softmax_sums)(logits[sl, :n_valid], m[sl], local_t[sl], in_range[sl],
+                                                          inv_temp, with_entropy)
+                    continue
                 x = logits[s:s + chunk, :n_valid].float() * inv_temp
                 e = torch.exp(x - m[s:s + chunk, None])
                 stats[0, s:s + chunk] = e.sum(-1)
@@ -58,14 +70,22 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         logp = stats[1] - lse
         entropy = lse - stats[2] / stats[0] if with_entropy else None
         ctx.save_for_backward(logits, local_t, in_range, lse, entropy if with_entropy else lse)
-        ctx.args = (inv_temp, n_valid, chunk, with_entropy)
+        ctx.args = (inv_temp, n_valid, chunk, with_entropy, fuse)
         return (logp, entropy) if with_entropy else (logp, torch.zeros_like(logp))
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         logits, local_t, in_range, lse, entropy = ctx.saved_tensors
-        inv_temp, n_valid, chunk, with_entropy = ctx.args
+        inv_temp, n_valid, chunk, with_entropy, fuse = ctx.args
         grad = torch.zeros_like(logits)
+        if fuse and n_valid:
+            g_ent = g_ent if with_entropy else None
+            for s in range(0, logits.shape[0], chunk):
+                sl = slice(s, s + chunk)
+                grad[sl, :n_valid] = compiled(softmax_grad)(
+                    logits[sl, :n_valid], local_t[sl], in_range[sl], lse[sl], entropy[sl],
+                    None if g_logp is None else g_logp[sl], None if g_ent is None else g_ent[sl], inv_temp, grad.dtype)
+            return grad, None, None, None, None, None, None, None, None
         if g_logp is None:
             g_logp = torch.zeros_like(lse)
         rows = logits.shape[0]
@@ -81,12 +101,13 @@ class _VocabParallelLogProbs(torch.autograd.Function):
                 # dH/dx_k = -p_k (log p_k + H)
                 dx -= g_ent[sl, None] * p * (x - lse[sl, None] + entropy[sl, None])
             grad[sl, :n_valid] = (dx * inv_temp).to(grad.dtype)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_size: Optional[int] = None,
                              temperature: float = 1.0, tp_group=None, with_entropy: bool = False,
-                             chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                             chunk_bytes: int = DEFAULT_CHUNK_BYTES, fuse: bool = False
+                             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[target] and, if asked, the entropy of that distribution, per row.
 
     logits: [R, V_local], this TP rank's contiguous slice of the (padded) vocabulary, rank r holding
@@ -101,17 +122,17 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, voc
     n_valid = max(0, min(v_local, vocab_size - start))
     chunk = _chunk_rows(v_local, chunk_bytes)
     logp, ent = _VocabParallelLogProbs.apply(logits, targets, 1.0 / temperature, start, n_valid, tp_group, chunk,
-                                             with_entropy)
+                                             with_entropy, fuse)
     return logp, (ent if with_entropy else None)
 
 
 def packed_response_log_probs(output: torch.Tensor, batch, *, vocab_size: int, temperature: float = 1.0,
-                              tp_group=None, with_entropy: bool = False,
-                              chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                              tp_group=None, with_entropy: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                              fuse: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs (and entropies) of a ``packing.PackedBatch``'s response tokens from the model's
     vocab-parallel output ``[T, 1, V_local]`` (or ``[1, T, V_local]``): flat ``[R]`` tensors in
     ``batch`` order; ``batch.per_sample`` lays them out ``[B, T]``."""
     flat = output.reshape(-1, output.shape[-1]) if output.shape[1] == 1 else output[0]
     rows = flat.index_select(0, batch.logit_index)
     return vocab_parallel_log_probs(rows, batch.targets, vocab_size=vocab_size, temperature=temperature,
-                                    tp_group=tp_group, with_entropy=with_entropy, chunk_bytes=chunk_bytes)
+                                    tp_group=tp_group, with_entropy=with_entropy, chunk_bytes=chunk_bytes, fuse=fuse)

@@ -256,7 +256,8 @@ class TorchBackend(TrainerBackend):
         entropy_grad = bool(self.algo.entropy_coef)
         model = self.ref_model if reference and self.ref_model is not None else self.model
         head = fusable_head(model) if self.trainer_cfg.fused_logprobs else None
-        fused = fused_head(head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad) \
+        fused = fused_head(head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad,
+                           fuse=self.trainer_cfg.compile) \
             if head is not None else contextlib.nullcontext()
         with autocast(self.device, self.compute_dtype), fused:
             if not reference:
