@@ -76,7 +76,7 @@ def in_train_step(backend, rl, data, resp: int, steps: int, device: str) -> Dict
     """Medians over ``steps`` more steps of ``RLTrainer.train`` and of its time inside the backend's ``train_step``
     (forward, backward and the optimizer), the device synchronised around each: the difference is the RL step's
     own work (the batch's micro-batches, advantages, the loss's inputs, metrics)."""
-    inside: List[float] = []
+    inside: List[float] = []  # a step's time in train_step (summed over its optimizer steps)
     step = backend.train_step
 
     def timed_step(*a, **k):  # noqa: ANN002, ANN003, ANN202
@@ -84,12 +84,16 @@ def in_train_step(backend, rl, data, resp: int, steps: int, device: str) -> Dict
         t0 = time.perf_counter()
         out = step(*a, **k)
         sync(device)
-        inside.append(time.perf_counter() - t0)
+        inside[-1] += time.perf_counter() - t0
         return out
+
+    def rl_step() -> None:
+        inside.append(0.0)
+        rl.train(data, temperature=1.0, max_response_len=resp)
 
     backend.train_step = timed_step
     try:
-        whole = timed(lambda: rl.train(data, temperature=1.0, max_response_len=resp), steps, device)
+        whole = timed(rl_step, steps, device)
     finally:
         del backend.train_step  # the bound method again
     return {"step_s": statistics.median(whole), "inside_s": statistics.median(inside[1:])}  # [0]: timed's warm-up

@@ -12,9 +12,21 @@ import torch
 BUCKET_BYTES = 8 * 1024
 
 
-def _logprobs_tp2(rank: int, group) -> None:
+def _logprobs_tp2(rank: int, group, fuse: bool = False) -> None:
+    """``fuse``: the functions ``trainer.compile`` compiles, run as they are (the same Python): rank 1's slice is
+    partly padding, and most targets are outside each rank's slice (``in_range`` False)."""
+    from slime_hydra.train.backends.megatron import logprobs
     from slime_hydra.train.backends.megatron.logprobs import vocab_parallel_log_probs
 
+    compiled = logprobs.compiled
+    logprobs.compiled = lambda fn: fn
+    try:
+        _logprobs_tp2_checked(rank, group, vocab_parallel_log_probs, fuse)
+    finally:
+        logprobs.compiled = compiled
+
+
+def _logprobs_tp2_checked(rank: int, group, vocab_parallel_log_probs, fuse: bool) -> None:
     torch.manual_seed(0)
     rows, vocab, padded = 33, 100, 128
     full = torch.randn(rows, padded, dtype=torch.float64) * 4
@@ -22,7 +34,7 @@ def _logprobs_tp2(rank: int, group) -> None:
     w_lp, w_ent = torch.randn(rows, dtype=torch.float64), torch.randn(rows, dtype=torch.float64)
     mine = full.chunk(2, dim=1)[rank].clone().requires_grad_(True)
     lp, ent = vocab_parallel_log_probs(mine, targets, vocab_size=vocab, temperature=0.8, tp_group=group,
-                                       with_entropy=True, chunk_bytes=4 * 3 * 64 * 5)  # 5-row chunks
+                                       with_entropy=True, chunk_bytes=4 * 3 * 64 * 5, fuse=fuse)  # 5-row chunks
     (lp.double() * w_lp + ent.double() * w_ent).sum().backward()
 
     ref = full.clone().requires_grad_(True)
@@ -89,6 +101,7 @@ def _worker(rank: int, port: int, cases, models) -> None:
     try:
         group = dist.new_group([0, 1])
         _logprobs_tp2(rank, group)
+        _logprobs_tp2(rank, group, fuse=True)
         _export(rank, group, cases)
         _megatron_tp2(rank, models)
     finally:

@@ -30,7 +30,7 @@ matmuls' FLOPs are about 14 ms). The same formulas, so the same numbers up to fl
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -74,6 +74,15 @@ def softmax_grad(logits: torch.Tensor, targets: torch.Tensor, in_range: torch.Te
     return (dz * inv_temp).to(dtype)
 
 
+def chunk_slices(rows: int, chunk: int, fuse: bool) -> List[slice]:
+    """``rows`` in slices of ``chunk``; with ``fuse`` a last slice of one row joins the one before, since dynamo
+    compiles a size of 1 apart from the others (a mid-step compile for a batch whose count of rows says so)."""
+    starts = list(range(0, rows, chunk))
+    if fuse and len(starts) > 1 and rows - starts[-1] == 1:
+        starts.pop()
+    return [slice(s, starts[i + 1] if i + 1 < len(starts) else rows) for i, s in enumerate(starts)]
+
+
 _COMPILED: Dict[Callable, Callable] = {}
 
 
@@ -105,8 +114,7 @@ class _HeadLogProbs(torch.autograd.Function):
         ent = torch.zeros(rows, dtype=torch.float32, device=h.device)
         lse = torch.empty(rows, dtype=torch.float32, device=h.device) if fuse else ent
         with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, rows, chunk):
-                sl = slice(s, s + chunk)
+            for sl in chunk_slices(rows, chunk, fuse):
                 if fuse:  # the compiled statistics (see the module's docstring)
                     z, t = h[sl] @ w.T, targets[sl]
                     m = compiled(row_max)(z, 1.0 / temperature)
@@ -139,8 +147,7 @@ class _HeadLogProbs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, rows, chunk):
-                sl = slice(s, s + chunk)
+            for sl in chunk_slices(rows, chunk, fuse):
                 if fuse:
                     t = targets[sl]
                     g = compiled(softmax_grad)(h[sl] @ w.T, t, torch.ones_like(t, dtype=torch.bool), lse[sl],

@@ -191,4 +191,14 @@ def test_a_package_left_to_the_workers_may_be_caught_by_its_one_importer(tmp_pat
     assert sys.modules["tolerant"].HAVE is False and "kernels" not in sys.modules
     got = sglang_preload.preload(["other"])
     assert not got["fork"] and got["refusals_caught"] == ["kernels, imported by other"]
+    # the tolerated importer, but from a function of it that another module calls as it imports: not vouched for
+    (tmp_path / "lazy.py").write_text("def load():\n" + "".join("    " + line + "\n" for line in guarded.splitlines())
+                                      + "    return HAVE\n")
+    (tmp_path / "caller.py").write_text("import lazy\nHAVE = lazy.load()\n")
+    monkeypatch.setattr(sglang_preload, "LEFT_TO_WORKERS", {"kernels": ("lazy", "a test's reason")})
+    got = sglang_preload.preload(["caller"])
+    assert got["imported"] == ["caller"] and got["tolerated"] == [] and sys.modules["caller"].HAVE is False
+    assert not got["fork"] and got["refusals_caught"] == ["kernels, imported by lazy"]
     assert sglang_preload.LeaveToWorkers not in map(type, sys.meta_path)  # removed after the imports
+    for name in ("tolerant", "other", "needs", "lazy", "caller"):
+        sys.modules.pop(name, None)

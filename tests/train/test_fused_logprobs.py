@@ -147,3 +147,16 @@ def test_the_compiled_head_is_the_plain_one():
     (lp * a + ent * b).sum().backward()
     for x, y in zip(got, (lp.detach(), ent.detach(), hidden.grad, weight.grad)):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_chunks_have_no_single_row_tail():
+    """Dynamo compiles a size of 1 apart from the others: with ``fuse`` a last chunk of one row joins the one before,
+    so a batch whose row count leaves one over compiles nothing mid-step; eager chunks are as they were."""
+    from slime_hydra.train.logprobs import chunk_slices
+
+    def sizes(rows, chunk, fuse):
+        return [s.stop - s.start for s in chunk_slices(rows, chunk, fuse)]
+
+    assert sizes(10, 3, True) == [3, 3, 4] and sizes(10, 3, False) == [3, 3, 3, 1]
+    assert sizes(9, 3, True) == [3, 3, 3] and sizes(1, 4, True) == [1] and sizes(5, 4, True) == [5]
+    assert sizes(0, 4, True) == []

@@ -97,8 +97,11 @@ class LeaveToWorkers(importlib.abc.MetaPathFinder):
         while frame is not None and frame.f_code.co_filename.startswith("<frozen"):  # importlib's own frames
             frame = frame.f_back
         importer = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+        # tolerated only from the importer's own top level: the import statement LEFT_TO_WORKERS vouches for, not
+        # a function of that module that another one calls
+        at_top = frame is not None and frame.f_code.co_name == "<module>"
         self.refusals._raise(f"{package}, imported by {importer}", f"{package} is left to the workers",
-                             tolerated=importer == LEFT_TO_WORKERS[package][0])
+                             tolerated=at_top and importer == LEFT_TO_WORKERS[package][0])
 
 
 def _cuda_initialized() -> bool:
@@ -229,9 +232,10 @@ def preload(modules: List[str]) -> Dict[str, Any]:
                 left[m] = f"{type(e).__name__}: {e}"[:300]
                 stopped.add(refusals.stopped(e))
     finally:
-        sys.meta_path.remove(finder)
         for owner, name, original in saved:
             setattr(owner, name, original)
+        if finder in sys.meta_path:  # a module may have replaced the list
+            sys.meta_path.remove(finder)
     caught = refusals.caught(stopped)
     tolerated = [w for i, w in enumerate(refusals.where) if refusals.tolerated[i] and i not in stopped]
     torch_cuda = torch.cuda.is_initialized()

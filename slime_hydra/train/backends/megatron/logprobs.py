@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from slime_hydra.train.logprobs import compiled, row_max, softmax_grad, softmax_sums
+from slime_hydra.train.logprobs import chunk_slices, compiled, row_max, softmax_grad, softmax_sums
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
@@ -43,22 +43,21 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         local_t = torch.where(in_range, targets - vocab_start, 0)
         # pass 1: row maxima
         m = torch.full((rows,), float("-inf"), device=dev)
-        if n_valid:
+        if n_valid and fuse:  # compiled (slime_hydra/train/logprobs.py says why)
+            for sl in chunk_slices(rows, chunk, fuse):
+                m[sl] = compiled(row_max)(logits[sl, :n_valid], inv_temp)
+        elif n_valid:
             for s in range(0, rows, chunk):
-                if fuse:  # compiled (slime_hydra/train/logprobs.py says why)
-                    m[s:s + chunk] = compiled(row_max)(logits[s:s + chunk, :n_valid], inv_temp)
-                    continue
                 m[s:s + chunk] = logits[s:s + chunk, :n_valid].float().amax(-1) * inv_temp
         _allreduce(m, dist.ReduceOp.MAX, group)
         # pass 2: sum exp, the chosen logit, sum exp * logit
         stats = torch.zeros(3, rows, device=dev)
-        if n_valid:
+        if n_valid and fuse:
+            for sl in chunk_slices(rows, chunk, fuse):
+                stats[:, sl] = compiled(softmax_sums)(logits[sl, :n_valid], m[sl], local_t[sl], in_range[sl],
+                                                      inv_temp, with_entropy)
+        elif n_valid:
             for s in range(0, rows, chunk):
-                if fuse:
-                    sl = slice(s, s + chunk)
-                    stats[:, sl] = compiled(softmax_sums)(logits[sl, :n_valid], m[sl], local_t[sl], in_range[sl],
-                                                          inv_temp, with_entropy)
-                    continue
                 x = logits[s:s + chunk, :n_valid].float() * inv_temp
                 e = torch.exp(x - m[s:s + chunk, None])
                 stats[0, s:s + chunk] = e.sum(-1)
@@ -80,8 +79,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         grad = torch.zeros_like(logits)
         if fuse and n_valid:
             g_ent = g_ent if with_entropy else None
-            for s in range(0, logits.shape[0], chunk):
-                sl = slice(s, s + chunk)
+            for sl in chunk_slices(logits.shape[0], chunk, fuse):
                 grad[sl, :n_valid] = compiled(softmax_grad)(
                     logits[sl, :n_valid], local_t[sl], in_range[sl], lse[sl], entropy[sl],
                     None if g_logp is None else g_logp[sl], None if g_ent is None else g_ent[sl], inv_temp, grad.dtype)
