@@ -163,7 +163,7 @@ class RolloutConfig:
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
     # SGLang: fork the server's workers from a process that imported most of their code beside the server
     # (rollout/engines/sglang_launch.py; it spawns them, as SGLang does, where a forked process could not use
-    # CUDA). On one H200 the start to step 1 done took 35.3-40.8 s instead of 55.5 s (docs/gpu.md)
+    # CUDA). On one H200 the start to step 1 done took 37.1-40.8 s instead of 55.5 s (docs/gpu.md)
     sglang_fork_workers: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines

@@ -22,15 +22,16 @@ the reference's under ``torch.func.functional_call``).
 With ``trainer.compile`` the float32 softmax statistics of a chunk and their gradient run as torch.compile'd
 functions (:func:`row_max`, :func:`softmax_sums`, :func:`softmax_grad`; the megatron backend's vocab-parallel head
 uses them too): inductor fuses each into one or two kernels that read the chunk's logits once, in their own dtype,
-where eager torch makes about a dozen float32 passes over ``[chunk, V]``. Those passes, not the head's matmuls, were
-most of the head's time on an H200 (``bench/logprob_head.py``: 55-63 ms for 8,192 response tokens, of which the
-matmuls' FLOPs are about 14 ms). The same formulas, so the same numbers up to float32 rounding.
+where eager torch makes about a dozen float32 passes over ``[chunk, V]``. By the matmuls' FLOP count those passes
+were most of the head's time on an H200 (``bench/logprob_head.py``: 55-63 ms for 8,192 response tokens, where the
+matmuls come to about 14 ms at the H200's bf16 rate). The same formulas, so the same numbers up to float32 rounding.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+import functools
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -83,14 +84,10 @@ def chunk_slices(rows: int, chunk: int, fuse: bool) -> List[slice]:
     return [slice(s, starts[i + 1] if i + 1 < len(starts) else rows) for i, s in enumerate(starts)]
 
 
-_COMPILED: Dict[Callable, Callable] = {}
-
-
+@functools.cache
 def compiled(fn: Callable) -> Callable:
     """``fn`` under torch.compile with dynamic shapes (one graph for every chunk's row count), made once."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
+    return torch.compile(fn, dynamic=True)
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:

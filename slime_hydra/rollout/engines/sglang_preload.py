@@ -67,9 +67,10 @@ class Refusals:
         self.raised.append(CudaAtImport(why))
         raise self.raised[-1]
 
-    def caught(self, stopped: set) -> List[str]:
-        """Where the refusals were raised that a module caught and imported past (none tolerated)."""
-        return [w for i, w in enumerate(self.where) if i not in stopped and not self.tolerated[i]]
+    def caught(self, stopped: set, tolerated: bool = False) -> List[str]:
+        """Where the refusals were raised that a module caught and imported past: those not tolerated, or (with
+        ``tolerated``) those ``LEFT_TO_WORKERS`` allows."""
+        return [w for i, w in enumerate(self.where) if i not in stopped and self.tolerated[i] == tolerated]
 
     def stopped(self, error: BaseException) -> Optional[int]:
         """The index of the refusal that ``error`` (an import's failure) came from, if any."""
@@ -237,11 +238,10 @@ def preload(modules: List[str]) -> Dict[str, Any]:
         if finder in sys.meta_path:  # a module may have replaced the list
             sys.meta_path.remove(finder)
     caught = refusals.caught(stopped)
-    tolerated = [w for i, w in enumerate(refusals.where) if refusals.tolerated[i] and i not in stopped]
     torch_cuda = torch.cuda.is_initialized()
     probe = None if torch_cuda or caught else cuda_after_fork()
     return {"fork": not torch_cuda and not caught and probe is None, "torch_cuda_initialized": torch_cuda,
-            "refusals_caught": caught, "tolerated": tolerated,
+            "refusals_caught": caught, "tolerated": refusals.caught(stopped, tolerated=True),
             "probe": probe, "imported": imported, "left": left,
             "seconds": round(time.monotonic() - t0, 2)}
 

@@ -41,29 +41,19 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         dev = logits.device
         in_range = (targets >= vocab_start) & (targets < vocab_start + n_valid)
         local_t = torch.where(in_range, targets - vocab_start, 0)
+        # the chunks' statistics: eager, or compiled with fuse (slime_hydra/train/logprobs.py says why)
+        run = compiled if fuse else (lambda fn: fn)
+        slices = chunk_slices(rows, chunk, fuse) if n_valid else []
         # pass 1: row maxima
         m = torch.full((rows,), float("-inf"), device=dev)
-        if n_valid and fuse:  # compiled (slime_hydra/train/logprobs.py says why)
-            for sl in chunk_slices(rows, chunk, fuse):
-                m[sl] = compiled(row_max)(logits[sl, :n_valid], inv_temp)
-        elif n_valid:
-            for s in range(0, rows, chunk):
-                m[s:s + chunk] = logits[s:s + chunk, :n_valid].float().amax(-1) * inv_temp
+        for sl in slices:
+            m[sl] = run(row_max)(logits[sl, :n_valid], inv_temp)
         _allreduce(m, dist.ReduceOp.MAX, group)
         # pass 2: sum exp, the chosen logit, sum exp * logit
         stats = torch.zeros(3, rows, device=dev)
-        if n_valid and fuse:
-            for sl in chunk_slices(rows, chunk, fuse):
-                stats[:, sl] = compiled(softmax_sums)(logits[sl, :n_valid], m[sl], local_t[sl], in_range[sl],
-                                                      inv_temp, with_entropy)
-        elif n_valid:
-            for s in range(0, rows, chunk):
-                x = logits[s:s + chunk, :n_valid].float() * inv_temp
-                e = torch.exp(x - m[s:s + chunk, None])
-                stats[0, s:s + chunk] = e.sum(-1)
-                stats[1, s:s + chunk] = x.gather(-1, local_t[s:s + chunk, None])[:, 0] * in_range[s:s + chunk]
-                if with_entropy:
-                    stats[2, s:s + chunk] = (e * x).sum(-1)
+        for sl in slices:
+            stats[:, sl] = run(softmax_sums)(logits[sl, :n_valid], m[sl], local_t[sl], in_range[sl], inv_temp,
+                                             with_entropy)
         _allreduce(stats, dist.ReduceOp.SUM, group)
         lse = m + torch.log(stats[0])
         logp = stats[1] - lse
