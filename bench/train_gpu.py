@@ -47,13 +47,14 @@ PROMPT = 64
 # trainer.fused_logprobs (the model's [B, L, V] logits, then the float32 log-softmax); no_kl_recompute: the
 # old policy's log-probs in a pass of their own (no on-policy shortcut: RLTrainer.reuse_step_log_probs);
 # no_kl_compile: trainer.compile=true (the warm-up step compiles; "compile_s" is its time); megatron,
-# megatron_compile: the megatron trainer (one packed micro-batch with --micro 64 on the anchor batch; the plan's
-# trainer.recompute is resolved by run.py only, so it is set here: none, as the plan picks it on an H200 there)
+# megatron_compile: the megatron trainer (--micro samples packed into a micro-batch: one with --micro 64 on the
+# anchor batch; the plan's "auto" token budget and trainer.recompute are resolved by run.py only, so they are set
+# here: a budget by samples, recompute none, as the plan picks it on an H200 there)
+MEGATRON = ("trainer=megatron", "trainer.max_tokens_per_micro_batch=null", "trainer.recompute=none")
 VARIANTS = {"kl": (0.04, (), True), "no_kl": (0.0, (), True),
             "no_kl_logits": (0.0, ("trainer.fused_logprobs=false",), True), "no_kl_recompute": (0.0, (), False),
             "no_kl_compile": (0.0, ("trainer.compile=true",), True),
-            "megatron": (0.0, ("trainer=megatron", "trainer.recompute=none"), True),
-            "megatron_compile": (0.0, ("trainer=megatron", "trainer.recompute=none", "trainer.compile=true"), True)}
+            "megatron": (0.0, MEGATRON, True), "megatron_compile": (0.0, (*MEGATRON, "trainer.compile=true"), True)}
 
 
 def timed(fn, steps: int, device: str, warmup: List[float] = None) -> List[float]:

@@ -83,6 +83,33 @@ def test_log_probs_match_log_softmax_and_skip_padding(fuse, monkeypatch):
     assert (x.grad.float() - ref_x.grad).abs().max() < 1e-2  # bf16 gradient of an fp32 computation
 
 
+@pytest.mark.parametrize("fuse", [False, True])
+def test_log_probs_of_indexed_rows_equal_those_of_the_selected_rows(fuse, monkeypatch):
+    """``index`` (a packed batch's response positions, in any order): the same log-probs, entropies and
+    gradients as scoring ``logits[index]``, and rows that are not read get a zero gradient."""
+    from slime_hydra.train.backends.megatron import logprobs
+
+    monkeypatch.setattr(logprobs, "compiled", lambda fn: fn)
+    torch.manual_seed(1)
+    n, vocab = 40, 90
+    logits = (torch.randn(n, 96) * 3).to(torch.bfloat16)
+    index = torch.randperm(n)[:23]
+    targets = torch.randint(0, vocab, (23,))
+    got_x, ref_x = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    kw = dict(vocab_size=vocab, temperature=0.7, with_entropy=True, chunk_bytes=4 * 3 * 96 * 5, fuse=fuse)
+    lp, ent = vocab_parallel_log_probs(got_x, targets, index=index, **kw)
+    ref_lp, ref_ent = vocab_parallel_log_probs(ref_x.index_select(0, index), targets, **kw)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=0)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=0)
+    w = torch.randn(23)
+    (lp * w + 0.3 * ent).sum().backward()
+    (ref_lp * w + 0.3 * ref_ent).sum().backward()
+    torch.testing.assert_close(got_x.grad, ref_x.grad, rtol=0, atol=0)
+    unread = torch.ones(n, dtype=torch.bool)
+    unread[index] = False
+    assert got_x.grad[unread].abs().max() == 0 and got_x.grad[index].abs().max() > 0
+
+
 @pytest.mark.parametrize("rot_dim", [8, 4])  # all of the head, and part of it (the rest passes through)
 def test_packed_rope_equals_megatrons_per_sequence_loop(rot_dim):
     """The packed RoPE (``spec.packed_rotary_pos_emb``, no host sync) gives exactly what megatron's own

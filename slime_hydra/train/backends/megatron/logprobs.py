@@ -9,6 +9,11 @@ full-vocabulary float32 tensor of the whole batch ever exists. Columns past the 
 padding of ``model.padded_vocab_size``) are excluded, so the log-probs equal the Hugging Face model's.
 With ``fuse`` (``trainer.compile``) each chunk's statistics and gradient are the torch.compile'd functions of
 ``slime_hydra/train/logprobs.py``, the same formulas in fewer passes over the logits.
+
+A packed micro-batch's logits cover every position, prompts included, while log-probs are wanted only at the
+response's. The head reads those rows a chunk at a time (``index``) and writes their gradient straight into the
+full logits' gradient: no ``[rows, V]`` copy of the logits is made, and no ``index_add_`` into the full logits
+runs in the backward (on the H200, 28 ms of megatron's 0.33 s anchor step before this).
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ def _allreduce(t: torch.Tensor, op, group) -> torch.Tensor:
 
 class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy, fuse):
+    def forward(ctx, logits, index, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy, fuse):
         ctx.set_materialize_grads(False)  # an entropy that is only a metric: no gradient pass over it
-        rows = logits.shape[0]
+        rows = targets.shape[0]
         dev = logits.device
         in_range = (targets >= vocab_start) & (targets < vocab_start + n_valid)
         local_t = torch.where(in_range, targets - vocab_start, 0)
@@ -47,61 +52,68 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         # pass 1: row maxima
         m = torch.full((rows,), float("-inf"), device=dev)
         for sl in slices:
-            m[sl] = run(row_max)(logits[sl, :n_valid], inv_temp)
+            m[sl] = run(row_max)(_rows(logits, index, sl, n_valid), inv_temp)
         _allreduce(m, dist.ReduceOp.MAX, group)
         # pass 2: sum exp, the chosen logit, sum exp * logit
         stats = torch.zeros(3, rows, device=dev)
         for sl in slices:
-            stats[:, sl] = run(softmax_sums)(logits[sl, :n_valid], m[sl], local_t[sl], in_range[sl], inv_temp,
-                                             with_entropy)
+            stats[:, sl] = run(softmax_sums)(_rows(logits, index, sl, n_valid), m[sl], local_t[sl], in_range[sl],
+                                             inv_temp, with_entropy)
         _allreduce(stats, dist.ReduceOp.SUM, group)
         lse = m + torch.log(stats[0])
         logp = stats[1] - lse
         entropy = lse - stats[2] / stats[0] if with_entropy else None
-        ctx.save_for_backward(logits, local_t, in_range, lse, entropy if with_entropy else lse)
+        ctx.save_for_backward(logits, index, local_t, in_range, lse, entropy if with_entropy else lse)
         ctx.args = (inv_temp, n_valid, chunk, with_entropy, fuse)
         return (logp, entropy) if with_entropy else (logp, torch.zeros_like(logp))
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        logits, local_t, in_range, lse, entropy = ctx.saved_tensors
+        logits, index, local_t, in_range, lse, entropy = ctx.saved_tensors
         inv_temp, n_valid, chunk, with_entropy, fuse = ctx.args
-        grad = torch.zeros_like(logits)
-        if fuse and n_valid:
-            g_ent = g_ent if with_entropy else None
-            for sl in chunk_slices(logits.shape[0], chunk, fuse):
-                grad[sl, :n_valid] = compiled(softmax_grad)(
-                    logits[sl, :n_valid], local_t[sl], in_range[sl], lse[sl], entropy[sl],
-                    None if g_logp is None else g_logp[sl], None if g_ent is None else g_ent[sl], inv_temp, grad.dtype)
-            return grad, None, None, None, None, None, None, None, None
+        grad = torch.zeros_like(logits)  # rows that are not read (prompts, padding columns) get none
+        if not n_valid:
+            return grad, *(None,) * 9
         if g_logp is None:
             g_logp = torch.zeros_like(lse)
-        rows = logits.shape[0]
-        for s in range(0, rows, chunk):
-            if not n_valid:
-                break
-            sl = slice(s, s + chunk)
-            x = logits[sl, :n_valid].float() * inv_temp
-            p = torch.exp(x - lse[sl, None])
-            dx = -p * g_logp[sl, None]
-            dx.scatter_add_(-1, local_t[sl, None], (g_logp[sl] * in_range[sl])[:, None])
-            if with_entropy and g_ent is not None:
-                # dH/dx_k = -p_k (log p_k + H)
-                dx -= g_ent[sl, None] * p * (x - lse[sl, None] + entropy[sl, None])
-            grad[sl, :n_valid] = (dx * inv_temp).to(grad.dtype)
-        return grad, None, None, None, None, None, None, None, None
+        g_ent = g_ent if with_entropy else None
+        for sl in chunk_slices(local_t.shape[0], chunk, fuse):
+            x = _rows(logits, index, sl, n_valid)
+            if fuse:
+                dx = compiled(softmax_grad)(x, local_t[sl], in_range[sl], lse[sl], entropy[sl], g_logp[sl],
+                                            None if g_ent is None else g_ent[sl], inv_temp, grad.dtype)
+            else:
+                x = x.float() * inv_temp
+                p = torch.exp(x - lse[sl, None])
+                dx = -p * g_logp[sl, None]
+                dx.scatter_add_(-1, local_t[sl, None], (g_logp[sl] * in_range[sl])[:, None])
+                if g_ent is not None:  # dH/dx_k = -p_k (log p_k + H)
+                    dx -= g_ent[sl, None] * p * (x - lse[sl, None] + entropy[sl, None])
+                dx = (dx * inv_temp).to(grad.dtype)
+            if index.numel():
+                grad[index[sl], :n_valid] = dx  # the rows are distinct: a scatter, no accumulation
+            else:
+                grad[sl, :n_valid] = dx
+        return grad, *(None,) * 9
 
 
-def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, vocab_size: Optional[int] = None,
-                             temperature: float = 1.0, tp_group=None, with_entropy: bool = False,
-                             chunk_bytes: int = DEFAULT_CHUNK_BYTES, fuse: bool = False
+def _rows(logits: torch.Tensor, index: torch.Tensor, sl: slice, n_valid: int) -> torch.Tensor:
+    """A chunk's rows of ``logits`` (its ``index`` entries, or the slice itself where ``index`` is empty), the
+    true vocabulary's columns."""
+    return logits[index[sl], :n_valid] if index.numel() else logits[sl, :n_valid]
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, index: Optional[torch.Tensor] = None,
+                             vocab_size: Optional[int] = None, temperature: float = 1.0, tp_group=None,
+                             with_entropy: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fuse: bool = False
                              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[target] and, if asked, the entropy of that distribution, per row.
 
-    logits: [R, V_local], this TP rank's contiguous slice of the (padded) vocabulary, rank r holding
-    columns ``[r * V_local, (r + 1) * V_local)``; targets: [R] global token ids; vocab_size: the true
-    vocabulary (columns past it are padding); tp_group: the tensor-parallel group (None: no TP).
-    Returns float32 [R] tensors; differentiable with respect to ``logits``."""
+    logits: [N, V_local], this TP rank's contiguous slice of the (padded) vocabulary, rank r holding
+    columns ``[r * V_local, (r + 1) * V_local)``; index: [R] distinct rows of ``logits`` to score (None: all,
+    R = N); targets: [R] global token ids; vocab_size: the true vocabulary (columns past it are padding);
+    tp_group: the tensor-parallel group (None: no TP). Returns float32 [R] tensors; differentiable with
+    respect to ``logits`` (rows outside ``index`` get a zero gradient)."""
     v_local = logits.shape[-1]
     rank = dist.get_rank(group=tp_group) if tp_group is not None and dist.get_world_size(tp_group) > 1 else 0
     start = rank * v_local
@@ -109,8 +121,9 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, voc
         if vocab_size is None else vocab_size
     n_valid = max(0, min(v_local, vocab_size - start))
     chunk = _chunk_rows(v_local, chunk_bytes)
-    logp, ent = _VocabParallelLogProbs.apply(logits, targets, 1.0 / temperature, start, n_valid, tp_group, chunk,
-                                             with_entropy, fuse)
+    index = targets.new_empty(0) if index is None else index
+    logp, ent = _VocabParallelLogProbs.apply(logits, index, targets, 1.0 / temperature, start, n_valid, tp_group,
+                                             chunk, with_entropy, fuse)
     return logp, (ent if with_entropy else None)
 
 
@@ -121,6 +134,6 @@ def packed_response_log_probs(output: torch.Tensor, batch, *, vocab_size: int, t
     vocab-parallel output ``[T, 1, V_local]`` (or ``[1, T, V_local]``): flat ``[R]`` tensors in
     ``batch`` order; ``batch.per_sample`` lays them out ``[B, T]``."""
     flat = output.reshape(-1, output.shape[-1]) if output.shape[1] == 1 else output[0]
-    rows = flat.index_select(0, batch.logit_index)
-    return vocab_parallel_log_probs(rows, batch.targets, vocab_size=vocab_size, temperature=temperature,
+    return vocab_parallel_log_probs(flat, batch.targets, index=batch.logit_index, vocab_size=vocab_size,
+                                    temperature=temperature,
                                     tp_group=tp_group, with_entropy=with_entropy, chunk_bytes=chunk_bytes, fuse=fuse)
