@@ -29,20 +29,21 @@ def _logprobs_tp2(rank: int, group, fuse: bool = False) -> None:
 def _logprobs_tp2_checked(rank: int, group, vocab_parallel_log_probs, fuse: bool) -> None:
     torch.manual_seed(0)
     rows, vocab, padded = 33, 100, 128
-    full = torch.randn(rows, padded, dtype=torch.float64) * 4
+    full = torch.randn(rows + 7, padded, dtype=torch.float64) * 4  # 7 rows not scored (a packed batch's prompts)
+    index = torch.randperm(rows + 7)[:rows]
     targets = torch.randint(0, vocab, (rows,))
     w_lp, w_ent = torch.randn(rows, dtype=torch.float64), torch.randn(rows, dtype=torch.float64)
     mine = full.chunk(2, dim=1)[rank].clone().requires_grad_(True)
-    lp, ent = vocab_parallel_log_probs(mine, targets, vocab_size=vocab, temperature=0.8, tp_group=group,
+    lp, ent = vocab_parallel_log_probs(mine, targets, index=index, vocab_size=vocab, temperature=0.8, tp_group=group,
                                        with_entropy=True, chunk_bytes=4 * 3 * 64 * 5, fuse=fuse)  # 5-row chunks
     (lp.double() * w_lp + ent.double() * w_ent).sum().backward()
 
     ref = full.clone().requires_grad_(True)
-    logp = torch.log_softmax(ref[:, :vocab] / 0.8, dim=-1)
+    logp = torch.log_softmax(ref[index, :vocab] / 0.8, dim=-1)
     ref_lp, ref_ent = logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
     (ref_lp * w_lp + ref_ent * w_ent).sum().backward()
     assert (lp - ref_lp).abs().max() < 1e-5 and (ent - ref_ent).abs().max() < 1e-5
-    assert (mine.grad - ref.grad.chunk(2, dim=1)[rank]).abs().max() < 1e-5
+    assert (mine.grad - ref.grad.chunk(2, dim=1)[rank]).abs().max() < 1e-5  # unscored rows: 0 in both
     if rank == 1:  # columns past the true vocabulary get no gradient
         assert mine.grad[:, vocab - 64:].abs().max() == 0
 

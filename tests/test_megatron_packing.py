@@ -108,6 +108,10 @@ def test_log_probs_of_indexed_rows_equal_those_of_the_selected_rows(fuse, monkey
     unread = torch.ones(n, dtype=torch.bool)
     unread[index] = False
     assert got_x.grad[unread].abs().max() == 0 and got_x.grad[index].abs().max() > 0
+    with pytest.raises(ValueError, match="22 targets for 23 rows of logits \\(the index's length; the logits have 40"):
+        vocab_parallel_log_probs(got_x, targets[:22], index=index, **kw)
+    with pytest.raises(ValueError, match="23 targets for 40 rows of logits$"):
+        vocab_parallel_log_probs(got_x, targets, **kw)
 
 
 @pytest.mark.parametrize("rot_dim", [8, 4])  # all of the head, and part of it (the rest passes through)

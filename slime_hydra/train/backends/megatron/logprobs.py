@@ -11,9 +11,10 @@ With ``fuse`` (``trainer.compile``) each chunk's statistics and gradient are the
 ``slime_hydra/train/logprobs.py``, the same formulas in fewer passes over the logits.
 
 A packed micro-batch's logits cover every position, prompts included, while log-probs are wanted only at the
-response's. The head reads those rows a chunk at a time (``index``) and writes their gradient straight into the
-full logits' gradient: no ``[rows, V]`` copy of the logits is made, and no ``index_add_`` into the full logits
-runs in the backward (on the H200, 28 ms of megatron's 0.33 s anchor step before this).
+response's (``index``). The head gathers those rows once and keeps them (the full logits can be freed after the
+forward), and its backward writes their gradient straight into the full logits' gradient: the rows are distinct,
+so that is a scatter, not the ``index_add_`` that ``index_select``'s backward runs (the slowest kernel of
+megatron's anchor step on the H200, bench/measured/h200_compiled_head.md).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, index, targets, inv_temp, vocab_start, n_valid, group, chunk, with_entropy, fuse):
         ctx.set_materialize_grads(False)  # an entropy that is only a metric: no gradient pass over it
-        rows = targets.shape[0]
+        x = logits if index is None else logits.index_select(0, index)  # the rows scored, [R, V_local]
+        rows = x.shape[0]
         dev = logits.device
         in_range = (targets >= vocab_start) & (targets < vocab_start + n_valid)
         local_t = torch.where(in_range, targets - vocab_start, 0)
@@ -52,55 +54,44 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         # pass 1: row maxima
         m = torch.full((rows,), float("-inf"), device=dev)
         for sl in slices:
-            m[sl] = run(row_max)(_rows(logits, index, sl, n_valid), inv_temp)
+            m[sl] = run(row_max)(x[sl, :n_valid], inv_temp)
         _allreduce(m, dist.ReduceOp.MAX, group)
         # pass 2: sum exp, the chosen logit, sum exp * logit
         stats = torch.zeros(3, rows, device=dev)
         for sl in slices:
-            stats[:, sl] = run(softmax_sums)(_rows(logits, index, sl, n_valid), m[sl], local_t[sl], in_range[sl],
-                                             inv_temp, with_entropy)
+            stats[:, sl] = run(softmax_sums)(x[sl, :n_valid], m[sl], local_t[sl], in_range[sl], inv_temp, with_entropy)
         _allreduce(stats, dist.ReduceOp.SUM, group)
         lse = m + torch.log(stats[0])
         logp = stats[1] - lse
         entropy = lse - stats[2] / stats[0] if with_entropy else None
-        ctx.save_for_backward(logits, index, local_t, in_range, lse, entropy if with_entropy else lse)
-        ctx.args = (inv_temp, n_valid, chunk, with_entropy, fuse)
+        ctx.save_for_backward(x, index, local_t, in_range, lse, entropy if with_entropy else lse)
+        ctx.args = (logits.shape[0], inv_temp, n_valid, chunk, with_entropy, fuse)
         return (logp, entropy) if with_entropy else (logp, torch.zeros_like(logp))
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        logits, index, local_t, in_range, lse, entropy = ctx.saved_tensors
-        inv_temp, n_valid, chunk, with_entropy, fuse = ctx.args
-        grad = torch.zeros_like(logits)  # rows that are not read (prompts, padding columns) get none
+        x, index, local_t, in_range, lse, entropy = ctx.saved_tensors
+        n, inv_temp, n_valid, chunk, with_entropy, fuse = ctx.args
+        grad = x.new_zeros(n, x.shape[1])  # rows that are not scored (prompts) and padding columns get none
         if not n_valid:
             return grad, *(None,) * 9
         if g_logp is None:
             g_logp = torch.zeros_like(lse)
         g_ent = g_ent if with_entropy else None
-        for sl in chunk_slices(local_t.shape[0], chunk, fuse):
-            x = _rows(logits, index, sl, n_valid)
+        for sl in chunk_slices(x.shape[0], chunk, fuse):
             if fuse:
-                dx = compiled(softmax_grad)(x, local_t[sl], in_range[sl], lse[sl], entropy[sl], g_logp[sl],
-                                            None if g_ent is None else g_ent[sl], inv_temp, grad.dtype)
+                dx = compiled(softmax_grad)(x[sl, :n_valid], local_t[sl], in_range[sl], lse[sl], entropy[sl],
+                                            g_logp[sl], None if g_ent is None else g_ent[sl], inv_temp, grad.dtype)
             else:
-                x = x.float() * inv_temp
-                p = torch.exp(x - lse[sl, None])
+                z = x[sl, :n_valid].float() * inv_temp
+                p = torch.exp(z - lse[sl, None])
                 dx = -p * g_logp[sl, None]
                 dx.scatter_add_(-1, local_t[sl, None], (g_logp[sl] * in_range[sl])[:, None])
-                if g_ent is not None:  # dH/dx_k = -p_k (log p_k + H)
-                    dx -= g_ent[sl, None] * p * (x - lse[sl, None] + entropy[sl, None])
+                if g_ent is not None:  # dH/dz_k = -p_k (log p_k + H)
+                    dx -= g_ent[sl, None] * p * (z - lse[sl, None] + entropy[sl, None])
                 dx = (dx * inv_temp).to(grad.dtype)
-            if index.numel():
-                grad[index[sl], :n_valid] = dx  # the rows are distinct: a scatter, no accumulation
-            else:
-                grad[sl, :n_valid] = dx
+            grad[sl if index is None else index[sl], :n_valid] = dx  # distinct rows: a scatter, no accumulation
         return grad, *(None,) * 9
-
-
-def _rows(logits: torch.Tensor, index: torch.Tensor, sl: slice, n_valid: int) -> torch.Tensor:
-    """A chunk's rows of ``logits`` (its ``index`` entries, or the slice itself where ``index`` is empty), the
-    true vocabulary's columns."""
-    return logits[index[sl], :n_valid] if index.numel() else logits[sl, :n_valid]
 
 
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, index: Optional[torch.Tensor] = None,
@@ -121,7 +112,10 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, ind
         if vocab_size is None else vocab_size
     n_valid = max(0, min(v_local, vocab_size - start))
     chunk = _chunk_rows(v_local, chunk_bytes)
-    index = targets.new_empty(0) if index is None else index
+    scored = logits.shape[0] if index is None else index.shape[0]
+    if targets.shape[0] != scored:
+        raise ValueError(f"{targets.shape[0]} targets for {scored} rows of logits"
+                         + ("" if index is None else f" (the index's length; the logits have {logits.shape[0]} rows)"))
     logp, ent = _VocabParallelLogProbs.apply(logits, index, targets, 1.0 / temperature, start, n_valid, tp_group,
                                              chunk, with_entropy, fuse)
     return logp, (ent if with_entropy else None)
