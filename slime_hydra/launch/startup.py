@@ -25,6 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 log = logging.getLogger("slime_hydra")
 STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
+# an engine's log standing this long on SGLang's first CUDA-graph capture gets a word on why: on a machine's first
+# start its JIT kernels compile there (56.3 s of a 101.3 s start on an H200, bench/measured/h200_compiled_head.md)
+CAPTURE_NOTE_S = 20.0
 # how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
@@ -134,6 +137,7 @@ class StartupWatch:
     def __init__(self, clock: StartupClock, waiting: Callable[[], str], log_dir: str,
                  interval: float = STARTUP_REPORT_S):
         self.clock, self.waiting, self.log_dir, self.interval = clock, waiting, log_dir, interval
+        self._first_seen: Dict[str, float] = {}  # an engine's status line -> when it was first reported
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="startup-watch", daemon=True)
 
@@ -150,7 +154,16 @@ class StartupWatch:
             try:
                 what = self.waiting()
                 engines = engine_log_status(self.log_dir) if "rollout side" in what or "engine" in what else []
+                engines = [self._noted(e) for e in engines]
                 log.info("starting (%.0fs since launch): waiting for %s%s", time.time() - self.clock.launched,
                          what, "".join(f"\n  {e}" for e in engines))
             except Exception as e:  # noqa: BLE001 - a report must never stop the run
                 log.debug("start-up report failed: %r", e)
+
+    def _noted(self, status: str) -> str:
+        """``status``, and why, where an engine has stood on SGLang's CUDA-graph capture for a while."""
+        stood = time.time() - self._first_seen.setdefault(status, time.time())
+        if "Capturing batches" in status and stood >= CAPTURE_NOTE_S:
+            return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here; "
+                    "later starts reuse them)")
+        return status

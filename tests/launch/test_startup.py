@@ -111,6 +111,24 @@ def test_watch_says_what_the_start_waits_for(tmp_path, caplog):
     assert lines[0].endswith("\n  engine 0: The server is fired up and ready to roll!")
 
 
+def test_watch_says_why_the_capture_takes_long(tmp_path, caplog, monkeypatch):
+    """An engine log that stands on SGLang's first CUDA-graph capture gets a word on why (its kernels compile
+    there on a machine's first start); a log that moves does not."""
+    from slime_hydra.launch import startup
+
+    monkeypatch.setattr(startup, "CAPTURE_NOTE_S", 0.15)
+    (tmp_path / "engine_0.log").write_text("Capturing batches (bs=64 avail_mem=68.50 GB):   0%|          | 0/12")
+    (tmp_path / "engine_1.log").write_text("Load weight end. mem usage=1.12 GB")
+    with caplog.at_level(logging.INFO, logger="slime_hydra"):
+        with StartupWatch(StartupClock(), lambda: "the rollout side (engines)", str(tmp_path), interval=0.05):
+            time.sleep(0.5)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting")]
+    assert "engine 0: Capturing batches (bs=64 avail_mem=68.50 GB):   0%|          | 0/12\n" in lines[0]
+    noted = [ln for ln in lines if "SGLang compiles its kernels here" in ln]
+    assert noted and noted[0] != lines[0]
+    assert all(ln.endswith("\n  engine 1: Load weight end. mem usage=1.12 GB") for ln in noted)  # no note
+
+
 @pytest.mark.parametrize("overrides, batch", [
     (["rollout.batch_size=8", "rollout.n_samples_per_prompt=8"], 64),
     (["rollout.batch_size=8", "rollout.n_samples_per_prompt=8", "rollout.concurrency=3"], 24),
