@@ -129,5 +129,5 @@ def packed_response_log_probs(output: torch.Tensor, batch, *, vocab_size: int, t
     ``batch`` order; ``batch.per_sample`` lays them out ``[B, T]``."""
     flat = output.reshape(-1, output.shape[-1]) if output.shape[1] == 1 else output[0]
     return vocab_parallel_log_probs(flat, batch.targets, index=batch.logit_index, vocab_size=vocab_size,
-                                    temperature=temperature,
-                                    tp_group=tp_group, with_entropy=with_entropy, chunk_bytes=chunk_bytes, fuse=fuse)
+                                    temperature=temperature, tp_group=tp_group, with_entropy=with_entropy,
+                                    chunk_bytes=chunk_bytes, fuse=fuse)
