@@ -282,6 +282,25 @@ def test_decode_cuda_graphs_follow_the_engine_batch(sglang, overrides, max_bs):
     assert sglang.parse(cmd[3:], ["cuda_graph_max_bs_decode"]) == {"cuda_graph_max_bs_decode": max_bs}
 
 
+def test_a_shared_gpus_kv_pool_is_held_to_the_plan(sglang):
+    """Colocated, the engine's KV pool is capped at the memory estimate's tokens (SGLang sizes it from what the
+    trainer leaves free as it starts); on GPUs of its own it is not; a max_total_tokens the user sets is kept."""
+    from slime_hydra.plan.memory import estimate
+
+    base = ["rollout=sglang", "model=qwen3_4b", "rollout.batch_size=8"]
+    cfg = resolved([*base, "parallelism=1gpu"])
+    planned = estimate(cfg, make_plan(cfg)).kv_cache_tokens
+    assert planned and planned > 100_000
+    (cmd, *_) = engine_commands([*base, "parallelism=1gpu"])
+    assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": planned}
+    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "+rollout.server_args.max_total_tokens=5000"])
+    assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": 5000}
+    (cmd, *_) = engine_commands([*base, "parallelism=split_4_4"])
+    assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": None}
+    note = SglangEngine.plan_notes(cfg, make_plan(cfg))[0]
+    assert note.endswith(f"; its KV cache at most {planned:,} tokens (the estimate's, the GPU being shared)"), note
+
+
 def test_decode_graph_sizes_are_sglangs(sglang):
     for max_bs in (1, 8, 20, 64, 100, 256, 300, 600):
         assert decode_graph_sizes(max_bs) == sglang.decode_graph_sizes(max_bs), max_bs

@@ -118,12 +118,17 @@ def decode_graph_max_bs(batch: int) -> int:
     return next(b for b in grid if b >= batch)
 
 
-def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]) -> Dict[str, Any]:
+def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int],
+                        kv_tokens: Optional[int] = None) -> Dict[str, Any]:
     """What slime_hydra adds to ``server_args`` to start a server in less time: no prefill CUDA
     graph, unless the user chose one (a key of ``PREFILL_GRAPH_KEYS``); decode graphs up to
     ``decode_batch`` (the plan's ``engine_batch``) rounded up to SGLang's grid, unless the user chose
-    them (``DECODE_GRAPH_KEYS``) or the run can use SGLang's default (or more)."""
+    them (``DECODE_GRAPH_KEYS``) or the run can use SGLang's default (or more). And on a GPU shared with a
+    trainer, the KV pool held to the plan's ``kv_tokens`` (``max_total_tokens``, unless the user set it: SGLang
+    takes the smaller of it and what it finds free)."""
     out: Dict[str, Any] = {}
+    if kv_tokens and "max_total_tokens" not in server_args:
+        out["max_total_tokens"] = kv_tokens
     if not any(key in server_args for key in PREFILL_GRAPH_KEYS):
         out["disable_prefill_cuda_graph"] = True
     if decode_batch and not any(key in server_args for key in DECODE_GRAPH_KEYS):
@@ -133,9 +138,10 @@ def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]
     return out
 
 
-def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int]) -> str:
-    """The plan print-out's line on what the servers capture at start (``startup_server_args``)."""
-    added = startup_server_args(server_args, decode_batch)
+def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None) -> str:
+    """The plan print-out's line on what the servers capture at start and the KV pool's cap
+    (``startup_server_args``)."""
+    added = startup_server_args(server_args, decode_batch, kv_tokens)
     if "cuda_graph_max_bs_decode" in added:
         n = len(decode_graph_sizes(added["cuda_graph_max_bs_decode"]))
         decode = (f"decode CUDA graphs up to batch {added['cuda_graph_max_bs_decode']} ({n} sizes; at most "
@@ -148,7 +154,9 @@ def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int]) -> st
                   f"{decode_batch if decode_batch else 'an unknown number of'} sequences at once)")
     prefill = "no prefill CUDA graph" if added.get("disable_prefill_cuda_graph") else \
         "the prefill CUDA graph as rollout.server_args sets it"
-    return f"sglang start-up: {decode}; {prefill}"
+    kv = f"; its KV cache at most {added['max_total_tokens']:,} tokens (the estimate's, the GPU being shared)" \
+        if "max_total_tokens" in added else ""
+    return f"sglang start-up: {decode}; {prefill}{kv}"
 
 
 class SglangEngine(Engine):
@@ -180,7 +188,9 @@ class SglangEngine(Engine):
 
     @classmethod
     def plan_notes(cls, cfg: "RunConfig", plan: "ResourcePlan") -> List[str]:
-        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch)]
+        from slime_hydra.plan.memory import kv_cache_cap
+
+        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch, kv_cache_cap(cfg))]
 
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec
@@ -191,7 +201,7 @@ class SglangEngine(Engine):
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
                 "dtype": s.dtype,  # float32 too: else SGLang serves the checkpoint's dtype
                 **(FLOAT32_SERVER_ARGS if s.dtype == "float32" else {}),
-                **startup_server_args(s.server_args, s.decode_batch), **s.server_args}
+                **startup_server_args(s.server_args, s.decode_batch, s.kv_tokens), **s.server_args}
         return [sys.executable, "-m", FORKING_LAUNCHER if s.fork_workers else LAUNCH_SERVER, *to_flags(args)]
 
     def env(self) -> Dict[str, str]:
