@@ -59,22 +59,25 @@ class GenerateClient:
         # it was sent); True: its engine failed, it is sent again once an engine serves (not a retry)
         self.requeue = requeue
         self.engine_url = engine_url
-        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                          timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
-                                                                        sock_read=read_timeout))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read_timeout)
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency), timeout=timeout)
+        # a request whose pooled connection the server had closed goes again on a new connection: from the pool
+        # it could take another connection that is about to be closed
+        self.fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, force_close=True),
+                                           timeout=timeout)
 
     async def post(self, path: str, payload: Dict[str, Any]) -> Any:
         import aiohttp
 
         last: Any = None
-        attempt, stale_retried = 0, False
+        attempt, session = 0, self.http
         direct = self.engine_url is not None and path == "/generate" and is_batch(payload)
         async with self.sem:
             while True:
                 base = await self.engine_url() if direct else self.base_url
                 sent = time.monotonic()
                 try:
-                    async with self.http.post(base + path, json=payload) as r:
+                    async with session.post(base + path, json=payload) as r:
                         if r.status < 400:
                             return await r.json(content_type=None)
                         text = await r.text()
@@ -85,8 +88,8 @@ class GenerateClient:
                     raise EngineError(f"POST {base}{path}: no reply within {self.read_timeout:g}s ({e!r})") from e
                 except aiohttp.ServerDisconnectedError as e:
                     last = repr(e)
-                    if not stale_retried:  # a pooled connection the server had closed while idle: again, at once
-                        stale_retried = True
+                    if session is self.http:  # a pooled connection the server had closed while idle: again, at once
+                        session = self.fresh
                         continue
                 except aiohttp.ClientError as e:
                     last = repr(e)
@@ -101,3 +104,4 @@ class GenerateClient:
 
     async def aclose(self) -> None:
         await self.http.close()
+        await self.fresh.close()
