@@ -552,18 +552,6 @@ def engine_memory(cfg: "RunConfig", gpu_bytes: float) -> Tuple[Dict[str, float],
     return {"weights": weights, "kv_cache": kv, "logits": r.embedded_max_batch * a.vocab_size * 4}, None
 
 
-def kv_cache_cap(cfg: "RunConfig") -> Optional[int]:
-    """The KV pool, in tokens, that a colocated SGLang engine is held to: the estimate's (``engine_memory``). SGLang
-    sizes its pool from the GPU memory free as it starts, less the slack it took before loading the weights; on a
-    GPU shared with a trainer that is still building or warming up, that moves with the trainer's allocations, and a
-    trainer that frees memory in between grows the pool past the plan (on the H200, 78.2 GiB where 68.9 were planned:
-    bench/measured/h200_compiled_head.md). None: no cap (the engine has its GPUs to itself, is not SGLang, or the
-    estimate has no number for ``mem_fraction_static``)."""
-    if cfg.rollout.engine != "sglang" or not cfg.parallelism.colocate or mem_fraction_static(cfg) is None:
-        return None
-    return engine_memory(cfg, cfg.parallelism.gpu_memory_gib * GIB)[1]
-
-
 # ------------------------------------------------------------------------------------ the estimate
 @dataclass
 class MemoryEstimate:

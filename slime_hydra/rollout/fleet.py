@@ -83,15 +83,13 @@ class FaultTolerance:
 
 def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> List[List[ServerSpec]]:
     """Each engine's server spec, one per node it spans (SGLang's nnodes / node_rank)."""
-    from slime_hydra.plan.memory import kv_cache_cap
-
     p = cfg.parallelism
     nnodes = max(1, p.gpus_per_engine // p.gpus_per_node)
     base = ServerSpec(engine=cfg.rollout.engine, model_path=model_path, tokenizer_path=model_path,
                       dtype=cfg.model.dtype, device=plan.device, gpus=p.gpus_per_engine, seed=cfg.rollout.seed,
                       trust_remote_code=cfg.model.trust_remote_code, memory_saver=bool(p.offload_rollout),
                       max_batch=cfg.rollout.embedded_max_batch, decode_batch=plan.engine_batch,
-                      kv_tokens=kv_cache_cap(cfg),
+                      kv_tokens=plan.engine_kv_cap,
                       server_args=dict(cfg.rollout.server_args), fork_workers=cfg.rollout.sglang_fork_workers,
                       num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
     return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]

@@ -285,11 +285,9 @@ def test_decode_cuda_graphs_follow_the_engine_batch(sglang, overrides, max_bs):
 def test_a_shared_gpus_kv_pool_is_held_to_the_plan(sglang):
     """Colocated, the engine's KV pool is capped at the memory estimate's tokens (SGLang sizes it from what the
     trainer leaves free as it starts); on GPUs of its own it is not; a max_total_tokens the user sets is kept."""
-    from slime_hydra.plan.memory import estimate
-
     base = ["rollout=sglang", "model=qwen3_4b", "rollout.batch_size=8"]
     cfg = resolved([*base, "parallelism=1gpu"])
-    planned = estimate(cfg, make_plan(cfg)).kv_cache_tokens
+    planned = make_plan(cfg).memory.kv_cache_tokens
     assert planned and planned > 100_000
     (cmd, *_) = engine_commands([*base, "parallelism=1gpu"])
     assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": planned}

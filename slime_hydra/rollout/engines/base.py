@@ -35,7 +35,7 @@ class ServerSpec:
     memory_saver: bool = False
     max_batch: int = 256  # embedded engine: most sequences decoded together (rollout.embedded_max_batch)
     decode_batch: Optional[int] = None  # most sequences the run decodes at once on this engine (plan.engine_batch)
-    kv_tokens: Optional[int] = None  # sglang on a shared GPU: its KV pool's cap (plan.memory.kv_cache_cap)
+    kv_tokens: Optional[int] = None  # sglang on a shared GPU: its KV pool's cap (plan.engine_kv_cap)
     num_threads: Optional[int] = None  # embedded engine on CPU: torch threads
     server_args: Dict[str, Any] = field(default_factory=dict)
     fork_workers: bool = False  # sglang: workers forked from a preloaded process (rollout.sglang_fork_workers)

@@ -188,9 +188,7 @@ class SglangEngine(Engine):
 
     @classmethod
     def plan_notes(cls, cfg: "RunConfig", plan: "ResourcePlan") -> List[str]:
-        from slime_hydra.plan.memory import kv_cache_cap
-
-        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch, kv_cache_cap(cfg))]
+        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch, plan.engine_kv_cap)]
 
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec
