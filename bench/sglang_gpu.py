@@ -117,7 +117,8 @@ def run_overrides(w: Workload, layout: str, phase: str, steps: int, extra: str =
 
 def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, out: Dict[str, Any],
               extra: str = "") -> None:
-    """One run.py run (sglang, sglang_offload, embedded); split: each GPU's idle share after the second step."""
+    """One run.py run (sglang, sglang_offload, embedded); after the second step, each GPU's SM clock and power while
+    busy, and split, its idle share."""
     from slime_hydra.utils.proc import tail
 
     run_dir = os.path.join(w.work, f"run_{layout}_{phase}")
@@ -125,8 +126,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     overrides = run_overrides(w, layout, phase, steps, extra)
     out["command"] = "python run.py " + " ".join(overrides) + f" hydra.run.dir={run_dir}"
     out["extra_overrides"] = extra
-    sampler = h.GpuSampler(os.path.join(w.work, f"gpu_{layout}_{phase}.csv")) if layout != "colocated" and \
-        w.device == "cuda" else None
+    sampler = h.GpuSampler(os.path.join(w.work, f"gpu_{layout}_{phase}.csv")) if w.device == "cuda" else None
     run = h.run_py(overrides, run_dir, console, limit_s)
     if sampler is not None:
         sampler.stop()
@@ -140,7 +140,10 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     out["log_times"] = run_log_times(run_dir)
     out["run_dir"] = run_dir
     if sampler is not None and len(rows) > 2:
-        out["gpu_idle"] = sampler.idle_share(run.started + run.seen[rows[1]["step"]])  # after the second step
+        after_second = run.started + run.seen[rows[1]["step"]]
+        out["gpu_busy"] = sampler.busy(after_second)  # SM clock and power while busy: a slow run's GPU, throttled?
+        if layout != "colocated":
+            out["gpu_idle"] = sampler.idle_share(after_second)
     out["console_tail"] = tail(console, 25)
     h.log(f"{phase}: rc={run.returncode}, {len(rows)} steps, wall {run.wall_s:.0f}s")
 
@@ -240,6 +243,9 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
                          f"{s['train_time']:.3f} s (the rest: Ray's hand-over of the data and the answer)")
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
+        for gpu, b in (res.get("gpu_busy") or {}).items():
+            lines.append(f"- {name} {gpu} while busy after step 2 ({b['samples']} samples of 200 ms): SM clock "
+                         f"{b['sm_mhz_mean']} MHz mean, {b['sm_mhz_min']:.0f} lowest; {b['power_w_mean']} W")
     lines += startup_table(results)
     if (results.get("trl") or {}).get("config"):
         lines.append(f"- trl: {results['trl'].get('versions')}, {results['trl']['config']}, "

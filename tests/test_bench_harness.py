@@ -152,6 +152,19 @@ def test_peaks_and_idle_share_from_nvidia_smi_lines(tmp_path):
                                          "gpu1": {"samples": 1, "idle_share": 1.0, "mean_util": 2.0}}
 
 
+def test_busy_clock_and_power_from_the_six_field_query(tmp_path):
+    path = tmp_path / "gpu.csv"
+    path.write_text("2026/12/01 03:00:01.000, 0, 1000, 90, 1980, 400.5\n"
+                    "2026/12/01 03:00:02.000, 0, 1000, 10, 1200, 120.0\n"   # idle: not counted
+                    "2026/12/01 03:00:03.000, 0, 1000, 60, 1500, 300.5\n"
+                    "2026/12/01 03:00:04.000, 0, 1000, 95, [N/A], 1\n")     # unparsable: skipped
+    sampler = GpuSampler(str(path), start=False)
+    assert sampler.busy(0) == {"gpu0": {"samples": 2, "sm_mhz_mean": 1740, "sm_mhz_min": 1500.0,
+                                        "power_w_mean": 350.5}}
+    assert list(sampler.samples())[1] == (time.mktime(time.strptime("2026/12/01 03:00:02", "%Y/%m/%d %H:%M:%S")),
+                                          "gpu0", 1000.0, 10.0)
+
+
 def test_read_rows_waits_for_whole_lines(tmp_path):
     path = tmp_path / "metrics.jsonl"
     assert read_rows(str(path)) == []

@@ -224,9 +224,9 @@ def run_py(overrides: List[str], run_dir: str, console: str, limit_s: float,
 
 # ---------------------------------------------------------------------------------- nvidia-smi
 class GpuSampler:
-    """nvidia-smi every ``interval_ms`` into ``path``: each GPU's memory and utilisation over time."""
+    """nvidia-smi every ``interval_ms`` into ``path``: each GPU's memory, utilisation, SM clock and power over time."""
 
-    QUERY = "timestamp,index,memory.used,utilization.gpu"
+    QUERY = "timestamp,index,memory.used,utilization.gpu,clocks.sm,power.draw"
 
     def __init__(self, path: str, interval_ms: int = 200, start: bool = True):
         self.path = path
@@ -240,18 +240,24 @@ class GpuSampler:
             self.proc.terminate()
             self.proc.wait()
 
-    def samples(self) -> Iterator[Tuple[float, str, float, float]]:
-        """(wall time, "gpu<i>", MiB used, utilisation %) per line; unparsable lines are skipped."""
+    def rows(self) -> Iterator[Tuple[float, str, List[float]]]:
+        """(wall time, "gpu<i>", [MiB used, utilisation %, SM MHz, W]) per line; the last two are absent from lines
+        of the older four-field query; unparsable lines are skipped."""
         with open(self.path) as f:
             for line in f:
                 parts = [p.strip() for p in line.split(",")]
-                if len(parts) != 4:
+                if len(parts) not in (4, 6):
                     continue
                 try:
                     stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
-                    yield stamp, f"gpu{int(parts[1])}", float(parts[2]), float(parts[3])
+                    yield stamp, f"gpu{int(parts[1])}", [float(p) for p in parts[2:]]
                 except ValueError:
                     continue
+
+    def samples(self) -> Iterator[Tuple[float, str, float, float]]:
+        """(wall time, "gpu<i>", MiB used, utilisation %) per line."""
+        for stamp, gpu, values in self.rows():
+            yield stamp, gpu, values[0], values[1]
 
     def peaks(self) -> Dict[str, Dict[str, float]]:
         """Each GPU's peak memory (GiB) and mean utilisation over the whole run."""
@@ -269,6 +275,17 @@ class GpuSampler:
                 per.setdefault(gpu, []).append(util)
         return {g: {"samples": len(u), "idle_share": sum(x < 5 for x in u) / len(u), "mean_util": statistics.mean(u)}
                 for g, u in per.items() if u}
+
+    def busy(self, since_wall: float) -> Dict[str, Dict[str, float]]:
+        """From ``since_wall`` on, over the samples where the GPU was busy (utilisation of 50 % or more): each GPU's
+        mean SM clock (MHz) and power (W), and their lowest; whether the GPU ran slower in one run than in another."""
+        per: Dict[str, List[List[float]]] = {}
+        for stamp, gpu, values in self.rows():
+            if stamp >= since_wall and len(values) == 4 and values[1] >= 50:
+                per.setdefault(gpu, []).append(values)
+        return {g: {"samples": len(v), "sm_mhz_mean": round(statistics.mean(x[2] for x in v)),
+                    "sm_mhz_min": min(x[2] for x in v), "power_w_mean": round(statistics.mean(x[3] for x in v), 1)}
+                for g, v in per.items() if v}
 
 
 # ------------------------------------------------------------------------------------- logs
