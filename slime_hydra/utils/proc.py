@@ -16,12 +16,22 @@ import httpx
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()  # own process group: kill_tree() reaches its children too
+def die_with_parent(parent: Optional[int] = None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere the owner's finally-blocks and
+    ``kill_tree`` still stop it). A parent killed outright (``ray.kill`` of the actor that owns a server) runs no
+    clean-up, so each process of a server's tree asks this of its own parent. ``parent``: the pid the parent had;
+    if it died before this was asked, this process was handed to another and dies now."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the owner's finally-blocks still kill it
-        pass
+    except OSError:
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()  # own process group: kill_tree() reaches its children too
+    die_with_parent()  # (a fork's child cannot outlive a parent that is blocked in Popen)
 
 
 def spawn(cmd: List[str], log_path: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:

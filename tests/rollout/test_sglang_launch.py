@@ -202,3 +202,67 @@ def test_a_package_left_to_the_workers_may_be_caught_by_its_one_importer(tmp_pat
     assert sglang_preload.LeaveToWorkers not in map(type, sys.meta_path)  # removed after the imports
     for name in ("tolerant", "other", "needs", "lazy", "caller"):
         sys.modules.pop(name, None)
+
+
+SLEEPER = """
+import time
+
+
+def run():
+    time.sleep(600)
+"""
+
+LONG_SERVER = """
+import json
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
+import time
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn", force=True)
+    from sleeper import run
+
+    proc = mp.Process(target=run)
+    proc.start()
+    print(json.dumps({"worker": proc.pid, "forkserver": mp.forkserver._forkserver._forkserver_pid}), flush=True)
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie that no init reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_path):
+    # on the H200 a run stopped during SGLang's start killed the engine actor, and so the server (PDEATHSIG), but
+    # the scheduler forked from the forkserver lived on with 70 GB of the GPU
+    import signal
+    import time
+
+    (tmp_path / "sleeper.py").write_text(textwrap.dedent(SLEEPER))
+    (tmp_path / "server.py").write_text(textwrap.dedent(LONG_SERVER))
+    code = ("import sys; from slime_hydra.rollout.engines.sglang_launch import main; "
+            "main(sys.argv[1:], server_module='server', worker_modules=('sleeper',))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")])}
+    server = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    pids = {}
+    try:
+        pids = json.loads(server.stdout.readline())
+        assert _running(pids["worker"]) and _running(pids["forkserver"])
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        deadline = time.monotonic() + 10
+        while any(map(_running, pids.values())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [name for name, pid in pids.items() if _running(pid)]
+    finally:
+        server.kill()
+        for pid in pids.values():
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

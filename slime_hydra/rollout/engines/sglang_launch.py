@@ -16,7 +16,10 @@ A worker forked so keeps what a spawned one had:
 - torch_memory_saver's ``LD_PRELOAD`` (``--enable-memory-saver``), which must be there when a process begins:
   the forkserver begins with it;
 - a worker's death stops the server: SGLang's own watchdog polls its workers (a forkserver that died reads
-  as every worker dead).
+  as every worker dead);
+- the server's death stops its workers, even when it is killed outright (its owner, the engine actor, killed by
+  ``ray.kill``): the forkserver and each worker die with their parent (``die_with_parent``). Without that, a
+  scheduler forked here outlived a run stopped during its start on the H200 and kept 70 GB of the GPU.
 Where a process forked from the forkserver could not use CUDA (``sglang_preload`` tries one), the workers are
 spawned as SGLang spawns them, and the server's log says so.
 """
@@ -35,6 +38,7 @@ import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from slime_hydra.rollout.engines import sglang_preload
+from slime_hydra.utils.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +86,13 @@ class WorkerProcess(multiprocessing.context.ForkServerProcess):
 
     def start(self) -> None:
         self._environ = dict(os.environ)
+        # its parent: the forkserver, or this server where it spawns
+        self._parent = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) \
+            if forkserver_status()["fork"] else os.getpid()
         super().start()
 
     def run(self) -> None:
+        die_with_parent(self._parent)
         os.environ.clear()
         os.environ.update(self._environ)
         super().run()
@@ -120,7 +128,8 @@ def start_forkserver(argv: List[str], worker_modules: Sequence[str], status_path
     background and writes its answer to ``status_path``."""
     multiprocessing.set_forkserver_preload([sglang_preload.__name__])
     with environment({**memory_saver_preload(argv), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-                      sglang_preload.MODULES_ENV: ",".join(worker_modules), sglang_preload.STATUS_ENV: status_path}):
+                      sglang_preload.MODULES_ENV: ",".join(worker_modules), sglang_preload.STATUS_ENV: status_path,
+                      sglang_preload.SERVER_ENV: str(os.getpid())}):
         multiprocessing.forkserver.ensure_running()
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 MODULES_ENV = "SLIME_HYDRA_SGLANG_PRELOAD"  # comma-separated modules to import
 STATUS_ENV = "SLIME_HYDRA_SGLANG_PRELOAD_STATUS"  # where to write what happened
+SERVER_ENV = "SLIME_HYDRA_SGLANG_SERVER_PID"  # the server that started the forkserver: it dies with it
 # torch's entry points that initialise CUDA (refused while the modules import)
 CUDA_ENTRY_POINTS = ("_cuda_init", "_cuda_getDeviceCount")
 # Packages refused here whatever they ask of torch, each with the one importer that may catch the refusal and import
@@ -262,5 +263,9 @@ def read_status(path: str, timeout: float, alive: Callable[[], bool]) -> Optiona
 
 if os.environ.get(STATUS_ENV):  # in the forkserver (the launcher sets these for it alone)
     from slime_hydra.logging.metrics import write_json_atomic
+    from slime_hydra.utils.proc import die_with_parent
+
+    # the server killed outright takes the forkserver with it, and so the workers forked here
+    die_with_parent(int(os.environ[SERVER_ENV]) if os.environ.get(SERVER_ENV) else None)
 
     write_json_atomic(os.environ[STATUS_ENV], preload([m for m in os.environ.get(MODULES_ENV, "").split(",") if m]))
