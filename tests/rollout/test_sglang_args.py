@@ -22,6 +22,7 @@ from sglang_parser import start_parser
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
 from slime_hydra.rollout.engines.sglang import (
+    CAPPED_MEM_FRACTION,
     DECODE_GRAPH_KEYS,
     MANAGED_SERVER_ARGS,
     PREFILL_GRAPH_KEYS,
@@ -84,7 +85,7 @@ def test_shipped_engine_command_lines_parse(sglang, overrides):
         assert cmd[:3] == [sys.executable, "-m", "slime_hydra.rollout.engines.sglang_launch"]
         assert sglang.check(cmd[3:]) is None, cmd
         got = sglang.parse(cmd[3:], ["model_path", "tp_size", "enable_memory_saver", "trust_remote_code", "dtype",
-                                     "skip_server_warmup", *cfg.rollout.server_args])
+                                     "skip_server_warmup", "max_total_tokens", *cfg.rollout.server_args])
         assert got["model_path"] == cfg.model.path
         assert got["tp_size"] == cfg.parallelism.gpus_per_engine
         assert got["enable_memory_saver"] == bool(cfg.parallelism.offload_rollout)
@@ -92,7 +93,9 @@ def test_shipped_engine_command_lines_parse(sglang, overrides):
         assert got["skip_server_warmup"] is True
         assert got["dtype"] == cfg.model.dtype  # float32 included: "auto" would serve a bf16 checkpoint in bf16
         for key, value in cfg.rollout.server_args.items():
-            assert got[key] == value, key
+            # colocated, the KV pool held to the plan's count, SGLang starts with a fraction that reaches it
+            raised = key == "mem_fraction_static" and got["max_total_tokens"] is not None
+            assert got[key] == (max(value, CAPPED_MEM_FRACTION) if raised else value), key
     # and the config's own validation, with the parser importable, finds nothing in rollout.server_args
     assert [e for e in sglang.validate(overrides) if e.startswith("rollout.server_args")] == []
 
@@ -283,20 +286,32 @@ def test_decode_cuda_graphs_follow_the_engine_batch(sglang, overrides, max_bs):
 
 
 def test_a_shared_gpus_kv_pool_is_held_to_the_plan(sglang):
-    """Colocated, the engine's KV pool is capped at the memory estimate's tokens (SGLang sizes it from what the
-    trainer leaves free as it starts); on GPUs of its own it is not; a max_total_tokens the user sets is kept."""
+    """Colocated, the engine's KV pool is held to the memory estimate's tokens, and SGLang starts with a
+    mem_fraction_static that reaches them (it sizes the pool from what the trainer leaves free as it starts, which a
+    trainer warming up beside it moves); the user's fraction has set the count. On GPUs of its own neither is
+    changed; a max_total_tokens the user sets is kept, and so is their fraction."""
+    keys = ["max_total_tokens", "mem_fraction_static"]
     base = ["rollout=sglang", "model=qwen3_4b", "rollout.batch_size=8"]
-    cfg = resolved([*base, "parallelism=1gpu"])
+    cfg = resolved([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3"])
     planned = make_plan(cfg).memory.kv_cache_tokens
     assert planned and planned > 100_000
-    (cmd, *_) = engine_commands([*base, "parallelism=1gpu"])
-    assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": planned}
-    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "+rollout.server_args.max_total_tokens=5000"])
-    assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": 5000}
-    (cmd, *_) = engine_commands([*base, "parallelism=split_4_4"])
-    assert sglang.parse(cmd[3:], ["max_total_tokens"]) == {"max_total_tokens": None}
+    assert planned < resolved_plan_tokens([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.5"])
+    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3"])
+    assert sglang.parse(cmd[3:], keys) == {"max_total_tokens": planned, "mem_fraction_static": 0.9}
+    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.95"])
+    assert sglang.parse(cmd[3:], keys)["mem_fraction_static"] == 0.95
+    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3",
+                                 "+rollout.server_args.max_total_tokens=5000"])
+    assert sglang.parse(cmd[3:], keys) == {"max_total_tokens": 5000, "mem_fraction_static": 0.3}
+    (cmd, *_) = engine_commands([*base, "parallelism=split_4_4", "rollout.server_args.mem_fraction_static=0.3"])
+    assert sglang.parse(cmd[3:], keys) == {"max_total_tokens": None, "mem_fraction_static": 0.3}
     note = SglangEngine.plan_notes(cfg, make_plan(cfg))[0]
-    assert note.endswith(f"; its KV cache at most {planned:,} tokens (the estimate's, the GPU being shared)"), note
+    assert note.endswith(f"; its KV cache held to {planned:,} tokens (the estimate's, the GPU being shared; SGLang "
+                         "starts with mem_fraction_static=0.9 to reach it)"), note
+
+
+def resolved_plan_tokens(overrides):
+    return make_plan(resolved(overrides)).memory.kv_cache_tokens
 
 
 def test_decode_graph_sizes_are_sglangs(sglang):

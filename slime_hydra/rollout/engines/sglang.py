@@ -118,6 +118,16 @@ def decode_graph_max_bs(batch: int) -> int:
     return next(b for b in grid if b >= batch)
 
 
+# With the KV pool held to the plan's count (``max_total_tokens``), the ``mem_fraction_static`` SGLang starts with, so
+# that it reaches that count whatever a colocated trainer holds or moves as the server starts. SGLang sizes the pool as
+# the memory free once its weights are loaded less (1 - mem_fraction_static) of the memory free before they were: a
+# trainer that grew in between (its warm-up) left a megatron run's engine 64 tokens at 0.3 on the H200, and one that
+# shrank gave a torch run's engine more than the plan (bench/measured/h200_kv_cap.md). The plan has counted the pool
+# beside the trainer's peak; the rest of the memory free at the start (10 %) stays SGLang's for its graphs and
+# activations.
+CAPPED_MEM_FRACTION = 0.9
+
+
 def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int],
                         kv_tokens: Optional[int] = None) -> Dict[str, Any]:
     """What slime_hydra adds to ``server_args`` to start a server in less time: no prefill CUDA
@@ -125,7 +135,8 @@ def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]
     ``decode_batch`` (the plan's ``engine_batch``) rounded up to SGLang's grid, unless the user chose
     them (``DECODE_GRAPH_KEYS``) or the run can use SGLang's default (or more). And on a GPU shared with a
     trainer, the KV pool held to the plan's ``kv_tokens`` (``max_total_tokens``, unless the user set it: SGLang
-    takes the smaller of it and what it finds free)."""
+    takes the smaller of it and what it finds free), and ``mem_fraction_static`` raised to ``CAPPED_MEM_FRACTION``
+    to reach it (``launch_server_args``)."""
     out: Dict[str, Any] = {}
     if kv_tokens and "max_total_tokens" not in server_args:
         out["max_total_tokens"] = kv_tokens
@@ -136,6 +147,19 @@ def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]
         if max_bs < SGLANG_DEFAULT_DECODE_MAX_BS:
             out["cuda_graph_max_bs_decode"] = max_bs
     return out
+
+
+def launch_server_args(server_args: Dict[str, Any], decode_batch: Optional[int],
+                       kv_tokens: Optional[int] = None) -> Dict[str, Any]:
+    """``server_args`` with ``startup_server_args`` added where it sets nothing, and, when the KV pool is held to
+    the plan's count, ``mem_fraction_static`` at least ``CAPPED_MEM_FRACTION``: the user's fraction has set that
+    count (the plan's pool is ``mem_fraction_static`` of the GPU less the weights)."""
+    added = startup_server_args(server_args, decode_batch, kv_tokens)
+    args = {**added, **server_args}
+    frac = args.get("mem_fraction_static")
+    if "max_total_tokens" in added and (frac is None or isinstance(frac, (int, float))):  # not: SGLang's to refuse
+        args["mem_fraction_static"] = max(frac or 0.0, CAPPED_MEM_FRACTION)
+    return args
 
 
 def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None) -> str:
@@ -154,8 +178,9 @@ def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_to
                   f"{decode_batch if decode_batch else 'an unknown number of'} sequences at once)")
     prefill = "no prefill CUDA graph" if added.get("disable_prefill_cuda_graph") else \
         "the prefill CUDA graph as rollout.server_args sets it"
-    kv = f"; its KV cache at most {added['max_total_tokens']:,} tokens (the estimate's, the GPU being shared)" \
-        if "max_total_tokens" in added else ""
+    kv = f"; its KV cache held to {added['max_total_tokens']:,} tokens (the estimate's, the GPU being shared; " \
+        f"SGLang starts with mem_fraction_static={CAPPED_MEM_FRACTION} to reach it)" if "max_total_tokens" in added \
+        else ""
     return f"sglang start-up: {decode}; {prefill}{kv}"
 
 
@@ -199,7 +224,7 @@ class SglangEngine(Engine):
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
                 "dtype": s.dtype,  # float32 too: else SGLang serves the checkpoint's dtype
                 **(FLOAT32_SERVER_ARGS if s.dtype == "float32" else {}),
-                **startup_server_args(s.server_args, s.decode_batch, s.kv_tokens), **s.server_args}
+                **launch_server_args(s.server_args, s.decode_batch, s.kv_tokens)}
         return [sys.executable, "-m", FORKING_LAUNCHER if s.fork_workers else LAUNCH_SERVER, *to_flags(args)]
 
     def env(self) -> Dict[str, str]:
