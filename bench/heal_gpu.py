@@ -99,27 +99,6 @@ def gpu_used_mib() -> Optional[float]:
         return None
 
 
-def gpu_apps() -> Optional[List[Dict[str, Any]]]:
-    """The processes nvidia-smi sees on the GPU (pid, MiB); None without nvidia-smi. (In a container the
-    pids may be the host's: then they name no process here, which the report says.)"""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode:
-        return None
-    apps = []
-    for line in out.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            pid = int(parts[0])
-            apps.append({"pid": pid, "mib": float(parts[1]) if parts[1].replace(".", "").isdigit() else None,
-                         "here": os.path.exists(f"/proc/{pid}"),
-                         "cmd": _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]})
-    return apps
-
-
 def log_time(line: str, near: float) -> Optional[float]:
     """The wall time of a log line ``HH:MM:SS ...`` (the run's log format), on the day of ``near``."""
     m = re.match(r"(\d\d):(\d\d):(\d\d) ", line)
@@ -218,7 +197,7 @@ class Faults:
         self.res.update(returncode=proc.returncode, wall_s=round(time.time() - t0, 1),
                         steps=[r["step"] for r in self.rows])
         self.res["memory_idle_after_mib"] = self._settled_memory(self.res["memory_idle_before_mib"])
-        self.res["gpu_apps_after_run"] = gpu_apps()
+        self.res["gpu_apps_after_run"] = h.gpu_apps()
         self._measure()
 
     # ------------------------------------------------------------------------------ watching
@@ -250,7 +229,7 @@ class Faults:
         later = [t for t in self.arrived.values() if t > last["killed_at"]]
         if later and "first_row_after_s" not in last:
             last["first_row_after_s"] = round(min(later) - last["killed_at"], 1)
-            last["gpu_apps_after_heal"] = gpu_apps()
+            last["gpu_apps_after_heal"] = h.gpu_apps()
             self.save()
         return bool(later)
 

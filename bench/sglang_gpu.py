@@ -25,6 +25,9 @@ random checkpoint and prompts of 64 random words:
   trl       TRL's GRPOTrainer (HF generate) on the same checkpoint, prompts and batch (bench/gpu/trl_step.py).
   embedded  the run.py run with the embedded engine (fewer steps); not a default phase (one 10-minute call
             holds three SGLang start-ups, not a fourth run).
+  stop      the sglang run stopped (SIGTERM, as Ctrl-C is) ``STOP_AFTER_S`` after its launch, while SGLang starts:
+            a check that nothing of it is left on the GPU (nvidia-smi's processes) once run.py has exited; not a
+            default phase.
 
 Writes ``$OUT/sglang_gpu_<layout>[_<workload>].json`` and ``.md`` (a table) as it goes, the logs' tails to
 ``$OUT/logs/``, and exits non-zero when a check failed or a phase did not finish; speed goals (issue 24) are
@@ -35,9 +38,11 @@ model, 16 new tokens, the embedded engine in place of SGLang: it speaks the same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import re
+import signal
 import sys
 import time
 from typing import Any, Dict, List
@@ -56,7 +61,7 @@ GOALS = {"anchor": {"step_s": 1.0, "train_s": 0.30, "start_s": 60.0}, "256x256":
 ROLLOUT_VS_RAW = 1.5
 WORKLOADS = {"anchor": (8, 8, 256), "256x256": (32, 8, 256)}  # prompts, samples per prompt, new tokens
 MICRO_BATCH = 16  # samples per micro-batch, ours and TRL's
-PHASES = ("build", "raw", "sglang", "sglang_warm", "sglang_variant", "sglang_offload", "trl", "embedded")
+PHASES = ("build", "raw", "sglang", "sglang_warm", "sglang_variant", "sglang_offload", "trl", "embedded", "stop")
 DEFAULT_PHASES = ("build", "raw", "sglang", "sglang_offload", "trl")
 RUN_PHASES = ("sglang", "sglang_warm", "sglang_variant", "sglang_offload", "embedded")  # python run.py
 # what each run phase adds to run.py's command line (colocated layout)
@@ -69,7 +74,9 @@ OFFLOAD = {"sglang": NO_OFFLOAD, "sglang_warm": NO_OFFLOAD, "sglang_variant": NO
 # trainer.save_last=false), trl 45 s, embedded 150 s (2 steps of 26 s). Three SGLang start-ups do not leave room
 # for the embedded run in one 10-minute call, so it runs only when asked for (PHASES=...,embedded).
 PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "sglang_warm": (70, 150),
-        "sglang_variant": (70, 170), "sglang_offload": (125, 160), "trl": (50, 120), "embedded": (120, 170)}
+        "sglang_variant": (70, 170), "sglang_offload": (125, 160), "trl": (50, 120), "embedded": (120, 170),
+        "stop": (60, 90)}
+STOP_AFTER_S = 30.0  # the stop phase's SIGTERM: SGLang is importing or capturing then (its start takes 40-130 s)
 # a larger shape (SHAPE=qwen3_4b) builds a larger checkpoint, and TRL's steps are longer: its build ran past 90 s
 # on 2026-12-02 (the scale bench builds the same 4B checkpoint in about 50 s, without the tokenizer and prompts)
 LARGE_SHAPE_PLAN = {"build": (60, 240), "trl": (120, 360)}
@@ -146,6 +153,24 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
             out["gpu_idle"] = sampler.idle_share(after_second)
     out["console_tail"] = tail(console, 25)
     h.log(f"{phase}: rc={run.returncode}, {len(rows)} steps, wall {run.wall_s:.0f}s")
+
+
+def phase_stop(w: Workload, layout: str, out: Dict[str, Any]) -> None:
+    """run.py stopped while SGLang starts; what is left on the GPU 5 s after run.py has exited (a scheduler forked
+    from SGLang's forkserver once outlived such a stop with 70 GB of the H200). What is left is then killed, so
+    that it cannot spoil a later phase."""
+    run_dir = os.path.join(w.work, f"run_{layout}_stop")
+    console = os.path.join(w.work, f"run_{layout}_stop.out")
+    run = h.run_py(run_overrides(w, layout, "sglang", 2), run_dir, console, STOP_AFTER_S)
+    time.sleep(5)
+    left = h.gpu_apps()
+    out.update(returncode=run.returncode, stopped_after_s=STOP_AFTER_S, exited_after_s=round(run.wall_s, 1),
+               gpu_apps_left=left)
+    for app in left or []:
+        if app["here"]:
+            with contextlib.suppress(OSError):
+                os.kill(app["pid"], signal.SIGKILL)
+    h.log(f"stop: run.py exited {run.wall_s:.1f}s after its launch; left on the GPU: {left}")
 
 
 def run_log_times(run_dir: str) -> Dict[str, Any]:
@@ -334,6 +359,8 @@ def run_phase(args, w: Workload) -> None:
                       phase_overrides(args.phase, args))
         elif args.phase == "trl":
             phase_trl(w, args.trl_steps, MICRO_BATCH, out)
+        elif args.phase == "stop":
+            phase_stop(w, args.layout, out)
 
 
 def check_phase(results: Dict[str, Any], phase: str, args, w: Workload) -> None:
@@ -426,6 +453,11 @@ def main() -> None:
                     break
             if phase in RUN_PHASES or phase == "trl":
                 check_phase(results, phase, args, w)
+            if phase == "stop":
+                left = results[phase].get("gpu_apps_left")
+                h.check(results, "stop_leaves_nothing", left == [] or (args.cpu and left is None),  # no nvidia-smi
+                        f"run.py SIGTERMed {STOP_AFTER_S:g} s after launch, exited after "
+                        f"{results[phase].get('exited_after_s')} s; on the GPU 5 s later: {left}")
             results["goals"] = goals(results)
             report(results, w, path)
         results["goals"] = goals(results)

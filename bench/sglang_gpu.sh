@@ -3,8 +3,8 @@
 # for run.py with SGLang colocated, without and with offload, and for TRL's GRPOTrainer, against raw SGLang
 # serving the same requests; checks against the live server. bench/sglang_gpu.py says what each phase does;
 # bench/README.md how the device calls are set up (the SGLang bundle in one call, then this one).
-# PHASES= picks phases (build,raw,sglang,sglang_warm,sglang_variant,sglang_offload,trl,embedded: embedded needs a
-# call of its own; sglang_warm runs the sglang run again on the warm machine with WARM_OVERRIDES added, sglang_variant
+# PHASES= picks phases (build,raw,sglang,sglang_warm,sglang_variant,sglang_offload,trl,embedded,stop: embedded needs a
+# call of its own; stop SIGTERMs a run while SGLang starts and checks that the GPU is left empty; sglang_warm runs the sglang run again on the warm machine with WARM_OVERRIDES added, sglang_variant
 # adds VARIANT_OVERRIDES to those);
 # WORKLOAD=256x256 (32 prompts x 8 samples x 256 tokens) instead of TRL's anchor (8 x 8 x 256); SHAPE=qwen3_4b the
 # model shape (with PHASES=build,trl: TRL on the 4B shape); STEPS,

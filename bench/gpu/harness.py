@@ -167,6 +167,35 @@ def gpu_names() -> List[str]:
     return [n.strip() for n in out.split("\n") if n.strip()]
 
 
+def gpu_apps() -> Optional[List[Dict[str, Any]]]:
+    """The processes nvidia-smi sees on the GPU (pid, MiB); None without nvidia-smi. (In a container the
+    pids may be the host's: then they name no process here, which the report says.)"""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode:
+        return None
+    apps = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            pid = int(parts[0])
+            cmd = _read_bytes(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]
+            apps.append({"pid": pid, "mib": float(parts[1]) if parts[1].replace(".", "").isdigit() else None,
+                         "here": os.path.exists(f"/proc/{pid}"), "cmd": cmd})
+    return apps
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 # ------------------------------------------------------------------------------------- run.py
 def read_rows(path: str) -> List[Dict[str, Any]]:
     """The rows of a ``metrics.jsonl`` written so far ([] before it exists or while a line is half-written)."""
