@@ -77,6 +77,10 @@ def runs() -> List[Dict[str, Any]]:
     out.append({"run": "0.6B, torch, SGLang colocated, no offload, 32 x 8 samples, the plan's micro-batch (64), "
                 "compiled", "file": "h200_sglang_colocated_256x256_compile.md", "command": big["command"],
                 "pin": ran_micro_batch(big), "trainer_gib": steady(big["rows"], "train/gpu_peak_gib"), "gpu_gib": None})
+    mega = json.load(open(os.path.join(MEASURED, "h200_kv_cap_megatron_fixed_warm.json")))["sglang_warm"]
+    out.append({"run": "0.6B, megatron, SGLang colocated, no offload, the plan's micro-batch (20,480 tokens), compiled",
+                "file": "h200_kv_cap.md", "command": mega["command"], "pin": ran_micro_batch(mega),
+                "trainer_gib": steady(mega["rows"], "train/gpu_peak_gib"), "gpu_gib": None})
     lora = json.load(open(os.path.join(MEASURED, "h200_lora.json")))
     for name, r in lora["runs"].items():
         if "plan" not in r or "measured" not in r:

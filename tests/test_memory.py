@@ -195,16 +195,17 @@ def test_trainer_compile_estimate_is_within_15_percent_of_the_measured_h200_runs
         pytest.approx(per_token["eager"] - per_token["compiled"])  # only the layers change
 
 
-def test_trainer_compile_changes_the_estimate_of_every_torch_strategy_but_not_megatrons():
-    """DDP, FSDP2 and LoRA compile the same decoder layers; megatron's layers are not measured compiled: its
-    estimate counts eager activations whatever trainer.compile says."""
+def test_trainer_compile_changes_the_estimate_of_every_strategy_and_of_megatron():
+    """DDP, FSDP2, LoRA and megatron compile the same decoder layers, and take the compiled tables: megatron's
+    compiled step peaked at 51.4 GiB on the H200 against 65.7 planned eager, 47.2 compiled
+    (bench/measured/h200_kv_cap.md)."""
     base = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "trainer.micro_batch_size=16",
             "trainer.gradient_checkpointing=false"]
     for strategy in ([], ["trainer.strategy=fsdp"], ["trainer.lora.rank=16"]):
         eager, compiled = (resolved_activations([*base, *strategy, f"trainer.compile={c}"]) for c in ("false", "true"))
         assert compiled < 0.7 * eager, strategy
     megatron = [*base[:3], "trainer=megatron", "trainer.recompute=none"]
-    assert resolved_activations([*megatron, "trainer.compile=true"]) == resolved_activations(megatron)
+    assert resolved_activations([*megatron, "trainer.compile=true"]) < 0.7 * resolved_activations(megatron)
 
 
 # ----------------------------------------------------------------------------------- layouts

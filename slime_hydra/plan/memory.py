@@ -60,7 +60,9 @@ Qwen3-0.6B's layer: ``ACT_COMPILED_AUTOCAST`` and ``ACT_COMPILED_FP32``, measure
 compiled (AOTAutograd saves through ``save_for_backward``, which the hooks see: the tensors the compiled forward
 graph returns for its backward), exact for the Qwen3 and Llama layers (10h + 6 (q + kv) + 6 ffn with q/k norms,
 4 (q + kv) without, 4 bytes per query head, and 4 per query and key/value head with q/k norms, under autocast);
-the MoE part, GLM-4's extra norms and MLA keep their eager counts, and so does the megatron backend. With gradient
+the MoE part, GLM-4's extra norms and MLA keep their eager counts. The megatron backend's ``trainer.compile`` compiles
+its decoder layers too, and takes the same tables: 47.2 GiB planned against 51.4 measured for a packed micro-batch of
+20,480 tokens of the Qwen3-0.6B shape (65.7 with the eager tables; bench/measured/h200_kv_cap.md). With gradient
 checkpointing a layer, compiled or not, keeps only its input (4h on GPUs: the residual stream is float32) and one layer
 is recomputed at a time. The log-prob head: with ``trainer.fused_logprobs`` (the default,
 ``train/logprobs.py``) the response tokens' hidden rows (``d h`` a response token), about five float32
@@ -281,8 +283,8 @@ def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int
     ``trainer.fused_logprobs`` (``train/logprobs.py``), which keeps the response tokens' hidden rows and
     makes the logits a chunk of ``HEAD_CHUNK_ROWS`` at a time (about five float32 ``chunk x V``
     temporaries in the backward), with a ``model.dtype`` copy of the head's weight and its float32
-    gradient. ``compiled``: the torch backend's ``trainer.compile`` (compiled decoder layers; MLA, measured
-    only eager, keeps the eager tables)."""
+    gradient. ``compiled``: ``trainer.compile`` (compiled decoder layers, either backend; MLA, measured only eager,
+    keeps the eager tables)."""
     compiled = compiled and not _is_mla(a)
     autocast_table, fp32_table = (ACT_COMPILED_AUTOCAST, ACT_COMPILED_FP32) if compiled else (ACT_AUTOCAST, ACT_FP32)
     table = autocast_table if autocast else {k: v * compute_bytes / 4 for k, v in fp32_table.items()}
@@ -487,7 +489,7 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
                             checkpointing=t.recompute != "none", tensor_parallel=tp,
                             sequence_parallel=p.sequence_parallel, layers_held=pp * stages[0] / a.num_layers,
-                            vocab_parallel_head=True)
+                            vocab_parallel_head=True, compiled=t.compile)
     state = {"weights": compute * (dense + experts), "grads": 4 * (dense + experts),
              "adam": 12 * (dense / dp_dense + experts / dp_experts)}
     host = {}
