@@ -134,7 +134,9 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     out["command"] = "python run.py " + " ".join(overrides) + f" hydra.run.dir={run_dir}"
     out["extra_overrides"] = extra
     sampler = h.GpuSampler(os.path.join(w.work, f"gpu_{layout}_{phase}.csv")) if w.device == "cuda" else None
+    cpu = h.CpuSampler()
     run = h.run_py(overrides, run_dir, console, limit_s)
+    cpu.stop()
     if sampler is not None:
         sampler.stop()
     rows = run.rows
@@ -151,6 +153,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
         out["gpu_busy"] = sampler.busy(after_second)  # SM clock and power while busy: a slow run's GPU, throttled?
         if layout != "colocated":
             out["gpu_idle"] = sampler.idle_share(after_second)
+    out["rollouts"] = rollout_windows(run, sampler, cpu)
     out["console_tail"] = tail(console, 25)
     h.log(f"{phase}: rc={run.returncode}, {len(rows)} steps, wall {run.wall_s:.0f}s")
 
@@ -171,6 +174,21 @@ def phase_stop(w: Workload, layout: str, out: Dict[str, Any]) -> None:
             with contextlib.suppress(OSError):
                 os.kill(app["pid"], signal.SIGKILL)
     h.log(f"stop: run.py exited {run.wall_s:.1f}s after its launch; left on the GPU: {left}")
+
+
+def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler") -> List[Dict[str, Any]]:
+    """Each step's rollout: its seconds, the GPU's clocks while busy and the busiest processes on the CPU over it (the
+    rollout is the first part of a synchronous step, which ends when its row is written). Why one run's rollouts took
+    0.94 s where another's took 0.74 s (bench/measured/h200_kv_cap.md)."""
+    out = []
+    for row in run.rows:
+        if row.get("step") not in run.seen or "perf/rollout_time" not in row:
+            continue
+        start = run.started + run.seen[row["step"]] - row.get("perf/step_time", 0.0)
+        end = start + row["perf/rollout_time"]
+        out.append({"step": row["step"], "rollout_s": round(row["perf/rollout_time"], 3),
+                    "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": cpu.window(start, end)})
+    return out
 
 
 def run_log_times(run_dir: str) -> Dict[str, Any]:
@@ -268,9 +286,16 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
                          f"{s['train_time']:.3f} s (the rest: Ray's hand-over of the data and the answer)")
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
+        for r in res.get("rollouts") or []:
+            clocks = "; ".join(f"{g} SM {b['sm_mhz_mean']} MHz, memory {b.get('mem_mhz_mean', '?')} MHz"
+                               for g, b in (r.get("gpu") or {}).items())
+            busiest = ", ".join(f"{c['cpu']:.2f} {c['cmd'][:40]!r}" for c in r["cpu"])
+            lines.append(f"- {name} step {r['step']} rollout {r['rollout_s']:.2f} s: {clocks or 'no GPU samples'}; "
+                         f"CPU: {busiest or 'no samples'}")
         for gpu, b in (res.get("gpu_busy") or {}).items():
+            mem = f", memory clock {b['mem_mhz_mean']} MHz" if "mem_mhz_mean" in b else ""
             lines.append(f"- {name} {gpu} while busy after step 2 ({b['samples']} samples of 200 ms): SM clock "
-                         f"{b['sm_mhz_mean']} MHz mean, {b['sm_mhz_min']:.0f} lowest; {b['power_w_mean']} W")
+                         f"{b['sm_mhz_mean']} MHz mean, {b['sm_mhz_min']:.0f} lowest; {b['power_w_mean']} W{mem}")
     lines += startup_table(results)
     if (results.get("trl") or {}).get("config"):
         lines.append(f"- trl: {results['trl'].get('versions')}, {results['trl']['config']}, "

@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu.harness import Budget, GpuSampler, copy_logs, read_rows, run_child, steps_table, table, write_json  # noqa: E402
+from gpu.harness import Budget, CpuSampler, GpuSampler, copy_logs, read_rows, run_child, steps_table, table, write_json  # noqa: E402
 
 # bench/sglang_gpu.py's phases: (the least each finishes in, the most it may take)
 PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "trl": (50, 120)}
@@ -152,17 +152,21 @@ def test_peaks_and_idle_share_from_nvidia_smi_lines(tmp_path):
                                          "gpu1": {"samples": 1, "idle_share": 1.0, "mean_util": 2.0}}
 
 
-def test_busy_clock_and_power_from_the_six_field_query(tmp_path):
+def test_busy_clocks_and_power_from_the_query(tmp_path):
     path = tmp_path / "gpu.csv"
-    path.write_text("2026/12/01 03:00:01.000, 0, 1000, 90, 1980, 400.5\n"
-                    "2026/12/01 03:00:02.000, 0, 1000, 10, 1200, 120.0\n"   # idle: not counted
-                    "2026/12/01 03:00:03.000, 0, 1000, 60, 1500, 300.5\n"
-                    "2026/12/01 03:00:04.000, 0, 1000, 95, [N/A], 1\n")     # unparsable: skipped
+    path.write_text("2026/12/01 03:00:01.000, 0, 1000, 90, 1980, 400.5, 3201\n"
+                    "2026/12/01 03:00:02.000, 0, 1000, 10, 1200, 120.0, 3201\n"   # idle: not counted
+                    "2026/12/01 03:00:03.000, 0, 1000, 60, 1500, 300.5, 2601\n"
+                    "2026/12/01 03:00:04.000, 0, 1000, 95, [N/A], 1, 3201\n")     # unparsable: skipped
     sampler = GpuSampler(str(path), start=False)
     assert sampler.busy(0) == {"gpu0": {"samples": 2, "sm_mhz_mean": 1740, "sm_mhz_min": 1500.0,
-                                        "power_w_mean": 350.5}}
+                                        "power_w_mean": 350.5, "mem_mhz_mean": 2901}}
+    third = time.mktime(time.strptime("2026/12/01 03:00:03", "%Y/%m/%d %H:%M:%S"))
+    assert sampler.busy(third, third)["gpu0"]["samples"] == 1  # one step's window
     assert list(sampler.samples())[1] == (time.mktime(time.strptime("2026/12/01 03:00:02", "%Y/%m/%d %H:%M:%S")),
                                           "gpu0", 1000.0, 10.0)
+    path.write_text("2026/12/01 03:00:01.000, 0, 1000, 90, 1980, 400.5\n")  # the six-field query of before
+    assert "mem_mhz_mean" not in sampler.busy(0)["gpu0"]
 
 
 def test_read_rows_waits_for_whole_lines(tmp_path):
@@ -172,3 +176,18 @@ def test_read_rows_waits_for_whole_lines(tmp_path):
     assert read_rows(str(path)) == [{"step": 0}, {"step": 1}]
     path.write_text('{"step": 0}\n{"ste')
     assert read_rows(str(path)) == []
+
+
+def test_cpu_sampler_sees_a_busy_process_in_its_window():
+    import subprocess
+    import sys
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    sampler = CpuSampler(interval_s=0.2)
+    t0 = time.time()
+    busy.wait()
+    sampler.stop()
+    top = sampler.window(t0, time.time(), top=3)
+    mine = [p for p in top if p["pid"] == busy.pid]
+    assert mine and mine[0]["cpu"] > 0.5 and "time.time()" in mine[0]["cmd"], top
+    assert sampler.window(0, 1) == []

@@ -253,9 +253,10 @@ def run_py(overrides: List[str], run_dir: str, console: str, limit_s: float,
 
 # ---------------------------------------------------------------------------------- nvidia-smi
 class GpuSampler:
-    """nvidia-smi every ``interval_ms`` into ``path``: each GPU's memory, utilisation, SM clock and power over time."""
+    """nvidia-smi every ``interval_ms`` into ``path``: each GPU's memory, utilisation, SM clock, power and memory
+    clock over time."""
 
-    QUERY = "timestamp,index,memory.used,utilization.gpu,clocks.sm,power.draw"
+    QUERY = "timestamp,index,memory.used,utilization.gpu,clocks.sm,power.draw,clocks.mem"
 
     def __init__(self, path: str, interval_ms: int = 200, start: bool = True):
         self.path = path
@@ -270,12 +271,12 @@ class GpuSampler:
             self.proc.wait()
 
     def rows(self) -> Iterator[Tuple[float, str, List[float]]]:
-        """(wall time, "gpu<i>", [MiB used, utilisation %, SM MHz, W]) per line; the last two are absent from lines
-        of the older four-field query; unparsable lines are skipped."""
+        """(wall time, "gpu<i>", [MiB used, utilisation %, SM MHz, W, memory MHz]) per line; lines of older, shorter
+        queries give the first two or four; unparsable lines are skipped."""
         with open(self.path) as f:
             for line in f:
                 parts = [p.strip() for p in line.split(",")]
-                if len(parts) not in (4, 6):
+                if len(parts) not in (4, 6, 7):
                     continue
                 try:
                     stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
@@ -305,16 +306,69 @@ class GpuSampler:
         return {g: {"samples": len(u), "idle_share": sum(x < 5 for x in u) / len(u), "mean_util": statistics.mean(u)}
                 for g, u in per.items() if u}
 
-    def busy(self, since_wall: float) -> Dict[str, Dict[str, float]]:
-        """From ``since_wall`` on, over the samples where the GPU was busy (utilisation of 50 % or more): each GPU's
-        mean SM clock (MHz) and power (W), and their lowest; whether the GPU ran slower in one run than in another."""
+    def busy(self, since_wall: float, until_wall: float = math.inf) -> Dict[str, Dict[str, float]]:
+        """Between ``since_wall`` and ``until_wall``, over the samples where the GPU was busy (utilisation of 50 % or
+        more): each GPU's mean SM clock (MHz), its lowest, mean power (W) and mean memory clock; whether the GPU ran
+        slower in one run, or one step, than in another."""
         per: Dict[str, List[List[float]]] = {}
         for stamp, gpu, values in self.rows():
-            if stamp >= since_wall and len(values) == 4 and values[1] >= 50:
+            if since_wall <= stamp <= until_wall and len(values) >= 4 and values[1] >= 50:
                 per.setdefault(gpu, []).append(values)
-        return {g: {"samples": len(v), "sm_mhz_mean": round(statistics.mean(x[2] for x in v)),
-                    "sm_mhz_min": min(x[2] for x in v), "power_w_mean": round(statistics.mean(x[3] for x in v), 1)}
-                for g, v in per.items() if v}
+        out = {g: {"samples": len(v), "sm_mhz_mean": round(statistics.mean(x[2] for x in v)),
+                   "sm_mhz_min": min(x[2] for x in v), "power_w_mean": round(statistics.mean(x[3] for x in v), 1)}
+               for g, v in per.items() if v}
+        for g, v in per.items():
+            if all(len(x) == 5 for x in v):
+                out[g]["mem_mhz_mean"] = round(statistics.mean(x[4] for x in v))
+        return out
+
+
+class CpuSampler:
+    """Every ``interval_s``, in a thread: each process's share of one CPU since the sample before (psutil), the
+    busiest ``top`` kept. Whether something competes with SGLang's scheduler for the CPU while it decodes: with CUDA
+    graphs a decode step of a small model is a few milliseconds of GPU work, and the scheduler's Python between them
+    counts."""
+
+    def __init__(self, interval_s: float = 0.5, top: int = 6):
+        self.interval_s, self.top = interval_s, top
+        self.samples: List[Tuple[float, List[Tuple[float, int, str]]]] = []  # (wall time, [(share, pid, command)])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        last: Dict[int, float] = {}
+        last_t = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            now, cpu, names = time.monotonic(), {}, {}
+            for proc in psutil.process_iter(["cmdline"]):
+                try:
+                    t = proc.cpu_times()
+                except psutil.Error:
+                    continue
+                cpu[proc.pid] = t.user + t.system
+                names[proc.pid] = " ".join(proc.info["cmdline"] or [])[:100]
+            if last:
+                dt = max(now - last_t, 1e-3)
+                shares = sorted(((cpu[p] - last[p]) / dt, p, names[p]) for p in cpu if p in last)
+                self.samples.append((time.time(), [x for x in reversed(shares[-self.top:]) if x[0] > 0.02]))
+            last, last_t = cpu, now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def window(self, since_wall: float, until_wall: float, top: int = 3) -> List[Dict[str, Any]]:
+        """The ``top`` processes by their mean share of a CPU over the samples between the two times."""
+        got = [s for t, s in self.samples if since_wall <= t <= until_wall]
+        total: Dict[Tuple[int, str], float] = {}
+        for sample in got:
+            for share, pid, cmd in sample:
+                total[(pid, cmd)] = total.get((pid, cmd), 0.0) + share
+        best = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+        return [{"pid": pid, "cmd": cmd, "cpu": round(v / len(got), 2)} for (pid, cmd), v in best]
 
 
 # ------------------------------------------------------------------------------------- logs
