@@ -75,8 +75,10 @@ OFFLOAD = {"sglang": NO_OFFLOAD, "sglang_warm": NO_OFFLOAD, "sglang_variant": NO
 # for the embedded run in one 10-minute call, so it runs only when asked for (PHASES=...,embedded).
 PLAN = {"build": (20, 90), "raw": (150, 180), "sglang": (150, 230), "sglang_warm": (70, 150),
         "sglang_variant": (70, 170), "sglang_offload": (125, 160), "trl": (50, 120), "embedded": (120, 170),
-        "stop": (60, 90)}
-STOP_AFTER_S = 30.0  # the stop phase's SIGTERM: SGLang is importing or capturing then (its start takes 40-130 s)
+        "stop": (70, 100)}
+# the stop phase's SIGTERM: SGLang's scheduler is up by then, capturing its graphs (a server imports for 20-25 s, its
+# start takes 40-130 s: bench/measured/h200_kv_cap.md)
+STOP_AFTER_S = 40.0
 # a larger shape (SHAPE=qwen3_4b) builds a larger checkpoint, and TRL's steps are longer: its build ran past 90 s
 # on 2026-12-02 (the scale bench builds the same 4B checkpoint in about 50 s, without the tokenizer and prompts)
 LARGE_SHAPE_PLAN = {"build": (60, 240), "trl": (120, 360)}
@@ -159,27 +161,31 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
 
 
 def phase_stop(w: Workload, layout: str, out: Dict[str, Any]) -> None:
-    """run.py stopped while SGLang starts; what is left on the GPU 5 s after run.py has exited (a scheduler forked
-    from SGLang's forkserver once outlived such a stop with 70 GB of the H200). What is left is then killed, so
-    that it cannot spoil a later phase."""
+    """run.py stopped while SGLang starts: what ran on the GPU just before the stop (SGLang's scheduler, if it was up
+    by then), and what is left 5 s after run.py has exited (a scheduler forked from SGLang's forkserver once outlived
+    such a stop with 70 GB of the H200). A python process left is then killed, so that it cannot spoil a later
+    phase."""
     run_dir = os.path.join(w.work, f"run_{layout}_stop")
     console = os.path.join(w.work, f"run_{layout}_stop.out")
-    run = h.run_py(run_overrides(w, layout, "sglang", 2), run_dir, console, STOP_AFTER_S)
+    run = h.run_py(run_overrides(w, layout, "sglang", 2), run_dir, console, STOP_AFTER_S,
+                   before_stop=lambda: out.update(gpu_apps_before=h.gpu_apps()))
     time.sleep(5)
     left = h.gpu_apps()
     out.update(returncode=run.returncode, stopped_after_s=STOP_AFTER_S, exited_after_s=round(run.wall_s, 1),
                gpu_apps_left=left)
     for app in left or []:
-        if app["here"]:
+        if app["here"] and "python" in app["cmd"]:
             with contextlib.suppress(OSError):
                 os.kill(app["pid"], signal.SIGKILL)
-    h.log(f"stop: run.py exited {run.wall_s:.1f}s after its launch; left on the GPU: {left}")
+    h.log(f"stop: run.py exited {run.wall_s:.1f}s after its launch (rc {run.returncode}); on the GPU before the "
+          f"stop: {out.get('gpu_apps_before')}; left: {left}")
 
 
 def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler") -> List[Dict[str, Any]]:
     """Each step's rollout: its seconds, the GPU's clocks while busy and the busiest processes on the CPU over it (the
-    rollout is the first part of a synchronous step, which ends when its row is written). Why one run's rollouts took
-    0.94 s where another's took 0.74 s (bench/measured/h200_kv_cap.md)."""
+    rollout is the first part of a synchronous step, which ends when its row is written; rows are polled every 0.2 s,
+    so a window may be up to 0.2 s late). Why one run's rollouts took 0.94 s where another's took 0.74 s
+    (bench/measured/h200_kv_cap.md)."""
     out = []
     for row in run.rows:
         if row.get("step") not in run.seen or "perf/rollout_time" not in row:
@@ -287,15 +293,15 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
         if res.get("gpu_idle"):
             lines.append(f"- {name} GPU idle share after step 2: {res['gpu_idle']}")
         for r in res.get("rollouts") or []:
-            clocks = "; ".join(f"{g} SM {b['sm_mhz_mean']} MHz, memory {b.get('mem_mhz_mean', '?')} MHz"
+            clocks = "; ".join(f"{g} SM {b.get('sm_mhz_mean', '?')} MHz, memory {b.get('mem_mhz_mean', '?')} MHz"
                                for g, b in (r.get("gpu") or {}).items())
             busiest = ", ".join(f"{c['cpu']:.2f} {c['cmd'][:40]!r}" for c in r["cpu"])
             lines.append(f"- {name} step {r['step']} rollout {r['rollout_s']:.2f} s: {clocks or 'no GPU samples'}; "
                          f"CPU: {busiest or 'no samples'}")
         for gpu, b in (res.get("gpu_busy") or {}).items():
-            mem = f", memory clock {b['mem_mhz_mean']} MHz" if "mem_mhz_mean" in b else ""
             lines.append(f"- {name} {gpu} while busy after step 2 ({b['samples']} samples of 200 ms): SM clock "
-                         f"{b['sm_mhz_mean']} MHz mean, {b['sm_mhz_min']:.0f} lowest; {b['power_w_mean']} W{mem}")
+                         f"{b.get('sm_mhz_mean', '?')} MHz mean, {b.get('sm_mhz_min', '?')} lowest; "
+                         f"{b.get('power_w_mean', '?')} W; memory clock {b.get('mem_mhz_mean', '?')} MHz")
     lines += startup_table(results)
     if (results.get("trl") or {}).get("config"):
         lines.append(f"- trl: {results['trl'].get('versions')}, {results['trl']['config']}, "
@@ -480,9 +486,11 @@ def main() -> None:
                 check_phase(results, phase, args, w)
             if phase == "stop":
                 left = results[phase].get("gpu_apps_left")
+                res = results[phase]
                 h.check(results, "stop_leaves_nothing", left == [] or (args.cpu and left is None),  # no nvidia-smi
-                        f"run.py SIGTERMed {STOP_AFTER_S:g} s after launch, exited after "
-                        f"{results[phase].get('exited_after_s')} s; on the GPU 5 s later: {left}")
+                        f"run.py SIGTERMed {STOP_AFTER_S:g} s after launch, exited after {res.get('exited_after_s')} s "
+                        f"(rc {res.get('returncode')}); on the GPU just before: {res.get('gpu_apps_before')}; "
+                        f"5 s after: {left}")
             results["goals"] = goals(results)
             report(results, w, path)
         results["goals"] = goals(results)

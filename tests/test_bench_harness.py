@@ -157,12 +157,15 @@ def test_busy_clocks_and_power_from_the_query(tmp_path):
     path.write_text("2026/12/01 03:00:01.000, 0, 1000, 90, 1980, 400.5, 3201\n"
                     "2026/12/01 03:00:02.000, 0, 1000, 10, 1200, 120.0, 3201\n"   # idle: not counted
                     "2026/12/01 03:00:03.000, 0, 1000, 60, 1500, 300.5, 2601\n"
-                    "2026/12/01 03:00:04.000, 0, 1000, 95, [N/A], 1, 3201\n")     # unparsable: skipped
+                    "2026/12/01 03:00:04.000, 0, 1000, 95, [N/A], [N/A], 3201\n"  # the clock unread: the rest counts
+                    "2026/12/01 03:00:05.000, 0, [N/A], 95, 1980, 1, 3201\n")  # no memory reading: skipped
     sampler = GpuSampler(str(path), start=False)
-    assert sampler.busy(0) == {"gpu0": {"samples": 2, "sm_mhz_mean": 1740, "sm_mhz_min": 1500.0,
-                                        "power_w_mean": 350.5, "mem_mhz_mean": 2901}}
+    assert sampler.busy(0) == {"gpu0": {"samples": 3, "sm_mhz_mean": 1740, "sm_mhz_min": 1500.0,
+                                        "power_w_mean": 350.5, "mem_mhz_mean": 3001}}
+    assert sampler.peaks()["gpu0"] == {"peak_gib": round(1000 / 1024, 1), "mean_util": 63.8}
     third = time.mktime(time.strptime("2026/12/01 03:00:03", "%Y/%m/%d %H:%M:%S"))
-    assert sampler.busy(third, third)["gpu0"]["samples"] == 1  # one step's window
+    assert sampler.busy(third, third + 0.5)["gpu0"]["samples"] == 1  # one step's window, to the millisecond
+    assert sampler.busy(third + 0.001, third + 0.5) == {}
     assert list(sampler.samples())[1] == (time.mktime(time.strptime("2026/12/01 03:00:02", "%Y/%m/%d %H:%M:%S")),
                                           "gpu0", 1000.0, 10.0)
     path.write_text("2026/12/01 03:00:01.000, 0, 1000, 90, 1980, 400.5\n")  # the six-field query of before

@@ -54,3 +54,17 @@ def test_kill_tree_kills_children_that_ignore_sigterm(tmp_path, parent_exits_fir
     assert 1.0 <= took < 5.0  # the grace period for the child, then SIGKILL
     with pytest.raises(ProcessLookupError):
         os.kill(proc.pid, 0)
+
+
+def test_die_with_parent_kills_a_process_whose_parent_is_already_gone():
+    """The parent it names is not its parent (the one it had died before it asked): it dies at once. Its real
+    parent named: it carries on."""
+    import subprocess
+    import sys
+
+    code = "import sys; from slime_hydra.utils.proc import die_with_parent; die_with_parent(int(sys.argv[1])); " \
+           "print('carried on')"
+    gone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, timeout=60)
+    assert gone.returncode == -9 and gone.stdout == ""
+    kept = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0 and kept.stdout.strip() == "carried on"

@@ -224,9 +224,10 @@ class Run:
 
 
 def run_py(overrides: List[str], run_dir: str, console: str, limit_s: float,
-           env: Optional[Dict[str, str]] = None) -> Run:
+           env: Optional[Dict[str, str]] = None, before_stop: Optional[Callable[[], None]] = None) -> Run:
     """``python run.py overrides hydra.run.dir=run_dir``, output to ``console``, stopped (with its Ray
-    processes: its own process group) at ``limit_s``; each step's row is timed as it appears."""
+    processes: its own process group) at ``limit_s``, ``before_stop`` called just before; each step's row is timed
+    as it appears."""
     from slime_hydra.utils.proc import kill_tree, spawn
 
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -244,6 +245,8 @@ def run_py(overrides: List[str], run_dir: str, console: str, limit_s: float,
             seen.setdefault(row["step"], time.perf_counter() - t0)
     if proc.poll() is None:
         log(f"run over its {limit_s:.0f}s: stopped")
+        if before_stop is not None:
+            before_stop()
         kill_tree(proc, timeout=20)
     rows = read_rows(metrics)
     for row in rows:
@@ -270,19 +273,24 @@ class GpuSampler:
             self.proc.terminate()
             self.proc.wait()
 
-    def rows(self) -> Iterator[Tuple[float, str, List[float]]]:
-        """(wall time, "gpu<i>", [MiB used, utilisation %, SM MHz, W, memory MHz]) per line; lines of older, shorter
-        queries give the first two or four; unparsable lines are skipped."""
+    def rows(self) -> Iterator[Tuple[float, str, List[Optional[float]]]]:
+        """(wall time with its milliseconds, "gpu<i>", [MiB used, utilisation %, SM MHz, W, memory MHz]) per line;
+        lines of older, shorter queries give the first two or four. A field nvidia-smi cannot read ("[N/A]") is
+        None; a line without its time, GPU, memory or utilisation is skipped."""
         with open(self.path) as f:
             for line in f:
                 parts = [p.strip() for p in line.split(",")]
                 if len(parts) not in (4, 6, 7):
                     continue
                 try:
-                    stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
-                    yield stamp, f"gpu{int(parts[1])}", [float(p) for p in parts[2:]]
+                    whole, _, frac = parts[0].partition(".")
+                    stamp = time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) + float(f"0.{frac or 0}")
+                    gpu = f"gpu{int(parts[1])}"
                 except ValueError:
                     continue
+                values = [_number(p) for p in parts[2:]]
+                if values[0] is not None and values[1] is not None:
+                    yield stamp, gpu, values
 
     def samples(self) -> Iterator[Tuple[float, str, float, float]]:
         """(wall time, "gpu<i>", MiB used, utilisation %) per line."""
@@ -308,19 +316,30 @@ class GpuSampler:
 
     def busy(self, since_wall: float, until_wall: float = math.inf) -> Dict[str, Dict[str, float]]:
         """Between ``since_wall`` and ``until_wall``, over the samples where the GPU was busy (utilisation of 50 % or
-        more): each GPU's mean SM clock (MHz), its lowest, mean power (W) and mean memory clock; whether the GPU ran
-        slower in one run, or one step, than in another."""
-        per: Dict[str, List[List[float]]] = {}
+        more): each GPU's mean SM clock (MHz), its lowest, mean power (W) and mean memory clock, each over the samples
+        that read it; whether the GPU ran slower in one run, or one step, than in another."""
+        per: Dict[str, List[List[Optional[float]]]] = {}
         for stamp, gpu, values in self.rows():
-            if since_wall <= stamp <= until_wall and len(values) >= 4 and values[1] >= 50:
-                per.setdefault(gpu, []).append(values)
-        out = {g: {"samples": len(v), "sm_mhz_mean": round(statistics.mean(x[2] for x in v)),
-                   "sm_mhz_min": min(x[2] for x in v), "power_w_mean": round(statistics.mean(x[3] for x in v), 1)}
-               for g, v in per.items() if v}
+            if since_wall <= stamp <= until_wall and values[1] >= 50:
+                per.setdefault(gpu, []).append(values + [None] * (5 - len(values)))
+        out: Dict[str, Dict[str, float]] = {}
         for g, v in per.items():
-            if all(len(x) == 5 for x in v):
-                out[g]["mem_mhz_mean"] = round(statistics.mean(x[4] for x in v))
+            sm, watts, mem = ([x[i] for x in v if x[i] is not None] for i in (2, 3, 4))
+            out[g] = {"samples": len(v)}
+            if sm:
+                out[g].update(sm_mhz_mean=round(statistics.mean(sm)), sm_mhz_min=min(sm))
+            if watts:
+                out[g]["power_w_mean"] = round(statistics.mean(watts), 1)
+            if mem:
+                out[g]["mem_mhz_mean"] = round(statistics.mean(mem))
         return out
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 class CpuSampler:

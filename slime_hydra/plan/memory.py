@@ -61,8 +61,9 @@ compiled (AOTAutograd saves through ``save_for_backward``, which the hooks see: 
 graph returns for its backward), exact for the Qwen3 and Llama layers (10h + 6 (q + kv) + 6 ffn with q/k norms,
 4 (q + kv) without, 4 bytes per query head, and 4 per query and key/value head with q/k norms, under autocast);
 the MoE part, GLM-4's extra norms and MLA keep their eager counts. The megatron backend's ``trainer.compile`` compiles
-its decoder layers too, and takes the same tables: 47.2 GiB planned against 51.4 measured for a packed micro-batch of
-20,480 tokens of the Qwen3-0.6B shape (65.7 with the eager tables; bench/measured/h200_kv_cap.md). With gradient
+its decoder layers too, and at TP 1 takes the same tables: 47.2 GiB planned against 51.4 measured for a packed
+micro-batch of 20,480 tokens of the Qwen3-0.6B shape (65.7 with the eager tables; bench/measured/h200_kv_cap.md);
+with tensor parallelism, not measured compiled, it keeps the eager count. With gradient
 checkpointing a layer, compiled or not, keeps only its input (4h on GPUs: the residual stream is float32) and one layer
 is recomputed at a time. The log-prob head: with ``trainer.fused_logprobs`` (the default,
 ``train/logprobs.py``) the response tokens' hidden rows (``d h`` a response token), about five float32
@@ -489,7 +490,7 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
                             checkpointing=t.recompute != "none", tensor_parallel=tp,
                             sequence_parallel=p.sequence_parallel, layers_held=pp * stages[0] / a.num_layers,
-                            vocab_parallel_head=True, compiled=t.compile)
+                            vocab_parallel_head=True, compiled=t.compile and tp == 1)  # measured at TP 1 only
     state = {"weights": compute * (dense + experts), "grads": 4 * (dense + experts),
              "adam": 12 * (dense / dp_dense + experts / dp_experts)}
     host = {}

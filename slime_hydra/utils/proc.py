@@ -18,9 +18,10 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(parent: Optional[int] = None) -> None:
     """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere the owner's finally-blocks and
-    ``kill_tree`` still stop it). A parent killed outright (``ray.kill`` of the actor that owns a server) runs no
-    clean-up, so each process of a server's tree asks this of its own parent. ``parent``: the pid the parent had;
-    if it died before this was asked, this process was handed to another and dies now."""
+    ``kill_tree`` still stop it); precisely, when the parent's thread that started this process exits. A parent
+    killed outright (``ray.kill`` of the actor that owns a server) runs no clean-up, so each process of a server's
+    tree asks this of its own parent. ``parent``: the pid the parent had; if it died before this was asked, this
+    process was handed to another and dies now."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
@@ -29,17 +30,18 @@ def die_with_parent(parent: Optional[int] = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
     os.setsid()  # own process group: kill_tree() reaches its children too
-    die_with_parent()  # (a fork's child cannot outlive a parent that is blocked in Popen)
+    die_with_parent(parent)
 
 
 def spawn(cmd: List[str], log_path: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     """Start ``cmd`` with output to ``log_path``; the child is killed if this process dies."""
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     log = open(log_path, "ab")
+    parent = os.getpid()
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=lambda: _die_with_parent(parent))
 
 
 def kill_tree(proc: Optional[subprocess.Popen], timeout: float = 5.0) -> None:

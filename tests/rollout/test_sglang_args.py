@@ -94,8 +94,9 @@ def test_shipped_engine_command_lines_parse(sglang, overrides):
         assert got["dtype"] == cfg.model.dtype  # float32 included: "auto" would serve a bf16 checkpoint in bf16
         for key, value in cfg.rollout.server_args.items():
             # colocated, the KV pool held to the plan's count, SGLang starts with a fraction that reaches it
-            raised = key == "mem_fraction_static" and got["max_total_tokens"] is not None
-            assert got[key] == (max(value, CAPPED_MEM_FRACTION) if raised else value), key
+            raised = key == "mem_fraction_static" and got["max_total_tokens"] is not None \
+                and not got["enable_memory_saver"]
+            assert got[key] == (max(float(value), CAPPED_MEM_FRACTION) if raised else value), key
     # and the config's own validation, with the parser importable, finds nothing in rollout.server_args
     assert [e for e in sglang.validate(overrides) if e.startswith("rollout.server_args")] == []
 
@@ -286,28 +287,40 @@ def test_decode_cuda_graphs_follow_the_engine_batch(sglang, overrides, max_bs):
 
 
 def test_a_shared_gpus_kv_pool_is_held_to_the_plan(sglang):
-    """Colocated, the engine's KV pool is held to the memory estimate's tokens, and SGLang starts with a
-    mem_fraction_static that reaches them (it sizes the pool from what the trainer leaves free as it starts, which a
-    trainer warming up beside it moves); the user's fraction has set the count. On GPUs of its own neither is
-    changed; a max_total_tokens the user sets is kept, and so is their fraction."""
+    """Colocated, the engine's KV pool is held to the memory estimate's tokens, and where the engine stays resident
+    SGLang starts with a mem_fraction_static that reaches them (it sizes the pool from what the trainer leaves free
+    as it starts, which a trainer warming up beside it moves); the user's fraction has set the count. With
+    offload_rollout (the plan counts engine and trainer in different phases), on GPUs of its own, or with the user's
+    own max_total_tokens, the user's fraction is sent as it is."""
     keys = ["max_total_tokens", "mem_fraction_static"]
-    base = ["rollout=sglang", "model=qwen3_4b", "rollout.batch_size=8"]
+    base = ["rollout=sglang", "model=qwen3_4b", "rollout.batch_size=8", "parallelism.offload_rollout=false"]
     cfg = resolved([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3"])
     planned = make_plan(cfg).memory.kv_cache_tokens
     assert planned and planned > 100_000
     assert planned < resolved_plan_tokens([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.5"])
-    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3"])
-    assert sglang.parse(cmd[3:], keys) == {"max_total_tokens": planned, "mem_fraction_static": 0.9}
-    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.95"])
-    assert sglang.parse(cmd[3:], keys)["mem_fraction_static"] == 0.95
-    (cmd, *_) = engine_commands([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3",
-                                 "+rollout.server_args.max_total_tokens=5000"])
-    assert sglang.parse(cmd[3:], keys) == {"max_total_tokens": 5000, "mem_fraction_static": 0.3}
-    (cmd, *_) = engine_commands([*base, "parallelism=split_4_4", "rollout.server_args.mem_fraction_static=0.3"])
-    assert sglang.parse(cmd[3:], keys) == {"max_total_tokens": None, "mem_fraction_static": 0.3}
+
+    def sent(*overrides):
+        (cmd, *_) = engine_commands([*base, *overrides])
+        return sglang.parse(cmd[3:], keys)
+
+    assert sent("parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3") == \
+        {"max_total_tokens": planned, "mem_fraction_static": 0.9}
+    assert sent("parallelism=1gpu", "rollout.server_args.mem_fraction_static='0.3'") == \
+        {"max_total_tokens": planned, "mem_fraction_static": 0.9}  # a number in a string, as the plan reads it
+    assert sent("parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.95")["mem_fraction_static"] == 0.95
+    assert sent("parallelism=1gpu", "~rollout.server_args.mem_fraction_static")["mem_fraction_static"] == 0.9
+    offload = sent("parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3",
+                   "parallelism.offload_rollout=true", "parallelism.offload_train=true")
+    assert offload["mem_fraction_static"] == 0.3 and offload["max_total_tokens"]
+    assert sent("parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.3",
+                "+rollout.server_args.max_total_tokens=5000") == {"max_total_tokens": 5000, "mem_fraction_static": 0.3}
+    assert sent("parallelism=split_4_4", "rollout.server_args.mem_fraction_static=0.3") == \
+        {"max_total_tokens": None, "mem_fraction_static": 0.3}
     note = SglangEngine.plan_notes(cfg, make_plan(cfg))[0]
     assert note.endswith(f"; its KV cache held to {planned:,} tokens (the estimate's, the GPU being shared; SGLang "
                          "starts with mem_fraction_static=0.9 to reach it)"), note
+    cfg = resolved([*base, "parallelism=1gpu", "rollout.server_args.mem_fraction_static=0.95"])
+    assert SglangEngine.plan_notes(cfg, make_plan(cfg))[0].endswith("(the estimate's, the GPU being shared)")
 
 
 def resolved_plan_tokens(overrides):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORKER = """
@@ -220,6 +222,10 @@ import os
 import time
 
 if __name__ == "__main__":
+    if os.environ.get("FORCE_SPAWN"):  # as if a child of the forkserver could not use CUDA (sglang_preload)
+        from slime_hydra.rollout.engines import sglang_launch
+
+        sglang_launch._status.update(fork=False)
     mp.set_start_method("spawn", force=True)
     from sleeper import run
 
@@ -239,9 +245,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_path):
+@pytest.mark.parametrize("spawned", [False, True], ids=["forked", "spawned"])
+def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_path, spawned):
     # on the H200 a run stopped during SGLang's start killed the engine actor, and so the server (PDEATHSIG), but
     # the scheduler forked from the forkserver lived on with 70 GB of the GPU
+    import select
     import signal
     import time
 
@@ -249,10 +257,12 @@ def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_p
     (tmp_path / "server.py").write_text(textwrap.dedent(LONG_SERVER))
     code = ("import sys; from slime_hydra.rollout.engines.sglang_launch import main; "
             "main(sys.argv[1:], server_module='server', worker_modules=('sleeper',))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")]),
+           **({"FORCE_SPAWN": "1"} if spawned else {})}
     server = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     pids = {}
     try:
+        assert select.select([server.stdout], [], [], 120)[0], "the server printed no pids within 120 s"
         pids = json.loads(server.stdout.readline())
         assert _running(pids["worker"]) and _running(pids["forkserver"])
         server.send_signal(signal.SIGKILL)

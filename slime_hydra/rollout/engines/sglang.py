@@ -118,13 +118,14 @@ def decode_graph_max_bs(batch: int) -> int:
     return next(b for b in grid if b >= batch)
 
 
-# With the KV pool held to the plan's count (``max_total_tokens``), the ``mem_fraction_static`` SGLang starts with, so
-# that it reaches that count whatever a colocated trainer holds or moves as the server starts. SGLang sizes the pool as
-# the memory free once its weights are loaded less (1 - mem_fraction_static) of the memory free before they were: a
-# trainer that grew in between (its warm-up) left a megatron run's engine 64 tokens at 0.3 on the H200, and one that
-# shrank gave a torch run's engine more than the plan (bench/measured/h200_kv_cap.md). The plan has counted the pool
-# beside the trainer's peak; the rest of the memory free at the start (10 %) stays SGLang's for its graphs and
-# activations.
+# The ``mem_fraction_static`` SGLang starts with where the KV pool is held to the plan's count (``max_total_tokens``)
+# and the engine keeps its memory while the trainer trains (no ``parallelism.offload_rollout``), so that the plan's
+# training phase counts the trainer's peak beside the whole engine. SGLang sizes its pool as the memory free once its
+# weights are loaded less (1 - mem_fraction_static) of the memory free before they were. A colocated trainer that grew
+# in between (likely its warm-up) takes its growth out of the pool: a megatron run's engine got 64 tokens at 0.3 on the
+# H200; one that shrank gave a torch run's engine more than the plan (bench/measured/h200_kv_cap.md). At 0.9 the pool
+# reaches the plan's count unless the GPU is nearly full as SGLang starts. With offload_rollout the user's fraction
+# stays: the plan counts the engine and the trainer's peak in different phases, not both at once as they are then.
 CAPPED_MEM_FRACTION = 0.9
 
 
@@ -135,8 +136,8 @@ def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]
     ``decode_batch`` (the plan's ``engine_batch``) rounded up to SGLang's grid, unless the user chose
     them (``DECODE_GRAPH_KEYS``) or the run can use SGLang's default (or more). And on a GPU shared with a
     trainer, the KV pool held to the plan's ``kv_tokens`` (``max_total_tokens``, unless the user set it: SGLang
-    takes the smaller of it and what it finds free), and ``mem_fraction_static`` raised to ``CAPPED_MEM_FRACTION``
-    to reach it (``launch_server_args``)."""
+    takes the smaller of it and what it finds free; ``launch_server_args`` may raise ``mem_fraction_static`` to
+    reach it)."""
     out: Dict[str, Any] = {}
     if kv_tokens and "max_total_tokens" not in server_args:
         out["max_total_tokens"] = kv_tokens
@@ -149,22 +150,28 @@ def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]
     return out
 
 
-def launch_server_args(server_args: Dict[str, Any], decode_batch: Optional[int],
-                       kv_tokens: Optional[int] = None) -> Dict[str, Any]:
+def launch_server_args(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None,
+                       engine_resident: bool = False) -> Dict[str, Any]:
     """``server_args`` with ``startup_server_args`` added where it sets nothing, and, when the KV pool is held to
-    the plan's count, ``mem_fraction_static`` at least ``CAPPED_MEM_FRACTION``: the user's fraction has set that
-    count (the plan's pool is ``mem_fraction_static`` of the GPU less the weights)."""
+    the plan's count and the engine stays resident (``engine_resident``: no ``offload_rollout``),
+    ``mem_fraction_static`` at least ``CAPPED_MEM_FRACTION``: the user's fraction has set that count (the plan's pool
+    is ``mem_fraction_static`` of the GPU less the weights)."""
     added = startup_server_args(server_args, decode_batch, kv_tokens)
     args = {**added, **server_args}
-    frac = args.get("mem_fraction_static")
-    if "max_total_tokens" in added and (frac is None or isinstance(frac, (int, float))):  # not: SGLang's to refuse
-        args["mem_fraction_static"] = max(frac or 0.0, CAPPED_MEM_FRACTION)
+    if "max_total_tokens" in added and engine_resident:
+        frac = args.get("mem_fraction_static")
+        try:
+            value = CAPPED_MEM_FRACTION if frac is None else float(frac)  # as the plan reads it
+        except (TypeError, ValueError):
+            return args  # not a number: SGLang's parser refuses it, and the plan has said so
+        args["mem_fraction_static"] = max(value, CAPPED_MEM_FRACTION)
     return args
 
 
-def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None) -> str:
+def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None,
+                 engine_resident: bool = False) -> str:
     """The plan print-out's line on what the servers capture at start and the KV pool's cap
-    (``startup_server_args``)."""
+    (``startup_server_args``, ``launch_server_args``)."""
     added = startup_server_args(server_args, decode_batch, kv_tokens)
     if "cuda_graph_max_bs_decode" in added:
         n = len(decode_graph_sizes(added["cuda_graph_max_bs_decode"]))
@@ -178,9 +185,13 @@ def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_to
                   f"{decode_batch if decode_batch else 'an unknown number of'} sequences at once)")
     prefill = "no prefill CUDA graph" if added.get("disable_prefill_cuda_graph") else \
         "the prefill CUDA graph as rollout.server_args sets it"
-    kv = f"; its KV cache held to {added['max_total_tokens']:,} tokens (the estimate's, the GPU being shared; " \
-        f"SGLang starts with mem_fraction_static={CAPPED_MEM_FRACTION} to reach it)" if "max_total_tokens" in added \
-        else ""
+    kv = ""
+    if "max_total_tokens" in added:
+        sent = launch_server_args(server_args, decode_batch, kv_tokens, engine_resident).get("mem_fraction_static")
+        reach = f"; SGLang starts with mem_fraction_static={sent:g} to reach it" \
+            if sent != server_args.get("mem_fraction_static") else ""
+        kv = f"; its KV cache held to {added['max_total_tokens']:,} tokens (the estimate's, the GPU being " \
+            f"shared{reach})"
     return f"sglang start-up: {decode}; {prefill}{kv}"
 
 
@@ -213,7 +224,8 @@ class SglangEngine(Engine):
 
     @classmethod
     def plan_notes(cls, cfg: "RunConfig", plan: "ResourcePlan") -> List[str]:
-        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch, plan.engine_kv_cap)]
+        return [startup_note(dict(cfg.rollout.server_args), plan.engine_batch, plan.engine_kv_cap,
+                             engine_resident=not cfg.parallelism.offload_rollout)]
 
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec
@@ -224,7 +236,7 @@ class SglangEngine(Engine):
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
                 "dtype": s.dtype,  # float32 too: else SGLang serves the checkpoint's dtype
                 **(FLOAT32_SERVER_ARGS if s.dtype == "float32" else {}),
-                **launch_server_args(s.server_args, s.decode_batch, s.kv_tokens)}
+                **launch_server_args(s.server_args, s.decode_batch, s.kv_tokens, engine_resident=not s.memory_saver)}
         return [sys.executable, "-m", FORKING_LAUNCHER if s.fork_workers else LAUNCH_SERVER, *to_flags(args)]
 
     def env(self) -> Dict[str, str]:

@@ -51,6 +51,7 @@ STATUS_TIMEOUT_S = 300.0  # the forkserver's imports take about 20 s on an H200
 
 _status: Dict[str, Any] = {}  # the forkserver's answer (sglang_preload), read at the first worker's start
 _status_path: List[str] = []  # where main() told the forkserver to write it
+_forkserver_env: Dict[str, str] = {}  # the environment the forkserver starts in (start_forkserver)
 
 
 def forkserver_status() -> Dict[str, Any]:
@@ -86,9 +87,11 @@ class WorkerProcess(multiprocessing.context.ForkServerProcess):
 
     def start(self) -> None:
         self._environ = dict(os.environ)
-        # its parent: the forkserver, or this server where it spawns
-        self._parent = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) \
-            if forkserver_status()["fork"] else os.getpid()
+        self._parent = os.getpid()  # where it spawns
+        if forkserver_status()["fork"]:  # its parent is the forkserver: started again, as at first, if it died
+            with environment(_forkserver_env):
+                multiprocessing.forkserver.ensure_running()
+            self._parent = multiprocessing.forkserver._forkserver._forkserver_pid
         super().start()
 
     def run(self) -> None:
@@ -127,9 +130,11 @@ def start_forkserver(argv: List[str], worker_modules: Sequence[str], status_path
     """multiprocessing's forkserver, started now: it imports ``worker_modules`` (``sglang_preload``) in the
     background and writes its answer to ``status_path``."""
     multiprocessing.set_forkserver_preload([sglang_preload.__name__])
-    with environment({**memory_saver_preload(argv), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-                      sglang_preload.MODULES_ENV: ",".join(worker_modules), sglang_preload.STATUS_ENV: status_path,
-                      sglang_preload.SERVER_ENV: str(os.getpid())}):
+    _forkserver_env.clear()
+    _forkserver_env.update({**memory_saver_preload(argv), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+                            sglang_preload.MODULES_ENV: ",".join(worker_modules),
+                            sglang_preload.STATUS_ENV: status_path, sglang_preload.SERVER_ENV: str(os.getpid())})
+    with environment(_forkserver_env):
         multiprocessing.forkserver.ensure_running()
 
 
