@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from gpu import harness as h  # noqa: E402 - bench/ is on the path from here
-from gpu.sglang_server import SERVER_ARGS, phase_raw, sglang_log_times  # noqa: E402
+from gpu.sglang_server import SERVER_ARGS, phase_raw, sglang_batches, sglang_log_times  # noqa: E402
 from gpu.trl_step import phase_trl  # noqa: E402
 from gpu.workload import Workload  # noqa: E402
 
@@ -155,7 +155,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
         out["gpu_busy"] = sampler.busy(after_second)  # SM clock and power while busy: a slow run's GPU, throttled?
         if layout != "colocated":
             out["gpu_idle"] = sampler.idle_share(after_second)
-    out["rollouts"] = rollout_windows(run, sampler, cpu)
+    out["rollouts"] = rollout_windows(run, sampler, cpu, engine_batches(run_dir))
     out["console_tail"] = tail(console, 25)
     h.log(f"{phase}: rc={run.returncode}, {len(rows)} steps, wall {run.wall_s:.0f}s")
 
@@ -181,18 +181,30 @@ def phase_stop(w: Workload, layout: str, out: Dict[str, Any]) -> None:
           f"stop: {out.get('gpu_apps_before')}; left: {left}")
 
 
-def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler") -> List[Dict[str, Any]]:
-    """Each step's rollout: its seconds, the GPU's clocks while busy and the busiest processes on the CPU over it (the
-    rollout is the first part of a synchronous step, which ends when its row is written; rows are polled every 0.2 s,
-    so a window may be up to 0.2 s late). Why one run's rollouts took 0.94 s where another's took 0.74 s
-    (bench/measured/h200_kv_cap.md)."""
+def engine_batches(run_dir: str) -> List[Dict[str, Any]]:
+    """SGLang's batch lines from the run's engine logs (``sglang_batches``), in time order."""
+    paths = [os.path.join(root, f) for root, _, files in os.walk(run_dir) for f in files
+             if f.startswith("engine_") and f.endswith(".log")]
+    return sorted((b for p in paths for b in sglang_batches(p)), key=lambda b: b["t"])
+
+
+def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler",
+                    batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each step's rollout: its seconds, SGLang's batches (the new sequences of each prefill: one of 64 when the
+    step's requests arrive together, more and smaller when they do not, and the decode lines' tokens a second), the
+    GPU's clocks while busy and the busiest processes on the CPU over it. The rollout is the first part of a
+    synchronous step, which ends when its row is written; rows are polled every 0.2 s, so a window may be up to
+    0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s (bench/measured/h200_kv_cap.md)."""
     out = []
     for row in run.rows:
         if row.get("step") not in run.seen or "perf/rollout_time" not in row:
             continue
         start = run.started + run.seen[row["step"]] - row.get("perf/step_time", 0.0)
         end = start + row["perf/rollout_time"]
+        inside = [b for b in batches if start - 0.2 <= b["t"] <= end + 0.2]
         out.append({"step": row["step"], "rollout_s": round(row["perf/rollout_time"], 3),
+                    "prefills": [b["prefill_seqs"] for b in inside if "prefill_seqs" in b],
+                    "decode_tokens_per_s": [b["tokens_per_s"] for b in inside if "tokens_per_s" in b],
                     "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": cpu.window(start, end)})
     return out
 
@@ -296,8 +308,10 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
             clocks = "; ".join(f"{g} SM {b.get('sm_mhz_mean', '?')} MHz, memory {b.get('mem_mhz_mean', '?')} MHz"
                                for g, b in (r.get("gpu") or {}).items())
             busiest = ", ".join(f"{c['cpu']:.2f} {c['cmd'][:40]!r}" for c in r["cpu"])
-            lines.append(f"- {name} step {r['step']} rollout {r['rollout_s']:.2f} s: {clocks or 'no GPU samples'}; "
-                         f"CPU: {busiest or 'no samples'}")
+            lines.append(f"- {name} step {r['step']} rollout {r['rollout_s']:.2f} s: prefills of "
+                         f"{'+'.join(map(str, r.get('prefills') or [])) or '?'} sequences, decode "
+                         f"{', '.join(f'{x:.0f}' for x in r.get('decode_tokens_per_s') or []) or '?'} tokens/s; "
+                         f"{clocks or 'no GPU samples'}; CPU: {busiest or 'no samples'}")
         for gpu, b in (res.get("gpu_busy") or {}).items():
             lines.append(f"- {name} {gpu} while busy after step 2 ({b['samples']} samples of 200 ms): SM clock "
                          f"{b.get('sm_mhz_mean', '?')} MHz mean, {b.get('sm_mhz_min', '?')} lowest; "

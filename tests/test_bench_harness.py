@@ -194,3 +194,19 @@ def test_cpu_sampler_sees_a_busy_process_in_its_window():
     mine = [p for p in top if p["pid"] == busy.pid]
     assert mine and mine[0]["cpu"] > 0.5 and "time.time()" in mine[0]["cmd"], top
     assert sampler.window(0, 1) == []
+
+
+def test_sglang_batch_lines_are_read_with_their_time(tmp_path):
+    from gpu.sglang_server import sglang_batches
+
+    log = tmp_path / "engine_0.log"
+    log.write_text(
+        "[2026-12-03 06:36:41.230] Prefill batch, #new-seq: 8, #new-token: 512, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 0.08\n"
+        "[2026-12-03 06:36:41] INFO:     127.0.0.1:5 - \"POST /generate HTTP/1.1\" 200 OK\n"
+        "[2026-12-03 06:36:41.530] Decode batch, #running-req: 64, #token: 20000, token usage: 0.03, cuda graph: True, "
+        "gen throughput (token/s): 21000.55, #queue-req: 0\n")
+    got = sglang_batches(str(log))
+    t0 = time.mktime(time.strptime("2026-12-03 06:36:41", "%Y-%m-%d %H:%M:%S"))
+    assert got == [{"t": pytest.approx(t0 + 0.23), "prefill_seqs": 8},
+                   {"t": pytest.approx(t0 + 0.53), "decode_running": 64, "tokens_per_s": 21000.55}]

@@ -288,3 +288,24 @@ def sglang_log_times(path: str) -> Dict[str, float]:
     for name, secs in re.findall(r"Capture ([\w ]+?) CUDA graph end\. elapsed=([\d.]+) s", text):
         out[f"capture_{name.replace(' ', '_')}_graph_s"] = float(secs)  # sglang 0.5.17: "target decode"
     return out
+
+
+# sglang 0.5.17's lines for each prefill batch and every 40th decode batch (decode_log_interval), stamped in local time
+BATCH_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(\.\d+)?\] (?:Prefill batch.*?#new-seq: (\d+)|"
+                        r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+))")
+
+
+def sglang_batches(path: str) -> List[Dict[str, Any]]:
+    """SGLang's batches in a server log: each prefill (its new sequences) and each decode line (the sequences
+    running, the tokens a second since the line before), with the wall time of the line."""
+    out = []
+    for line in open(path, errors="replace"):
+        m = BATCH_LINE.match(line)
+        if not m:
+            continue
+        stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + float(m.group(2) or 0)
+        if m.group(3) is not None:
+            out.append({"t": stamp, "prefill_seqs": int(m.group(3))})
+        else:
+            out.append({"t": stamp, "decode_running": int(m.group(4)), "tokens_per_s": float(m.group(5))})
+    return out
