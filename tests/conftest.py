@@ -16,6 +16,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: an orphan that no init has reaped yet is a zombie, and does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def compose(overrides: List[str] = ()):
     """The run config as ``python run.py <overrides>`` would compose it (a DictConfig)."""
     from hydra import compose as hydra_compose, initialize_config_dir

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from conftest import running
 from slime_hydra.utils.proc import kill_tree, spawn
 
 # The parent starts a child that ignores SIGTERM and writes its pid, then waits (or exits at once).
@@ -18,14 +19,6 @@ PARENT = (
     "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}]); "
     "print('pid', c.pid, flush=True); time.sleep({wait})"
 )
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # an unreaped orphan is a zombie
-    except FileNotFoundError:
-        return False
 
 
 def child_pid(log: str, timeout: float = 30.0) -> int:

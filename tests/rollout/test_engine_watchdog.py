@@ -13,6 +13,7 @@ import time
 import pytest
 import ray
 
+from conftest import running
 from rollout_harness import make_rollout
 from slime_hydra.rollout.client import GenerateClient
 from slime_hydra.rollout.engine import EngineActor, engine_log_path
@@ -31,14 +32,6 @@ def local_ray():
         yield
     finally:
         ray.shutdown()
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize("kill", ["server", "actor"])

@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from conftest import running
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORKER = """
@@ -236,15 +238,6 @@ if __name__ == "__main__":
 """
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie that no init reaped yet does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("spawned", [False, True], ids=["forked", "spawned"])
 def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_path, spawned):
     # on the H200 a run stopped during SGLang's start killed the engine actor, and so the server (PDEATHSIG), but
@@ -264,15 +257,15 @@ def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_p
     try:
         assert select.select([server.stdout], [], [], 120)[0], "the server printed no pids within 120 s"
         pids = json.loads(server.stdout.readline())
-        assert _running(pids["worker"]) and _running(pids["forkserver"])
+        assert running(pids["worker"]) and running(pids["forkserver"])
         server.send_signal(signal.SIGKILL)
         server.wait(10)
         deadline = time.monotonic() + 10
-        while any(map(_running, pids.values())) and time.monotonic() < deadline:
+        while any(map(running, pids.values())) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [name for name, pid in pids.items() if _running(pid)]
+        assert not [name for name, pid in pids.items() if running(pid)]
     finally:
         server.kill()
         for pid in pids.values():
-            if _running(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
