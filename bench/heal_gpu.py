@@ -60,14 +60,6 @@ SERVER_MARKS = (b"slime_hydra.rollout.engines.sglang_launch", b"sglang.launch_se
 
 
 # ---------------------------------------------------------------------------------- processes
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def run_pids(run_dir: str, marks) -> List[int]:
     """Live processes of the run (its lease token in their environment, launch/lease.py) whose command
     line holds one of ``marks``, but not those whose parent is one of them (SGLang's forked children)."""
@@ -78,15 +70,15 @@ def run_pids(run_dir: str, marks) -> List[int]:
     needle = f"SLIME_HYDRA_RUN_TOKEN={token}".encode()
     out = []
     for p in filter(str.isdigit, os.listdir("/proc")):
-        cmd = _read(f"/proc/{p}/cmdline")
-        if any(m in cmd for m in marks) and needle in _read(f"/proc/{p}/environ").split(b"\0") \
-                and b" Z " not in _read(f"/proc/{p}/stat")[:64]:
+        cmd = h.read_bytes(f"/proc/{p}/cmdline")
+        if any(m in cmd for m in marks) and needle in h.read_bytes(f"/proc/{p}/environ").split(b"\0") \
+                and b" Z " not in h.read_bytes(f"/proc/{p}/stat")[:64]:
             out.append(int(p))
     return [p for p in out if _parent(p) not in out]  # the server, not its forked children
 
 
 def _parent(pid: int) -> Optional[int]:
-    stat = _read(f"/proc/{pid}/stat")
+    stat = h.read_bytes(f"/proc/{pid}/stat")
     return int(stat[stat.rindex(b")") + 2:].split()[1]) if stat else None
 
 
@@ -258,7 +250,7 @@ class Faults:
         victim = victims[0]
         os.kill(victim, signal.SIGKILL)
         rec.update(killed_at=time.time(), killed_pid=victim, rows_before=[r["step"] for r in self.rows])
-        h.log(f"{fault}: SIGKILLed pid {victim} ({_read(f'/proc/{victim}/cmdline')[:60]!r}); rows so far "
+        h.log(f"{fault}: SIGKILLed pid {victim} ({h.read_bytes(f'/proc/{victim}/cmdline')[:60]!r}); rows so far "
               f"{rec['rows_before']}")
         if fault == "push":
             time.sleep(0.5)

@@ -182,13 +182,13 @@ def gpu_apps() -> Optional[List[Dict[str, Any]]]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 2 and parts[0].isdigit():
             pid = int(parts[0])
-            cmd = _read_bytes(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]
+            cmd = read_bytes(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]
             apps.append({"pid": pid, "mib": float(parts[1]) if parts[1].replace(".", "").isdigit() else None,
                          "here": os.path.exists(f"/proc/{pid}"), "cmd": cmd})
     return apps
 
 
-def _read_bytes(path: str) -> bytes:
+def read_bytes(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -264,6 +264,7 @@ class GpuSampler:
     def __init__(self, path: str, interval_ms: int = 200, start: bool = True):
         self.path = path
         self.proc = None
+        self.stopped: Optional[List[Tuple[float, str, List[Optional[float]]]]] = None  # the rows, once stopped
         if start:
             self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
                                           "-lms", str(interval_ms)], stdout=open(path, "w"), stderr=subprocess.DEVNULL)
@@ -272,11 +273,15 @@ class GpuSampler:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
+            self.stopped = list(self._parse())  # the file is whole: read it once, for every question after
 
     def rows(self) -> Iterator[Tuple[float, str, List[Optional[float]]]]:
         """(wall time with its milliseconds, "gpu<i>", [MiB used, utilisation %, SM MHz, W, memory MHz]) per line;
         lines of older, shorter queries give the first two or four. A field nvidia-smi cannot read ("[N/A]") is
         None; a line without its time, GPU, memory or utilisation is skipped."""
+        return iter(self.stopped) if self.stopped is not None else self._parse()
+
+    def _parse(self) -> Iterator[Tuple[float, str, List[Optional[float]]]]:
         with open(self.path) as f:
             for line in f:
                 parts = [p.strip() for p in line.split(",")]
