@@ -192,9 +192,11 @@ def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler
                     batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each step's rollout: its seconds, SGLang's batches (the new sequences of each prefill: one of 64 when the
     step's requests arrive together, more and smaller when they do not, and the decode lines' tokens a second), the
-    GPU's clocks while busy and the busiest processes on the CPU over it. The rollout is the first part of a
-    synchronous step, which ends when its row is written; rows are polled every 0.2 s, so a window may be up to
-    0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s (bench/measured/h200_kv_cap.md)."""
+    GPU's clocks while busy, the busiest processes on the CPU over it (each with the CPU it ran on, that CPU's steal
+    share and clock, its hyperthread siblings' load and the process's involuntary context switches) and every CPU's
+    load. The rollout is the first part of a synchronous step, which ends when its row is written; rows are polled
+    every 0.2 s, so a window may be up to 0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s
+    (bench/measured/h200_kv_cap.md)."""
     out = []
     for row in run.rows:
         if row.get("step") not in run.seen or "perf/rollout_time" not in row:
@@ -205,7 +207,8 @@ def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler
         out.append({"step": row["step"], "rollout_s": round(row["perf/rollout_time"], 3),
                     "prefills": [b["prefill_seqs"] for b in inside if "prefill_seqs" in b],
                     "decode_tokens_per_s": [b["tokens_per_s"] for b in inside if "tokens_per_s" in b],
-                    "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": cpu.window(start, end)})
+                    "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": cpu.window(start, end),
+                    "host": cpu.host(start, end)})
     return out
 
 
@@ -478,7 +481,7 @@ def main() -> None:
                         + ("" if args.shape == "qwen3_0_6b" else f"_{args.shape}"))
     names = ["cpu (dry run)"] if args.cpu else h.gpu_names()
     results: Dict[str, Any] = {"layout": args.layout, "workload": args.workload, "gpu": (names or [""])[0],
-                               "gpus": len(names), "cmdline": " ".join(sys.argv)}
+                               "gpus": len(names), "host_cpus": h.host_cpus(), "cmdline": " ".join(sys.argv)}
     # what the phases after this one need stays theirs (--cpu: only the budget counts)
     needs = {p: (0, args.budget) for p in phases} if args.cpu else \
         PLAN if args.shape == "qwen3_0_6b" else {**PLAN, **LARGE_SHAPE_PLAN}

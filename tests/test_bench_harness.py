@@ -7,6 +7,7 @@ The benches only run on the lent machine, so these run here, on what those would
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -193,7 +194,26 @@ def test_cpu_sampler_sees_a_busy_process_in_its_window():
     top = sampler.window(t0, time.time(), top=3)
     mine = [p for p in top if p["pid"] == busy.pid]
     assert mine and mine[0]["cpu"] > 0.5 and "time.time()" in mine[0]["cmd"], top
-    assert sampler.window(0, 1) == []
+    assert mine[0]["on_cpus"] and set(mine[0]["on_cpus"]) <= set(range(os.cpu_count())), mine
+    assert mine[0]["involuntary_per_s"] >= 0 and 0 <= mine[0]["cpu_steal"] <= 1, mine
+    host = sampler.host(t0, time.time())
+    assert host["busy_cpus"] > 0.5 and 0 <= host["steal_max"] <= 1, host  # the busy loop holds one CPU
+    assert sampler.window(0, 1) == [] and sampler.host(0, 1) == {}
+
+
+def test_cpu_siblings_and_shares(tmp_path):
+    from collections import namedtuple
+
+    from gpu.harness import cpu_shares, cpu_siblings
+
+    for cpu, text in ((0, "0,2"), (2, "0,2"), (1, "1"), (3, "3-4")):
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text + "\n")
+    assert cpu_siblings(str(tmp_path)) == {0: [2], 2: [0], 1: [], 3: [4]}
+    Times = namedtuple("Times", "user system idle iowait steal")
+    # of 10 ticks: 5 busy, 3 idle, 2 stolen by the hypervisor
+    assert cpu_shares(Times(0, 0, 0, 0, 0), Times(4, 1, 3, 0, 2)) == (0.5, 0.2)
+    assert cpu_shares(Times(1, 1, 1, 1, 1), Times(1, 1, 1, 1, 1)) == (0.0, 0.0)
 
 
 def test_sglang_batch_lines_are_read_with_their_time(tmp_path):

@@ -349,13 +349,17 @@ def _number(text: str) -> Optional[float]:
 
 class CpuSampler:
     """Every ``interval_s``, in a thread: each process's share of one CPU since the sample before (psutil), the
-    busiest ``top`` kept. Whether something competes with SGLang's scheduler for the CPU while it decodes: with CUDA
-    graphs a decode step of a small model is a few milliseconds of GPU work, and the scheduler's Python between them
-    counts."""
+    busiest ``top`` kept, each with the CPU it was on and its involuntary context switches (the kernel took the CPU
+    from it); and each CPU's busy share, steal share (the hypervisor ran something else on it) and clock. Whether
+    something competes with SGLang's scheduler for the CPU while it decodes: with CUDA graphs a decode step of a
+    small model is a few milliseconds of GPU work, and the scheduler's Python between them counts."""
 
     def __init__(self, interval_s: float = 0.5, top: int = 6):
         self.interval_s, self.top = interval_s, top
-        self.samples: List[Tuple[float, List[Tuple[float, int, str]]]] = []  # (wall time, [(share, pid, command)])
+        # (wall time, [(share, pid, command, cpu, involuntary switches a second)], {cpu: (busy, steal, MHz)})
+        self.samples: List[Tuple[float, List[Tuple[float, int, str, Optional[int], Optional[float]]],
+                                 Dict[int, Tuple[float, float, Optional[float]]]]] = []
+        self.siblings = cpu_siblings()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
@@ -364,9 +368,11 @@ class CpuSampler:
         import psutil
 
         last: Dict[int, float] = {}
+        last_switches: Dict[int, int] = {}
+        last_cpus = psutil.cpu_times(percpu=True)
         last_t = time.monotonic()
         while not self._stop.wait(self.interval_s):
-            now, cpu, names = time.monotonic(), {}, {}
+            now, cpu, names, procs = time.monotonic(), {}, {}, {}
             for proc in psutil.process_iter(["cmdline"]):
                 try:
                     t = proc.cpu_times()
@@ -374,25 +380,113 @@ class CpuSampler:
                     continue
                 cpu[proc.pid] = t.user + t.system
                 names[proc.pid] = " ".join(proc.info["cmdline"] or [])[:100]
+                procs[proc.pid] = proc
+            cpus = psutil.cpu_times(percpu=True)
             if last:
                 dt = max(now - last_t, 1e-3)
                 shares = sorted(((cpu[p] - last[p]) / dt, p, names[p]) for p in cpu if p in last)
-                self.samples.append((time.time(), [x for x in reversed(shares[-self.top:]) if x[0] > 0.02]))
-            last, last_t = cpu, now
+                busiest = [x for x in reversed(shares[-self.top:]) if x[0] > 0.02]
+                top = []
+                for share, pid, name in busiest:
+                    where, switches = None, None
+                    try:
+                        where = procs[pid].cpu_num()
+                        n = procs[pid].num_ctx_switches().involuntary
+                        switches = (n - last_switches[pid]) / dt if pid in last_switches else None
+                        last_switches[pid] = n
+                    except (psutil.Error, AttributeError):
+                        pass
+                    top.append((share, pid, name, where, switches))
+                mhz = [f.current for f in psutil.cpu_freq(percpu=True) or []]
+                per_cpu = {i: (*cpu_shares(a, b), mhz[i] if i < len(mhz) else None)
+                           for i, (a, b) in enumerate(zip(last_cpus, cpus))}
+                self.samples.append((time.time(), top, per_cpu))
+            last, last_t, last_cpus = cpu, now, cpus
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
 
     def window(self, since_wall: float, until_wall: float, top: int = 3) -> List[Dict[str, Any]]:
-        """The ``top`` processes by their mean share of a CPU over the samples between the two times."""
-        got = [s for t, s in self.samples if since_wall <= t <= until_wall]
-        total: Dict[Tuple[int, str], float] = {}
-        for sample in got:
-            for share, pid, cmd in sample:
-                total[(pid, cmd)] = total.get((pid, cmd), 0.0) + share
-        best = sorted(total.items(), key=lambda kv: -kv[1])[:top]
-        return [{"pid": pid, "cmd": cmd, "cpu": round(v / len(got), 2)} for (pid, cmd), v in best]
+        """The ``top`` processes by their mean share of a CPU over the samples between the two times; for each, the
+        CPUs it was seen on, its involuntary context switches a second, and over the samples the mean steal share
+        and clock of the CPU it was on and the busy share of that CPU's hyperthread siblings."""
+        got = [(s, c) for t, s, c in self.samples if since_wall <= t <= until_wall]
+        seen: Dict[Tuple[int, str], List[Tuple[float, Optional[int], Optional[float], Dict[int, Any]]]] = {}
+        for sample, per_cpu in got:
+            for share, pid, cmd, where, switches in sample:
+                seen.setdefault((pid, cmd), []).append((share, where, switches, per_cpu))
+        best = sorted(seen.items(), key=lambda kv: -sum(x[0] for x in kv[1]))[:top]
+        out = []
+        for (pid, cmd), xs in best:
+            row: Dict[str, Any] = {"pid": pid, "cmd": cmd, "cpu": round(sum(x[0] for x in xs) / len(got), 2)}
+            on = [(where, per_cpu) for _, where, _, per_cpu in xs if where is not None and where in per_cpu]
+            if on:
+                row["on_cpus"] = sorted({w for w, _ in on})
+                row["cpu_steal"] = round(statistics.fmean(c[w][1] for w, c in on), 3)
+                sib = [c[s][0] for w, c in on for s in self.siblings.get(w, ()) if s in c]
+                row["sibling_busy"] = round(statistics.fmean(sib), 2) if sib else None
+                clocks = [c[w][2] for w, c in on if c[w][2]]
+                row["cpu_mhz"] = round(statistics.fmean(clocks)) if clocks else None
+            switches = [x[2] for x in xs if x[2] is not None]
+            if switches:
+                row["involuntary_per_s"] = round(statistics.fmean(switches), 1)
+            out.append(row)
+        return out
+
+    def host(self, since_wall: float, until_wall: float) -> Dict[str, Any]:
+        """Over the samples between the two times, every CPU's mean busy share, the largest steal share of any one
+        CPU and the mean clock."""
+        got = [c for t, _, c in self.samples if since_wall <= t <= until_wall and c]
+        if not got:
+            return {}
+        clocks = [mhz for c in got for _, _, mhz in c.values() if mhz]
+        return {"busy_cpus": round(statistics.fmean(sum(b for b, _, _ in c.values()) for c in got), 2),
+                "steal_max": max(s for c in got for _, s, _ in c.values()),
+                "mhz_mean": round(statistics.fmean(clocks)) if clocks else None}
+
+
+def host_cpus() -> Dict[str, Any]:
+    """This machine's CPUs as a process sees them: how many, which it may run on, its cgroup's quota, the
+    hyperthread siblings and the model name."""
+    out: Dict[str, Any] = {"count": os.cpu_count(), "allowed": len(os.sched_getaffinity(0)),
+                           "with_siblings": sum(bool(s) for s in cpu_siblings().values())}
+    for key, path in (("cgroup_cpu_max", "/sys/fs/cgroup/cpu.max"), ("model", "/proc/cpuinfo")):
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M) if key == "model" else None
+        out[key] = m.group(1).strip() if m else text.strip()[:80] if key != "model" else None
+    return out
+
+
+def cpu_shares(before: Any, after: Any) -> Tuple[float, float]:
+    """One CPU's busy and steal shares between two ``psutil.cpu_times(percpu=True)`` entries (idle, iowait and steal
+    are not busy)."""
+    total = sum(after) - sum(before)
+    if total <= 0:
+        return 0.0, 0.0
+    def d(field: str) -> float:
+        return getattr(after, field, 0.0) - getattr(before, field, 0.0)
+    return round(1 - (d("idle") + d("iowait") + d("steal")) / total, 3), round(d("steal") / total, 3)
+
+
+def cpu_siblings(root: str = "/sys/devices/system/cpu") -> Dict[int, List[int]]:
+    """Each CPU's hyperthread siblings (other than itself), from sysfs; empty where sysfs does not say."""
+    out: Dict[int, List[int]] = {}
+    for path in glob.glob(os.path.join(root, "cpu[0-9]*", "topology", "thread_siblings_list")):
+        cpu = int(re.search(r"cpu(\d+)/topology", path).group(1))
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        ids = []
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            ids += range(int(lo), int(hi or lo) + 1)
+        out[cpu] = [i for i in ids if i != cpu]
+    return out
 
 
 # ------------------------------------------------------------------------------------- logs
