@@ -137,8 +137,10 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     out["extra_overrides"] = extra
     sampler = h.GpuSampler(os.path.join(w.work, f"gpu_{layout}_{phase}.csv")) if w.device == "cuda" else None
     cpu = h.CpuSampler()
+    probe = h.CpuProbe(os.path.join(w.work, f"cpu_probe_{layout}_{phase}.txt"))
     run = h.run_py(overrides, run_dir, console, limit_s)
     cpu.stop()
+    probe.stop()
     if sampler is not None:
         sampler.stop()
     rows = run.rows
@@ -155,7 +157,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
         out["gpu_busy"] = sampler.busy(after_second)  # SM clock and power while busy: a slow run's GPU, throttled?
         if layout != "colocated":
             out["gpu_idle"] = sampler.idle_share(after_second)
-    out["rollouts"] = rollout_windows(run, sampler, cpu, engine_batches(run_dir))
+    out["rollouts"] = rollout_windows(run, sampler, cpu, probe, engine_batches(run_dir))
     out["console_tail"] = tail(console, 25)
     h.log(f"{phase}: rc={run.returncode}, {len(rows)} steps, wall {run.wall_s:.0f}s")
 
@@ -188,14 +190,15 @@ def engine_batches(run_dir: str) -> List[Dict[str, Any]]:
     return sorted((b for p in paths for b in sglang_batches(p)), key=lambda b: b["t"])
 
 
-def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler",
+def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler", probe: "h.CpuProbe",
                     batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each step's rollout: its seconds, SGLang's batches (the new sequences of each prefill: one of 64 when the
     step's requests arrive together, more and smaller when they do not, and the decode lines' tokens a second), the
     GPU's clocks while busy, the busiest processes on the CPU over it (each with the CPU it ran on, that CPU's steal
     share and clock, its hyperthread siblings' load and the process's involuntary context switches) and every CPU's
-    load. The rollout is the first part of a synchronous step, which ends when its row is written; rows are polled
-    every 0.2 s, so a window may be up to 0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s
+    load, and how fast the busiest process's CPU and all CPUs ran Python then against the run's usual (``CpuProbe``).
+    The rollout is the first part of a synchronous step, which ends when its row is written; rows are polled every
+    0.2 s, so a window may be up to 0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s
     (bench/measured/h200_kv_cap.md)."""
     out = []
     for row in run.rows:
@@ -204,11 +207,13 @@ def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler
         start = run.started + run.seen[row["step"]] - row.get("perf/step_time", 0.0)
         end = start + row["perf/rollout_time"]
         inside = [b for b in batches if start - 0.2 <= b["t"] <= end + 0.2]
+        busiest = cpu.window(start, end)
+        on_cpus = busiest[0].get("on_cpus", []) if busiest else []  # SGLang's scheduler, busy all the rollout
         out.append({"step": row["step"], "rollout_s": round(row["perf/rollout_time"], 3),
                     "prefills": [b["prefill_seqs"] for b in inside if "prefill_seqs" in b],
                     "decode_tokens_per_s": [b["tokens_per_s"] for b in inside if "tokens_per_s" in b],
-                    "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": cpu.window(start, end),
-                    "host": cpu.host(start, end)})
+                    "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": busiest,
+                    "host": cpu.host(start, end), "probe": probe.window(start, end, on_cpus)})
     return out
 
 

@@ -230,3 +230,18 @@ def test_sglang_batch_lines_are_read_with_their_time(tmp_path):
     t0 = time.mktime(time.strptime("2026-12-03 06:36:41", "%Y-%m-%d %H:%M:%S"))
     assert got == [{"t": pytest.approx(t0 + 0.23), "prefill_seqs": 8},
                    {"t": pytest.approx(t0 + 0.53), "decode_running": 64, "tokens_per_s": 21000.55}]
+
+
+def test_cpu_probe_times_python_on_every_cpu(tmp_path):
+    from gpu.harness import CpuProbe
+
+    probe = CpuProbe(str(tmp_path / "probe.txt"), every_s=0.1, n=2000)
+    t0 = time.time()
+    time.sleep(1.0)
+    probe.stop()
+    assert probe.proc.returncode is not None
+    assert {cpu for _, cpu, _ in probe.rows} == set(os.sched_getaffinity(0)), probe.rows
+    assert all(x > 0 for _, _, x in probe.rows)
+    got = probe.window(t0, time.time(), cpus=[min(os.sched_getaffinity(0))])
+    assert got["probes"] >= 2 and got["all_cpus"] > 0 and got["these_cpus"] > 0, got
+    assert probe.window(0, 1) == {"probes": 0}

@@ -461,6 +461,62 @@ def host_cpus() -> Dict[str, Any]:
     return out
 
 
+_PROBE = """
+import os, sys, time
+cpus, every, n = sorted(os.sched_getaffinity(0)), float(sys.argv[1]), int(sys.argv[2])
+with open(sys.argv[3], "a", buffering=1) as out:
+    while True:
+        for cpu in cpus:
+            os.sched_setaffinity(0, {cpu})
+            t, c, x = time.time(), time.thread_time(), 0
+            for i in range(n):
+                x += i
+            out.write(f"{t:.3f} {cpu} {time.thread_time() - c:.7f}\\n")
+            time.sleep(every / len(cpus))
+"""
+
+
+class CpuProbe:
+    """How fast each CPU runs Python, moment by moment: a child process times the same ``n`` additions on each CPU in
+    turn, every CPU once in ``every_s``, in CPU time (what the work took on the CPU, not the wait for a busy one). A
+    virtual machine's CPU can run slower at some times than at others (its host's other load, the host's clocks), and
+    SGLang's scheduler, a Python loop, with it. ``window`` compares a moment's times with the run's median."""
+
+    def __init__(self, path: str, every_s: float = 0.5, n: int = 20000):
+        self.path = path
+        with open(path, "w"):
+            pass
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(every_s), str(n), path],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.rows: Optional[List[Tuple[float, int, float]]] = None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+        rows = []
+        for line in read_bytes(self.path).decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                rows.append((float(parts[0]), int(parts[1]), float(parts[2])))
+        self.rows = rows
+
+    def window(self, since_wall: float, until_wall: float, cpus: Iterable[int] = ()) -> Dict[str, Any]:
+        """Between the two times (after ``stop``): the probe's median time on every CPU and on ``cpus``, each over
+        its median of the whole run (above 1: slower than usual)."""
+        if not self.rows:
+            return {}
+        usual = statistics.median(x for _, _, x in self.rows)
+        inside = [(cpu, x) for t, cpu, x in self.rows if since_wall <= t <= until_wall]
+        out: Dict[str, Any] = {"probes": len(inside)}
+        if inside:
+            out["all_cpus"] = round(statistics.median(x for _, x in inside) / usual, 3)
+        wanted = set(cpus)
+        mine = [x for cpu, x in inside if cpu in wanted]
+        if mine:
+            out["these_cpus"] = round(statistics.median(mine) / usual, 3)
+        return out
+
+
 def cpu_shares(before: Any, after: Any) -> Tuple[float, float]:
     """One CPU's busy and steal shares between two ``psutil.cpu_times(percpu=True)`` entries (idle, iowait and steal
     are not busy)."""
