@@ -26,8 +26,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 log = logging.getLogger("slime_hydra")
 STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
 # an engine's log standing this long on SGLang's first CUDA-graph capture gets a word on why: on a machine's first
-# start its JIT kernels compile there (56.3 s of a 101.3 s start on an H200, bench/measured/h200_compiled_head.md)
+# start its JIT kernels compile there (64.5 s of a 111.2 s start on an H200; 3.3 s of 44.9 s with the caches carried
+# over, bench/measured/h200_rollout_cpu.md)
 CAPTURE_NOTE_S = 20.0
+# where those kernels are cached, and the variable that moves each cache (e.g. to a disk every node shares)
+KERNEL_CACHES = (("~/.cache/tvm-ffi", "TVM_FFI_CACHE_DIR"), ("~/.cache/flashinfer", "FLASHINFER_WORKSPACE_BASE"),
+                 ("~/.triton/cache", "TRITON_CACHE_DIR"))
 # how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
@@ -164,6 +168,9 @@ class StartupWatch:
         """``status``, and why, where an engine has stood on SGLang's CUDA-graph capture for a while."""
         stood = time.time() - self._first_seen.setdefault(status, time.time())
         if "Capturing batches" in status and stood >= CAPTURE_NOTE_S:
-            return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here; "
-                    "later starts reuse them)")
+            caches = ", ".join(path for path, _ in KERNEL_CACHES)
+            moved = ", ".join(var for _, var in KERNEL_CACHES)
+            return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here, into "
+                    f"{caches}; later starts reuse them. Keep them in the machine's image, or share them between "
+                    f"machines with {moved} in cluster.env_vars)")
         return status
