@@ -245,3 +245,15 @@ def test_cpu_probe_times_python_on_every_cpu(tmp_path):
     got = probe.window(t0, time.time(), cpus=[min(os.sched_getaffinity(0))])
     assert got["probes"] >= 2 and got["all_cpus"] > 0 and got["these_cpus"] > 0, got
     assert probe.window(0, 1) == {"probes": 0}
+
+
+def test_rollout_speed_reads_the_committed_results():
+    """bench/rollout_speed.py's table from two of the committed runs (one with its probe), as
+    bench/measured/h200_rollout_cpu.md quotes it."""
+    m = ROOT / "bench" / "measured" / "h200_rollout_cpu"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "rollout_speed.py"), f"d3={m}_d3.json",
+                          f"e1={m}_e1.json:{m}_e1_probe.txt"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "| d3 | sglang_warm | 44.3 | 7 | 0.996 | 0.893-1.034 | 19657 |" in out.stdout, out.stdout
+    assert "| e1 | sglang | 68.3 | 9 | 0.897 |" in out.stdout and "| +0.73 |" in out.stdout, out.stdout
+    assert "e1: the probe's time, ms: median 2.40, first decile 1.36, last 2.92" in out.stdout, out.stdout

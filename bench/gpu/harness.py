@@ -490,15 +490,21 @@ class CpuProbe:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.rows: Optional[List[Tuple[float, int, float]]] = None
 
+    @classmethod
+    def read(cls, path: str) -> "CpuProbe":
+        """A probe's file, read (no process started)."""
+        probe = cls.__new__(cls)
+        probe.path, probe.proc, probe.rows = path, None, []
+        for line in read_bytes(path).decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 3:  # the last line may be cut short by the stop
+                probe.rows.append((float(parts[0]), int(parts[1]), float(parts[2])))
+        return probe
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(5)
-        rows = []
-        for line in read_bytes(self.path).decode(errors="replace").splitlines():
-            parts = line.split()
-            if len(parts) == 3:
-                rows.append((float(parts[0]), int(parts[1]), float(parts[2])))
-        self.rows = rows
+        self.rows = CpuProbe.read(self.path).rows
 
     def window(self, since_wall: float, until_wall: float, cpus: Iterable[int] = ()) -> Dict[str, Any]:
         """Between the two times (after ``stop``): the probe's median time on every CPU and on ``cpus``, each over
