@@ -125,7 +125,7 @@ def run_overrides(w: Workload, layout: str, phase: str, steps: int, extra: str =
 
 
 def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, out: Dict[str, Any],
-              extra: str = "") -> None:
+              extra: str = "", cpu_probe: bool = False) -> None:
     """One run.py run (sglang, sglang_offload, embedded); after the second step, each GPU's SM clock and power while
     busy, and split, its idle share."""
     from slime_hydra.utils.proc import tail
@@ -137,10 +137,11 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     out["extra_overrides"] = extra
     sampler = h.GpuSampler(os.path.join(w.work, f"gpu_{layout}_{phase}.csv")) if w.device == "cuda" else None
     cpu = h.CpuSampler()
-    probe = h.CpuProbe(os.path.join(w.work, f"cpu_probe_{layout}_{phase}.txt"))
+    probe = h.CpuProbe(os.path.join(w.work, f"cpu_probe_{layout}_{phase}.txt")) if cpu_probe else None
     run = h.run_py(overrides, run_dir, console, limit_s)
     cpu.stop()
-    probe.stop()
+    if probe is not None:
+        probe.stop()
     if sampler is not None:
         sampler.stop()
     rows = run.rows
@@ -190,13 +191,14 @@ def engine_batches(run_dir: str) -> List[Dict[str, Any]]:
     return sorted((b for p in paths for b in sglang_batches(p)), key=lambda b: b["t"])
 
 
-def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler", probe: "h.CpuProbe",
+def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler", probe: "h.CpuProbe | None",
                     batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each step's rollout: its seconds, SGLang's batches (the new sequences of each prefill: one of 64 when the
     step's requests arrive together, more and smaller when they do not, and the decode lines' tokens a second), the
     GPU's clocks while busy, the busiest processes on the CPU over it (each with the CPU it ran on, that CPU's steal
     share and clock, its hyperthread siblings' load and the process's involuntary context switches) and every CPU's
-    load, and how fast the busiest process's CPU and all CPUs ran Python then against the run's usual (``CpuProbe``).
+    load, and (``--cpu-probe``) how fast the busiest process's CPU and all CPUs ran Python then against the run's
+    usual (``CpuProbe``).
     The rollout is the first part of a synchronous step, which ends when its row is written; rows are polled every
     0.2 s, so a window may be up to 0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s
     (bench/measured/h200_kv_cap.md)."""
@@ -213,7 +215,8 @@ def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler
                     "prefills": [b["prefill_seqs"] for b in inside if "prefill_seqs" in b],
                     "decode_tokens_per_s": [b["tokens_per_s"] for b in inside if "tokens_per_s" in b],
                     "gpu": gpu.busy(start, end) if gpu is not None else None, "cpu": busiest,
-                    "host": cpu.host(start, end), "probe": probe.window(start, end, on_cpus)})
+                    "host": cpu.host(start, end),
+                    "probe": probe.window(start, end, on_cpus) if probe is not None else None})
     return out
 
 
@@ -409,7 +412,7 @@ def run_phase(args, w: Workload) -> None:
             phase_raw(w, args.layout, out)
         elif args.phase in RUN_PHASES:
             phase_run(w, args.layout, args.phase, steps_of(args.phase, args), args.limit - 15, out,
-                      phase_overrides(args.phase, args))
+                      phase_overrides(args.phase, args), cpu_probe=args.cpu_probe)
         elif args.phase == "trl":
             phase_trl(w, args.trl_steps, MICRO_BATCH, out)
         elif args.phase == "stop":
@@ -463,6 +466,8 @@ def main() -> None:
                     help="more run.py overrides for the sglang runs, space-separated (env SGLANG_OVERRIDES)")
     ap.add_argument("--skip-embedded", action="store_true", default=bool(os.environ.get("SKIP_EMBEDDED")),
                     help="no embedded run (env SKIP_EMBEDDED=1)")
+    ap.add_argument("--cpu-probe", action="store_true", default=bool(os.environ.get("CPU_PROBE")),
+                    help="time the same Python on every CPU over each run, h.CpuProbe (env CPU_PROBE=1)")
     ap.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -447,18 +447,19 @@ class CpuSampler:
 
 
 def host_cpus() -> Dict[str, Any]:
-    """This machine's CPUs as a process sees them: how many, which it may run on, its cgroup's quota, the
-    hyperthread siblings and the model name."""
-    out: Dict[str, Any] = {"count": os.cpu_count(), "allowed": len(os.sched_getaffinity(0)),
-                           "with_siblings": sum(bool(s) for s in cpu_siblings().values())}
-    for key, path in (("cgroup_cpu_max", "/sys/fs/cgroup/cpu.max"), ("model", "/proc/cpuinfo")):
+    """This machine's CPUs as a process sees them: how many, how many it may run on, how many have a hyperthread
+    sibling, its cgroup's CPU quota and the model name (None where the machine does not say)."""
+    def read(path: str) -> str:
         try:
-            text = open(path).read()
+            return read_bytes(path).decode(errors="replace")
         except OSError:
-            continue
-        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M) if key == "model" else None
-        out[key] = m.group(1).strip() if m else text.strip()[:80] if key != "model" else None
-    return out
+            return ""
+
+    model = re.search(r"^model name\s*:\s*(.+)$", read("/proc/cpuinfo"), re.M)
+    return {"count": os.cpu_count(), "allowed": len(os.sched_getaffinity(0)),
+            "with_siblings": sum(bool(s) for s in cpu_siblings().values()),
+            "cgroup_cpu_max": read("/sys/fs/cgroup/cpu.max").strip() or None,
+            "model": model.group(1).strip() if model else None}
 
 
 _PROBE = """
@@ -480,7 +481,9 @@ class CpuProbe:
     """How fast each CPU runs Python, moment by moment: a child process times the same ``n`` additions on each CPU in
     turn, every CPU once in ``every_s``, in CPU time (what the work took on the CPU, not the wait for a busy one). A
     virtual machine's CPU can run slower at some times than at others (its host's other load, the host's clocks), and
-    SGLang's scheduler, a Python loop, with it. ``window`` compares a moment's times with the run's median."""
+    SGLang's scheduler, a Python loop, with it. ``window`` compares a moment's times with the run's median. The probe
+    disturbs what it watches a little: a busy process whose CPU it visits may be moved to another
+    (bench/measured/h200_rollout_cpu.md), so a bench runs it only when asked."""
 
     def __init__(self, path: str, every_s: float = 0.5, n: int = 20000):
         self.path = path
@@ -529,9 +532,8 @@ def cpu_shares(before: Any, after: Any) -> Tuple[float, float]:
     total = sum(after) - sum(before)
     if total <= 0:
         return 0.0, 0.0
-    def d(field: str) -> float:
-        return getattr(after, field, 0.0) - getattr(before, field, 0.0)
-    return round(1 - (d("idle") + d("iowait") + d("steal")) / total, 3), round(d("steal") / total, 3)
+    idle, iowait, steal = (getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in ("idle", "iowait", "steal"))
+    return round(1 - (idle + iowait + steal) / total, 3), round(steal / total, 3)
 
 
 def cpu_siblings(root: str = "/sys/devices/system/cpu") -> Dict[int, List[int]]:
