@@ -9,7 +9,8 @@
 # WORKLOAD=256x256 (32 prompts x 8 samples x 256 tokens) instead of TRL's anchor (8 x 8 x 256); SHAPE=qwen3_4b the
 # model shape (with PHASES=build,trl: TRL on the 4B shape); STEPS,
 # OFFLOAD_STEPS, EMBEDDED_STEPS, TRL_STEPS, WARM_STEPS set each run's steps; CPU_PROBE=1 times Python on every CPU over
-# each run (bench/rollout_speed.py reads it). Results: $OUT/sglang_gpu_colocated[_256x256]
+# each run (bench/rollout_speed.py reads it); PROFILE_SCHEDULER=S: S seconds of py-spy on SGLang's scheduler from each
+# run's second step. Results: $OUT/sglang_gpu_colocated[_256x256]
 # .{json,md}, logs' tails in $OUT/logs/; exits non-zero when a check failed or a phase did not finish.
 set -uo pipefail
 cd "$(dirname "$0")/.."

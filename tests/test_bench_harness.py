@@ -257,3 +257,44 @@ def test_rollout_speed_reads_the_committed_results():
     assert "| d3 | sglang_warm | 44.3 | 7 | 0.996 | 0.893-1.034 | 19657 |" in out.stdout, out.stdout
     assert "| e1 | sglang | 68.3 | 9 | 0.897 |" in out.stdout and "| +0.73 |" in out.stdout, out.stdout
     assert "e1: the probe's time, ms: median 2.40, first decile 1.36, last 2.92" in out.stdout, out.stdout
+
+
+def test_stack_profile_finds_where_a_busy_process_spends_its_time(tmp_path):
+    """py-spy on a child that spends its time in one function, started once ``ready`` names it; the summary gives
+    that function the most samples, self and inclusive."""
+    from gpu.harness import StackProfile, stack_frame
+
+    code = "import time\ndef spin():\n    x = 0\n    while True:\n        x += 1\nspin()\n"
+    busy = subprocess.Popen([sys.executable, "-c", code])
+    asked = []
+
+    def ready():
+        asked.append(time.time())
+        return busy.pid if len(asked) >= 2 else None  # not at once: the thread asks again
+
+    try:
+        profile = StackProfile(str(tmp_path / "stacks.txt"), ready, seconds=2, rate=200)
+        time.sleep(1.5)  # the second ask has named it
+        profile.stop()  # waits for the recording
+    finally:
+        busy.kill()
+        busy.wait()
+    got = profile.summary()
+    assert "error" not in got and got["pid"] == busy.pid and got["samples"] > 100, got
+    assert got["self"][0][0].startswith("spin (") and got["self"][0][1] > 0.9, got["self"]
+    assert any(f.startswith("<module> (") for f, _ in got["inclusive"]), got["inclusive"]
+    assert stack_frame("process_batch (managers/scheduler.py:123)") == "process_batch (managers/scheduler.py)"
+    assert stack_frame("run (/a/b/sglang/srt/x.py:7)") == "run (srt/x.py)"
+
+
+def test_stack_summary_counts_self_inclusive_and_native_samples():
+    from gpu.harness import stack_summary
+
+    text = ("172\n"  # samples in native code only
+            "<module> (/x/a/b.py:1);loop (/x/a/b.py:9);step (/x/a/c.py:3) 20\n"
+            "<module> (/x/a/b.py:1);loop (/x/a/b.py:10) 8\n")
+    got = stack_summary(text)
+    assert got["samples"] == 200
+    assert got["self"] == [["(no Python frame)", 0.86], ["step (a/c.py)", 0.1], ["loop (a/b.py)", 0.04]]
+    assert dict(got["inclusive"])["loop (a/b.py)"] == 0.14 and dict(got["inclusive"])["<module> (a/b.py)"] == 0.14
+    assert stack_summary("") == {"samples": 0, "self": [], "inclusive": []}

@@ -434,6 +434,13 @@ class CpuSampler:
             out.append(row)
         return out
 
+    def busiest(self, min_share: float = 0.9) -> Optional[int]:
+        """The pid of the busiest process in the last sample, if it took at least ``min_share`` of a CPU."""
+        if not self.samples or not self.samples[-1][1]:
+            return None
+        share, pid = self.samples[-1][1][0][:2]
+        return pid if share >= min_share else None
+
     def host(self, since_wall: float, until_wall: float) -> Dict[str, Any]:
         """Over the samples between the two times, every CPU's mean busy share, the largest steal share of any one
         CPU and the mean clock."""
@@ -524,6 +531,89 @@ class CpuProbe:
         if mine:
             out["these_cpus"] = round(statistics.median(mine) / usual, 3)
         return out
+
+
+class StackProfile:
+    """py-spy (carried in ``.whl/``, installed into /tmp/site) sampling one process's Python stacks without pausing it
+    (``--nonblocking``), ``seconds`` long, from the moment ``ready()`` first returns a pid (asked every 0.5 s, in a
+    thread). ``summary`` says where the samples were: by function, as the innermost frame (self) and anywhere in the
+    stack (inclusive). Where SGLang's scheduler spends a decode step, for one."""
+
+    def __init__(self, path: str, ready: Callable[[], Optional[int]], seconds: float = 10.0, rate: int = 500):
+        self.path, self.ready, self.seconds, self.rate = path, ready, seconds, rate
+        self.pid: Optional[int] = None
+        self.error: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-profile", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def binary() -> Optional[str]:
+        return shutil.which("py-spy") or next(iter(glob.glob("/tmp/site/bin/py-spy")), None)
+
+    def _run(self) -> None:
+        spy = self.binary()
+        if spy is None:
+            self.error = "no py-spy (carry its wheel in .whl/ and install it into /tmp/site)"
+            return
+        while self.pid is None and not self._stop.wait(0.5):
+            self.pid = self.ready()
+        if self.pid is None:
+            return
+        out = subprocess.run([spy, "record", "--pid", str(self.pid), "--duration", str(int(self.seconds)),
+                              "--rate", str(self.rate), "--nonblocking", "--format", "raw", "--output", self.path],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            self.error = f"py-spy rc {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"
+
+    def stop(self) -> None:
+        """No recording starts after this; one under way is waited for."""
+        self._stop.set()
+        self._thread.join(self.seconds + 30)
+
+    def summary(self, top: int = 25) -> Dict[str, Any]:
+        """Where the samples were (``stack_summary``), with the pid, the seconds and the rate, or why none."""
+        out: Dict[str, Any] = {"pid": self.pid, "seconds": self.seconds, "rate": self.rate}
+        if self.error:
+            out["error"] = self.error
+        try:
+            out.update(stack_summary(read_bytes(self.path).decode(errors="replace"), top))
+        except OSError:
+            pass
+        return out
+
+
+def stack_summary(text: str, top: int = 25) -> Dict[str, Any]:
+    """The ``top`` functions by their share of the samples, self and inclusive, from py-spy's collapsed stacks (one
+    ``frame;frame;...;frame count`` a line, innermost last; a frame ``function (file:line)``, counted here by function
+    and file)."""
+    own: Dict[str, int] = {}
+    anywhere: Dict[str, int] = {}
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        # a sample without a Python frame (the thread in native code only) is a line of its count alone
+        frames = [stack_frame(f) for f in stack.split(";")] if stack else ["(no Python frame)"]
+        total += int(count)
+        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for f in set(frames):
+            anywhere[f] = anywhere.get(f, 0) + int(count)
+    out: Dict[str, Any] = {"samples": total}
+    for key, counts in (("self", own), ("inclusive", anywhere)):
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        out[key] = [[f, round(n / total, 4)] for f, n in best] if total else []
+    return out
+
+
+def stack_frame(frame: str) -> str:
+    """``function (path/to/file.py:123)`` as ``function (to/file.py)``: one name for a function wherever it was."""
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame.strip())
+    if not m:
+        return frame.strip()
+    path = "/".join(m.group(2).split("/")[-2:])
+    return f"{m.group(1)} ({path})"
 
 
 def cpu_shares(before: Any, after: Any) -> Tuple[float, float]:
