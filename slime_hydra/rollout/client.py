@@ -70,12 +70,14 @@ class GenerateClient:
         import aiohttp
 
         last: Any = None
-        attempt, session = 0, self.http
+        attempt, session, again = 0, self.http, False
         direct = self.engine_url is not None and path == "/generate" and is_batch(payload)
         async with self.sem:
             while True:
-                base = await self.engine_url() if direct else self.base_url
-                sent = time.monotonic()
+                if not again:
+                    base = await self.engine_url() if direct else self.base_url
+                    sent = time.monotonic()
+                again = False
                 try:
                     async with session.post(base + path, json=payload) as r:
                         if r.status < 400:
@@ -89,7 +91,9 @@ class GenerateClient:
                 except aiohttp.ServerDisconnectedError as e:
                     last = repr(e)
                     if session is self.http:  # a pooled connection the server had closed while idle: again, at once
-                        session = self.fresh
+                        # to the same server, sent when it was: one that died with the request (an engine the
+                        # fleet killed) refuses the new connection, and the request is asked about below
+                        session, again = self.fresh, True
                         continue
                 except aiohttp.ClientError as e:
                     last = repr(e)

@@ -4,7 +4,9 @@ on the H200), the next rollout's requests race the close and fail with "Server d
 after a logged warning and a sleep, 1.5 s of that step. The request must go again at once, on a new connection.
 
 The server here answers the first request of every connection (keep-alive) and closes the connection when a
-second request comes on it: the race, made deterministic."""
+second request comes on it: the race, made deterministic. A server that dies with a request closes its connection in
+the same way; that request goes again at once to the same server, is refused there, and the fleet is asked whether
+its engine failed (fault tolerance re-queues and counts it), not sent silently to another engine."""
 
 from __future__ import annotations
 
@@ -80,3 +82,47 @@ def test_a_connection_closed_as_the_request_arrives_is_tried_again_at_once(caplo
     finally:
         loop.close()
         sock.close()
+
+
+def test_a_request_whose_engine_died_with_it_is_asked_about():
+    """An engine the fleet killed (SIGSTOPped, then taken out) with a group request on it: the request's
+    connection closes unanswered and its port is gone. The fleet is asked about it (with the time it was
+    first sent), and it goes again once the fleet says so, to the engine that serves."""
+    dying, alive = socket.socket(), socket.socket()
+    for sock in (dying, alive):
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+    threading.Thread(target=_serve, args=(alive,), daemon=True).start()
+    urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in (dying, alive)]
+    asked = []
+
+    def die() -> None:
+        conn, _ = dying.accept()
+        _read_request(conn)
+        dying.close()  # killed with the request: its port refuses connections,
+        conn.close()  # and the request's connection closes unanswered
+
+    picks = []
+
+    async def engine_url() -> str:  # the dying engine first; once it is out, the one that serves
+        picks.append(urls[min(len(picks), 1)])
+        return picks[-1]
+
+    async def requeue(sent: float) -> bool:
+        asked.append(sent)
+        return True
+
+    async def scenario():
+        client = GenerateClient(urls[0], concurrency=4, retries=0, requeue=requeue, engine_url=engine_url)
+        try:
+            t0 = time.monotonic()
+            out = await client.post("/generate", {"text": ["a group"]})
+            return t0, out
+        finally:
+            await client.aclose()
+
+    threading.Thread(target=die, daemon=True).start()
+    t0, out = asyncio.run(scenario())
+    assert out["echo"] == ["a group"]
+    assert len(asked) == 1 and t0 <= asked[0] < t0 + 1.0  # asked once, about its first send
+    assert picks == urls  # sent again to the dying engine's port only on a new connection, not picked again
