@@ -6,8 +6,9 @@ the run had one, `CpuProbe`'s file (how fast each CPU ran the same Python, momen
 
 Steps after the first (the first carries the warm-up) of each run: the rollout's median and range; SGLang's decode
 rate (tokens a second over its decode log lines after the first, which holds the prefill); the GPU's power while
-busy; the CPUs SGLang's scheduler ran on; the correlations over all steps of all runs. With a probe: the probe's
-time in each rollout against its run's median, and its correlation with the rollout."""
+busy; the CPUs SGLang's scheduler ran on; the correlations over all steps of all runs (with the pairs they rest on).
+With a probe: its correlation with the rollout, and the range of its time in the rollouts against its run's median
+(a run's own scale: it compares moments of one run, not runs)."""
 
 from __future__ import annotations
 
@@ -33,16 +34,35 @@ def steps(result: Dict[str, Any]) -> Tuple[str, List[Dict[str, Any]], Optional[f
     raise SystemExit(f"no run phase with rollouts ({', '.join(RUN_PHASES)}) in the result file")
 
 
+def probe_spread(path: str) -> str:
+    times = [x * 1e3 for _, _, x in h.CpuProbe.read(path).rows]
+    if len(times) < 10:
+        return f"{len(times)} probes: too few"
+    deciles = statistics.quantiles(times, n=10)
+    return (f"median {statistics.median(times):.2f}, first decile {deciles[0]:.2f}, last {deciles[-1]:.2f} "
+            f"({len(times)} probes)")
+
+
 def decode_rate(step: Dict[str, Any]) -> Optional[float]:
     rates = step["decode_tokens_per_s"][1:]
     return statistics.fmean(rates) if rates else None
 
 
 def corr(xs: List[Optional[float]], ys: List[Optional[float]]) -> str:
+    """Pearson's r over the pairs where both are known, with how many; empty under 3 pairs or for a constant."""
     pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
-    if len(pairs) < 3:
-        return ""
-    return f"{statistics.correlation([p[0] for p in pairs], [p[1] for p in pairs]):+.2f}"
+    try:
+        return f"{statistics.correlation([p[0] for p in pairs], [p[1] for p in pairs]):+.2f} ({len(pairs)})"
+    except statistics.StatisticsError:  # under 2 pairs, or one side constant
+        return "" if len(pairs) < 3 else "constant"
+
+
+def spread(xs: List[Optional[float]], fmt: str) -> Tuple[str, str]:
+    """The median and the range of the known values, formatted; '-' where none is known."""
+    known = [x for x in xs if x is not None]
+    if not known:
+        return "-", "-"
+    return format(statistics.median(known), fmt), f"{min(known):{fmt}}-{max(known):{fmt}}"
 
 
 def main() -> None:
@@ -61,21 +81,18 @@ def main() -> None:
         cpus = sorted({c for s in got for c in ((s.get("cpu") or [{}])[0].get("on_cpus") or [])})
         probe = [(s.get("probe") or {}).get("all_cpus") for s in got]
         everything += zip(rollout, rate, power, probe)
-        rows.append([name, phase, h.cell(startup, ".1f"), len(got), h.cell(statistics.median(rollout), ".3f"),
-                     f"{min(rollout):.3f}-{max(rollout):.3f}", h.cell(statistics.median(r for r in rate if r), ".0f"),
-                     f"{min(r for r in rate if r):.0f}-{max(r for r in rate if r):.0f}",
-                     h.cell(statistics.median(w for w in power if w), ".0f"), ",".join(map(str, cpus)) or "?",
-                     corr(rollout, probe) if probe_path else ""])
+        probed = [corr(rollout, probe), spread(probe, ".3f")[1]] if probe_path else ["", ""]
+        rows.append([name, phase, h.cell(startup, ".1f"), len(got), *spread(rollout, ".3f"), *spread(rate, ".0f"),
+                     spread(power, ".0f")[0], ",".join(map(str, cpus)) or "?", *probed])
         if probe_path:
-            times = [x * 1e3 for _, _, x in h.CpuProbe.read(probe_path).rows]
-            deciles = statistics.quantiles(times, n=10)
-            print(f"{name}: the probe's time, ms: median {statistics.median(times):.2f}, first decile "
-                  f"{deciles[0]:.2f}, last {deciles[-1]:.2f} ({len(times)} probes)")
+            print(f"{name}: the probe's time, ms: {probe_spread(probe_path)}")
     print()
     print("\n".join(h.table(["run", "phase", "start s", "steps", "rollout s", "range", "decode tok/s", "range",
-                             "GPU W", "scheduler on CPUs", "rollout ~ probe"], rows)))
+                             "GPU W", "scheduler on CPUs", "rollout ~ probe (steps)", "probe / its median"], rows)))
+    if not everything:
+        return
     rollout, rate, power, probe = (list(x) for x in zip(*everything))
-    print(f"\nover all {len(rollout)} steps: rollout ~ decode rate {corr(rollout, rate)}, rollout ~ GPU power "
+    print(f"\nover all {len(rollout)} steps (pairs): rollout ~ decode rate {corr(rollout, rate)}, rollout ~ GPU power "
           f"{corr(rollout, power)}, decode rate ~ GPU power {corr(rate, power)}")
 
 

@@ -128,7 +128,7 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
               extra: str = "", cpu_probe: bool = False, profile_s: float = 0.0) -> None:
     """One run.py run (sglang, sglang_offload, embedded); after the second step, each GPU's SM clock and power while
     busy, and split, its idle share; each step's rollout (``rollout_windows``); with ``profile_s``, where the busiest
-    process (SGLang's scheduler) spent ``profile_s`` seconds from the second step on (py-spy)."""
+    process (SGLang's scheduler) spent ``profile_s`` seconds from step 3 on (py-spy)."""
     from slime_hydra.utils.proc import tail
 
     run_dir = os.path.join(w.work, f"run_{layout}_{phase}")
@@ -140,17 +140,20 @@ def phase_run(w: Workload, layout: str, phase: str, steps: int, limit_s: float, 
     cpu = h.CpuSampler()
     probe = h.CpuProbe(os.path.join(w.work, f"cpu_probe_{layout}_{phase}.txt")) if cpu_probe else None
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    # from the second step on, the busiest process (SGLang's scheduler, a CPU's worth all run)
+    # once the second step's row is written (from step 3 on), the busiest process: SGLang's scheduler, a CPU's worth
+    # all run
     profile = h.StackProfile(os.path.join(w.work, f"stacks_{layout}_{phase}.txt"),
                              lambda: cpu.busiest() if len(h.read_rows(metrics)) >= 2 else None,
                              seconds=profile_s) if profile_s else None
-    run = h.run_py(overrides, run_dir, console, limit_s)
-    cpu.stop()
-    if probe is not None:
-        probe.stop()
-    if profile is not None:
-        profile.stop()
-        out["scheduler_profile"] = profile.summary()
+    try:
+        run = h.run_py(overrides, run_dir, console, limit_s)
+    finally:
+        cpu.stop()
+        if probe is not None:
+            probe.stop()
+        if profile is not None:
+            profile.stop()
+            out["scheduler_profile"] = profile.summary()
     if sampler is not None:
         sampler.stop()
     rows = run.rows
@@ -316,8 +319,9 @@ def report(results: Dict[str, Any], w: Workload, path: str) -> None:
             lines.append(f"- {name} startup parts: " + ", ".join(f"{k} {v}" for k, v in times.items() if k != "logs"))
         prof = res.get("scheduler_profile") or {}
         if prof.get("self"):
-            lines.append(f"- {name} SGLang's scheduler, where its samples were (py-spy, {prof['samples']} samples, "
-                         "self): " + ", ".join(f"{f} {share:.1%}" for f, share in prof["self"][:8]))
+            lines.append(f"- {name} SGLang's scheduler (pid {prof['pid']}: {prof['cmd']}), where its samples were "
+                         f"(py-spy, {prof['samples']} samples, self): "
+                         + ", ".join(f"{f} {share:.1%}" for f, share in prof["self"][:8]))
         elif prof.get("error"):
             lines.append(f"- {name} scheduler profile: {prof['error']}")
         s = summaries.get(name, {})
@@ -481,9 +485,9 @@ def main() -> None:
                     help="more run.py overrides for the sglang runs, space-separated (env SGLANG_OVERRIDES)")
     ap.add_argument("--skip-embedded", action="store_true", default=bool(os.environ.get("SKIP_EMBEDDED")),
                     help="no embedded run (env SKIP_EMBEDDED=1)")
-    ap.add_argument("--profile-scheduler", type=float, default=float(os.environ.get("PROFILE_SCHEDULER", 0)),
-                    help="seconds of py-spy on SGLang's scheduler from each run's second step (env PROFILE_SCHEDULER)")
-    ap.add_argument("--cpu-probe", action="store_true", default=bool(os.environ.get("CPU_PROBE")),
+    ap.add_argument("--profile-scheduler", type=float, default=float(os.environ.get("PROFILE_SCHEDULER") or 0),
+                    help="seconds of py-spy on SGLang's scheduler from each run's step 3 (env PROFILE_SCHEDULER)")
+    ap.add_argument("--cpu-probe", action="store_true", default=os.environ.get("CPU_PROBE", "0") not in ("", "0"),
                     help="time the same Python on every CPU over each run, h.CpuProbe (env CPU_PROBE=1)")
     ap.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)

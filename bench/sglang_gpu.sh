@@ -10,7 +10,7 @@
 # model shape (with PHASES=build,trl: TRL on the 4B shape); STEPS,
 # OFFLOAD_STEPS, EMBEDDED_STEPS, TRL_STEPS, WARM_STEPS set each run's steps; CPU_PROBE=1 times Python on every CPU over
 # each run (bench/rollout_speed.py reads it); PROFILE_SCHEDULER=S: S seconds of py-spy on SGLang's scheduler from each
-# run's second step. Results: $OUT/sglang_gpu_colocated[_256x256]
+# run's step 3. Results: $OUT/sglang_gpu_colocated[_256x256]
 # .{json,md}, logs' tails in $OUT/logs/; exits non-zero when a check failed or a phase did not finish.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, running
 
 sys.path.insert(0, str(ROOT / "bench"))
 from gpu.harness import Budget, CpuSampler, GpuSampler, copy_logs, read_rows, run_child, steps_table, table, write_json  # noqa: E402
@@ -236,8 +236,12 @@ def test_cpu_probe_times_python_on_every_cpu(tmp_path):
     from gpu.harness import CpuProbe
 
     probe = CpuProbe(str(tmp_path / "probe.txt"), every_s=0.1, n=2000)
-    t0 = time.time()
-    time.sleep(1.0)
+    t0, deadline = time.time(), time.monotonic() + 20
+    while time.monotonic() < deadline:  # every CPU probed twice (the child's start takes a while on a busy machine)
+        rows = CpuProbe.read(probe.path).rows
+        if all(sum(cpu == c for _, cpu, _ in rows) >= 2 for c in os.sched_getaffinity(0)):
+            break
+        time.sleep(0.1)
     probe.stop()
     assert probe.proc.returncode is not None
     assert {cpu for _, cpu, _ in probe.rows} == set(os.sched_getaffinity(0)), probe.rows
@@ -255,7 +259,8 @@ def test_rollout_speed_reads_the_committed_results():
                           f"e1={m}_e1.json:{m}_e1_probe.txt"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "| d3 | sglang_warm | 44.3 | 7 | 0.996 | 0.893-1.034 | 19657 |" in out.stdout, out.stdout
-    assert "| e1 | sglang | 68.3 | 9 | 0.897 |" in out.stdout and "| +0.73 |" in out.stdout, out.stdout
+    assert "| e1 | sglang | 68.3 | 9 | 0.897 |" in out.stdout, out.stdout
+    assert "| +0.73 (9) | 1.016-1.176 |" in out.stdout, out.stdout
     assert "e1: the probe's time, ms: median 2.40, first decile 1.36, last 2.92" in out.stdout, out.stdout
 
 
@@ -274,13 +279,16 @@ def test_stack_profile_finds_where_a_busy_process_spends_its_time(tmp_path):
 
     try:
         profile = StackProfile(str(tmp_path / "stacks.txt"), ready, seconds=2, rate=200)
-        time.sleep(1.5)  # the second ask has named it
+        deadline = time.monotonic() + 20
+        while profile.pid is None and time.monotonic() < deadline:  # the second ask names it
+            time.sleep(0.05)
         profile.stop()  # waits for the recording
     finally:
         busy.kill()
         busy.wait()
     got = profile.summary()
     assert "error" not in got and got["pid"] == busy.pid and got["samples"] > 100, got
+    assert "def spin" in got["cmd"], got["cmd"]
     assert got["self"][0][0].startswith("spin (") and got["self"][0][1] > 0.9, got["self"]
     assert any(f.startswith("<module> (") for f, _ in got["inclusive"]), got["inclusive"]
     assert stack_frame("process_batch (managers/scheduler.py:123)") == "process_batch (managers/scheduler.py)"
@@ -298,3 +306,37 @@ def test_stack_summary_counts_self_inclusive_and_native_samples():
     assert got["self"] == [["(no Python frame)", 0.86], ["step (a/c.py)", 0.1], ["loop (a/b.py)", 0.04]]
     assert dict(got["inclusive"])["loop (a/b.py)"] == 0.14 and dict(got["inclusive"])["<module> (a/b.py)"] == 0.14
     assert stack_summary("") == {"samples": 0, "self": [], "inclusive": []}
+
+
+def test_stack_profile_says_why_it_recorded_nothing(tmp_path):
+    from gpu.harness import StackProfile
+
+    never = StackProfile(str(tmp_path / "a.txt"), lambda: None, seconds=1)
+    time.sleep(0.7)
+    never.stop()
+    assert never.summary()["error"].startswith("never recorded") and never.summary()["samples"] == 0
+
+    def broken():
+        raise RuntimeError("no such file")
+
+    raised = StackProfile(str(tmp_path / "b.txt"), broken, seconds=1)
+    time.sleep(0.7)
+    raised.stop()
+    assert "RuntimeError('no such file')" in raised.summary()["error"]
+
+
+def test_cpu_probe_ends_with_its_parent(tmp_path):
+    """A probe whose bench died (killed past its limit) stops probing instead of visiting every CPU for ever."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+            "from gpu.harness import CpuProbe\n"
+            f"p = CpuProbe({str(tmp_path / 'probe.txt')!r}, every_s=0.1, n=100)\n"
+            "print(p.proc.pid, flush=True)\n"
+            "import time; time.sleep(60)\n")
+    bench = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(bench.stdout.readline())
+    bench.kill()
+    bench.wait()
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(child), "the probe outlived its bench"

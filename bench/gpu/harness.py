@@ -1,8 +1,10 @@
 """What every GPU bench needs, written once (bench/README.md says how a GPU run is set up): a time budget
 shared by the phases of one device call (``Budget``); phases as child processes whose results survive them
 (``run_child``, ``phase_output``); result files written whole, pass/fail checks, markdown tables;
-``python run.py`` launched and watched (``run_py``); nvidia-smi samples (``GpuSampler``); log tails under
-``$OUT`` (``copy_logs``). Only the standard library: a bench imports it before torch, its tests run anywhere.
+``python run.py`` launched and watched (``run_py``); nvidia-smi samples (``GpuSampler``); the CPUs and their
+busiest processes (``CpuSampler``, psutil), how fast each CPU runs Python (``CpuProbe``), a process's Python stacks
+(``StackProfile``, py-spy); log tails under ``$OUT`` (``copy_logs``). The standard library only at import (psutil and
+py-spy are asked for when used): a bench imports it before torch, its tests run anywhere.
 """
 
 from __future__ import annotations
@@ -350,7 +352,9 @@ def _number(text: str) -> Optional[float]:
 class CpuSampler:
     """Every ``interval_s``, in a thread: each process's share of one CPU since the sample before (psutil), the
     busiest ``top`` kept, each with the CPU it was on and its involuntary context switches (the kernel took the CPU
-    from it); and each CPU's busy share, steal share (the hypervisor ran something else on it) and clock. Whether
+    from it); and each CPU's busy share, steal share (the hypervisor ran something else on it) and clock (a KVM guest
+may report a fixed clock, and hyperthread siblings only where the host shows them: the lent H200's said 2100 MHz
+throughout and had none). Whether
     something competes with SGLang's scheduler for the CPU while it decodes: with CUDA graphs a decode step of a
     small model is a few milliseconds of GPU work, and the scheduler's Python between them counts."""
 
@@ -368,7 +372,7 @@ class CpuSampler:
         import psutil
 
         last: Dict[int, float] = {}
-        last_switches: Dict[int, int] = {}
+        last_switches: Dict[int, Tuple[int, float]] = {}  # pid -> (involuntary switches, when read)
         last_cpus = psutil.cpu_times(percpu=True)
         last_t = time.monotonic()
         while not self._stop.wait(self.interval_s):
@@ -392,8 +396,10 @@ class CpuSampler:
                     try:
                         where = procs[pid].cpu_num()
                         n = procs[pid].num_ctx_switches().involuntary
-                        switches = (n - last_switches[pid]) / dt if pid in last_switches else None
-                        last_switches[pid] = n
+                        if pid in last_switches:  # over the time since it was last read (it may have left the top)
+                            before, then = last_switches[pid]
+                            switches = (n - before) / max(now - then, 1e-3)
+                        last_switches[pid] = (n, now)
                     except (psutil.Error, AttributeError):
                         pass
                     top.append((share, pid, name, where, switches))
@@ -457,10 +463,7 @@ def host_cpus() -> Dict[str, Any]:
     """This machine's CPUs as a process sees them: how many, how many it may run on, how many have a hyperthread
     sibling, its cgroup's CPU quota and the model name (None where the machine does not say)."""
     def read(path: str) -> str:
-        try:
-            return read_bytes(path).decode(errors="replace")
-        except OSError:
-            return ""
+        return read_bytes(path).decode(errors="replace")
 
     model = re.search(r"^model name\s*:\s*(.+)$", read("/proc/cpuinfo"), re.M)
     return {"count": os.cpu_count(), "allowed": len(os.sched_getaffinity(0)),
@@ -472,10 +475,13 @@ def host_cpus() -> Dict[str, Any]:
 _PROBE = """
 import os, sys, time
 cpus, every, n = sorted(os.sched_getaffinity(0)), float(sys.argv[1]), int(sys.argv[2])
+parent = int(sys.argv[4])  # the bench, named by itself: it may be gone before this line runs
 with open(sys.argv[3], "a", buffering=1) as out:
-    while True:
+    while os.getppid() == parent:  # the bench that started it is gone: so is the probe
         for cpu in cpus:
             os.sched_setaffinity(0, {cpu})
+            for i in range(n // 10):  # untimed: the caches warm on the CPU just moved to
+                pass
             t, c, x = time.time(), time.thread_time(), 0
             for i in range(n):
                 x += i
@@ -488,15 +494,15 @@ class CpuProbe:
     """How fast each CPU runs Python, moment by moment: a child process times the same ``n`` additions on each CPU in
     turn, every CPU once in ``every_s``, in CPU time (what the work took on the CPU, not the wait for a busy one). A
     virtual machine's CPU can run slower at some times than at others (its host's other load, the host's clocks), and
-    SGLang's scheduler, a Python loop, with it. ``window`` compares a moment's times with the run's median. The probe
-    disturbs what it watches a little: a busy process whose CPU it visits may be moved to another
-    (bench/measured/h200_rollout_cpu.md), so a bench runs it only when asked."""
+    SGLang's scheduler, a Python loop, with it. ``window`` compares a moment's times with the run's median (so one
+    run's probe says nothing about another's). It may disturb what it watches (a busy process whose CPU it visits
+    may be moved), so a bench runs it only when asked. It ends with the process that started it."""
 
     def __init__(self, path: str, every_s: float = 0.5, n: int = 20000):
         self.path = path
         with open(path, "w"):
             pass
-        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(every_s), str(n), path],
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(every_s), str(n), path, str(os.getpid())],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.rows: Optional[List[Tuple[float, int, float]]] = None
 
@@ -534,14 +540,16 @@ class CpuProbe:
 
 
 class StackProfile:
-    """py-spy (carried in ``.whl/``, installed into /tmp/site) sampling one process's Python stacks without pausing it
-    (``--nonblocking``), ``seconds`` long, from the moment ``ready()`` first returns a pid (asked every 0.5 s, in a
-    thread). ``summary`` says where the samples were: by function, as the innermost frame (self) and anywhere in the
-    stack (inclusive). Where SGLang's scheduler spends a decode step, for one."""
+    """py-spy (the dev extra; on the GPU machine carried in ``.whl/`` and installed into /tmp/site) sampling one
+    process's Python stacks without pausing it (``--nonblocking``), ``seconds`` long, from the moment ``ready()``
+    first returns a pid (asked every 0.5 s, in a thread). ``summary`` says where the samples were: by function, as
+    the innermost frame (self) and anywhere in the stack (inclusive), over the samples of every thread in which a
+    thread was not idle (py-spy's default). Where SGLang's scheduler spends a decode step, for one."""
 
     def __init__(self, path: str, ready: Callable[[], Optional[int]], seconds: float = 10.0, rate: int = 500):
         self.path, self.ready, self.seconds, self.rate = path, ready, seconds, rate
         self.pid: Optional[int] = None
+        self.cmd: Optional[str] = None
         self.error: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stack-profile", daemon=True)
@@ -549,20 +557,33 @@ class StackProfile:
 
     @staticmethod
     def binary() -> Optional[str]:
-        return shutil.which("py-spy") or next(iter(glob.glob("/tmp/site/bin/py-spy")), None)
+        """py-spy beside this Python (a virtual environment's bin/, not always on PATH), on PATH, or in /tmp/site."""
+        here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        return here if os.access(here, os.X_OK) else \
+            shutil.which("py-spy") or next(iter(glob.glob("/tmp/site/bin/py-spy")), None)
 
     def _run(self) -> None:
         spy = self.binary()
         if spy is None:
             self.error = "no py-spy (carry its wheel in .whl/ and install it into /tmp/site)"
             return
-        while self.pid is None and not self._stop.wait(0.5):
-            self.pid = self.ready()
-        if self.pid is None:
+        try:
+            while self.pid is None and not self._stop.wait(0.5):
+                self.pid = self.ready()
+        except Exception as e:  # noqa: BLE001 - said in the summary, not lost with the thread
+            self.error = f"ready() raised {e!r}"
             return
-        out = subprocess.run([spy, "record", "--pid", str(self.pid), "--duration", str(int(self.seconds)),
-                              "--rate", str(self.rate), "--nonblocking", "--format", "raw", "--output", self.path],
-                             capture_output=True, text=True)
+        if self.pid is None or self._stop.is_set():
+            self.error = "never recorded: the run ended before a process was named"
+            return
+        self.cmd = read_bytes(f"/proc/{self.pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]
+        try:
+            out = subprocess.run([spy, "record", "--pid", str(self.pid), "--duration", str(max(1, round(self.seconds))),
+                                  "--rate", str(self.rate), "--nonblocking", "--format", "raw", "--output", self.path],
+                                 capture_output=True, text=True, timeout=self.seconds + 30)
+        except subprocess.TimeoutExpired:
+            self.error = "py-spy did not finish"
+            return
         if out.returncode != 0:
             self.error = f"py-spy rc {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"
 
@@ -573,13 +594,10 @@ class StackProfile:
 
     def summary(self, top: int = 25) -> Dict[str, Any]:
         """Where the samples were (``stack_summary``), with the pid, the seconds and the rate, or why none."""
-        out: Dict[str, Any] = {"pid": self.pid, "seconds": self.seconds, "rate": self.rate}
+        out: Dict[str, Any] = {"pid": self.pid, "cmd": self.cmd, "seconds": self.seconds, "rate": self.rate}
         if self.error:
             out["error"] = self.error
-        try:
-            out.update(stack_summary(read_bytes(self.path).decode(errors="replace"), top))
-        except OSError:
-            pass
+        out.update(stack_summary(read_bytes(self.path).decode(errors="replace"), top))
         return out
 
 
@@ -618,12 +636,17 @@ def stack_frame(frame: str) -> str:
 
 def cpu_shares(before: Any, after: Any) -> Tuple[float, float]:
     """One CPU's busy and steal shares between two ``psutil.cpu_times(percpu=True)`` entries (idle, iowait and steal
-    are not busy)."""
-    total = sum(after) - sum(before)
+    are not busy; guest time is already in user and nice, so not counted twice), each within [0, 1] (a kernel's idle
+    and iowait counters can step back)."""
+    def delta(field: str) -> float:
+        return getattr(after, field, 0.0) - getattr(before, field, 0.0)
+
+    total = sum(after) - sum(before) - delta("guest") - delta("guest_nice")
     if total <= 0:
         return 0.0, 0.0
-    idle, iowait, steal = (getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in ("idle", "iowait", "steal"))
-    return round(1 - (idle + iowait + steal) / total, 3), round(steal / total, 3)
+    idle, iowait, steal = delta("idle"), delta("iowait"), delta("steal")
+    return (round(min(max(1 - (idle + iowait + steal) / total, 0.0), 1.0), 3),
+            round(min(max(steal / total, 0.0), 1.0), 3))
 
 
 def cpu_siblings(root: str = "/sys/devices/system/cpu") -> Dict[int, List[int]]:
@@ -631,9 +654,8 @@ def cpu_siblings(root: str = "/sys/devices/system/cpu") -> Dict[int, List[int]]:
     out: Dict[int, List[int]] = {}
     for path in glob.glob(os.path.join(root, "cpu[0-9]*", "topology", "thread_siblings_list")):
         cpu = int(re.search(r"cpu(\d+)/topology", path).group(1))
-        try:
-            text = open(path).read().strip()
-        except OSError:
+        text = read_bytes(path).decode(errors="replace").strip()
+        if not text:
             continue
         ids = []
         for part in text.split(","):
