@@ -29,9 +29,8 @@ STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged thi
 # start its JIT kernels compile there (64.5 s of a 111.2 s start on an H200; 3.3 s of 44.9 s with the caches carried
 # over, bench/measured/h200_rollout_cpu.md)
 CAPTURE_NOTE_S = 20.0
-# where those kernels are cached, and the variable that moves each cache (e.g. to a disk every node shares)
-KERNEL_CACHES = (("~/.cache/tvm-ffi", "TVM_FFI_CACHE_DIR"), ("~/.cache/flashinfer", "FLASHINFER_WORKSPACE_BASE"),
-                 ("~/.triton/cache", "TRITON_CACHE_DIR"))
+# where those kernels are cached (docs/gpu.md: how to keep them in an image or share them between machines)
+KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")
 # how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
@@ -168,9 +167,6 @@ class StartupWatch:
         """``status``, and why, where an engine has stood on SGLang's CUDA-graph capture for a while."""
         stood = time.time() - self._first_seen.setdefault(status, time.time())
         if "Capturing batches" in status and stood >= CAPTURE_NOTE_S:
-            caches = ", ".join(path for path, _ in KERNEL_CACHES)
-            moved = ", ".join(var for _, var in KERNEL_CACHES)
             return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here, into "
-                    f"{caches}; later starts reuse them. Keep them in the machine's image, or share them between "
-                    f"machines with {moved} in cluster.env_vars)")
+                    f"{', '.join(KERNEL_CACHES)}; later starts reuse them, and docs/gpu.md says how to share them)")
         return status

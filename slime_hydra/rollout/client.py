@@ -39,7 +39,9 @@ class GenerateClient:
     on a read timeout: the engine may still be working on it).
 
     ``engine_url`` (async) names the engine for a batched /generate (:func:`is_batch`), asked again at
-    every attempt (a failed engine's request goes to another); None: ``base_url``.
+    every attempt but one (a failed engine's request goes to another); None: ``base_url``. The one: a
+    request whose pooled connection closes unanswered goes again at once, to the same server on a new
+    connection, so that one whose engine died with it is refused there and asked about (``requeue``).
 
     aiohttp, not httpx: with hundreds of concurrent requests httpx's connection pool dominated a
     rollout (256 tiny requests: 2-7 s with httpx, 0.2-0.35 s with aiohttp, same server)."""
@@ -93,6 +95,8 @@ class GenerateClient:
                     if session is self.http:  # a pooled connection the server had closed while idle: again, at once
                         # to the same server, sent when it was: one that died with the request (an engine the
                         # fleet killed) refuses the new connection, and the request is asked about below
+                        log.debug("POST %s%s: the connection closed unanswered (%s); again on a new one", base, path,
+                                  last)
                         session, again = self.fresh, True
                         continue
                 except aiohttp.ClientError as e:

@@ -122,7 +122,44 @@ def test_a_request_whose_engine_died_with_it_is_asked_about():
             await client.aclose()
 
     threading.Thread(target=die, daemon=True).start()
-    t0, out = asyncio.run(scenario())
+    try:
+        t0, out = asyncio.run(scenario())
+    finally:
+        alive.close()
     assert out["echo"] == ["a group"]
     assert len(asked) == 1 and t0 <= asked[0] < t0 + 1.0  # asked once, about its first send
     assert picks == urls  # sent again to the dying engine's port only on a new connection, not picked again
+
+
+def test_a_closed_connection_does_not_pick_another_engine():
+    """Batched requests over two engines: rollouts 2 and 3 find every pooled connection closed, and each request
+    goes again to the engine it was sent to (one pick a request), at once."""
+    socks = [socket.socket(), socket.socket()]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        threading.Thread(target=_serve, args=(sock,), daemon=True).start()
+    urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in socks]
+    picks = []
+
+    async def engine_url() -> str:
+        picks.append(urls[len(picks) % 2])
+        return picks[-1]
+
+    async def scenario():
+        client = GenerateClient(urls[0], concurrency=4, retries=2, retry_interval=5.0, engine_url=engine_url)
+        try:
+            for i in range(3):
+                t0 = time.monotonic()
+                out = await _rollout(client, [[f"{i}-{j}"] for j in range(4)])
+                assert [o["echo"] for o in out] == [[f"{i}-{j}"] for j in range(4)]
+                assert time.monotonic() - t0 < 3.0  # a logged retry sleeps retry_interval (5 s) first
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for sock in socks:
+            sock.close()
+    assert len(picks) == 12, picks  # 3 rollouts x 4 requests, none picked again
