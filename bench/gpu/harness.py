@@ -543,8 +543,8 @@ class StackProfile:
     """py-spy (the dev extra; on the GPU machine carried in ``.whl/`` and installed into /tmp/site) sampling one
     process's Python stacks without pausing it (``--nonblocking``), ``seconds`` long, from the moment ``ready()``
     first returns a pid (asked every 0.5 s, in a thread). ``summary`` says where the samples were: by function, as
-    the innermost frame (self) and anywhere in the stack (inclusive), over the samples of every thread in which a
-    thread was not idle (py-spy's default). Where SGLang's scheduler spends a decode step, for one."""
+    the innermost frame (self) and anywhere in the stack (inclusive), over every thread's samples, idle ones left out
+    (py-spy's default). Where SGLang's scheduler spends a decode step, for one."""
 
     def __init__(self, path: str, ready: Callable[[], Optional[int]], seconds: float = 10.0, rate: int = 500):
         self.path, self.ready, self.seconds, self.rate = path, ready, seconds, rate
