@@ -205,15 +205,13 @@ def engine_batches(run_dir: str) -> List[Dict[str, Any]]:
 
 def rollout_windows(run: "h.Run", gpu: "h.GpuSampler | None", cpu: "h.CpuSampler", probe: "h.CpuProbe | None",
                     batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Each step's rollout: its seconds, SGLang's batches (the new sequences of each prefill: one of 64 when the
-    step's requests arrive together, more and smaller when they do not, and the decode lines' tokens a second), the
-    GPU's clocks while busy, the busiest processes on the CPU over it (each with the CPU it ran on, that CPU's steal
-    share and clock, its hyperthread siblings' load and the process's involuntary context switches) and every CPU's
-    load, and (``--cpu-probe``) how fast the busiest process's CPU and all CPUs ran Python then against the run's
-    usual (``CpuProbe``).
-    The rollout is the first part of a synchronous step, which ends when its row is written; rows are polled every
-    0.2 s, so a window may be up to 0.2 s late. Why one run's rollouts took 0.94 s where another's took 0.74 s
-    (bench/measured/h200_kv_cap.md)."""
+    """Each step's rollout: its seconds, SGLang's batches (the new sequences of each prefill: one of 64 when the step's
+    requests arrive together, more and smaller when they do not, and the decode lines' tokens a second), the GPU's
+    clocks while busy, the busiest processes on the CPU over it (each with the CPU it ran on, that CPU's steal share and
+    the process's involuntary context switches) and every CPU's load, and (``--cpu-probe``) how fast the busiest
+    process's CPU and all CPUs ran Python then against the run's usual (``CpuProbe``). The rollout is the first part of
+    a synchronous step, which ends when its row is written; rows are polled every 0.2 s, so a window may be up to 0.2 s
+    late. Why one run's rollouts took 0.94 s where another's took 0.74 s (bench/measured/h200_kv_cap.md)."""
     out = []
     for row in run.rows:
         if row.get("step") not in run.seen or "perf/rollout_time" not in row:

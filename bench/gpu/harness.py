@@ -184,7 +184,7 @@ def gpu_apps() -> Optional[List[Dict[str, Any]]]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 2 and parts[0].isdigit():
             pid = int(parts[0])
-            cmd = read_bytes(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]
+            cmd = command_line(pid)
             apps.append({"pid": pid, "mib": float(parts[1]) if parts[1].replace(".", "").isdigit() else None,
                          "here": os.path.exists(f"/proc/{pid}"), "cmd": cmd})
     return apps
@@ -196,6 +196,16 @@ def read_bytes(path: str) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def read_text(path: str) -> str:
+    """``read_bytes`` decoded ("" where it cannot be read)."""
+    return read_bytes(path).decode(errors="replace")
+
+
+def command_line(pid: int, limit: int = 120) -> str:
+    """Process ``pid``'s command line, its arguments joined by spaces ("" once it is gone)."""
+    return read_text(f"/proc/{pid}/cmdline").replace("\0", " ")[:limit]
 
 
 # ------------------------------------------------------------------------------------- run.py
@@ -352,18 +362,17 @@ def _number(text: str) -> Optional[float]:
 class CpuSampler:
     """Every ``interval_s``, in a thread: each process's share of one CPU since the sample before (psutil), the
     busiest ``top`` kept, each with the CPU it was on and its involuntary context switches (the kernel took the CPU
-    from it); and each CPU's busy share, steal share (the hypervisor ran something else on it) and clock (a KVM guest
-may report a fixed clock, and hyperthread siblings only where the host shows them: the lent H200's said 2100 MHz
-throughout and had none). Whether
-    something competes with SGLang's scheduler for the CPU while it decodes: with CUDA graphs a decode step of a
-    small model is a few milliseconds of GPU work, and the scheduler's Python between them counts."""
+    from it); and each CPU's busy share and steal share (the hypervisor ran something else on it). A KVM guest sees
+    neither its host's clocks nor its hyperthread siblings (the lent H200's reported a fixed 2100 MHz and no
+    siblings), so neither is sampled. Whether something competes with SGLang's scheduler for the CPU while it
+    decodes: with CUDA graphs a decode step of a small model is a few milliseconds of GPU work, and the scheduler's
+    Python between them counts."""
 
     def __init__(self, interval_s: float = 0.5, top: int = 6):
         self.interval_s, self.top = interval_s, top
-        # (wall time, [(share, pid, command, cpu, involuntary switches a second)], {cpu: (busy, steal, MHz)})
+        # (wall time, [(share, pid, command, cpu, involuntary switches a second)], {cpu: (busy, steal)})
         self.samples: List[Tuple[float, List[Tuple[float, int, str, Optional[int], Optional[float]]],
-                                 Dict[int, Tuple[float, float, Optional[float]]]]] = []
-        self.siblings = cpu_siblings()
+                                 Dict[int, Tuple[float, float]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
@@ -403,9 +412,7 @@ throughout and had none). Whether
                     except (psutil.Error, AttributeError):
                         pass
                     top.append((share, pid, name, where, switches))
-                mhz = [f.current for f in psutil.cpu_freq(percpu=True) or []]
-                per_cpu = {i: (*cpu_shares(a, b), mhz[i] if i < len(mhz) else None)
-                           for i, (a, b) in enumerate(zip(last_cpus, cpus))}
+                per_cpu = {i: cpu_shares(a, b) for i, (a, b) in enumerate(zip(last_cpus, cpus))}
                 self.samples.append((time.time(), top, per_cpu))
             last, last_t, last_cpus = cpu, now, cpus
 
@@ -415,8 +422,8 @@ throughout and had none). Whether
 
     def window(self, since_wall: float, until_wall: float, top: int = 3) -> List[Dict[str, Any]]:
         """The ``top`` processes by their mean share of a CPU over the samples between the two times; for each, the
-        CPUs it was seen on, its involuntary context switches a second, and over the samples the mean steal share
-        and clock of the CPU it was on and the busy share of that CPU's hyperthread siblings."""
+        CPUs it was seen on, its involuntary context switches a second, and the mean steal share of the CPU it was
+        on."""
         got = [(s, c) for t, s, c in self.samples if since_wall <= t <= until_wall]
         seen: Dict[Tuple[int, str], List[Tuple[float, Optional[int], Optional[float], Dict[int, Any]]]] = {}
         for sample, per_cpu in got:
@@ -430,10 +437,6 @@ throughout and had none). Whether
             if on:
                 row["on_cpus"] = sorted({w for w, _ in on})
                 row["cpu_steal"] = round(statistics.fmean(c[w][1] for w, c in on), 3)
-                sib = [c[s][0] for w, c in on for s in self.siblings.get(w, ()) if s in c]
-                row["sibling_busy"] = round(statistics.fmean(sib), 2) if sib else None
-                clocks = [c[w][2] for w, c in on if c[w][2]]
-                row["cpu_mhz"] = round(statistics.fmean(clocks)) if clocks else None
             switches = [x[2] for x in xs if x[2] is not None]
             if switches:
                 row["involuntary_per_s"] = round(statistics.fmean(switches), 1)
@@ -448,27 +451,22 @@ throughout and had none). Whether
         return pid if share >= min_share else None
 
     def host(self, since_wall: float, until_wall: float) -> Dict[str, Any]:
-        """Over the samples between the two times, every CPU's mean busy share, the largest steal share of any one
-        CPU and the mean clock."""
+        """Over the samples between the two times, every CPU's mean busy share and the largest steal share of any
+        one CPU."""
         got = [c for t, _, c in self.samples if since_wall <= t <= until_wall and c]
         if not got:
             return {}
-        clocks = [mhz for c in got for _, _, mhz in c.values() if mhz]
-        return {"busy_cpus": round(statistics.fmean(sum(b for b, _, _ in c.values()) for c in got), 2),
-                "steal_max": max(s for c in got for _, s, _ in c.values()),
-                "mhz_mean": round(statistics.fmean(clocks)) if clocks else None}
+        return {"busy_cpus": round(statistics.fmean(sum(b for b, _ in c.values()) for c in got), 2),
+                "steal_max": max(s for c in got for _, s in c.values())}
 
 
 def host_cpus() -> Dict[str, Any]:
     """This machine's CPUs as a process sees them: how many, how many it may run on, how many have a hyperthread
     sibling, its cgroup's CPU quota and the model name (None where the machine does not say)."""
-    def read(path: str) -> str:
-        return read_bytes(path).decode(errors="replace")
-
-    model = re.search(r"^model name\s*:\s*(.+)$", read("/proc/cpuinfo"), re.M)
+    model = re.search(r"^model name\s*:\s*(.+)$", read_text("/proc/cpuinfo"), re.M)
     return {"count": os.cpu_count(), "allowed": len(os.sched_getaffinity(0)),
             "with_siblings": sum(bool(s) for s in cpu_siblings().values()),
-            "cgroup_cpu_max": read("/sys/fs/cgroup/cpu.max").strip() or None,
+            "cgroup_cpu_max": read_text("/sys/fs/cgroup/cpu.max").strip() or None,
             "model": model.group(1).strip() if model else None}
 
 
@@ -498,29 +496,34 @@ class CpuProbe:
     run's probe says nothing about another's). It may disturb what it watches (a busy process whose CPU it visits
     may be moved), so a bench runs it only when asked. It ends with the process that started it."""
 
-    def __init__(self, path: str, every_s: float = 0.5, n: int = 20000):
-        self.path = path
-        with open(path, "w"):
-            pass
-        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(every_s), str(n), path, str(os.getpid())],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.rows: Optional[List[Tuple[float, int, float]]] = None
+    def __init__(self, path: str, every_s: float = 0.5, n: int = 20000, start: bool = True):
+        """``start=False``: a probe's file, read (``read``), no process started."""
+        self.path, self.proc = path, None
+        self.rows: Optional[List[Tuple[float, int, float]]] = None  # (wall time, CPU, seconds), once stopped
+        if start:
+            with open(path, "w"):
+                pass
+            self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(every_s), str(n), path, str(os.getpid())],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            self.rows = self._parse()
 
     @classmethod
     def read(cls, path: str) -> "CpuProbe":
-        """A probe's file, read (no process started)."""
-        probe = cls.__new__(cls)
-        probe.path, probe.proc, probe.rows = path, None, []
-        for line in read_bytes(path).decode(errors="replace").splitlines():
+        return cls(path, start=False)
+
+    def _parse(self) -> List[Tuple[float, int, float]]:
+        rows = []
+        for line in read_text(self.path).splitlines():
             parts = line.split()
             if len(parts) == 3:  # the last line may be cut short by the stop
-                probe.rows.append((float(parts[0]), int(parts[1]), float(parts[2])))
-        return probe
+                rows.append((float(parts[0]), int(parts[1]), float(parts[2])))
+        return rows
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(5)
-        self.rows = CpuProbe.read(self.path).rows
+        self.rows = self._parse()
 
     def window(self, since_wall: float, until_wall: float, cpus: Iterable[int] = ()) -> Dict[str, Any]:
         """Between the two times (after ``stop``): the probe's median time on every CPU and on ``cpus``, each over
@@ -576,7 +579,7 @@ class StackProfile:
         if self.pid is None or self._stop.is_set():
             self.error = "never recorded: the run ended before a process was named"
             return
-        self.cmd = read_bytes(f"/proc/{self.pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")[:120]
+        self.cmd = command_line(self.pid)
         try:
             out = subprocess.run([spy, "record", "--pid", str(self.pid), "--duration", str(max(1, round(self.seconds))),
                                   "--rate", str(self.rate), "--nonblocking", "--format", "raw", "--output", self.path],
@@ -597,7 +600,7 @@ class StackProfile:
         out: Dict[str, Any] = {"pid": self.pid, "cmd": self.cmd, "seconds": self.seconds, "rate": self.rate}
         if self.error:
             out["error"] = self.error
-        out.update(stack_summary(read_bytes(self.path).decode(errors="replace"), top))
+        out.update(stack_summary(read_text(self.path), top))
         return out
 
 
@@ -654,7 +657,7 @@ def cpu_siblings(root: str = "/sys/devices/system/cpu") -> Dict[int, List[int]]:
     out: Dict[int, List[int]] = {}
     for path in glob.glob(os.path.join(root, "cpu[0-9]*", "topology", "thread_siblings_list")):
         cpu = int(re.search(r"cpu(\d+)/topology", path).group(1))
-        text = read_bytes(path).decode(errors="replace").strip()
+        text = read_text(path).strip()
         if not text:
             continue
         ids = []
