@@ -362,7 +362,8 @@ STARTUP_COLUMNS = [("total", "to step 1 done"), ("before_train", "before train")
                    ("rollout_side", "rollout side"), ("engine_server", "SGLang"), ("engine_process", "process"),
                    ("engine_distributed_init", "dist"), ("engine_weights", "weights"),
                    ("engine_kv_cache", "KV"), ("engine_cuda_graphs", "graphs"), ("engine_http_server", "HTTP"),
-                   ("engine_first_answer", "1st answer"), ("wait_for_rollout_side", "wait"),
+                   ("engine_first_answer", "1st answer"), ("engine_prebuild", "kernels"),
+                   ("wait_for_rollout_side", "wait"),
                    ("first_push", "push"), ("first_step", "step 1"), ("late_checks", "args check"),
                    ("engine_kv_tokens", "KV tokens")]
 

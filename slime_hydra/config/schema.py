@@ -165,6 +165,10 @@ class RolloutConfig:
     # (rollout/engines/sglang_launch.py; it spawns them, as SGLang does, where a forked process could not use
     # CUDA). On one H200 the start to step 1 done took 37.1-40.8 s instead of 55.5 s (docs/gpu.md)
     sglang_fork_workers: bool = True
+    # SGLang: build its just-in-time CUDA kernels for the model all at once while the server starts, instead of
+    # one after another in its CUDA-graph capture (rollout/engines/sglang_kernels.py); only a machine's first start
+    # builds them (they are cached), and there it took the start on one H200 from 108 s to ... (docs/gpu.md)
+    sglang_prebuild_kernels: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
     # Fault tolerance (docs/faults.md): an engine whose process exits, whose /health_generate does not

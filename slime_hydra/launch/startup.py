@@ -87,6 +87,8 @@ class StartupClock:
                 e["engine_actor"] = max(x["started"] for x in engines) - report["launched"]
             e["engine_server"] = slowest["ready"] - slowest["started"]
             e.update({f"engine_{k.removesuffix('_s')}": v for k, v in (slowest.get("parts") or {}).items()})
+            if (slowest.get("prebuild") or {}).get("kernels"):  # its kernels, built beside it (sglang_kernels)
+                e["engine_prebuild"] = slowest["prebuild"]["seconds"]
         self.engines = e
 
     def total(self) -> float:
@@ -105,6 +107,7 @@ class StartupClock:
         driver = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in self.parts.items())
         e = self.engines
         kv = [f"{e['engine_kv_tokens']:,} tokens of KV cache"] if "engine_kv_tokens" in e else []
+        kv += [f"its kernels built beside it in {e['engine_prebuild']:.1f}"] if "engine_prebuild" in e else []
         engine_parts = ", ".join([f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
                                   if "engine_" + k in e] + kv)
         side = []

@@ -6,6 +6,7 @@ serves HTTP, the others join it through ``dist_init_addr``."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -33,6 +34,8 @@ class EngineActor:
         self.base_gpu = 0
         self.started: Optional[float] = None  # time.time() of the server's last start, and when it answered
         self.ready: Optional[float] = None
+        self.prebuild = None  # what runs beside the server's first start (Engine.prebuild_command), its report
+        self.prebuild_report = os.path.splitext(self.log_path)[0] + "_prebuild.json"
 
     def reserve_dist_init_addr(self) -> str:
         """Node 0 of a multi-node engine: the address the other nodes join."""
@@ -60,6 +63,9 @@ class EngineActor:
         with open(self.log_path, "a") as f:
             f.write("$ " + " ".join(redact_argv(cmd)) + "\n")
         self.started, self.ready = time.time(), None
+        prebuild = engine.prebuild_command(self.prebuild_report) if self.prebuild is None else None
+        if prebuild:  # the first start only: what it prepares is there for the restarts
+            self.prebuild = spawn(prebuild, os.path.splitext(self.log_path)[0] + "_prebuild.log", env)
         self.proc = spawn(cmd, self.log_path, env)
         if self.spec.node_rank > 0:
             return None
@@ -80,7 +86,14 @@ class EngineActor:
                 text = ""
             since = text.rfind("\n$ ") + 1  # this start's lines: after the last command line written
             parts = make_engine(self.spec).startup_parts(text[since:], self.started, self.ready)
-        return {"rank": self.rank, "started": self.started, "ready": self.ready, "parts": parts}
+        report = {"rank": self.rank, "started": self.started, "ready": self.ready, "parts": parts}
+        if self.prebuild is not None and self.prebuild.poll() is not None:
+            try:
+                with open(self.prebuild_report) as f:
+                    report["prebuild"] = json.load(f)
+            except (OSError, ValueError):
+                pass
+        return report
 
     def command(self, host: Optional[str] = None, port: int = 0):
         """The server's command line on this node (``start`` runs it): its address, its first GPU as
@@ -106,6 +119,7 @@ class EngineActor:
                 f"last lines of {self.log_path}:\n{tail(self.log_path)}")
 
     def stop(self) -> None:
+        kill_tree(self.prebuild, timeout=0)
         kill_tree(self.proc)
         self.proc = None
 

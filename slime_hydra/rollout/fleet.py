@@ -91,6 +91,7 @@ def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> Lis
                       max_batch=cfg.rollout.embedded_max_batch, decode_batch=plan.engine_batch,
                       kv_tokens=plan.engine_kv_cap,
                       server_args=dict(cfg.rollout.server_args), fork_workers=cfg.rollout.sglang_fork_workers,
+                      prebuild_kernels=cfg.rollout.sglang_prebuild_kernels,
                       num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
     return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]
             for slot in plan.engines]

@@ -90,6 +90,22 @@ def test_clock_folds_in_the_rollout_side_and_says_it_in_one_line():
                            "engine actor 2.0, server 45.0 (process 9.5, torch.distributed 2.5, weights 0.4"), line
 
 
+def test_clock_counts_the_kernels_built_beside_the_server():
+    """The slowest server's kernel prebuild (rollout/engines/sglang_kernels.py) is a part of its own, beside it."""
+    clock = StartupClock(launched=T0)
+    parts = SglangEngine.startup_parts(sglang_log(), T0, T0 + 45.0)
+    prebuild = {"kernels": [{"kernel": "qknorm", "status": "ok", "seconds": 7.2}], "seconds": 31.2}
+    clock.add_rollout_side({"created": T0, "launched": T0, "up": T0 + 46.0, "engines": [
+        {"rank": 0, "started": T0, "ready": T0 + 45.0, "parts": parts, "prebuild": prebuild}]}, created_at=T0)
+    clock.done_at = T0 + 50.0
+    assert clock.metrics()["startup/engine_prebuild_s"] == 31.2
+    assert "644,965 tokens of KV cache, its kernels built beside it in 31.2)" in clock.line()
+    # a prebuild that built nothing (no GPU, no config) is not a part
+    clock.add_rollout_side({"engines": [{"rank": 0, "started": T0, "ready": T0 + 45.0, "parts": parts,
+                                         "prebuild": {"kernels": [], "skipped": "no GPU visible"}}]}, created_at=T0)
+    assert "startup/engine_prebuild_s" not in clock.metrics()
+
+
 def test_engine_log_status(tmp_path):
     (tmp_path / "engine_0.log").write_text("$ python -m sglang.launch_server --model-path m\n")
     (tmp_path / "engine_1.log").write_text(sglang_log().rsplit("\n", 2)[0] + "\nCapturing batches (bs=8):  "

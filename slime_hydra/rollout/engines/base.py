@@ -39,6 +39,7 @@ class ServerSpec:
     num_threads: Optional[int] = None  # embedded engine on CPU: torch threads
     server_args: Dict[str, Any] = field(default_factory=dict)
     fork_workers: bool = False  # sglang: workers forked from a preloaded process (rollout.sglang_fork_workers)
+    prebuild_kernels: bool = False  # sglang: its JIT kernels built beside its start (rollout.sglang_prebuild_kernels)
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
@@ -83,6 +84,12 @@ class Engine(ABC):
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         """The server's command line, serving HTTP on ``host:port`` from GPU ``base_gpu_id`` on
         (``nccl_port``: a free port for the server's own NCCL group, where it has one)."""
+
+    def prebuild_command(self, report_path: str) -> Optional[List[str]]:
+        """A command the engine actor runs beside the server's first start to prepare what the server would
+        otherwise build itself as it starts (SGLang: its kernels), writing a JSON report to ``report_path``;
+        None: nothing to prepare. The server must not depend on it."""
+        return None
 
     @classmethod
     def plan_notes(cls, cfg: "RunConfig", plan: "ResourcePlan") -> List[str]:

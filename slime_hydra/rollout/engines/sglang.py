@@ -83,6 +83,8 @@ SGLANG_ENV = {
 # the server's module: SGLang's own, or (rollout.sglang_fork_workers) sglang.launch_server with its workers forked
 # from a process that imported most of their code while the server imported its own (sglang_launch says how)
 LAUNCH_SERVER, FORKING_LAUNCHER = "sglang.launch_server", "slime_hydra.rollout.engines.sglang_launch"
+# builds the server's JIT kernels beside its start (rollout.sglang_prebuild_kernels; sglang_kernels says why)
+KERNEL_BUILDER = "slime_hydra.rollout.engines.sglang_kernels"
 
 # float32 servers (see above); rollout.server_args and the environment win
 FLOAT32_SERVER_ARGS = {"model_impl": "transformers"}
@@ -238,6 +240,13 @@ class SglangEngine(Engine):
                 **(FLOAT32_SERVER_ARGS if s.dtype == "float32" else {}),
                 **launch_server_args(s.server_args, s.decode_batch, s.kv_tokens, engine_resident=not s.memory_saver)}
         return [sys.executable, "-m", FORKING_LAUNCHER if s.fork_workers else LAUNCH_SERVER, *to_flags(args)]
+
+    def prebuild_command(self, report_path: str) -> Optional[List[str]]:
+        s = self.spec
+        if not s.prebuild_kernels or s.device != "cuda":
+            return None
+        return [sys.executable, "-m", KERNEL_BUILDER, "--model-path", s.model_path, "--dtype", s.dtype,
+                "--tp", str(s.gpus), *(["--trust-remote-code"] if s.trust_remote_code else []), "--report", report_path]
 
     def env(self) -> Dict[str, str]:
         """``SGLANG_ENV``, and ``FLOAT32_ENV`` for a float32 server (values already in the environment win)."""

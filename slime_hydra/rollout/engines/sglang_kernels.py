@@ -1,0 +1,166 @@
+"""``python -m slime_hydra.rollout.engines.sglang_kernels --model-path M --dtype D --tp N --report R.json``:
+SGLang's just-in-time CUDA kernels for one model, built all at once beside the server's start
+(``rollout.sglang_prebuild_kernels``; the engine actor starts it with the server).
+
+Why: sglang 0.5.17 compiles some of its kernels with nvcc the first time it runs them, inside its CUDA-graph
+capture, one after another. On a fresh H200 that was most of a 108 s start (the capture part 64.48 s): FlashInfer's
+norm (30 s, its two sources side by side) and five kernels of SGLang's own at 6-8 s each (qknorm, fused_rope,
+kvcache, activation, clamp_position; ``bench/measured/h200_rollout_cpu.md``). The builds land in caches kept across
+runs (``~/.cache/tvm-ffi``, ``~/.cache/flashinfer``), so only a machine's first start pays them. Here each runs in a
+thread of its own (nvcc is a child process: the builds take one CPU each), started when the engine starts its
+server, into the same caches: the server, reaching a kernel, waits on the build's lock (both libraries take one)
+or loads what is there.
+
+Nothing here is required: a kernel this list misses, or one that fails to build here (another sglang: its
+functions moved), the server builds itself as it would have; the report says which. The list (``kernels_for``) is
+what sglang 0.5.17 builds for a dense model with grouped-query attention, as far as the model's ``config.json``
+tells (its head size, key-value heads per GPU, rotary size, query-key norm).
+
+No GPU is touched: the GPUs' compute capability comes from NVML, and this process hides the GPUs from CUDA before
+anything imports torch, so it holds no GPU memory while the server measures what is free.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+# model types whose sglang 0.5.17 implementation normalises queries and keys per head (apply_qk_norm)
+QK_NORM_MODELS = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "olmo2", "glm4_moe", "llama4", "bailing_moe"})
+# model types whose sglang 0.5.17 implementation rotates interleaved pairs (is_neox_style=False), not halves
+INTERLEAVED_ROPE_MODELS = frozenset({"glm4", "chatglm"})
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One build: ``module.function(*args)`` (sglang's own memoised loader; dtypes by name)."""
+
+    name: str
+    module: str
+    function: str
+    args: Tuple[Any, ...] = ()
+
+
+def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
+    """The kernels sglang 0.5.17 compiles on its first use of a model with this Hugging Face ``config`` (a
+    ``config.json`` as a dict) served in ``dtype`` over ``tp`` GPUs. FlashInfer's norm and the activation and
+    position kernels serve every model; the attention kernels need the model's heads (none for multi-head latent
+    attention, ``kv_lora_rank``, whose kernels are others), the query-key norm a model type that has it."""
+    config = {**(config.get("text_config") or {}), **config}  # a multimodal config keeps the language model's inside
+    if dtype not in DTYPE_BYTES:
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    if dtype not in DTYPE_BYTES:
+        return []
+    out = [Kernel("flashinfer norm", "flashinfer.norm", "get_norm_module"),
+           Kernel("activation", "sglang.kernels.ops.activation.activation", "activation_module", (dtype,)),
+           Kernel("clamp_position", "sglang.kernels.ops.attention.clamp_position", "_jit_clamp_position_module",
+                  ("int64",))]
+    heads = config.get("num_attention_heads")
+    if not heads or config.get("kv_lora_rank"):
+        return out
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    row_bytes = max(1, kv_heads // max(1, tp)) * head_dim * DTYPE_BYTES[dtype]  # a KV head is replicated past TP=kv
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}  # transformers 5 keeps
+    rotary = int(head_dim * float(config.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0))
+    out += [Kernel("kvcache", "sglang.kernels.ops.kvcache.kvcache", "_jit_kvcache_module", (row_bytes, row_bytes)),
+            Kernel("fused_rope", "sglang.kernels.ops.attention.rope", "_jit_fused_rope_module",
+                   (config.get("model_type") not in INTERLEAVED_ROPE_MODELS, rotary, dtype, dtype))]
+    if config.get("model_type") in QK_NORM_MODELS or config.get("use_qk_norm"):
+        out.append(Kernel("qknorm", "sglang.kernels.ops.layernorm.norm", "_jit_qknorm_module", (head_dim, dtype)))
+    return out
+
+
+def build(kernel: Kernel) -> Dict[str, Any]:
+    """Build one kernel (load it, as sglang's loader does); what happened and how long it took."""
+    import importlib
+
+    import torch
+
+    t0 = time.monotonic()
+    try:
+        fn = getattr(importlib.import_module(kernel.module), kernel.function)
+        args = [getattr(torch, a) if isinstance(a, str) and isinstance(getattr(torch, a, None), torch.dtype) else a
+                for a in kernel.args]
+        fn(*args)
+        status = "ok"
+    except Exception as e:  # noqa: BLE001 - the server builds it itself when it needs it
+        status = f"{type(e).__name__}: {e}"[:300]
+    return {"kernel": kernel.name, "args": list(kernel.args), "status": status,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def capabilities(visible: Optional[str]) -> List[Tuple[int, int]]:
+    """The compute capability of each GPU that ``visible`` (CUDA_VISIBLE_DEVICES: indices or UUIDs; None: all)
+    names, from NVML."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        entries = [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else \
+            [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(int(e)) if e.isdigit() else pynvml.nvmlDeviceGetHandleByUUID(e)
+                   for e in entries]
+        return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def answer_without_gpus(caps: Sequence[Tuple[int, int]]) -> None:
+    """Set this process up to compile for ``caps`` with no GPU visible: FlashInfer reads its targets from
+    ``FLASHINFER_CUDA_ARCH_LIST``; sglang asks torch for the current device's capability, answered here."""
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(sorted({f"{major}.{minor}" for major, minor in caps}))
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import torch
+
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.get_device_capability = lambda device=None: tuple(caps[0])
+
+
+def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = False) -> Dict[str, Any]:
+    """Build ``kernels_for`` the model at ``model_path`` (a folder or a Hugging Face id) side by side."""
+    t0 = time.monotonic()
+    caps = capabilities(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not caps:
+        return {"kernels": [], "seconds": 0.0, "skipped": "no GPU visible"}
+    answer_without_gpus(caps)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
+    kernels = kernels_for(config, dtype, tp)
+    with ThreadPoolExecutor(max_workers=max(1, len(kernels))) as pool:
+        results = list(pool.map(build, kernels))
+    return {"capability": list(caps[0]), "kernels": results, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def main(argv: List[str]) -> int:
+    import argparse
+
+    from slime_hydra.logging.metrics import write_json_atomic
+
+    parser = argparse.ArgumentParser(prog="sglang_kernels")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--report", required=True, help="where the JSON report goes")
+    a = parser.parse_args(argv)
+    try:
+        report = prebuild(a.model_path, a.dtype, a.tp, a.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - a model config or NVML that does not answer: the server builds
+        report = {"kernels": [], "skipped": f"{type(e).__name__}: {e}"[:300]}
+    for r in report["kernels"]:
+        print(f"kernel {r['kernel']}{tuple(r['args'])}: {r['status']} in {r['seconds']} s", flush=True)
+    if report.get("skipped"):
+        print(f"no kernels built: {report['skipped']}", flush=True)
+    write_json_atomic(a.report, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
