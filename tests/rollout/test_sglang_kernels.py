@@ -19,7 +19,7 @@ from slime_hydra.checkpoint.hf import hf_config
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.rollout.engines.embedded import EmbeddedEngine
 from slime_hydra.rollout.engines.sglang import KERNEL_BUILDER, SglangEngine
-from slime_hydra.rollout.engines.sglang_kernels import Kernel, build, kernels_for
+from slime_hydra.rollout.engines.sglang_kernels import Kernel, build, kernels_for, load_module
 
 
 def config_of(model: str) -> dict:
@@ -89,6 +89,9 @@ def test_a_build_reports_what_happened():
     assert ok["status"] == "ok" and ok["args"] == ["bfloat16"] and ok["seconds"] >= 0
     missing = build(Kernel("gone", "sglang_no_such_module", "loader", (1,)))
     assert missing["status"].startswith("ModuleNotFoundError: No module named 'sglang_no_such_module'")
+    # the modules are imported one after another first (threads importing sglang's at once deadlocked on the H200)
+    assert load_module(Kernel("finfo", "torch", "finfo")) is None
+    assert load_module(Kernel("gone", "sglang_no_such_module", "loader")).startswith("ModuleNotFoundError")
 
 
 def test_the_builder_without_a_gpu_builds_nothing_and_says_why(tmp_path):

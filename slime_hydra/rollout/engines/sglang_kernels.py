@@ -76,6 +76,19 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
     return out
 
 
+def load_module(kernel: Kernel) -> Optional[str]:
+    """Import the kernel's module; None, or why it does not import. Done one module after another before the builds:
+    sglang's kernel modules import each other, and threads importing them at once deadlock (Python's import locks;
+    seen on the H200)."""
+    import importlib
+
+    try:
+        importlib.import_module(kernel.module)
+        return None
+    except Exception as e:  # noqa: BLE001 - the server builds it itself when it needs it
+        return f"{type(e).__name__}: {e}"[:300]
+
+
 def build(kernel: Kernel) -> Dict[str, Any]:
     """Build one kernel (load it, as sglang's loader does); what happened and how long it took."""
     import importlib
@@ -133,8 +146,11 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
     kernels = kernels_for(config, dtype, tp)
+    failed = {k.name: problem for k in kernels if (problem := load_module(k))}
     with ThreadPoolExecutor(max_workers=max(1, len(kernels))) as pool:
-        results = list(pool.map(build, kernels))
+        results = list(pool.map(build, [k for k in kernels if k.name not in failed]))
+    results += [{"kernel": k.name, "args": list(k.args), "status": failed[k.name], "seconds": 0.0}
+                for k in kernels if k.name in failed]
     return {"capability": list(caps[0]), "kernels": results, "seconds": round(time.monotonic() - t0, 2)}
 
 
