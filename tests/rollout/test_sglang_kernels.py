@@ -19,7 +19,13 @@ from slime_hydra.checkpoint.hf import hf_config
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.rollout.engines.embedded import EmbeddedEngine
 from slime_hydra.rollout.engines.sglang import KERNEL_BUILDER, SglangEngine
-from slime_hydra.rollout.engines.sglang_kernels import Kernel, build, kernels_for, load_module
+from slime_hydra.rollout.engines.sglang_kernels import (
+    Kernel,
+    build,
+    kernels_for,
+    load_module,
+    model_config,
+)
 
 
 def config_of(model: str) -> dict:
@@ -52,6 +58,12 @@ def test_other_models_get_what_their_config_says():
     glm = calls(kernels_for(config_of("glm4_9b"), "bfloat16", tp=1))
     assert glm["fused_rope"] == (False, 64, "bfloat16", "bfloat16")  # half the head rotated, pairs interleaved
     assert glm["kvcache"] == (512, 512)  # 2 KV heads
+    # a checkpoint's config.json as read from its folder (model_config): GLM-4-9B-0414's, published with the
+    # rotary share at the top level, as transformers 4 wrote it
+    published = {"model_type": "glm4", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 2,
+                 "head_dim": 128, "partial_rotary_factor": 0.5, "torch_dtype": "bfloat16"}
+    assert calls(kernels_for(published, "auto", 1)) == {k.name: k.args for k in kernels_for(config_of("glm4_9b"),
+                                                                                            "bfloat16", 1)}
     deepseek = calls(kernels_for(config_of("deepseek_v3"), "bfloat16", tp=8))
     assert sorted(deepseek) == ["activation", "clamp_position", "flashinfer norm"]  # latent attention: other kernels
     # "auto" takes the checkpoint's dtype; a dtype with no kernels here builds nothing
@@ -92,6 +104,11 @@ def test_a_build_reports_what_happened():
     # the modules are imported one after another first (threads importing sglang's at once deadlocked on the H200)
     assert load_module(Kernel("finfo", "torch", "finfo")) is None
     assert load_module(Kernel("gone", "sglang_no_such_module", "loader")).startswith("ModuleNotFoundError")
+
+
+def test_a_folder_s_config_is_read_as_it_is(tiny_ckpt):
+    with open(f"{tiny_ckpt}/config.json") as f:
+        assert model_config(tiny_ckpt) == json.load(f)
 
 
 def test_the_builder_without_a_gpu_builds_nothing_and_says_why(tmp_path):

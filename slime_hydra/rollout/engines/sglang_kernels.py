@@ -22,6 +22,7 @@ anything imports torch, so it holds no GPU memory while the server measures what
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -56,7 +57,7 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     if dtype not in DTYPE_BYTES:
         return []
-    out = [Kernel("flashinfer norm", "flashinfer.norm", "get_norm_module"),
+    out = [Kernel("flashinfer norm", "flashinfer.norm", "get_norm_module"),  # the longest (30-40 s on the H200): first
            Kernel("activation", "sglang.kernels.ops.activation.activation", "activation_module", (dtype,)),
            Kernel("clamp_position", "sglang.kernels.ops.attention.clamp_position", "_jit_clamp_position_module",
                   ("int64",))]
@@ -142,16 +143,29 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
     if not caps:
         return {"kernels": [], "seconds": 0.0, "skipped": "no GPU visible"}
     answer_without_gpus(caps)
+    kernels = kernels_for(model_config(model_path, trust_remote_code), dtype, tp)
+    failed, started = [], []
+    with ThreadPoolExecutor(max_workers=max(1, len(kernels))) as pool:
+        for k in kernels:  # each build starts once its module has imported, the longest (FlashInfer's norm) first
+            problem = load_module(k)
+            if problem:
+                failed.append({"kernel": k.name, "args": list(k.args), "status": problem, "seconds": 0.0})
+            else:
+                started.append(pool.submit(build, k))
+        results = [f.result() for f in started] + failed
+    return {"capability": list(caps[0]), "kernels": results, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def model_config(model_path: str, trust_remote_code: bool = False) -> Dict[str, Any]:
+    """The model's ``config.json`` as a dict: read as it is from a folder (importing transformers took seconds on a
+    fresh machine, before the longest build could start), else through transformers (a Hugging Face id)."""
+    path = os.path.join(model_path, "config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
-    kernels = kernels_for(config, dtype, tp)
-    failed = {k.name: problem for k in kernels if (problem := load_module(k))}
-    with ThreadPoolExecutor(max_workers=max(1, len(kernels))) as pool:
-        results = list(pool.map(build, [k for k in kernels if k.name not in failed]))
-    results += [{"kernel": k.name, "args": list(k.args), "status": failed[k.name], "seconds": 0.0}
-                for k in kernels if k.name in failed]
-    return {"capability": list(caps[0]), "kernels": results, "seconds": round(time.monotonic() - t0, 2)}
+    return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
 
 
 def main(argv: List[str]) -> int:
