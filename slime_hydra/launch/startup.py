@@ -27,7 +27,7 @@ log = logging.getLogger("slime_hydra")
 STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
 # an engine's log standing this long on SGLang's first CUDA-graph capture gets a word on why: on a machine's first
 # start its JIT kernels compile there (64.5 s of a 111.2 s start on an H200; 3.3 s of 44.9 s with the caches carried
-# over, bench/measured/h200_rollout_cpu.md)
+# over, bench/measured/h200_rollout_cpu.md; 10.4 s of 55.8 s with them built beside the start, sglang_kernels.py)
 CAPTURE_NOTE_S = 20.0
 # where those kernels are cached (docs/gpu.md: how to keep them in an image or share them between machines)
 KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")
@@ -170,6 +170,7 @@ class StartupWatch:
         """``status``, and why, where an engine has stood on SGLang's CUDA-graph capture for a while."""
         stood = time.time() - self._first_seen.setdefault(status, time.time())
         if "Capturing batches" in status and stood >= CAPTURE_NOTE_S:
-            return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here, into "
-                    f"{', '.join(KERNEL_CACHES)}; later starts reuse them, and docs/gpu.md says how to share them)")
+            return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here or waits "
+                    f"for those built beside it, logs/engine_*_prebuild.log; they are cached in "
+                    f"{', '.join(KERNEL_CACHES)}, later starts reuse them, and docs/gpu.md says how to share them)")
         return status
