@@ -167,7 +167,7 @@ class RolloutConfig:
     sglang_fork_workers: bool = True
     # SGLang: build its just-in-time CUDA kernels for the model all at once while the server starts, instead of
     # one after another in its CUDA-graph capture (rollout/engines/sglang_kernels.py); only a machine's first start
-    # builds them (they are cached), and there it took the start on one H200 from 111.2 s to 55.8 s (docs/gpu.md)
+    # builds them (they are cached): a fresh H200 started in 55.8 s, one without it in 111.2 s (docs/gpu.md)
     sglang_prebuild_kernels: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines

@@ -106,10 +106,10 @@ class StartupClock:
         """The console's one-line account."""
         driver = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in self.parts.items())
         e = self.engines
-        kv = [f"{e['engine_kv_tokens']:,} tokens of KV cache"] if "engine_kv_tokens" in e else []
-        kv += [f"its kernels built beside it in {e['engine_prebuild']:.1f}"] if "engine_prebuild" in e else []
+        extra = [f"{e['engine_kv_tokens']:,} tokens of KV cache"] if "engine_kv_tokens" in e else []
+        extra += [f"its kernel prebuild beside it {e['engine_prebuild']:.1f}"] if "engine_prebuild" in e else []
         engine_parts = ", ".join([f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
-                                  if "engine_" + k in e] + kv)
+                                  if "engine_" + k in e] + extra)
         side = []
         for key, name in (("manager_actor", "manager actor"), ("data", "data"), ("engine_actor", "engine actor"),
                           ("engine_server", "server")):

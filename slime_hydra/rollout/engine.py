@@ -6,6 +6,7 @@ serves HTTP, the others join it through ``dist_init_addr``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,8 +35,9 @@ class EngineActor:
         self.base_gpu = 0
         self.started: Optional[float] = None  # time.time() of the server's last start, and when it answered
         self.ready: Optional[float] = None
-        self.prebuild = None  # what runs beside the server's first start (Engine.prebuild_command), its report
-        self.prebuild_report = os.path.splitext(self.log_path)[0] + "_prebuild.json"
+        self.prebuild = None  # what runs beside the server's first start (Engine.prebuild_command): its log, report
+        self.prebuild_log, self.prebuild_report = (os.path.splitext(self.log_path)[0] + f"_prebuild.{ext}"
+                                                   for ext in ("log", "json"))
 
     def reserve_dist_init_addr(self) -> str:
         """Node 0 of a multi-node engine: the address the other nodes join."""
@@ -65,7 +67,11 @@ class EngineActor:
         self.started, self.ready = time.time(), None
         prebuild = engine.prebuild_command(self.prebuild_report) if self.prebuild is None else None
         if prebuild:  # the first start only: what it prepares is there for the restarts
-            self.prebuild = spawn(prebuild, os.path.splitext(self.log_path)[0] + "_prebuild.log", env)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.prebuild_report)  # a resumed run's old one
+            with open(self.prebuild_log, "a") as f:  # the console's status shows it started (startup.py)
+                f.write("$ " + " ".join(redact_argv(prebuild)) + "\n")
+            self.prebuild = spawn(prebuild, self.prebuild_log, env)
         self.proc = spawn(cmd, self.log_path, env)
         if self.spec.node_rank > 0:
             return None
@@ -119,7 +125,7 @@ class EngineActor:
                 f"last lines of {self.log_path}:\n{tail(self.log_path)}")
 
     def stop(self) -> None:
-        kill_tree(self.prebuild, timeout=0)
+        kill_tree(self.prebuild)
         kill_tree(self.proc)
         self.proc = None
 

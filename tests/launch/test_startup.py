@@ -99,7 +99,7 @@ def test_clock_counts_the_kernels_built_beside_the_server():
         {"rank": 0, "started": T0, "ready": T0 + 45.0, "parts": parts, "prebuild": prebuild}]}, created_at=T0)
     clock.done_at = T0 + 50.0
     assert clock.metrics()["startup/engine_prebuild_s"] == 31.2
-    assert "644,965 tokens of KV cache, its kernels built beside it in 31.2)" in clock.line()
+    assert "644,965 tokens of KV cache, its kernel prebuild beside it 31.2)" in clock.line()
     # a prebuild that built nothing (no GPU, no config) is not a part
     clock.add_rollout_side({"engines": [{"rank": 0, "started": T0, "ready": T0 + 45.0, "parts": parts,
                                          "prebuild": {"kernels": [], "skipped": "no GPU visible"}}]}, created_at=T0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import time
@@ -70,6 +71,13 @@ def test_other_models_get_what_their_config_says():
     assert calls(kernels_for({**config_of("qwen3_0_6b"), "torch_dtype": "float16"}, "auto", 1))["activation"] == \
         ("float16",)
     assert kernels_for({**config_of("qwen3_0_6b"), "torch_dtype": "int8"}, "auto", 1) == []
+    # float32: SGLang serves a float32 checkpoint under "auto" in float16; a float32 server runs the transformers
+    # implementation (rollout/engines/sglang.py), not these kernels; a config without the heads' size keeps the rest
+    assert calls(kernels_for({**config_of("qwen3_0_6b"), "torch_dtype": "float32"}, "auto", 1))["kvcache"] == \
+        (2048, 2048)
+    assert kernels_for(config_of("qwen3_0_6b"), "float32", 1) == []
+    assert sorted(calls(kernels_for({"num_attention_heads": 16}, "bfloat16", 1))) == \
+        ["activation", "clamp_position", "flashinfer norm"]
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +105,11 @@ def test_the_pinned_sglang_has_each_loader_with_those_arguments(sglang_site):
 
 
 def test_a_build_reports_what_happened():
-    ok = build(Kernel("finfo", "torch", "finfo", ("bfloat16",)))  # a dtype by name reaches the loader as torch's
-    assert ok["status"] == "ok" and ok["args"] == ["bfloat16"] and ok["seconds"] >= 0
+    t0 = time.monotonic()
+    ok = build(Kernel("finfo", "torch", "finfo", ("bfloat16",)), since=t0)  # a dtype's name reaches it as torch's
+    assert ok["status"] == "ok" and ok["args"] == ["bfloat16"]
+    assert 0 <= ok["started_s"] <= ok["ended_s"] and ok["seconds"] == pytest.approx(ok["ended_s"] - ok["started_s"],
+                                                                                    abs=0.02)
     missing = build(Kernel("gone", "sglang_no_such_module", "loader", (1,)))
     assert missing["status"].startswith("ModuleNotFoundError: No module named 'sglang_no_such_module'")
     # the modules are imported one after another first (threads importing sglang's at once deadlocked on the H200)
@@ -117,11 +128,11 @@ def test_the_builder_without_a_gpu_builds_nothing_and_says_why(tmp_path):
     (model / "config.json").write_text(json.dumps(config_of("qwen3_0_6b")))
     report = tmp_path / "report.json"
     out = subprocess.run([sys.executable, "-m", KERNEL_BUILDER, "--model-path", str(model), "--dtype", "bfloat16",
-                          "--report", str(report)], capture_output=True, text=True, timeout=120)
+                          "--report", str(report)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 0, out.stderr
-    got = json.loads(report.read_text())
-    assert got["kernels"] == [] and got["skipped"]  # no NVML here: pynvml missing, or no driver
-    assert out.stdout.startswith("no kernels built: ")
+    assert json.loads(report.read_text()) == {"kernels": [], "seconds": 0.0, "skipped": "no GPU visible"}
+    assert out.stdout == "no kernels built: no GPU visible\n"
 
 
 def spec(**kw) -> ServerSpec:
@@ -162,14 +173,19 @@ def test_the_engine_actor_runs_the_prebuild_beside_the_first_start_only(tiny_ckp
         deadline = time.monotonic() + 30
         while actor.prebuild.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert actor.prebuild.poll() == 0, "the prebuild did not end within 30 s"
+        assert open(actor.prebuild_log).read().startswith(f"$ {sys.executable} -c ")  # its command, as a server's
         assert actor.startup_report()["prebuild"] == {"kernels": [{"kernel": "k"}], "seconds": 0.5}
         actor.start()  # a restart (fault tolerance): the server again, the prebuild not
         assert runs.read_text() == "x"
     finally:
         actor.stop()
-    # a prebuild still running at the stop is ended with the server
+    # a prebuild still running at the stop is ended with the server, and an older run's report in the same folder
+    # (a resumed run) is not taken for its own
     delay["s"] = "60"
     actor = EngineActor(server, rank=1, log_dir=str(tmp_path / "logs"), startup_timeout=120)
+    with open(actor.prebuild_report, "w") as f:
+        json.dump({"kernels": [{"kernel": "an older run's"}], "seconds": 1.0}, f)
     try:
         actor.start()
     finally:

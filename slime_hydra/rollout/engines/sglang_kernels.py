@@ -3,18 +3,19 @@ SGLang's just-in-time CUDA kernels for one model, built all at once beside the s
 (``rollout.sglang_prebuild_kernels``; the engine actor starts it with the server).
 
 Why: sglang 0.5.17 compiles some of its kernels with nvcc the first time it runs them, inside its CUDA-graph
-capture, one after another. On a fresh H200 that was most of a 108 s start (the capture part 64.48 s): FlashInfer's
-norm (30 s, its two sources side by side) and five kernels of SGLang's own at 6-8 s each (qknorm, fused_rope,
-kvcache, activation, clamp_position; ``bench/measured/h200_rollout_cpu.md``). The builds land in caches kept across
-runs (``~/.cache/tvm-ffi``, ``~/.cache/flashinfer``), so only a machine's first start pays them. Here each runs in a
-thread of its own (nvcc is a child process: the builds take one CPU each), started when the engine starts its
-server, into the same caches: the server, reaching a kernel, waits on the build's lock (both libraries take one)
-or loads what is there.
+capture, one after another. On a fresh H200 that was most of a 111.22 s start (the capture part 64.48 s): FlashInfer's
+norm and five kernels of SGLang's own at 6-8 s each (qknorm, fused_rope, kvcache, activation, clamp_position;
+``bench/measured/h200_rollout_cpu.md``). The builds land in caches kept across runs (``~/.cache/tvm-ffi``,
+``~/.cache/flashinfer``), so only a machine's first start pays them. Here each runs in a thread of its own (nvcc is a
+child process: one CPU a build), into the same caches, the longest (the norm, 28.67-40.45 s) first. The server,
+reaching a kernel, loads it if it is built, else takes the build's lock (both libraries take one) and waits for it; a
+library it finds half-written fails to load and is built again under the lock. A fresh H200 started in 55.75 s
+(``bench/measured/h200_prebuild_kernels.md``).
 
 Nothing here is required: a kernel this list misses, or one that fails to build here (another sglang: its
 functions moved), the server builds itself as it would have; the report says which. The list (``kernels_for``) is
-what sglang 0.5.17 builds for a dense model with grouped-query attention, as far as the model's ``config.json``
-tells (its head size, key-value heads per GPU, rotary size, query-key norm).
+what sglang 0.5.17 builds for a dense bf16 or fp16 model with grouped-query attention, as far as the model's
+``config.json`` tells (its head size, key-value heads per GPU, rotary size, query-key norm).
 
 No GPU is touched: the GPUs' compute capability comes from NVML, and this process hides the GPUs from CUDA before
 anything imports torch, so it holds no GPU memory while the server measures what is free.
@@ -34,7 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 QK_NORM_MODELS = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "olmo2", "glm4_moe", "llama4", "bailing_moe"})
 # model types whose sglang 0.5.17 implementation rotates interleaved pairs (is_neox_style=False), not halves
 INTERLEAVED_ROPE_MODELS = frozenset({"glm4", "chatglm"})
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2}  # float32 servers run the transformers implementation (sglang.py)
+TORCH_DTYPES = ("bfloat16", "float16", "int64")  # the kernels' arguments that name a torch dtype
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
     position kernels serve every model; the attention kernels need the model's heads (none for multi-head latent
     attention, ``kv_lora_rank``, whose kernels are others), the query-key norm a model type that has it."""
     config = {**(config.get("text_config") or {}), **config}  # a multimodal config keeps the language model's inside
-    if dtype not in DTYPE_BYTES:
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    if dtype == "auto":  # the checkpoint's, and SGLang serves a float32 one in float16
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("float32", "float16")
     if dtype not in DTYPE_BYTES:
         return []
     out = [Kernel("flashinfer norm", "flashinfer.norm", "get_norm_module"),  # the longest (30-40 s on the H200): first
@@ -62,9 +64,10 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
            Kernel("clamp_position", "sglang.kernels.ops.attention.clamp_position", "_jit_clamp_position_module",
                   ("int64",))]
     heads = config.get("num_attention_heads")
-    if not heads or config.get("kv_lora_rank"):
+    head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // (heads or 1)
+    if not heads or not head_dim or config.get("kv_lora_rank"):
         return out
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    head_dim = int(head_dim)
     kv_heads = int(config.get("num_key_value_heads") or heads)
     row_bytes = max(1, kv_heads // max(1, tp)) * head_dim * DTYPE_BYTES[dtype]  # a KV head is replicated past TP=kv
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}  # transformers 5 keeps
@@ -78,9 +81,9 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
 
 
 def load_module(kernel: Kernel) -> Optional[str]:
-    """Import the kernel's module; None, or why it does not import. Done one module after another before the builds:
-    sglang's kernel modules import each other, and threads importing them at once deadlock (Python's import locks;
-    seen on the H200)."""
+    """Import the kernel's module; None, or why it does not import. Done in one thread, module after module: sglang's
+    kernel modules import each other, and threads importing them at once deadlocked on Python's import locks (four of
+    six builds lost on the H200). The builds started meanwhile import only their libraries' own build helpers."""
     import importlib
 
     try:
@@ -90,8 +93,9 @@ def load_module(kernel: Kernel) -> Optional[str]:
         return f"{type(e).__name__}: {e}"[:300]
 
 
-def build(kernel: Kernel) -> Dict[str, Any]:
-    """Build one kernel (load it, as sglang's loader does); what happened and how long it took."""
+def build(kernel: Kernel, since: float = 0.0) -> Dict[str, Any]:
+    """Build one kernel (load it, as sglang's loader does); what happened, when it started and ended (seconds after
+    ``since``, a ``time.monotonic()``), printed as it ends."""
     import importlib
 
     import torch
@@ -99,28 +103,31 @@ def build(kernel: Kernel) -> Dict[str, Any]:
     t0 = time.monotonic()
     try:
         fn = getattr(importlib.import_module(kernel.module), kernel.function)
-        args = [getattr(torch, a) if isinstance(a, str) and isinstance(getattr(torch, a, None), torch.dtype) else a
-                for a in kernel.args]
-        fn(*args)
+        fn(*(getattr(torch, a) if a in TORCH_DTYPES else a for a in kernel.args))
         status = "ok"
     except Exception as e:  # noqa: BLE001 - the server builds it itself when it needs it
         status = f"{type(e).__name__}: {e}"[:300]
-    return {"kernel": kernel.name, "args": list(kernel.args), "status": status,
-            "seconds": round(time.monotonic() - t0, 2)}
+    t1 = time.monotonic()
+    print(f"kernel {kernel.name}{kernel.args}: {status} in {t1 - t0:.2f} s", flush=True)
+    return {"kernel": kernel.name, "args": list(kernel.args), "status": status, "seconds": round(t1 - t0, 2),
+            "started_s": round(t0 - since, 2), "ended_s": round(t1 - since, 2)}
 
 
-def capabilities(visible: Optional[str]) -> List[Tuple[int, int]]:
-    """The compute capability of each GPU that ``visible`` (CUDA_VISIBLE_DEVICES: indices or UUIDs; None: all)
-    names, from NVML."""
+def capabilities() -> List[Tuple[int, int]]:
+    """The compute capability of each GPU CUDA would see here (``CUDA_VISIBLE_DEVICES``), from NVML; [] where it
+    names none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return []
     import pynvml
+
+    from slime_hydra.rollout.engines.sglang_preload import nvml_handle  # CUDA's device index -> NVML's handle
 
     pynvml.nvmlInit()
     try:
-        entries = [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else \
-            [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(int(e)) if e.isdigit() else pynvml.nvmlDeviceGetHandleByUUID(e)
-                   for e in entries]
-        return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles]
+        count = len([e for e in visible.split(",") if e.strip()]) if visible is not None else \
+            pynvml.nvmlDeviceGetCount()
+        return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(nvml_handle(i))) for i in range(count)]
     finally:
         pynvml.nvmlShutdown()
 
@@ -136,22 +143,39 @@ def answer_without_gpus(caps: Sequence[Tuple[int, int]]) -> None:
     torch.cuda.get_device_capability = lambda device=None: tuple(caps[0])
 
 
+def pin_sglang_target() -> None:
+    """sglang's loader sets ``TVM_FFI_CUDA_ARCH_LIST`` to its target (e.g. 9.0a) around each build and removes it
+    after; with builds side by side, one could start after another removed it and compile for nvidia-smi's plain
+    sm_90 into the 9.0a folder. Set for the whole process, every build puts back the same value."""
+    from sglang.kernels.jit.utils import get_jit_cuda_arch
+
+    os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", get_jit_cuda_arch().target_name)
+
+
 def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = False) -> Dict[str, Any]:
     """Build ``kernels_for`` the model at ``model_path`` (a folder or a Hugging Face id) side by side."""
     t0 = time.monotonic()
-    caps = capabilities(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    caps = capabilities()
     if not caps:
         return {"kernels": [], "seconds": 0.0, "skipped": "no GPU visible"}
     answer_without_gpus(caps)
     kernels = kernels_for(model_config(model_path, trust_remote_code), dtype, tp)
+    print(f"building {', '.join(k.name for k in kernels) or 'no kernels'} for compute capability "
+          f"{caps[0][0]}.{caps[0][1]}", flush=True)
     failed, started = [], []
     with ThreadPoolExecutor(max_workers=max(1, len(kernels))) as pool:
         for k in kernels:  # each build starts once its module has imported, the longest (FlashInfer's norm) first
             problem = load_module(k)
+            if not problem and k.module.startswith("sglang."):
+                try:
+                    pin_sglang_target()
+                except Exception as e:  # noqa: BLE001 - as for the module
+                    problem = f"{type(e).__name__}: {e}"[:300]
             if problem:
+                print(f"kernel {k.name}{k.args}: {problem}", flush=True)
                 failed.append({"kernel": k.name, "args": list(k.args), "status": problem, "seconds": 0.0})
             else:
-                started.append(pool.submit(build, k))
+                started.append(pool.submit(build, k, t0))
         results = [f.result() for f in started] + failed
     return {"capability": list(caps[0]), "kernels": results, "seconds": round(time.monotonic() - t0, 2)}
 
@@ -184,10 +208,10 @@ def main(argv: List[str]) -> int:
         report = prebuild(a.model_path, a.dtype, a.tp, a.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - a model config or NVML that does not answer: the server builds
         report = {"kernels": [], "skipped": f"{type(e).__name__}: {e}"[:300]}
-    for r in report["kernels"]:
-        print(f"kernel {r['kernel']}{tuple(r['args'])}: {r['status']} in {r['seconds']} s", flush=True)
     if report.get("skipped"):
         print(f"no kernels built: {report['skipped']}", flush=True)
+    else:
+        print(f"done in {report['seconds']:.2f} s", flush=True)
     write_json_atomic(a.report, report)
     return 0
 
