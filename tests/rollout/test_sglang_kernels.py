@@ -147,6 +147,7 @@ def test_the_sglang_engine_prebuilds_on_gpus_when_asked():
     assert "--trust-remote-code" in SglangEngine(spec(trust_remote_code=True)).prebuild_command("r")
     assert SglangEngine(replace(spec(), prebuild_kernels=False)).prebuild_command("r") is None
     assert SglangEngine(replace(spec(), device="cpu")).prebuild_command("r") is None
+    assert SglangEngine(replace(spec(), dtype="float32")).prebuild_command("r") is None  # the transformers model
     assert EmbeddedEngine(replace(spec(), engine="embedded")).prebuild_command("r") is None
     # the run config's switch reaches the engines' specs, on by default
     assert resolved(["rollout=sglang"]).rollout.sglang_prebuild_kernels is True

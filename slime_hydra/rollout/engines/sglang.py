@@ -19,6 +19,8 @@ H200 (``../shared/reference/environment.md``), and what its start costs:
 - ``SGLANG_MEMORY_SAVER_CUDA_GRAPH`` is false: releasing CUDA-graph memory needs torch_memory_saver's
   preload hook mode ("Only hook_mode=preload supports pauseable CUDA Graph currently"). The decode
   graphs' memory then stays allocated while the trainer trains; weights and KV cache are released.
+- SGLang's JIT kernels for the model built all at once beside the server's first start (``prebuild_command``,
+  ``sglang_kernels``; ``rollout.sglang_prebuild_kernels``): a fresh H200 started in 55.75 s instead of 111.22 s.
 - ``SGLANG_LOG_MS``: the server log's timestamps have milliseconds, so ``startup_parts`` can say where
   the start went (imports, weights, KV cache, CUDA graphs, HTTP server).
 - ``model.dtype=float32``: 0.5.17's native Qwen3 calls ``sgl_kernel``'s ``rmsnorm``, built for fp16 and bf16
@@ -243,7 +245,7 @@ class SglangEngine(Engine):
 
     def prebuild_command(self, report_path: str) -> Optional[List[str]]:
         s = self.spec
-        if not s.prebuild_kernels or s.device != "cuda":
+        if not s.prebuild_kernels or s.device != "cuda" or s.dtype == "float32":  # float32: other kernels (above)
             return None
         return [sys.executable, "-m", KERNEL_BUILDER, "--model-path", s.model_path, "--dtype", s.dtype,
                 "--tp", str(s.gpus), *(["--trust-remote-code"] if s.trust_remote_code else []), "--report", report_path]
