@@ -543,11 +543,11 @@ class CpuProbe:
 
 
 class StackProfile:
-    """py-spy (the dev extra; on the GPU machine carried in ``.whl/`` and installed into /tmp/site) sampling one
-    process's Python stacks without pausing it (``--nonblocking``), ``seconds`` long, from the moment ``ready()``
-    first returns a pid (asked every 0.5 s, in a thread). ``summary`` says where the samples were: by function, as
-    the innermost frame (self) and anywhere in the stack (inclusive), over every thread's samples, idle ones left out
-    (py-spy's default). Where SGLang's scheduler spends a decode step, for one."""
+    """py-spy (the dev extra; on the GPU machine carried in ``.whl/``, installed into /tmp/pyspy: bench/README.md)
+    sampling one process's Python stacks without pausing it (``--nonblocking``), ``seconds`` long, from the moment
+    ``ready()`` first returns a pid (asked every 0.5 s, in a thread). ``summary`` says where the samples were: by
+    function, as the innermost frame (self) and anywhere in the stack (inclusive), over every thread's samples, idle
+    ones left out (py-spy's default). Where SGLang's scheduler spends a decode step, for one."""
 
     def __init__(self, path: str, ready: Callable[[], Optional[int]], seconds: float = 10.0, rate: int = 500):
         self.path, self.ready, self.seconds, self.rate = path, ready, seconds, rate
@@ -560,15 +560,16 @@ class StackProfile:
 
     @staticmethod
     def binary() -> Optional[str]:
-        """py-spy beside this Python (a virtual environment's bin/, not always on PATH), on PATH, or in /tmp/site."""
+        """py-spy beside this Python (a virtual environment's bin/, not always on PATH), on PATH, or in /tmp/pyspy
+        (bench/README.md installs it there on the GPU machine: the device bundle's install replaces /tmp/site/bin)."""
         here = os.path.join(os.path.dirname(sys.executable), "py-spy")
         return here if os.access(here, os.X_OK) else \
-            shutil.which("py-spy") or next(iter(glob.glob("/tmp/site/bin/py-spy")), None)
+            shutil.which("py-spy") or next(iter(glob.glob("/tmp/pyspy/bin/py-spy")), None)
 
     def _run(self) -> None:
         spy = self.binary()
         if spy is None:
-            self.error = "no py-spy (carry its wheel in .whl/ and install it into /tmp/site)"
+            self.error = "no py-spy (carry its wheel in .whl/ and install it into /tmp/pyspy: bench/README.md)"
             return
         try:
             while self.pid is None and not self._stop.wait(0.5):
