@@ -70,7 +70,8 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
     head_dim = int(head_dim)
     kv_heads = int(config.get("num_key_value_heads") or heads)
     row_bytes = max(1, kv_heads // max(1, tp)) * head_dim * DTYPE_BYTES[dtype]  # a KV head is replicated past TP=kv
-    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}  # transformers 5 keeps
+    # the rotary share: top level in older configs, in rope_parameters (transformers 5) or rope_scaling
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
     rotary = int(head_dim * float(config.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0))
     out += [Kernel("kvcache", "sglang.kernels.ops.kvcache.kvcache", "_jit_kvcache_module", (row_bytes, row_bytes)),
             Kernel("fused_rope", "sglang.kernels.ops.attention.rope", "_jit_fused_rope_module",
