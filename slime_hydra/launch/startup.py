@@ -87,8 +87,10 @@ class StartupClock:
                 e["engine_actor"] = max(x["started"] for x in engines) - report["launched"]
             e["engine_server"] = slowest["ready"] - slowest["started"]
             e.update({f"engine_{k.removesuffix('_s')}": v for k, v in (slowest.get("parts") or {}).items()})
-            if (slowest.get("prebuild") or {}).get("kernels"):  # its kernels, built beside it (sglang_kernels)
-                e["engine_prebuild"] = slowest["prebuild"]["seconds"]
+            # the kernels built beside the servers (sglang_kernels): one engine's a node, the others find them claimed
+            built = [x["prebuild"]["seconds"] for x in engines if (x.get("prebuild") or {}).get("kernels")]
+            if built:
+                e["engine_prebuild"] = max(built)
         self.engines = e
 
     def total(self) -> float:

@@ -91,12 +91,15 @@ def test_clock_folds_in_the_rollout_side_and_says_it_in_one_line():
 
 
 def test_clock_counts_the_kernels_built_beside_the_server():
-    """The slowest server's kernel prebuild (rollout/engines/sglang_kernels.py) is a part of its own, beside it."""
+    """The kernel prebuild beside the servers (rollout/engines/sglang_kernels.py) is a part of its own: the one that
+    built, whichever engine ran it (the others on its node find the kernels claimed)."""
     clock = StartupClock(launched=T0)
     parts = SglangEngine.startup_parts(sglang_log(), T0, T0 + 45.0)
     prebuild = {"kernels": [{"kernel": "qknorm", "status": "ok", "seconds": 7.2}], "seconds": 31.2}
+    claimed = {"kernels": [], "seconds": 0.4, "skipped": "another prebuild on this machine builds the same kernels"}
     clock.add_rollout_side({"created": T0, "launched": T0, "up": T0 + 46.0, "engines": [
-        {"rank": 0, "started": T0, "ready": T0 + 45.0, "parts": parts, "prebuild": prebuild}]}, created_at=T0)
+        {"rank": 0, "started": T0, "ready": T0 + 44.0, "parts": parts, "prebuild": prebuild},
+        {"rank": 1, "started": T0, "ready": T0 + 45.0, "parts": parts, "prebuild": claimed}]}, created_at=T0)
     clock.done_at = T0 + 50.0
     assert clock.metrics()["startup/engine_prebuild_s"] == 31.2
     assert "644,965 tokens of KV cache, its kernel prebuild beside it 31.2)" in clock.line()

@@ -23,6 +23,7 @@ from slime_hydra.rollout.engines.sglang import KERNEL_BUILDER, SglangEngine
 from slime_hydra.rollout.engines.sglang_kernels import (
     Kernel,
     build,
+    claim,
     kernels_for,
     load_module,
     model_config,
@@ -115,6 +116,21 @@ def test_a_build_reports_what_happened():
     # the modules are imported one after another first (threads importing sglang's at once deadlocked on the H200)
     assert load_module(Kernel("finfo", "torch", "finfo")) is None
     assert load_module(Kernel("gone", "sglang_no_such_module", "loader")).startswith("ModuleNotFoundError")
+
+
+def test_one_prebuild_a_machine_builds_a_set_of_kernels(tmp_path, monkeypatch):
+    """The engines of one node share a prebuild: the second to claim the same kernels for the same GPUs is told
+    another holds them, until the first ends; other kernels are claimed on their own."""
+    monkeypatch.setenv("SLIME_HYDRA_CACHE", str(tmp_path / "cache"))
+    qwen = kernels_for(config_of("qwen3_0_6b"), "bfloat16", 1)
+    first = claim(qwen, [(9, 0)])
+    assert first is not None and claim(qwen, [(9, 0)]) is None
+    other = claim(kernels_for(config_of("qwen3_0_6b"), "bfloat16", 2), [(9, 0)])  # TP 2: other KV rows
+    assert other is not None
+    first.close()
+    again = claim(qwen, [(9, 0)])
+    assert again is not None
+    again.close(), other.close()
 
 
 def test_a_folder_s_config_is_read_as_it_is(tiny_ckpt):

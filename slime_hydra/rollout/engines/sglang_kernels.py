@@ -10,7 +10,7 @@ norm and five kernels of SGLang's own at 6-8 s each (qknorm, fused_rope, kvcache
 child process: one CPU a build), into the same caches, the longest (the norm, 28.67-40.45 s) first. The server,
 reaching a kernel, loads it if it is built, else takes the build's lock (both libraries take one) and waits for it; a
 library it finds half-written fails to load and is built again under the lock. A fresh H200 started in 55.75 s
-(``bench/measured/h200_prebuild_kernels.md``).
+(``bench/measured/h200_prebuild_kernels.md``). The engines of a node run one prebuild between them (``claim``).
 
 Nothing here is required: a kernel this list misses, or one that fails to build here (another sglang: its
 functions moved), the server builds itself as it would have; the report says which. The list (``kernels_for``) is
@@ -29,7 +29,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 # model types whose sglang 0.5.17 implementation normalises queries and keys per head (apply_qk_norm)
 QK_NORM_MODELS = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "olmo2", "glm4_moe", "llama4", "bailing_moe"})
@@ -159,8 +159,12 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
     caps = capabilities()
     if not caps:
         return {"kernels": [], "seconds": 0.0, "skipped": "no GPU visible"}
-    answer_without_gpus(caps)
     kernels = kernels_for(model_config(model_path, trust_remote_code), dtype, tp)
+    held = claim(kernels, caps)  # open until this returns
+    if held is None:
+        return {"kernels": [], "seconds": round(time.monotonic() - t0, 2),
+                "skipped": "another prebuild on this machine builds the same kernels"}
+    answer_without_gpus(caps)
     print(f"building {', '.join(k.name for k in kernels) or 'no kernels'} for compute capability "
           f"{caps[0][0]}.{caps[0][1]}", flush=True)
     failed, started = [], []
@@ -179,6 +183,27 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
                 started.append(pool.submit(build, k, t0))
         results = [f.result() for f in started] + failed
     return {"capability": list(caps[0]), "kernels": results, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def claim(kernels: Sequence[Kernel], caps: Sequence[Tuple[int, int]]) -> Optional[IO[str]]:
+    """An exclusive lock on building these kernels for these GPUs on this machine, held while the returned file is
+    open; None when another process holds it. So the engines of a node (eight on eight GPUs, colocated) run one
+    prebuild between them, not eight processes importing torch and sglang to build the same kernels into the same
+    caches. The file is in slime_hydra's cache folder (``sglang.cache_dir``)."""
+    import fcntl
+    import hashlib
+
+    from slime_hydra.rollout.engines.sglang import cache_dir
+
+    key = hashlib.sha256(repr((list(kernels), list(caps))).encode()).hexdigest()[:16]
+    os.makedirs(cache_dir(), exist_ok=True)
+    f = open(os.path.join(cache_dir(), f"sglang_prebuild_{key}.lock"), "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def model_config(model_path: str, trust_remote_code: bool = False) -> Dict[str, Any]:
