@@ -17,8 +17,9 @@ functions moved), the server builds itself as it would have; the report says whi
 what sglang 0.5.17 builds for a dense bf16 or fp16 model with grouped-query attention, as far as the model's
 ``config.json`` tells (its head size, key-value heads per GPU, rotary size, query-key norm).
 
-No GPU is touched: the GPUs' compute capability comes from NVML, and this process hides the GPUs from CUDA before
-anything imports torch, so it holds no GPU memory while the server measures what is free.
+No GPU is touched: the GPUs' compute capability comes from NVML, and this process hides the GPUs from CUDA
+(``CUDA_VISIBLE_DEVICES=""``, read when CUDA initialises) before anything could initialise it, so it holds no GPU
+memory while the server measures what is free.
 """
 
 from __future__ import annotations
