@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import resolved
+from sglang_parser import pinned_site
 from slime_hydra.checkpoint.hf import hf_config
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.rollout.engines.embedded import EmbeddedEngine
@@ -64,8 +65,7 @@ def test_other_models_get_what_their_config_says():
     # rotary share at the top level, as transformers 4 wrote it
     published = {"model_type": "glm4", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 2,
                  "head_dim": 128, "partial_rotary_factor": 0.5, "torch_dtype": "bfloat16"}
-    assert calls(kernels_for(published, "auto", 1)) == {k.name: k.args for k in kernels_for(config_of("glm4_9b"),
-                                                                                            "bfloat16", 1)}
+    assert calls(kernels_for(published, "auto", 1)) == calls(kernels_for(config_of("glm4_9b"), "bfloat16", 1))
     deepseek = calls(kernels_for(config_of("deepseek_v3"), "bfloat16", tp=8))
     assert sorted(deepseek) == ["activation", "clamp_position", "flashinfer norm"]  # latent attention: other kernels
     # "auto" takes the checkpoint's dtype; a dtype with no kernels here builds nothing
@@ -81,23 +81,15 @@ def test_other_models_get_what_their_config_says():
         ["activation", "clamp_position", "flashinfer norm"]
 
 
-@pytest.fixture(scope="module")
-def sglang_site():
-    from sglang_parser import start_parser
-
-    parser = start_parser()
-    parser.close()
-    return parser.site
-
-
-def test_the_pinned_sglang_has_each_loader_with_those_arguments(sglang_site):
+def test_the_pinned_sglang_has_each_loader_with_those_arguments():
     """A loader renamed or re-argued in another sglang would make its build fail (the server then builds it
     itself, losing the time); the pinned one must have each, read from its source (it does not import here)."""
+    site = pinned_site()
     for model, tp in (("qwen3_0_6b", 1), ("glm4_9b", 2)):
         for k in kernels_for(config_of(model), "bfloat16", tp):
             if not k.module.startswith("sglang."):
                 continue  # FlashInfer is not installed on the CPU machines
-            source = sglang_site.joinpath(*k.module.split(".")).with_suffix(".py")
+            source = site.joinpath(*k.module.split(".")).with_suffix(".py")
             tree = ast.parse(source.read_text())
             fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == k.function), None)
             assert fn is not None, f"{source} has no {k.function}"

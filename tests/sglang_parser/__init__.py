@@ -97,12 +97,20 @@ def start_parser() -> SglangParser:
     """The pinned sglang's parser in a worker process, installed first if need be: what the ``sglang``
     fixtures of the tests yield. Skips the test only when the package index cannot be reached; any
     other installation failure fails it."""
+    parser = SglangParser(pinned_site())
+    assert parser.info["version"] == PINS[0].split("==")[1], parser.info
+    return parser
+
+
+def pinned_site() -> Path:
+    """The folder that holds the pinned sglang, installed first if need be (its source, for tests that read it
+    without importing it). Skips the test only when the package index cannot be reached."""
     import warnings
 
     import pytest
 
     try:
-        site = install()
+        return install()
     except subprocess.CalledProcessError as e:
         reachable, where = index_reachable()
         if not reachable:
@@ -110,6 +118,3 @@ def start_parser() -> SglangParser:
             warnings.warn(reason, stacklevel=2)
             pytest.skip(reason)
         pytest.fail(f"pip install {' '.join(PINS)} failed although {where} is reachable:\n{(e.stderr or '')[-4000:]}")
-    parser = SglangParser(site)
-    assert parser.info["version"] == PINS[0].split("==")[1], parser.info
-    return parser

@@ -7,7 +7,7 @@ capture, one after another. On a fresh H200 that was most of a 111.22 s start (t
 norm and five kernels of SGLang's own at 6-8 s each (qknorm, fused_rope, kvcache, activation, clamp_position;
 ``bench/measured/h200_rollout_cpu.md``). The builds land in caches kept across runs (``~/.cache/tvm-ffi``,
 ``~/.cache/flashinfer``), so only a machine's first start pays them. Here each runs in a thread of its own (nvcc is a
-child process: one CPU a build), into the same caches, the longest (the norm, 28.67-40.45 s) first. The server,
+child process: one CPU a build), into the same caches, the longest (the norm, 28.67-41.03 s) first. The server,
 reaching a kernel, loads it if it is built, else takes the build's lock (both libraries take one) and waits for it; a
 library it finds half-written fails to load and is built again under the lock. A fresh H200 started in 55.75 s
 (``bench/measured/h200_prebuild_kernels.md``). The engines of a node run one prebuild between them (``claim``).
@@ -60,7 +60,7 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("float32", "float16")
     if dtype not in DTYPE_BYTES:
         return []
-    out = [Kernel("flashinfer norm", "flashinfer.norm", "get_norm_module"),  # the longest (30-40 s on the H200): first
+    out = [Kernel("flashinfer norm", "flashinfer.norm", "get_norm_module"),  # the longest (28.67-41.03 s, H200): first
            Kernel("activation", "sglang.kernels.ops.activation.activation", "activation_module", (dtype,)),
            Kernel("clamp_position", "sglang.kernels.ops.attention.clamp_position", "_jit_clamp_position_module",
                   ("int64",))]
@@ -85,11 +85,14 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
 def load_module(kernel: Kernel) -> Optional[str]:
     """Import the kernel's module; None, or why it does not import. Done in one thread, module after module: sglang's
     kernel modules import each other, and threads importing them at once deadlocked on Python's import locks (four of
-    six builds lost on the H200). The builds started meanwhile import only their libraries' own build helpers."""
+    six builds lost on the H200). The builds started meanwhile import only their libraries' own build helpers. An
+    sglang module's build target is pinned here too (``pin_sglang_target``)."""
     import importlib
 
     try:
         importlib.import_module(kernel.module)
+        if kernel.module.startswith("sglang."):
+            pin_sglang_target()
         return None
     except Exception as e:  # noqa: BLE001 - the server builds it itself when it needs it
         return f"{type(e).__name__}: {e}"[:300]
@@ -172,11 +175,6 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
     with ThreadPoolExecutor(max_workers=max(1, len(kernels))) as pool:
         for k in kernels:  # each build starts once its module has imported, the longest (FlashInfer's norm) first
             problem = load_module(k)
-            if not problem and k.module.startswith("sglang."):
-                try:
-                    pin_sglang_target()
-                except Exception as e:  # noqa: BLE001 - as for the module
-                    problem = f"{type(e).__name__}: {e}"[:300]
             if problem:
                 print(f"kernel {k.name}{k.args}: {problem}", flush=True)
                 failed.append({"kernel": k.name, "args": list(k.args), "status": problem, "seconds": 0.0})
