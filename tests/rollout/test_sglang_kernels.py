@@ -122,7 +122,8 @@ def test_one_prebuild_a_machine_builds_a_set_of_kernels(tmp_path, monkeypatch):
     first.close()
     again = claim(qwen, [(9, 0)])
     assert again is not None
-    again.close(), other.close()
+    again.close()
+    other.close()
 
 
 def test_a_folder_s_config_is_read_as_it_is(tiny_ckpt):

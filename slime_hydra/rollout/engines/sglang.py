@@ -20,7 +20,8 @@ H200 (``../shared/reference/environment.md``), and what its start costs:
   preload hook mode ("Only hook_mode=preload supports pauseable CUDA Graph currently"). The decode
   graphs' memory then stays allocated while the trainer trains; weights and KV cache are released.
 - SGLang's JIT kernels for the model built all at once beside the server's first start (``prebuild_command``,
-  ``sglang_kernels``; ``rollout.sglang_prebuild_kernels``): a fresh H200 started in 55.75 s instead of 111.22 s.
+  ``sglang_kernels``; ``rollout.sglang_prebuild_kernels``): a fresh H200 started in 55.75 s, another without it in
+  111.22 s (one run each).
 - ``SGLANG_LOG_MS``: the server log's timestamps have milliseconds, so ``startup_parts`` can say where
   the start went (imports, weights, KV cache, CUDA graphs, HTTP server).
 - ``model.dtype=float32``: 0.5.17's native Qwen3 calls ``sgl_kernel``'s ``rmsnorm``, built for fp16 and bf16
