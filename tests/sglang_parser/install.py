@@ -57,6 +57,9 @@ PINS = [
     "xgrammar==0.2.1",  # sglang 0.5.17: a function-call parser imports its StructuralTag
     "apache-tvm-ffi==0.1.11",  # xgrammar's
     "sentencepiece==0.2.1",  # sglang 0.5.17: its InternVL config, imported by server_args
+    # transformers 5.12.1 imports `kernels` when it finds one; without one here it would find the project's
+    # (transformers >= 5.25 requires kernels 0.19, whose LayerRepository refuses 5.12.1's mapping)
+    "kernels==0.12.3",
 ]
 
 
