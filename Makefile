@@ -7,13 +7,15 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 
-.PHONY: run test test-all test-slow lint bench mutate dry-run clean
+.PHONY: run test test-all test-slow lint bench mutate dry-run lock clean
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt: the exact versions of everything else (`make lock` writes it anew), so that a package index
+# publishing a new release cannot change what a fresh clone installs.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 run: $(VENV)/.installed          ## train the embedded default (tiny model, built-in task, CPU)
@@ -46,6 +48,15 @@ docs: $(VENV)/.installed         ## draw the figures of docs/architecture.md int
 
 describe: $(VENV)/.installed     ## every config key: type, value, description (ARGS="rollout model=qwen3_4b")
 	$(PY) -m slime_hydra.config describe $(ARGS)
+
+lock:                            ## resolve pyproject.toml afresh in a scratch venv and write constraints.txt
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install -q --upgrade pip
+	.lock-venv/bin/python -m pip install -q $(TORCH)
+	.lock-venv/bin/python -m pip install -q -e ".[dev]"
+	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } \
+	  > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
+	rm -rf .lock-venv
 
 clean:
 	rm -rf outputs multirun .pytest_cache
