@@ -89,6 +89,7 @@ def _has(errs, key, words):
         (["algo=cispo", "algo.eps_clip_c=3.0"], "algo.eps_clip_c", "cispo"),
         (["algo=dapo", "algo.kl_loss_coef=0", "algo.use_unbiased_kl=true"], "algo.use_unbiased_kl", "kl_loss_coef"),
         (["algo.use_tis=true", "algo.tis_clip=0"], "algo.tis_clip", "tis_clip > 0"),
+        (["algo.kl_loss_type=k1", "algo.kl_loss_coef=0.01"], "algo.kl_loss_type", "trains nothing"),
         (["algo=ppo", "algo.value_clip=0"], "algo.value_clip", "> 0"),
         (["algo=ppo", "algo.critic_lr=-1e-6"], "algo.critic_lr", "> 0"),
         (["algo=ppo", "algo.num_critic_only_steps=-1"], "algo.num_critic_only_steps", ">= 0"),
@@ -109,7 +110,8 @@ def test_rule_fires(errors, overrides, key, words):
         ["algo=grpo", "algo.policy_loss=gspo"],  # GSPO loss on GRPO advantages: allowed
         ["algo=grpo", "rollout.n_samples_per_prompt=1", "algo.normalize_rewards=false"],
         ["algo=ppo", "rollout.n_samples_per_prompt=1"],
-        ["algo=ppo", "algo.kl_loss_coef=0", "algo.kl_coef=0.01"],
+        ["algo=ppo", "algo.kl_loss_coef=0", "algo.kl_coef=0.01"],  # k1 (ppo's) as the KL reward
+        ["algo.kl_loss_type=k1", "algo.kl_loss_coef=0.01", "algo.use_unbiased_kl=true"],
     ],
 )
 def test_allowed_combinations(errors, overrides):

@@ -461,6 +461,40 @@ def test_unbiased_kl_weights_kl_by_ratio():
     assert close(torch.autograd.grad(loss, lp)[0], torch.autograd.grad(expected, lp2)[0])
 
 
+def _expected_kl_loss_grad(kl_loss_type: str, unbiased: bool, logits, ref_log_probs):
+    """E_{a ~ pi}[grad of the KL loss term at token a], on-policy (old = pi), exact over a small vocabulary."""
+    theta = logits.clone().requires_grad_(True)
+    log_pi = theta.log_softmax(-1)
+    pi = log_pi.exp().detach()
+    a = algo(kl_loss_coef=1.0, kl_loss_type=kl_loss_type, use_unbiased_kl=unbiased)
+    total = 0.0
+    for tok in range(len(pi)):
+        lp = log_pi[tok].reshape(1, 1)
+        loss, _ = policy_loss(a, Reducer("token_mean", 1, 1, 1), log_probs=lp, old_log_probs=lp.detach(),
+                              advantages=torch.zeros(1, 1), loss_mask=torch.ones(1, 1),
+                              ref_log_probs=ref_log_probs[tok].reshape(1, 1))
+        total = total + pi[tok] * loss
+    return torch.autograd.grad(total, theta)[0]
+
+
+def test_kl_loss_gradients_in_expectation():
+    """Why algo.kl_loss_type=k1 is refused as a loss (train/algorithms/rules.py) unless use_unbiased_kl: its
+    expected gradient is 0. k2 and k1 with the ratio weight give grad KL(pi || ref); low_var_kl (k3) gives
+    grad KL(ref || pi), also a pull towards the reference."""
+    logits = torch.tensor([1.0, 0.2, -0.5])
+    ref = torch.tensor([0.1, 0.7, -0.3]).log_softmax(-1)
+    theta = logits.clone().requires_grad_(True)
+    log_pi = theta.log_softmax(-1)
+    forward_kl = torch.autograd.grad((log_pi.exp() * (log_pi - ref)).sum(), theta)[0]
+    theta = logits.clone().requires_grad_(True)
+    reverse_kl = torch.autograd.grad((ref.exp() * (ref - theta.log_softmax(-1))).sum(), theta)[0]
+    assert forward_kl.abs().max() > 0.05
+    assert close(_expected_kl_loss_grad("k1", False, logits, ref), torch.zeros(3), tol=1e-6)
+    assert close(_expected_kl_loss_grad("k1", True, logits, ref), forward_kl)
+    assert close(_expected_kl_loss_grad("k2", False, logits, ref), forward_kl)
+    assert close(_expected_kl_loss_grad("low_var_kl", False, logits, ref), reverse_kl)
+
+
 @pytest.mark.parametrize("kind", REDUCTIONS)
 def test_policy_loss_micro_batches_sum_to_full_step(kind):
     B, T = 6, 5

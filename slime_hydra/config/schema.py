@@ -96,7 +96,8 @@ class AlgoConfig:
     # Loss terms
     entropy_coef: float = 0.0  # weight of the entropy bonus in the policy loss
     kl_loss_coef: float = 0.0  # KL(policy || reference) as a loss term
-    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl; also the estimator of the kl_coef reward (as slime)
+    # k1 | k2 | k3 | low_var_kl; also the estimator of the kl_coef reward (as slime); k1 as a loss needs use_unbiased_kl
+    kl_loss_type: str = "low_var_kl"
     use_unbiased_kl: bool = False  # KL loss times exp(log_probs - old_log_probs) (DeepSeek-V3.2)
     kl_coef: float = 0.0  # KL as reward shaping (ppo, reinforce_plus_plus*)
     loss_reduction: str = "sample_mean"  # sample_mean (per-sample token mean) | token_mean | token_sum

@@ -53,6 +53,11 @@ def check(cfg: RunConfig) -> List[str]:
     if a.eps_clip_c is not None and a.policy_loss == "cispo":
         errs.append("algo.eps_clip_c: dual clip bounds the clipped surrogate (ppo_clip, gspo); cispo has none, so "
                     "unset it")
+    if a.kl_loss_coef and a.kl_loss_type == "k1" and not a.use_unbiased_kl:
+        errs.append("algo.kl_loss_type: k1 as a loss trains nothing: its gradient is grad log pi, zero in expectation "
+                    "on-policy, so kl_loss_coef would not pull the policy towards the reference. Use low_var_kl or "
+                    "k2 (k1 is for the KL reward, kl_coef), or algo.use_unbiased_kl=true, whose ratio weight gives "
+                    "k1 the true gradient")
     if a.use_unbiased_kl and not a.kl_loss_coef:
         errs.append("algo.use_unbiased_kl: it reweights the KL loss, so it needs algo.kl_loss_coef > 0")
     if a.use_tis and (a.tis_clip <= 0 or a.tis_clip_low < 0):
