@@ -141,8 +141,8 @@ class RolloutConfig:
     batch_size: int = 32  # prompts per rollout (slime: rollout_batch_size)
     n_samples_per_prompt: int = 8  # responses per prompt (a GRPO group)
     temperature: float = 1.0  # sampling temperature (the trainer scores log-probs at the same temperature)
-    top_p: float = 1.0  # nucleus sampling (1.0: off)
-    top_k: int = -1  # top-k sampling (-1: off)
+    top_p: float = 1.0  # nucleus sampling; must stay off (1.0) for training samples: the trainer scores all tokens
+    top_k: int = -1  # top-k sampling; must stay off (-1) for training samples, as top_p
     max_response_len: int = 1024  # most new tokens per response
     max_prompt_len: Optional[int] = None  # longer prompts are filtered out at load time
     stop: List[str] = field(default_factory=list)  # stop strings

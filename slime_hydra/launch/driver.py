@@ -577,8 +577,8 @@ def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> N
         raise RuntimeError(f"step {step}: |rollout - trainer| log-prob gap {gap:.3g} > sync.max_logprob_diff={limit}: "
                            "the engines do not run the trainer's weights. Check that the last weight push reached "
                            "every engine (logs/engine_*.log), that the engine's dtype matches model.dtype, and that "
-                           "rollout.temperature / top_p / top_k are what the trainer scores with (the trainer "
-                           "assumes plain temperature sampling)")
+                           "a custom generate function samples at rollout.temperature with no top_p / top_k (the "
+                           "trainer scores plain temperature sampling)")
 
 
 def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:

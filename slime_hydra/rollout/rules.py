@@ -42,6 +42,15 @@ def _check_sampling(cfg: RunConfig) -> List[str]:
         errs.append(f"rollout.temperature: must be > 0 for training rollouts, got {r.temperature}")
     if not 0 < r.top_p <= 1:
         errs.append(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
+    # The engines sample from the truncated distribution but return (and the trainer recomputes) log-probs of the
+    # whole one, so ratios, TIS and the log-prob gap check would all be of a policy that did not sample. slime
+    # replays the nucleus with a patched SGLang; the released one cannot return it.
+    truncated = ("the trainer scores the whole distribution at rollout.temperature, so it would train on samples "
+                 "of another policy; lower rollout.temperature instead (eval datasets may keep their own top_p)")
+    if 0 < r.top_p < 1:
+        errs.append(f"rollout.top_p: {r.top_p} truncates training samples to a nucleus: {truncated}")
+    if r.top_k != -1:
+        errs.append(f"rollout.top_k: {r.top_k} truncates training samples to the top tokens (-1 is off): {truncated}")
     if r.max_response_len < 1:
         errs.append(f"rollout.max_response_len: must be >= 1, got {r.max_response_len}")
     if r.max_response_len >= cfg.model.arch.max_position_embeddings:
