@@ -1,8 +1,9 @@
 """Every algorithm preset through the real loop (``python run.py algo=...``) on the embedded default.
 
 Fast (default suite): PPO for a few rollouts: the critic trains (critic-only rollouts first), its
-metrics are logged, checkpoints hold it, and a resumed run restores it. Slow: each preset raises the
-held-out (greedy) reward within the bench budget (``bench/algorithms.py`` prints the same numbers)."""
+metrics are logged, checkpoints hold it, and a resumed run restores it; DAPO's overlong penalty shortens
+the answers. Slow: each preset raises the held-out (greedy) reward within the bench budget
+(``bench/algorithms.py`` prints the same numbers)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,15 @@ def test_ppo_two_trainer_ranks(tmp_path):
     for key in ("value_loss", "explained_variance", "critic_grad_norm", "pg_loss"):
         assert f"train/{key}" in rows[-1], key
     assert (d / "checkpoints" / "step_000004" / "critic.pt").exists()
+
+
+def test_dapo_overlong_penalty_shortens_answers(tmp_path):
+    """Answers of up to 4 tokens, the penalty over the last 2: nearly every untrained answer runs to the limit,
+    and the penalty (the rollout manager passes rollout.max_response_len) makes them shorter within 4 rollouts."""
+    d = tmp_path / "run"
+    run(d, "algo=dapo", "rollout.max_response_len=4", "algo.overlong_buffer_len=2", "trainer.num_rollout=4",
+        "eval.interval=0")
+    rows = metrics(d)[1:]
+    assert all(r["rollout/overlong_penalty_mean"] < 0 for r in rows)
+    assert rows[-1]["rollout/response_len_mean"] < rows[0]["rollout/response_len_mean"] - 0.3
+    assert rows[-1]["rollout/overlong_penalized_ratio"] < rows[0]["rollout/overlong_penalized_ratio"]

@@ -90,6 +90,8 @@ def _has(errs, key, words):
         (["algo=dapo", "algo.kl_loss_coef=0", "algo.use_unbiased_kl=true"], "algo.use_unbiased_kl", "kl_loss_coef"),
         (["algo.use_tis=true", "algo.tis_clip=0"], "algo.tis_clip", "tis_clip > 0"),
         (["algo.kl_loss_type=k1", "algo.kl_loss_coef=0.01"], "algo.kl_loss_type", "trains nothing"),
+        (["algo=dapo", "algo.overlong_buffer_len=1"], "algo.overlong_buffer_len", "< rollout.max_response_len=1"),
+        (["algo=dapo", "algo.overlong_penalty_factor=-1"], "algo.overlong_buffer_len", ">= 0"),
         (["algo=ppo", "algo.value_clip=0"], "algo.value_clip", "> 0"),
         (["algo=ppo", "algo.critic_lr=-1e-6"], "algo.critic_lr", "> 0"),
         (["algo=ppo", "algo.num_critic_only_steps=-1"], "algo.num_critic_only_steps", ">= 0"),
@@ -112,6 +114,7 @@ def test_rule_fires(errors, overrides, key, words):
         ["algo=ppo", "rollout.n_samples_per_prompt=1"],
         ["algo=ppo", "algo.kl_loss_coef=0", "algo.kl_coef=0.01"],  # k1 (ppo's) as the KL reward
         ["algo.kl_loss_type=k1", "algo.kl_loss_coef=0.01", "algo.use_unbiased_kl=true"],
+        ["algo=dapo", "rollout.max_response_len=8", "algo.overlong_buffer_len=4"],
     ],
 )
 def test_allowed_combinations(errors, overrides):

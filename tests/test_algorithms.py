@@ -16,6 +16,7 @@ from slime_hydra.train.algorithms import (
     compute_advantages,
     explained_variance,
     normalize_group_rewards,
+    overlong_penalty,
     policy_loss,
     rewards_for_estimator,
     value_loss,
@@ -75,6 +76,14 @@ def test_normalize_group_rewards_equal_rewards_and_singletons():
     assert torch.equal(normalize_group_rewards(torch.tensor([3.0]), 1, False, True), torch.tensor([3.0]))
     with pytest.raises(ValueError):
         normalize_group_rewards(torch.ones(5), 2, True, True)
+
+
+def test_overlong_penalty_hand_computed():
+    """DAPO eq. 13 with L_max = 10, L_cache = 4: 0 up to 6 tokens, then -(len - 6) / 4, times the factor."""
+    a = algo(overlong_buffer_len=4, overlong_penalty_factor=0.5)
+    got = overlong_penalty(a, torch.tensor([3, 6, 7, 8, 10]), 10)
+    assert close(got, [0.0, 0.0, -0.125, -0.25, -0.5])
+    assert close(overlong_penalty(algo(), torch.tensor([3, 10]), 10), [0.0, 0.0])  # off by default
 
 
 def test_rewards_for_estimator():

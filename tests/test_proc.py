@@ -1,15 +1,18 @@
-"""kill_tree stops a spawned process and its children, also those that ignore SIGTERM or outlive it."""
+"""kill_tree stops a spawned process and its children, also those that ignore SIGTERM or outlive it; free_port
+keeps out of the kernel's ephemeral range."""
 
 from __future__ import annotations
 
 import os
+import random
+import socket
 import sys
 import time
 
 import pytest
 
 from conftest import running
-from slime_hydra.utils.proc import kill_tree, spawn
+from slime_hydra.utils.proc import LOWEST_PORT, _ephemeral_low, free_port, kill_tree, spawn
 
 # The parent starts a child that ignores SIGTERM and writes its pid, then waits (or exits at once).
 CHILD = (
@@ -61,3 +64,26 @@ def test_die_with_parent_kills_a_process_whose_parent_is_already_gone():
     assert gone.returncode == -9 and gone.stdout == ""
     kept = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=60)
     assert kept.returncode == 0 and kept.stdout.strip() == "carried on"
+
+
+def test_free_port_is_below_the_ephemeral_range_bindable_and_not_seeded():
+    low = _ephemeral_low()
+    assert low > LOWEST_PORT  # Linux's default range starts at 32768
+    ports = []
+    for _ in range(20):
+        random.seed(0)  # a run seeds Python's generator the same in every process; the pick must not follow it
+        ports.append(free_port())
+    assert all(LOWEST_PORT <= p < low for p in ports)
+    assert len(set(ports)) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_free_port_skips_a_port_in_use(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        picks = iter([busy, busy + 1 if busy + 1 < 65536 else busy - 1])
+        monkeypatch.setattr("slime_hydra.utils.proc._PICK.randrange", lambda a, b: next(picks))
+        monkeypatch.setattr("slime_hydra.utils.proc._ephemeral_low", lambda: 65535)
+        assert free_port() != busy

@@ -89,6 +89,11 @@ class AlgoConfig:
     # DAPO's dynamic sampling: train only on groups whose rewards differ (the rollout manager uses
     # slime_hydra.rollout.filters.nonzero_reward_std unless rollout.dynamic_filter names another).
     dynamic_sampling: bool = False
+    # DAPO's overlong reward shaping (arXiv 2503.14476, eq. 13): a response longer than rollout.max_response_len -
+    # overlong_buffer_len tokens loses overlong_penalty_factor x (its excess / overlong_buffer_len) of reward,
+    # the whole factor at the limit; added to the reward before the group normalisation.
+    overlong_buffer_len: int = 0  # tokens before the length limit where the penalty ramps up (0: off)
+    overlong_penalty_factor: float = 1.0  # the penalty at the length limit
     # Clipping
     eps_clip: float = 0.2  # PPO ratio clip: [1 - eps_clip, 1 + eps_clip_high]
     eps_clip_high: Optional[float] = None  # None: eps_clip

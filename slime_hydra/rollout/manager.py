@@ -157,7 +157,7 @@ class RolloutManager:
         where = "rollout.rollout_function" + (f" {spec_name(r.rollout_function)!r}" if r.rollout_function else "")
         groups, rollout_metrics = check_rollout_output(out, r.batch_size, r.n_samples_per_prompt, where)
         samples = [s for g in groups for s in g]
-        data, metrics = train_data(samples, cfg.algo, r.n_samples_per_prompt, cfg.reward.key)
+        data, metrics = train_data(samples, cfg.algo, r.n_samples_per_prompt, cfg.reward.key, r.max_response_len)
         metrics.update(drain_counters())  # rollout/<failure>_count: verifier errors, FAILED samples
         metrics.update(rollout_metrics)
         metrics.update(agent_metrics(samples, "rollout/"))

@@ -18,11 +18,13 @@ TrainData = Dict[str, list]
 
 
 def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prompt: int,
-               reward_key: Optional[str] = None) -> Tuple[TrainData, Dict[str, float]]:
+               reward_key: Optional[str] = None, max_response_len: Optional[int] = None,
+               ) -> Tuple[TrainData, Dict[str, float]]:
     """``samples`` (whole groups of ``n_samples_per_prompt``, in order) -> (data, metrics).
 
-    - ``rewards``: the raw rewards (``reward_key`` picks a dict reward's field) post-processed for
-      ``algo`` by ``rewards_for_estimator``: normalised per group (mean, and std with
+    - ``rewards``: the raw rewards (``reward_key`` picks a dict reward's field), plus DAPO's overlong
+      penalty when ``algo.overlong_buffer_len`` (``max_response_len`` is then required), post-processed
+      for ``algo`` by ``rewards_for_estimator``: normalised per group (mean, and std with
       ``algo.normalize_std``) for group estimators with ``algo.normalize_rewards``, else raw;
     - ``loss_masks``: the sample's mask, all ones when it has none, all zeros for a
       ``remove_sample`` (kept for the group's statistics, not trained on) and for a sample its generate
@@ -32,7 +34,7 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
     import torch
 
     from slime_hydra.rewards import counters
-    from slime_hydra.train.algorithms import rewards_for_estimator
+    from slime_hydra.train.algorithms import overlong_penalty, rewards_for_estimator
 
     for s in samples:
         if s.response_length and len(s.rollout_log_probs or ()) != s.response_length:
@@ -43,8 +45,14 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
             counters.count("failed", f"{s.identity()}: marked FAILED by the generate function; kept out of the loss")
     n = n_samples_per_prompt
     raw = torch.tensor([s.reward_value(reward_key) for s in samples], dtype=torch.float32)
-    rewards = rewards_for_estimator(algo, raw, n)
     lens = [s.response_length for s in samples]
+    shaped = raw
+    if algo.overlong_buffer_len:
+        if max_response_len is None:
+            raise ValueError("algo.overlong_buffer_len needs max_response_len")
+        penalty = overlong_penalty(algo, torch.tensor(lens), max_response_len)
+        shaped = raw + penalty
+    rewards = rewards_for_estimator(algo, shaped, n)
     data = {
         "tokens": [s.tokens for s in samples],
         "response_lengths": lens,
@@ -66,6 +74,9 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
         "rollout/response_tokens": float(sum(lens)),
         "rollout/samples": float(len(samples)),
     }
+    if algo.overlong_buffer_len:
+        metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
+        metrics["rollout/overlong_penalized_ratio"] = float((penalty < 0).float().mean())
     return data, metrics
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import httpx
@@ -93,7 +95,31 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
+_PICK = random.SystemRandom()  # not the run's seeded generator: seeded processes would all pick the same port
+LOWEST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing on ``host`` is bound to now, for a server started next. It comes from below the kernel's
+    ephemeral range when there is room: the kernel gives ports of that range to every outgoing connection (Ray
+    opens many), so one of those could take a port picked there before the server binds it ("Address already in
+    use"); below it, only another explicit bind can."""
+    low = _ephemeral_low()
+    for _ in range(64 if low > LOWEST_PORT else 0):
+        port = _PICK.randrange(LOWEST_PORT, low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -52,6 +52,30 @@ def test_raw_rewards(settings):
     assert data["rewards"] == RAW == data["raw_rewards"]
 
 
+def test_dapo_overlong_penalty_is_added_before_the_group_normalisation():
+    # response lengths 1 2 3 1 2 3 1 2; limit 3, buffer 2: the penalty starts after 1 token, -0.5 a token
+    a = algo(normalize_rewards=False)
+    a.overlong_buffer_len, a.overlong_penalty_factor = 2, 0.4
+    data, metrics = train_data(samples(), a, 4, max_response_len=3)
+    penalty = [0, -0.2, -0.4, 0, -0.2, -0.4, 0, -0.2]
+    assert data["rewards"] == pytest.approx([r + p for r, p in zip(RAW, penalty)])
+    assert data["raw_rewards"] == RAW  # what the reward function said, for the reward metrics
+    assert metrics["rollout/overlong_penalty_mean"] == pytest.approx(sum(penalty) / 8)
+    assert metrics["rollout/overlong_penalized_ratio"] == 5 / 8
+    assert metrics["rollout/reward_mean"] == sum(RAW) / 8
+    a.normalize_rewards = True  # the shaped rewards are what the group statistics see
+    normalised, _ = train_data(samples(), a, 4, max_response_len=3)
+    grouped, _ = train_data(samples([r + p for r, p in zip(RAW, penalty)]), algo(), 4)
+    assert normalised["rewards"] == pytest.approx(grouped["rewards"])
+    with pytest.raises(ValueError, match="needs max_response_len"):
+        train_data(samples(), a, 4)
+
+
+def test_no_overlong_penalty_by_default():
+    data, metrics = train_data(samples(), algo(normalize_rewards=False), 4, max_response_len=3)
+    assert data["rewards"] == RAW and "rollout/overlong_penalty_mean" not in metrics
+
+
 def test_dict_rewards_use_the_reward_key():
     ss = samples()
     for s, r in zip(ss, RAW):

@@ -72,6 +72,7 @@ __getattr__ = lazy_attributes(__name__, {
     "discounted_returns": "advantages",
     "generalized_advantages": "advantages",
     "normalize_group_rewards": "advantages",
+    "overlong_penalty": "advantages",
     "response_lengths": "advantages",
     "rewards_for_estimator": "advantages",
     "explained_variance": "losses",

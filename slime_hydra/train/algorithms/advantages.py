@@ -46,6 +46,17 @@ def normalize_group_rewards(
     return out.reshape(-1)
 
 
+def overlong_penalty(algo: "AlgoConfig", response_lengths: Tensor, max_response_len: int) -> Tensor:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), one value per sample: 0 up to
+    ``max_response_len - algo.overlong_buffer_len`` tokens, then falling linearly to
+    ``-algo.overlong_penalty_factor`` at ``max_response_len``; zeros when ``overlong_buffer_len`` is 0."""
+    lengths = response_lengths.float()
+    if not algo.overlong_buffer_len:
+        return torch.zeros_like(lengths)
+    excess = (lengths - (max_response_len - algo.overlong_buffer_len)).clamp(min=0)
+    return -algo.overlong_penalty_factor * (excess / algo.overlong_buffer_len).clamp(max=1.0)
+
+
 def rewards_for_estimator(algo: "AlgoConfig", rewards: Tensor, group_size: int) -> Tensor:
     """The rollout manager's reward post-processing (slime ``_post_process_rewards``): group mean
     (and std) normalisation as the estimator's ``GROUP_REWARDS`` entry says, when

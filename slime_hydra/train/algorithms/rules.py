@@ -58,6 +58,12 @@ def check(cfg: RunConfig) -> List[str]:
                     "on-policy, so kl_loss_coef would not pull the policy towards the reference. Use low_var_kl or "
                     "k2 (k1 is for the KL reward, kl_coef), or algo.use_unbiased_kl=true, whose ratio weight gives "
                     "k1 the true gradient")
+    if a.overlong_buffer_len < 0 or a.overlong_penalty_factor < 0:
+        errs.append(f"algo.overlong_buffer_len: the buffer and algo.overlong_penalty_factor must be >= 0, got "
+                    f"{a.overlong_buffer_len} and {a.overlong_penalty_factor}")
+    elif a.overlong_buffer_len >= cfg.rollout.max_response_len:
+        errs.append(f"algo.overlong_buffer_len: {a.overlong_buffer_len} must be < rollout.max_response_len="
+                    f"{cfg.rollout.max_response_len} (the penalty starts that many tokens before the limit)")
     if a.use_unbiased_kl and not a.kl_loss_coef:
         errs.append("algo.use_unbiased_kl: it reweights the KL loss, so it needs algo.kl_loss_coef > 0")
     if a.use_tis and (a.tis_clip <= 0 or a.tis_clip_low < 0):
