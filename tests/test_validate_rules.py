@@ -104,6 +104,20 @@ def test_resume_needs_a_checkpoint(tmp_path):
     assert any(e.startswith(f"trainer.resume: {str(run)!r} names {ckpt!r}") and "no meta.json" in e for e in errs), errs
 
 
+def test_resume_past_num_rollout_is_refused(tmp_path):
+    run = tmp_path / "run"
+    _save(run, 4)
+    needle = f"trainer.num_rollout: 2 is below step 4 of the checkpoint that trainer.resume={str(run)!r} resumes"
+    assert fires([f"trainer.resume={run}", "trainer.num_rollout=2"], needle)
+    assert errors([f"trainer.resume={run}", "trainer.num_rollout=4"]) == []  # a finished run: nothing left to do
+    # auto: the checkpoint in the run directory, known once the run starts (launch/main.py sets output_dir)
+    cfg = resolved(["trainer.resume=auto", "trainer.num_rollout=2"])
+    cfg.output_dir = str(run)
+    assert any(e.startswith("trainer.num_rollout: 2 is below step 4") for e in validate(cfg))
+    cfg.output_dir = str(tmp_path / "fresh")  # nothing saved there yet: a fresh start
+    assert validate(cfg) == []
+
+
 # ----------------------------------------------------------------------------------------- 8. hooks
 @pytest.mark.parametrize("key", ["rollout.generate", "rollout.dynamic_filter", "rollout.rollout_function",
                                  "data.buffer_filter", "reward.custom"])

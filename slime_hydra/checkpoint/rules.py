@@ -38,8 +38,8 @@ def check(cfg: RunConfig) -> List[str]:
     t = cfg.trainer
     if t.keep_checkpoints < 1:
         errs.append(f"trainer.keep_checkpoints: must be >= 1, got {t.keep_checkpoints}")
-    if t.resume not in (None, "auto"):
-        errs.extend(_check_resume(t.resume, cfg.output_dir))
+    if t.resume is not None:
+        errs.extend(_check_resume(t.resume, cfg.output_dir, t.num_rollout))
     return errs
 
 
@@ -86,17 +86,27 @@ def _rope_scaling(d) -> dict:
     return {} if d == {"rope_type": "default"} else d
 
 
-def _check_resume(resume: str, run_dir: str | None) -> List[str]:
-    """``trainer.resume`` names a directory: it must hold the checkpoint that the driver's ``find_checkpoint`` picks."""
+def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None) -> List[str]:
+    """The checkpoint the driver's ``find_checkpoint`` will pick for ``trainer.resume`` (a directory, or "auto" in
+    the run directory, once it is known) exists, is complete, and is not past ``trainer.num_rollout``."""
     from slime_hydra.checkpoint.ckpt import find_checkpoint
 
-    if not os.path.isdir(os.path.expanduser(resume)):
+    if resume == "auto" and not run_dir:
+        return []  # the run directory is Hydra's, set when the run starts (launch/main.py)
+    if resume != "auto" and not os.path.isdir(os.path.expanduser(resume)):
         return [f"trainer.resume: {resume!r} is not a directory (a checkpoint, a run directory, or 'auto')"]
     try:
         ckpt = find_checkpoint(resume, run_dir or "")
     except FileNotFoundError as e:
         return [str(e)]  # "trainer.resume: '<path>' holds no checkpoint (no meta.json, no checkpoints/latest)"
+    if ckpt is None:
+        return []  # auto, and nothing saved yet: a fresh start
     if not os.path.isfile(os.path.join(ckpt, "meta.json")):
         return [f"trainer.resume: {resume!r} names {ckpt!r} in checkpoints/latest, which has no meta.json "
                 "(an incomplete or deleted checkpoint)"]
+    with open(os.path.join(ckpt, "meta.json")) as f:
+        step = json.load(f).get("step")
+    if num_rollout is not None and isinstance(step, int) and step > num_rollout:
+        return [f"trainer.num_rollout: {num_rollout} is below step {step} of the checkpoint that "
+                f"trainer.resume={resume!r} resumes from ({ckpt}); raise trainer.num_rollout to train on from it"]
     return []

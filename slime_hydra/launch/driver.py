@@ -295,7 +295,7 @@ class Run:
                     self._prepare()
                     prepared = True
                 if self.pending is None:
-                    if self.done == self.num_rollout:
+                    if self.done >= self.num_rollout:  # data.num_epoch's count can be below a resumed step
                         return
                     self.pending = self._rollout_and_train(self.done + 1)
                 self._publish(*self.pending)

@@ -34,6 +34,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     try:
         # sglang's parser check of rollout.server_args (10-25 s: it imports sglang) runs on in a child process
         # while Ray and the engines start; the driver takes its answer before a trainer starts (launch/driver.py)
+        dcfg.output_dir = output_dir  # validation reads trainer.resume=auto's checkpoint there
         with deferred_server_args_checks() as pending:
             cfg = check(dcfg, notes=choices)
         late = [c.problems for c in pending]
@@ -44,7 +45,6 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
             c.kill()
         log.error("%s", e)
         sys.exit(2)
-    cfg.output_dir = output_dir
     plan = make_plan(cfg)
     plan.notes += choices + engine_class(cfg.rollout.engine).plan_notes(cfg, plan)
     if cfg.dry_run:
