@@ -136,6 +136,8 @@ RULES = [
     (["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "+rollout.server_args.tp_size=2"],
      "rollout.server_args.tp_size: set by slime_hydra"),
     (["rollout.temperature=0"], "rollout.temperature: must be > 0"),
+    (["eval.interval=-1"], "eval.interval: must be >= 0, got -1"),
+    (["trainer.save_interval=-1"], "trainer.save_interval: must be >= 0, got -1"),
     (["rollout.top_p=0"], "rollout.top_p: must be in (0, 1]"),
     (["rollout.top_p=0.95"], "rollout.top_p: 0.95 truncates training samples"),
     (["rollout.top_k=20"], "rollout.top_k: 20 truncates training samples"),

@@ -96,6 +96,7 @@ def _check_loop(cfg: RunConfig) -> List[str]:
         errs.append(f"trainer.max_staleness: {t.max_staleness} < trainer.update_weights_interval="
                     f"{t.update_weights_interval}: an async run's samples lag the trainer by up to "
                     "update_weights_interval steps")
-    if t.save_interval < 0 or cfg.eval.interval < 0:
-        errs.append("trainer.save_interval: intervals must be >= 0")
+    for key, value in (("trainer.save_interval", t.save_interval), ("eval.interval", cfg.eval.interval)):
+        if value < 0:
+            errs.append(f"{key}: must be >= 0, got {value}")
     return errs
