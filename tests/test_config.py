@@ -83,6 +83,22 @@ def test_typos_fail_at_compose_with_the_dotted_path(override, where):
     assert where.split(".")[-1] in str(e.value) + str(e.value.__cause__)
 
 
+def test_keys_added_with_plus_must_exist():
+    """Hydra's error for a typo says 'To append to your config use +key=value'; that adds the key, so validation
+    refuses what the schema does not have (with the nearest keys), and lets free-form dicts take any key."""
+    with pytest.raises(ConfigError) as e:
+        check(compose(["+trainer.num_rolout=5", "+dry_runn=true"]))
+    assert sorted(e.value.violations) == [
+        "dry_runn: not a config key; did you mean dry_run? (`python -m slime_hydra.config describe` lists them)",
+        "trainer.num_rolout: not a config key; did you mean trainer.num_rollout or trainer.num_steps_per_rollout? "
+        "(`python -m slime_hydra.config describe trainer` lists them)"]
+    with pytest.raises(ConfigError, match=r"eval.datasets\[0\].pathh: not a config key; did you mean "
+                                          r"eval.datasets\[0\].path\?"):
+        check(compose(["data=jsonl", "data.path=tests/fixtures/tiny.jsonl", "eval.datasets=[{name: a}]",
+                       "+eval.datasets.0.pathh=x"]))
+    check(compose(["+rollout.router.args.foo=1"]))  # a dict section: any key
+
+
 def test_typo_in_a_yaml_file_names_the_key(tmp_path):
     bad = tmp_path / "conf"
     import shutil

@@ -24,6 +24,7 @@ The reader's own files (their CSV, their converted math set) are stand-ins writt
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -134,7 +135,10 @@ def scratch(tmp: Path) -> Path:
     rows = [(q, max(q[:-1])) for q in QUESTIONS * 4]
     (tmp / "questions.csv").write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in rows) + "9999=,\n")
     (tmp / "data").mkdir()
-    shutil.copy(ROOT / "tests" / "fixtures" / "prompts.jsonl", tmp / "data" / "math.jsonl")
+    # a math file's prompts are text (the recipes render them with data.apply_chat_template either way)
+    lines = (ROOT / "tests" / "fixtures" / "prompts.jsonl").read_text().splitlines()
+    (tmp / "data" / "math.jsonl").write_text("".join(f"{line}\n" for line in lines
+                                                    if line.strip() and isinstance(json.loads(line)["prompt"], str)))
     return tmp
 
 

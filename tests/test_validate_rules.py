@@ -118,6 +118,22 @@ def test_resume_past_num_rollout_is_refused(tmp_path):
     assert validate(cfg) == []
 
 
+def test_chat_prompts_and_system_prompts_need_the_chat_template(tmp_path):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"prompt": "2+2?", "label": "4"}\n'
+                    '{"prompt": [{"role": "user", "content": "3+3?"}], "label": "6"}\n')
+    data = ["data=jsonl", f"data.path={chat}", "rollout.max_response_len=8"]
+    needle = f"data.apply_chat_template: {chat}:2: the prompt is a list of chat messages"
+    assert fires([*data, "eval.datasets=[]", "data.apply_chat_template=false"], needle)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"prompt": "2+2?", "label": "4"}\n')
+    evals = ["data=jsonl", f"data.path={plain}", "rollout.max_response_len=8", "data.apply_chat_template=false"]
+    assert not fires([*evals, "eval.datasets=[]"], "data.apply_chat_template")  # string prompts: no template needed
+    assert fires([*evals, f"eval.datasets=[{{name: e, path: {chat}}}]"], needle)  # an eval set's chat prompts
+    assert fires(["data.system_prompt=hi", "data.apply_chat_template=false"],
+                 "data.system_prompt: needs data.apply_chat_template=true")
+
+
 # ----------------------------------------------------------------------------------------- 8. hooks
 @pytest.mark.parametrize("key", ["rollout.generate", "rollout.dynamic_filter", "rollout.rollout_function",
                                  "data.buffer_filter", "reward.custom"])

@@ -12,9 +12,12 @@ placement), and the rules of every component read the resolved values, so one pl
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import re
 from typing import List
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slime_hydra.config.schema import RunConfig
 
@@ -35,7 +38,35 @@ def load(cfg: DictConfig | RunConfig) -> RunConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError([f"{k}: required value is missing (set it in a config file or as {k}=...)" for k in missing])
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise ConfigError(unknown)
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def unknown_keys(node: DictConfig, path: str = "") -> List[str]:
+    """Keys of a schema section that its dataclass does not have. Hydra refuses a misspelt ``key=value``
+    but adds ``+key=value`` (as its own error message suggests), which would otherwise be carried along
+    unread; dict-typed sections (``rollout.server_args``, hook arguments) take any key."""
+    schema = OmegaConf.get_type(node)
+    fields = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    out: List[str] = []
+    for key in node.keys():
+        name = f"{path}{key}"
+        if fields is not None and key not in fields:
+            close = difflib.get_close_matches(str(key), sorted(fields), n=2, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(path + c for c in close)}?" if close else ""
+            describe = " ".join(["python -m slime_hydra.config describe", re.sub(r"\[\d+\]", "", path.rstrip("."))])
+            out.append(f"{name}: not a config key{hint} (`{describe.strip()}` lists them)")
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            out += unknown_keys(child, name + ".")
+        elif isinstance(child, ListConfig) and not child._is_none() and not child._is_missing():
+            for i, item in enumerate(child):
+                if isinstance(item, DictConfig):
+                    out += unknown_keys(item, f"{name}[{i}].")
+    return out
 
 
 # sync.max_logprob_diff by model.dtype: 100x and ~7x the mean gaps measured (fp32 on CPU and GPU: ~1e-7;

@@ -33,16 +33,18 @@ def data_file(path: str) -> str:
     return path.split("@[", 1)[0]
 
 
-def loads(errs: List[str], where: str, load: Callable[[], Any], explained: Tuple[Type[Exception], ...] = ()) -> None:
-    """Run ``load`` (a hook import, a dataset read); its failure becomes one problem of ``where``.
+def loads(errs: List[str], where: str, load: Callable[[], Any], explained: Tuple[Type[Exception], ...] = ()) -> Any:
+    """Run ``load`` (a hook import, a dataset read) and return what it returns; its failure becomes one
+    problem of ``where`` (and None is returned).
 
     ``explained``: error types whose message already names the hook spec or the file and line (a hook
     spec that does not load is always one); any other error is reported with its type."""
     from slime_hydra.utils.hooks import HookError
 
     try:
-        load()
+        return load()
     except (HookError, *explained) as e:
         errs.append(f"{where}: {e}")
     except Exception as e:  # noqa: BLE001 - the user's module or file failed in its own way
         errs.append(f"{where}: {type(e).__name__}: {e}")
+    return None

@@ -73,8 +73,19 @@ def _check_source(cfg: RunConfig) -> List[str]:
     elif not os.path.isfile(os.path.expanduser(data_file(d.path))):
         errs.append(f"data.path: {data_file(d.path)!r} does not exist (a .jsonl or .parquet file)")
     else:
-        loads(errs, "data.path", lambda: load_rows(d), explained=(DataError,))
+        _check_rendering(errs, d, loads(errs, "data.path", lambda: load_rows(d), explained=(DataError,)))
+    if d.system_prompt is not None and not d.apply_chat_template:
+        errs.append("data.system_prompt: needs data.apply_chat_template=true (the chat template writes the system "
+                    "message)")
     return errs
+
+
+def _check_rendering(errs: List[str], d, rows) -> None:
+    """What ``dataset.render_prompt`` would refuse once the run has started: chat prompts without the template."""
+    chat = next((r for r in rows or () if not isinstance(r.prompt, str)), None)
+    if chat is not None and not d.apply_chat_template:
+        errs.append(f"data.apply_chat_template: {chat.source}: the prompt is a list of chat messages; set "
+                    "data.apply_chat_template=true to render it")
 
 
 def _check_eval(cfg: RunConfig) -> List[str]:
@@ -90,8 +101,8 @@ def _check_eval(cfg: RunConfig) -> List[str]:
         if ds.path is not None and not os.path.isfile(os.path.expanduser(data_file(ds.path))):
             errs.append(f"{where}.path: {data_file(ds.path)!r} does not exist")
         elif ds.path is not None:
-            loads(errs, f"{where}.path", lambda ds=ds: load_rows(d, split="eval", path=ds.path, input_key=ds.input_key,
-                                                               label_key=ds.label_key), explained=(DataError,))
+            _check_rendering(errs, d, loads(errs, f"{where}.path", lambda ds=ds: load_rows(
+                d, split="eval", path=ds.path, input_key=ds.input_key, label_key=ds.label_key), explained=(DataError,)))
         if ds.temperature < 0:
             errs.append(f"{where}.temperature: must be >= 0, got {ds.temperature}")
         if ds.n_samples_per_prompt < 1:

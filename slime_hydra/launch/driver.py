@@ -422,8 +422,9 @@ class Run:
             death = PartDied("manager", f"the rollout manager actor died: {err}")
         if death is None:
             raise err
-        if not self.ft:
-            raise RuntimeError(f"{death.reason}\n(rollout.fault_tolerance=true rebuilds it and goes on)") from err
+        if not self.ft:  # a part whose __init__ raised would raise again when rebuilt: no hint then
+            hint = "" if getattr(err, "actor_init_failed", False) else "\n(rollout.fault_tolerance=true rebuilds it)"
+            raise RuntimeError(f"{death.reason}{hint}") from err
         return death
 
     def _rebuild(self, death: PartDied) -> None:
