@@ -21,7 +21,7 @@ def main(argv=None) -> int:
         return 2
     rows = write_report(args.dir)
     if not rows:
-        print(f"{args.dir}: no sweep jobs found (no */sweep_job.json)", file=sys.stderr)
+        print(f"{args.dir}: no sweep jobs found (no sweep_job.json under it)", file=sys.stderr)
         return 1
     with open(os.path.join(args.dir, "sweep.md")) as f:
         print(f.read(), end="")

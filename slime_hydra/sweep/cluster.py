@@ -15,7 +15,6 @@ holding a file of its Ray session open, and every job's processes by the job's o
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import uuid
 from typing import Optional
 
 from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _start_time, own_child, reap
+from slime_hydra.sweep.jobs import job_dirs
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 def reap_sweep(sweep_dir: str, token: Optional[str], ray_session_dir: Optional[str]) -> int:
     """Kill every process of the sweep and of its jobs still running; returns how many."""
     killed = 0
-    for lease in glob.glob(os.path.join(sweep_dir, "*", LEASE_FILE)):
+    for job_dir in job_dirs(sweep_dir):  # a job writes its status file before it starts its driver
         try:
-            with open(lease) as f:
+            with open(os.path.join(job_dir, LEASE_FILE)) as f:
                 job = json.load(f)
         except (OSError, ValueError):
             continue

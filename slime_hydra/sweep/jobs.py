@@ -4,14 +4,20 @@ the sweep's process is gone, and a resumed sweep knows which jobs finished."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from omegaconf import OmegaConf
+
 from slime_hydra.launch.lease import _start_time
 
 STATUS_FILE = "sweep_job.json"
+DIRNAME_RESOLVER = "safe_dirname"  # conf/config.yaml's hydra.sweep.subdir
+DIRNAME_MAX = 200  # bytes of a job directory's name taken from its overrides (a file name has at most 255)
+SEARCH_DEPTH = 32  # job_dirs looks this many folders deep at most
 
 
 class JobPruned(Exception):
@@ -32,6 +38,32 @@ def shown_overrides(config: Any, overrides: Sequence[str]) -> List[str]:
     ``hydra.job.config.override_dirname.exclude_keys`` leaves out of its directory name."""
     exclude = set(config.hydra.job.config.override_dirname.exclude_keys or [])
     return [o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0].lstrip("+~") not in exclude]
+
+
+def safe_dirname(name: str) -> str:
+    """``hydra.job.override_dirname`` as ONE directory name (``hydra.sweep.subdir`` is
+    ``${hydra.job.num}_${safe_dirname:${hydra.job.override_dirname}}``). A ``/`` in an override's value (a
+    path: ``data.path=data/train.jsonl``) would nest the job's directory in folders named after pieces of
+    the value, or, with ``..``, put it outside the sweep directory; it becomes ``%2F``. A name longer than
+    ``DIRNAME_MAX`` bytes is cut and ends with ``~`` and a hash of the whole name (two jobs' names stay
+    apart; the job number in front of it keeps them apart anyway)."""
+    out = str(name).replace("/", "%2F")
+    raw = out.encode()
+    if len(raw) > DIRNAME_MAX:
+        digest = hashlib.sha1(raw).hexdigest()[:10]
+        out = raw[:DIRNAME_MAX - len(digest) - 1].decode(errors="ignore") + "~" + digest
+    return out
+
+
+def register_resolver() -> None:
+    """``${safe_dirname:...}``. Registered when this module is imported: by the sweep plugins that Hydra's
+    plugin scan imports (hydra_plugins/slime_hydra_sweep), so in every process that composes a sweep job
+    (the sweep's, a launcher's worker, a Slurm job unpickling Hydra's plugin registry)."""
+    if not OmegaConf.has_resolver(DIRNAME_RESOLVER):
+        OmegaConf.register_new_resolver(DIRNAME_RESOLVER, safe_dirname)
+
+
+register_resolver()
 
 
 def write_status(job_dir: str, num: int, overrides: List[str], status: str, error: Optional[str] = None,
@@ -58,9 +90,26 @@ def read_status(job_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def job_dirs(sweep_dir: str) -> List[str]:
-    """The sweep's job directories (those with a status file), in job order."""
-    if not os.path.isdir(sweep_dir):
-        return []
-    dirs = [os.path.join(sweep_dir, d) for d in os.listdir(sweep_dir)
-            if os.path.exists(os.path.join(sweep_dir, d, STATUS_FILE))]
-    return sorted(dirs, key=lambda d: (read_status(d) or {}).get("num", 0))
+    """The sweep's job directories (those with a status file), in job order.
+
+    Found at any depth: a job directory is one folder (``safe_dirname``), but a sweep run before that, or
+    a ``hydra.sweep.subdir`` of the user's with a ``/``, nests them. A job directory is not searched
+    further (its checkpoints and logs hold no jobs), nor is another run's (``.hydra`` but no status
+    file), a hidden folder or a link."""
+    found: List[str] = []
+
+    def search(d: str, depth: int) -> None:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            return
+        for e in entries:
+            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+                continue
+            if os.path.exists(os.path.join(e.path, STATUS_FILE)):
+                found.append(e.path)
+            elif depth < SEARCH_DEPTH and not os.path.isdir(os.path.join(e.path, ".hydra")):
+                search(e.path, depth + 1)
+
+    search(sweep_dir, 1)
+    return sorted(found, key=lambda d: ((read_status(d) or {}).get("num", 0), d))

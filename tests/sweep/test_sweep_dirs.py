@@ -1,0 +1,114 @@
+"""Job directories: one folder per job whatever its override values (a path's ``/`` does not nest it),
+and the report, the resume and the watchdog's reaping finding every job directory, also nested ones (a
+sweep written before that, or a ``hydra.sweep.subdir`` of the user's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from sweep_helpers import ROOT
+
+
+def subdir(*overrides: str) -> str:
+    """``hydra.sweep.subdir`` of job 3 with these overrides, as the sweep composes it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from slime_hydra.config.store import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.job.num = 3
+    return str(cfg.hydra.sweep.subdir)
+
+
+def test_a_path_value_does_not_nest_the_job_directory():
+    name = subdir("data=jsonl", "data.path=../../data/train.jsonl", "algo.lr=1e-3")
+    assert name == "3_algo.lr=1e-3,data.path=..%2F..%2Fdata%2Ftrain.jsonl,data=jsonl"
+    assert os.path.dirname(os.path.join("/sweep", name)) == "/sweep"  # one folder, inside the sweep's
+    # the sweep-wide switches stay out of it: a resumed sweep computes the same directory
+    assert subdir("data=jsonl", "data.path=../../data/train.jsonl", "algo.lr=1e-3", "sweep.resume=true",
+                  "trainer.resume=auto") == name
+    assert subdir("algo.lr=1e-3") == "3_algo.lr=1e-3"  # names without a `/` as before
+
+
+def test_safe_dirname_cuts_a_long_name_and_keeps_names_apart():
+    from slime_hydra.sweep.jobs import DIRNAME_MAX, safe_dirname
+
+    assert safe_dirname("") == "" and safe_dirname("a=1,b=x/y") == "a=1,b=x%2Fy"
+    long_a, long_b = "data.path=/" + "é" * 300 + "a", "data.path=/" + "é" * 300 + "b"
+    a, b = safe_dirname(long_a), safe_dirname(long_b)
+    assert a != b and "/" not in a
+    assert len(a.encode()) <= DIRNAME_MAX and a.startswith("data.path=%2Féé")
+    a.encode().decode()  # not cut inside a character
+
+
+def write_job(job_dir, num: int, status: str = "ok") -> str:
+    from slime_hydra.sweep.jobs import write_status
+
+    write_status(str(job_dir), num, [f"seed={num}"], status, started=time.time())
+    return str(job_dir)
+
+
+def test_job_dirs_at_any_depth_but_not_inside_a_job_or_a_run(tmp_path):
+    from slime_hydra.sweep.jobs import job_dirs
+
+    d = tmp_path / "sweep"
+    flat = write_job(d / "0_seed=0", 0)
+    nested = write_job(d / "1_data.path=data" / "train.jsonl,seed=1", 1)  # a sweep before safe_dirname
+    deeper = write_job(d / "2_data.path=" / "abs" / "data" / "x.jsonl,seed=2", 2, "failed")
+    write_job(d / "0_seed=0" / "checkpoints" / "step_1", 7)  # inside a job: not a job of this sweep
+    write_job(d / ".hidden" / "job", 8)
+    (d / "outputs" / "run" / ".hydra").mkdir(parents=True)  # another run's directory: not searched
+    write_job(d / "outputs" / "run" / "inner", 9)
+    (d / "empty").mkdir()
+    assert job_dirs(str(d)) == [flat, nested, deeper]
+    assert job_dirs(str(tmp_path / "missing")) == []
+
+
+def test_the_report_of_a_sweep_with_nested_job_directories(tmp_path, capsys):
+    from slime_hydra.sweep.__main__ import main
+    from slime_hydra.sweep.report import collect, status_line
+
+    d = tmp_path / "sweep"
+    write_job(d / "0_data.path=tests" / "fixtures" / "tiny.jsonl", 0, "failed")
+    job = write_job(d / "1_data.path=tests" / "fixtures" / "tiny.jsonl", 1)
+    with open(os.path.join(job, "metrics.jsonl"), "w") as f:
+        for step in (1, 2):
+            f.write(json.dumps({"step": step, "perf/step_time": 1.0, "eval/heldout/reward": 0.25 * step}) + "\n")
+    rows = collect(str(d))
+    assert [(r["job"], r["status"], r["final_reward"]) for r in rows] == [(0, "failed", None), (1, "ok", 0.5)]
+    assert status_line(rows[1]) == "[sweep] job 1 | ok | step 2 | eval 0.500 | 1.00 s/step | seed=1"
+    assert main(["report", str(d)]) == 0
+    md = (d / "sweep.md").read_text()
+    assert "2 jobs: 1 failed, 1 ok" in md and "Best: job 1 (seed=1), final held-out reward 0.5" in md
+    assert "2 jobs: 1 failed, 1 ok" in capsys.readouterr().out
+
+
+def test_the_watchdog_reaps_the_processes_of_a_nested_job(tmp_path):
+    """reap_sweep finds each job's driver.json by its job directory, at any depth."""
+    from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV
+    from slime_hydra.sweep.cluster import reap_sweep
+
+    d = tmp_path / "sweep"
+    job = write_job(d / "0_data.path=a" / "b.jsonl", 0, "running")
+    token = f"test-{os.getpid()}-{time.time_ns()}"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            env={**os.environ, TOKEN_ENV: token})
+    try:
+        with open(os.path.join(job, LEASE_FILE), "w") as f:
+            json.dump({"token": token, "ray_session_dir": None}, f)
+        assert reap_sweep(str(d), None, None) == 1
+        assert proc.wait(timeout=10) == -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
