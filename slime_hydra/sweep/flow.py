@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, List, Sequence
+from typing import Any, List, Sequence, Tuple
 
 from hydra.core.utils import JobReturn, JobStatus
 
@@ -61,8 +61,10 @@ def launch(launcher: Any, todo: List[tuple]) -> List[JobReturn]:
             launcher.close()
 
 
-def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn]) -> None:
-    """The report, a summary line, and exit status 1 naming the failed jobs, if any."""
+def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn],
+           also_failed: Sequence[Tuple[Job, str]] = ()) -> None:
+    """The report, a summary line, and exit status 1 naming the failed jobs, if any. ``also_failed``: jobs
+    that ran ok but failed the sweep all the same, with why (an Optuna trial without an objective)."""
     sweep_dir = str(sweeper.config.hydra.sweep.dir)
     rows = write_report(sweep_dir)
     failed = [j for j, r in zip(jobs, returns) if r.status != JobStatus.COMPLETED and not _pruned(r)]
@@ -73,6 +75,10 @@ def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn]) -> None:
     if failed:
         print(f"[sweep] {len(failed)} job(s) failed: " + "; ".join(
             f"{j.label()} ({os.path.join(j.dir or '', 'console.log')})" for j in failed), file=sys.stderr, flush=True)
+    if also_failed:
+        print(f"[sweep] {len(also_failed)} trial(s) without an objective (told Optuna FAIL): " + "; ".join(
+            f"{j.label()}: {why}" for j, why in also_failed), file=sys.stderr, flush=True)
+    if failed or also_failed:
         sys.exit(1)
 
 

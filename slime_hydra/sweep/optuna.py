@@ -6,7 +6,11 @@ value (``sweep.optimized_metric`` of its summary). This subclass keeps its searc
 study handling, and changes its loop:
 - before the first trial, the corners of the search space (each parameter's low and high, each choice)
   are composed and validated like a grid sweep's jobs, and a dry run prints their plans;
-- trials are validated before they launch (an invalid one is told FAIL, not run);
+- trials are validated before they launch (an invalid one is told FAIL, not run); a search whose
+  objective cannot exist (a held-out reward, with no eval set) is refused before the first trial;
+- a trial whose objective is not a number (NaN, missing) is told FAIL, not the search's end; failed trials
+  count against ``max_failure_rate``: past it, no new trial starts (those running end), and the search
+  exits 1 after its report;
 - the study lives in sqlite in the sweep directory: the same command continues it, counting the trials
   already done towards ``n_trials`` (trials left running by a killed search are told FAIL);
 - ``pruner`` (an Optuna pruner, e.g. MedianPruner): each trial's job reports its held-out reward to the
@@ -22,14 +26,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hydra.core.utils import JobStatus
+from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
+from slime_hydra.sweep.compose import Job
 from slime_hydra.sweep.flow import finish, prepare
 from slime_hydra.sweep.jobs import JobPruned
 from slime_hydra.sweep.prune import storage_of
@@ -53,6 +59,87 @@ def corners(distributions: Dict[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
+EVAL_METRICS = ("eval_reward_initial", "eval_reward_final")  # summary.json's held-out rewards: NaN without evals
+
+
+def objective_problems(job: Job) -> List[str]:
+    """Why a search's objective cannot exist for this job's config (checked before any trial starts):
+    a held-out reward as ``sweep.optimized_metric`` with no eval set would be NaN in every trial."""
+    cfg = job.cfg
+    if cfg is None:
+        return []
+    metric = cfg.sweep.optimized_metric
+    if metric in EVAL_METRICS and not cfg.eval.datasets:
+        return [f"sweep.optimized_metric: {metric} (the search's objective) is a held-out reward, but "
+                f"eval.datasets is empty, so no trial would have one: name an eval set "
+                f"(eval.datasets=[{{name: ..., path: ...}}], conf/eval/jsonl.yaml) or optimize another summary "
+                f"value (e.g. sweep.optimized_metric=train_reward_last)"]
+    return []
+
+
+def objective_values(value: Any, n_objectives: int) -> Tuple[Optional[List[float]], Optional[str]]:
+    """A completed job's return value as the study's values, or (None, why not): not a number, NaN, or
+    not one per objective. Optuna refuses NaN with a ValueError; such a trial is told FAIL instead."""
+    raw = list(value) if n_objectives > 1 and isinstance(value, (list, tuple)) else [value]
+    try:
+        values = [float(v) for v in raw]
+    except (TypeError, ValueError):
+        return None, f"returned {value!r}, not a number"
+    if len(values) != n_objectives:
+        return None, f"returned {len(values)} value(s) for {n_objectives} objective(s)"
+    if any(math.isnan(v) for v in values):
+        return None, f"returned {value!r}"
+    return values, None
+
+
+class TrialBook:
+    """Tells the study how each trial ended, and counts the failed ones (invalid, crashed, or without an
+    objective) against ``max_failure_rate``, over the trials this search ended (hydra-optuna-sweeper's
+    rule, which counts per batch: this search has no batches)."""
+
+    def __init__(self, study: Any, n_objectives: int, metric: str, max_failure_rate: float) -> None:
+        self.study, self.n_objectives, self.metric = study, n_objectives, metric
+        self.max_failure_rate = max_failure_rate
+        self.ended = 0
+        self.failed = 0
+        self.no_objective: List[Tuple[int, str]] = []  # (trial number, why) of the jobs that ended ok
+
+    def tell(self, trial: Any, ret: JobReturn) -> None:
+        from optuna.trial import TrialState
+
+        if ret.status == JobStatus.COMPLETED:
+            values, why = objective_values(ret.return_value, self.n_objectives)
+            if values is not None:
+                self.study.tell(trial, values=values)
+                self._count(failed=False)
+                return
+            why = f"sweep.optimized_metric={self.metric} {why}"
+            log.warning("trial %d: %s: told FAIL", trial.number, why)
+            self.no_objective.append((trial.number, why))
+            self.study.tell(trial, state=TrialState.FAIL)
+            self._count(failed=True)
+        elif isinstance(ret._return_value, JobPruned):
+            self.study.tell(trial, state=TrialState.PRUNED)
+            self._count(failed=False)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+            self._count(failed=True)
+
+    def invalid(self, trial: Any) -> None:
+        from optuna.trial import TrialState
+
+        self.study.tell(trial, state=TrialState.FAIL)
+        self._count(failed=True)
+
+    def _count(self, failed: bool) -> None:
+        self.ended += 1
+        self.failed += failed
+
+    @property
+    def too_many_failed(self) -> bool:
+        return self.ended > 0 and self.failed / self.ended > self.max_failure_rate
+
+
 class _Impl(OptunaSweeperImpl):
     def __init__(self, *args: Any, pruner: Optional[Any] = None) -> None:
         super().__init__(*args)
@@ -73,7 +160,10 @@ class _Impl(OptunaSweeperImpl):
         for name in fixed:
             distributions.pop(name, None)
         probes = [tuple(f"{k}={v}" for k, v in {**p, **fixed}.items()) for p in corners(distributions)]
-        prepare(self, compose(self.hydra_context, self.config, list(enumerate(probes))))
+        jobs = compose(self.hydra_context, self.config, list(enumerate(probes)))
+        for job in jobs:
+            job.problems += objective_problems(job)
+        prepare(self, jobs)
 
         sweep_dir = str(self.config.hydra.sweep.dir)
         os.makedirs(sweep_dir, exist_ok=True)
@@ -92,6 +182,7 @@ class _Impl(OptunaSweeperImpl):
             if OmegaConf.is_config(pruner):
                 pruner = OmegaConf.to_container(pruner, resolve=True)
             self.launcher.prune = {"pruner": pruner, "study_name": study.study_name, "storage": self.storage}
+        book = TrialBook(study, len(directions), str(self.config.sweep.optimized_metric), self.max_failure_rate)
         ran, returns = [], []
         running: Dict[Any, Any] = {}  # future -> (trial, job)
         self.launcher.begin()
@@ -102,9 +193,11 @@ class _Impl(OptunaSweeperImpl):
                     to_go -= 1
                     overrides = list(self._configure_trials([trial], distributions, fixed)[0])
                     job = compose(self.hydra_context, self.config, [(trial.number, overrides)])[0]
+                    job.problems += objective_problems(job)
                     if job.problems:
                         log.warning("%s is invalid, told FAIL: %s", job.label(), "; ".join(job.problems))
-                        study.tell(trial, state=TrialState.FAIL)
+                        book.invalid(trial)
+                        to_go = self._stop_if_too_many_failed(book, to_go, running)
                         continue
                     running[self.launcher.submit(job.num, overrides)] = (trial, job, overrides)
                 if not running:
@@ -113,15 +206,10 @@ class _Impl(OptunaSweeperImpl):
                 for future in done:
                     trial, job, overrides = running.pop(future)
                     ret = self.launcher.result(future, job.num, overrides)
-                    if ret.status == JobStatus.COMPLETED:
-                        study.tell(trial, values=[float(ret.return_value)] if len(directions) == 1
-                                   else [float(v) for v in ret.return_value])
-                    elif isinstance(ret._return_value, JobPruned):
-                        study.tell(trial, state=TrialState.PRUNED)
-                    else:
-                        study.tell(trial, state=TrialState.FAIL)
+                    book.tell(trial, ret)
                     ran.append(job)
                     returns.append(ret)
+                    to_go = self._stop_if_too_many_failed(book, to_go, running)
         finally:
             self.launcher.end()
             self.launcher.close()
@@ -132,7 +220,25 @@ class _Impl(OptunaSweeperImpl):
             OmegaConf.save(OmegaConf.create({"name": "optuna", "best_trial": best.number, "best_params": best.params,
                                              "best_value": best.value}),
                            os.path.join(sweep_dir, "optimization_results.yaml"))
-        finish(self, ran, returns)
+        elif not complete:
+            log.warning("no trial of study %s completed with an objective: no optimization_results.yaml",
+                        study.study_name)
+        finish(self, ran, returns, also_failed=self._also_failed(book, ran))
+
+    def _stop_if_too_many_failed(self, book: TrialBook, to_go: int, running: Dict[Any, Any]) -> int:
+        """The trials still to ask for: none once the failed ones are past ``max_failure_rate``."""
+        if to_go > 0 and book.too_many_failed:
+            log.error("%d of the %d trial(s) ended so far failed, more than max_failure_rate=%s: no new trial "
+                      "starts (%d left not run%s)", book.failed, book.ended, self.max_failure_rate, to_go,
+                      f"; waiting for the {len(running)} running" if running else "")
+            return 0
+        return to_go
+
+    @staticmethod
+    def _also_failed(book: TrialBook, ran: Sequence[Job]) -> List[Tuple[Job, str]]:
+        """The jobs that ended ok but whose trial failed (no objective), with why, for the sweep's exit."""
+        by_num = {j.num: j for j in ran}
+        return [(by_num[num], why) for num, why in book.no_objective if num in by_num]
 
 
 class SlimeOptunaSweeper(OptunaSweeper):
