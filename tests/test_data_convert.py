@@ -188,3 +188,15 @@ def test_module_entry_point(tmp_path):
     assert p.returncode == 0 and "1 rows ok" in p.stdout
     p = subprocess.run([sys.executable, "-m", "slime_hydra.data", "check", str(src)], capture_output=True, text=True)
     assert p.returncode == 1 and "missing key 'prompt'" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["in.csv", "in.tsv", "in.json"])
+def test_not_utf8_names_file_and_line(tmp_path, capsys, name):
+    src, dst = tmp_path / name, tmp_path / "o.jsonl"
+    text = {"in.csv": "prompt,label\nok,1\ncaf\xe9,2\n", "in.tsv": "prompt\tlabel\nok\t1\ncaf\xe9\t2\n",
+            "in.json": '{"prompt": "ok", "label": 1}\n{"prompt": "caf\xe9", "label": 2}\n'}[name]
+    src.write_bytes(text.encode("latin-1"))
+    rc, _, err = run([str(src), str(dst)], capsys)
+    line = 2 if name == "in.json" else 3
+    assert rc == 1 and f"{src}:{line}: not UTF-8 text (byte 0xe9" in err and "must be UTF-8" in err
+    assert "Traceback" not in err and not dst.exists()

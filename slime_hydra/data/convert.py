@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from slime_hydra.data.dataset import DataError, check_prompt
+from slime_hydra.data.dataset import DataError, _read_text, check_prompt
 
 FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "hf")
 MAX_LISTED = 20  # rejected rows printed in the summary
@@ -65,8 +66,16 @@ def detect_format(path: str) -> str:
     return ext
 
 
+def _text(path: str, kind: str) -> str:
+    """The file's text; not UTF-8 is an error naming the file, the line and the byte."""
+    try:
+        return _read_text(path, kind)
+    except DataError as e:
+        raise ConvertError(str(e)) from None
+
+
 def _read_delimited(path: str, delimiter: str) -> Records:
-    f = open(path, newline="", encoding="utf-8-sig")
+    f = io.StringIO(_text(path, "CSV and TSV files"), newline="")
     reader = csv.DictReader(f, delimiter=delimiter)
     columns = list(reader.fieldnames or [])
 
@@ -98,8 +107,7 @@ def _read_json_lines(lines: List[str]) -> List[Tuple[str, Any]]:
 
 
 def _read_json(path: str) -> Records:
-    with open(path, encoding="utf-8-sig") as f:
-        text = f.read()
+    text = _text(path, "JSON and JSONL files")
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)

@@ -52,9 +52,10 @@ def split_slice(spec: str) -> Tuple[str, slice]:
     return os.path.expanduser(m["path"]), slice(to_int(m["start"]), to_int(m["end"]))
 
 
-def _read_text(path: str) -> str:
+def _read_text(path: str, kind: str = "JSON and JSONL datasets") -> str:
     """A JSON / JSONL file's text; one that is not UTF-8 (a binary file, a latin-1 export) is a DataError
-    naming the file, the line and the byte, instead of a bare UnicodeDecodeError."""
+    naming the file, the line and the byte, instead of a bare UnicodeDecodeError. ``kind`` names the
+    files in the message (the converter reads CSV with it too)."""
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -62,7 +63,7 @@ def _read_text(path: str) -> str:
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise DataError(f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}: {e.reason}); "
-                        "JSON and JSONL datasets must be UTF-8 (a binary file, or another encoding: convert it "
+                        f"{kind} must be UTF-8 (a binary file, or another encoding: convert it "
                         "with iconv, or save it as parquet)") from None
 
 
