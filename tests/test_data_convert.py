@@ -200,3 +200,61 @@ def test_not_utf8_names_file_and_line(tmp_path, capsys, name):
     line = 2 if name == "in.json" else 3
     assert rc == 1 and f"{src}:{line}: not UTF-8 text (byte 0xe9" in err and "must be UTF-8" in err
     assert "Traceback" not in err and not dst.exists()
+
+
+def qa_csv(path, n, changes=None):
+    """A ``question,answer`` CSV of n rows; changes: {data row index: raw line} (row i is on line i + 2)."""
+    lines = [f"{i}+0=,{i}" for i in range(n)]
+    for i, raw in (changes or {}).items():
+        lines[i] = raw
+    path.write_text("question,answer\n" + "\n".join(lines) + "\n")
+
+
+QA = ["--input-col", "question", "--label-col", "answer"]
+
+
+def test_csv_stray_quote_to_end_of_file_is_an_error(tmp_path, capsys):
+    # the csv module's default read everything after the quote as one field: "wrote 10 rows", exit 0
+    src, dst = tmp_path / "in.csv", tmp_path / "o.jsonl"
+    qa_csv(src, 1000, {10: '"10=,0'})
+    dst.write_text("precious\n")
+    rc, out, err = run([str(src), str(dst), *QA, "--overwrite"], capsys)
+    assert rc == 1 and out == "" and "Traceback" not in err
+    assert f"{src}:12: a quoted field opens here and is never closed (it runs to the end of the file, line 1001)" in err
+    assert "expected a closing '\"'" in err and dst.read_text() == "precious\n"
+    tsv = tmp_path / "in.tsv"
+    tsv.write_text('prompt\tlabel\nq\t1\n"q2\t2\nq3\t3\n')
+    rc, _, err = run([str(tsv), str(tmp_path / "t.jsonl")], capsys)
+    assert rc == 1 and f"{tsv}:3: a quoted field opens here and is never closed" in err
+    hdr = tmp_path / "h.csv"
+    hdr.write_text('"prompt,label\nq,1\n')
+    rc, _, err = run([str(hdr), str(tmp_path / "h.jsonl")], capsys)
+    assert rc == 1 and f"{hdr}:1: a quoted field opens here and is never closed" in err
+
+
+def test_csv_quote_closed_mid_field_is_an_error(tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    qa_csv(src, 1000, {10: '"10=,0', 500: '5"00=,1'})
+    rc, _, err = run([str(src), str(tmp_path / "o.jsonl"), *QA], capsys)
+    assert rc == 1 and f"{src}:12: the quoted field that opens here ends at a '\"' on line 502 followed by" in err
+    assert "expected ',' or the end of the line after a closing '\"'" in err
+    src.write_text('prompt,label\n"hi" there,1\n')
+    rc, _, err = run([str(src), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 1 and f"{src}:2: the quoted field that opens here ends at a '\"' on line 2" in err
+
+
+def test_csv_quotes_that_pair_up_are_valid_but_a_long_record_is_noted(tmp_path, capsys):
+    # two stray quotes that close at a field boundary are valid CSV: the rows between are one field
+    src, dst = tmp_path / "in.csv", str(tmp_path / "o.jsonl")
+    qa_csv(src, 1000, {10: '"10=,0', 500: '500=",1'})
+    rc, out, _ = run([str(src), dst, *QA], capsys)
+    assert rc == 0 and "wrote 510 rows" in out
+    assert "note: line 12: one record spans lines 12-502: a quoted field runs from line 12 to 502" in out
+    # legitimate quoting: embedded newlines, delimiters and "" escapes, a quote inside an unquoted field
+    src.write_text('prompt,label\n"two\nlines, a comma",1\n"say ""hi""",2\nplain "quote" inside,3\n\nq,4\n')
+    rc, out, _ = run([str(src), dst, "--overwrite"], capsys)
+    assert rc == 0 and "rejected 0" in out and "note" not in out
+    assert [r["prompt"] for r in read_out(dst)] == ["two\nlines, a comma", 'say "hi"', 'plain "quote" inside', "q"]
+    src.write_text("prompt,label\n\n,1\n\nq,2\n")  # blank lines are skipped and still counted
+    rc, out, _ = run([str(src), dst, "--overwrite"], capsys)
+    assert rc == 0 and "line 3: empty prompt" in out

@@ -6,7 +6,9 @@
 IN is CSV, TSV, JSON (a list of objects, or JSON lines), JSONL, parquet, or a directory saved with
 ``datasets``' ``save_to_disk`` (a DatasetDict needs ``--split``). Bad rows (empty prompt, missing
 label, ...) are skipped and listed with their line (text formats) or row (parquet, datasets; 0-based);
-a bad file or a missing column stops the conversion. OUT appears only when complete (written to a
+a bad file or a missing column stops the conversion: text that is not UTF-8, or a CSV / TSV quote
+left open (named with the line where its field opens; the csv module would read the rest of the
+file as one field). OUT appears only when complete (written to a
 temporary file next to it, then renamed) and an existing OUT is kept unless ``--overwrite``.
 """
 
@@ -26,7 +28,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from slime_hydra.data.dataset import DataError, _read_text, check_prompt
 
 FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "hf")
-MAX_LISTED = 20  # rejected rows printed in the summary
+MAX_LISTED = 20  # rejected rows (and notes) printed in the summary
+LONG_RECORD = 100  # a CSV / TSV record spanning more lines than this is noted (a stray quote?)
 
 
 class ConvertError(ValueError):
@@ -38,15 +41,26 @@ class Reject(ValueError):
 
 
 @dataclass
+class Note:
+    """Not a row: something about the input the summary points out (the next row is still read)."""
+
+    text: str
+
+
+@dataclass
 class Summary:
     written: int = 0
     rejected: List[Tuple[str, str]] = field(default_factory=list)  # (location, reason)
+    notes: List[Tuple[str, str]] = field(default_factory=list)  # (location, what to look at)
 
     def report(self, out: str) -> str:
         lines = [f"wrote {self.written} rows to {out}; rejected {len(self.rejected)}"]
         lines += [f"  {loc}: {why}" for loc, why in self.rejected[:MAX_LISTED]]
         if len(self.rejected) > MAX_LISTED:
             lines.append(f"  ... and {len(self.rejected) - MAX_LISTED} more")
+        lines += [f"note: {loc}: {what}" for loc, what in self.notes[:MAX_LISTED]]
+        if len(self.notes) > MAX_LISTED:
+            lines.append(f"note: ... and {len(self.notes) - MAX_LISTED} more")
         return "\n".join(lines)
 
 
@@ -74,23 +88,107 @@ def _text(path: str, kind: str) -> str:
         raise ConvertError(str(e)) from None
 
 
+class _Lines:
+    """The lines of a text, counted, with the raw lines of the record being read (for error messages)."""
+
+    def __init__(self, text: str):
+        self._it = iter(io.StringIO(text, newline=""))  # the line breaks the csv module counts
+        self.count = 0
+        self.record: List[str] = []
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._it)
+        self.count += 1
+        self.record.append(line)
+        return line
+
+
+def _quoted_fields(lines: List[str], delimiter: str, first: int) -> List[Tuple[int, Optional[int]]]:
+    """(line it opens on, line it closes on or None) of each quoted field in a record's raw lines,
+    scanned the way the csv module reads them (a field is quoted when it starts with '"'; '""' inside
+    is a quote)."""
+    spans: List[Tuple[int, Optional[int]]] = []
+    opened, in_quotes, at_start = first, False, True
+    for n, line in enumerate(lines, first):
+        j = 0
+        while j < len(line):
+            c = line[j]
+            if in_quotes:
+                if c == '"':
+                    if line.startswith('"', j + 1):
+                        j += 1
+                    else:
+                        in_quotes = False
+                        spans.append((opened, n))
+            elif c == '"' and at_start:
+                in_quotes, opened = True, n
+            at_start = not in_quotes and c in (delimiter, "\r", "\n")
+            j += 1
+    if in_quotes:
+        spans.append((opened, None))
+    return spans
+
+
+def _csv_error(path: str, e: csv.Error, lines: _Lines, first: int, delimiter: str) -> ConvertError:
+    """A csv.Error as the file, the line where the bad quoted field opens, and what was expected."""
+    spans = _quoted_fields(lines.record, delimiter, first)
+    sep = "','" if delimiter == "," else "a tab" if delimiter == "\t" else repr(delimiter)
+    escape = "a '\"' inside a quoted field is written '\"\"'"
+    if "unexpected end of data" in str(e) and spans and spans[-1][1] is None:
+        return ConvertError(
+            f"{path}:{spans[-1][0]}: a quoted field opens here and is never closed (it runs to the end of the "
+            f"file, line {lines.count}); expected a closing '\"' ({escape}), or no '\"' at the start of the field"
+        )
+    if "expected after" in str(e) and spans:
+        return ConvertError(
+            f"{path}:{spans[-1][0]}: the quoted field that opens here ends at a '\"' on line {spans[-1][1]} "
+            f"followed by more text; expected {sep} or the end of the line after a closing '\"' ({escape})"
+        )
+    return ConvertError(f"{path}:{lines.count}: not valid {'CSV' if delimiter == ',' else 'TSV'} ({e})")
+
+
 def _read_delimited(path: str, delimiter: str) -> Records:
-    f = io.StringIO(_text(path, "CSV and TSV files"), newline="")
-    reader = csv.DictReader(f, delimiter=delimiter)
-    columns = list(reader.fieldnames or [])
+    """Rows of a CSV / TSV file. The reader is strict about quotes: a stray '"' opens a quoted field that
+    would otherwise swallow every following line (the csv module's default reads on to the end of the
+    file and returns it all as one field), so an unclosed or misplaced quote is an error naming the line
+    where the field opens. A record spanning more than LONG_RECORD lines is noted in the summary."""
+    lines = _Lines(_text(path, "CSV and TSV files"))
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
+
+    def next_row() -> Optional[Tuple[int, List[str]]]:
+        """(first line, fields) of the next non-blank record, or None at the end."""
+        while True:
+            first, lines.record = lines.count + 1, []
+            try:
+                row = next(reader)
+            except StopIteration:
+                return None
+            except csv.Error as e:
+                raise _csv_error(path, e, lines, first, delimiter) from None
+            if row:
+                return first, row
+
+    header = next_row()
+    columns = header[1] if header else []
 
     def rows() -> Iterator[Tuple[str, Any]]:
-        with f:
-            start = reader.line_num + 1
-            for rec in reader:
-                if None in rec:
-                    yield (
-                        f"line {start}",
-                        Reject(f"{len(columns) + len(rec[None])} fields, the header has {len(columns)}"),
-                    )
-                else:
-                    yield f"line {start}", rec
-                start = reader.line_num + 1
+        while (got := next_row()) is not None:
+            first, row = got
+            loc = f"line {first}"
+            if lines.count - first + 1 > LONG_RECORD:
+                opened, closed = max(_quoted_fields(lines.record, delimiter, first),
+                                     key=lambda s: (s[1] or 0) - s[0], default=(first, lines.count))
+                yield loc, Note(
+                    f"one record spans lines {first}-{lines.count}: a quoted field runs from line {opened} to "
+                    f"{closed}; if that is not meant, a stray '\"' on line {opened} opened it"
+                )
+            if len(row) > len(columns):
+                yield loc, Reject(f"{len(row)} fields, the header has {len(columns)}")
+            else:
+                yield loc, dict(zip(columns, row + [None] * (len(columns) - len(row))))
 
     return columns, rows()
 
@@ -254,6 +352,9 @@ def convert(
         raise ConvertError(f"{src}: no column {', '.join(map(repr, absent))} (columns: {', '.join(columns) or 'none'})")
     summary, rows = Summary(), []
     for loc, rec in records:
+        if isinstance(rec, Note):
+            summary.notes.append((loc, rec.text))
+            continue
         try:
             rows.append(
                 convert_record(
