@@ -258,3 +258,18 @@ def test_csv_quotes_that_pair_up_are_valid_but_a_long_record_is_noted(tmp_path, 
     src.write_text("prompt,label\n\n,1\n\nq,2\n")  # blank lines are skipped and still counted
     rc, out, _ = run([str(src), dst, "--overwrite"], capsys)
     assert rc == 0 and "line 3: empty prompt" in out
+
+
+def test_csv_field_over_the_csv_module_limit_is_read(tmp_path, capsys):
+    # a long-context prompt: the csv module's default field_size_limit (131072) raised a traceback
+    src, dst = tmp_path / "in.csv", str(tmp_path / "o.jsonl")
+    long = "x" * 300_000
+    src.write_text(f'prompt,label\n{long},1\n"{long}\n{long}",2\nq,3\n')
+    before = C.csv.field_size_limit()
+    rc, out, _ = run([str(src), dst], capsys)
+    assert rc == 0 and "wrote 3 rows" in out and C.csv.field_size_limit() == before
+    assert [len(r["prompt"]) for r in read_out(dst)] == [300_000, 600_001, 1]
+    # ... and a stray quote in a file longer than the limit is still found where it opens
+    qa_csv(src, 20_000, {10: '"10=,0'})
+    rc, _, err = run([str(src), dst, "--overwrite", *QA], capsys)
+    assert rc == 1 and f"{src}:12: a quoted field opens here and is never closed" in err

@@ -93,6 +93,7 @@ class _Lines:
 
     def __init__(self, text: str):
         self._it = iter(io.StringIO(text, newline=""))  # the line breaks the csv module counts
+        self.chars = len(text)
         self.count = 0
         self.record: List[str] = []
 
@@ -154,7 +155,11 @@ def _read_delimited(path: str, delimiter: str) -> Records:
     """Rows of a CSV / TSV file. The reader is strict about quotes: a stray '"' opens a quoted field that
     would otherwise swallow every following line (the csv module's default reads on to the end of the
     file and returns it all as one field), so an unclosed or misplaced quote is an error naming the line
-    where the field opens. A record spanning more than LONG_RECORD lines is noted in the summary."""
+    where the field opens. A record spanning more than LONG_RECORD lines is noted in the summary.
+
+    The csv module refuses a field over csv.field_size_limit() (131072 characters by default); a
+    long-context prompt can be longer, and no field is longer than the file, whose text is already in
+    memory, so the limit is raised to the file's length while this file is read (and put back)."""
     lines = _Lines(_text(path, "CSV and TSV files"))
     reader = csv.reader(lines, delimiter=delimiter, strict=True)
 
@@ -162,12 +167,16 @@ def _read_delimited(path: str, delimiter: str) -> Records:
         """(first line, fields) of the next non-blank record, or None at the end."""
         while True:
             first, lines.record = lines.count + 1, []
+            limit = csv.field_size_limit()
+            csv.field_size_limit(max(limit, lines.chars + 1))
             try:
                 row = next(reader)
             except StopIteration:
                 return None
             except csv.Error as e:
                 raise _csv_error(path, e, lines, first, delimiter) from None
+            finally:
+                csv.field_size_limit(limit)
             if row:
                 return first, row
 
