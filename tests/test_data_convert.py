@@ -273,3 +273,32 @@ def test_csv_field_over_the_csv_module_limit_is_read(tmp_path, capsys):
     qa_csv(src, 20_000, {10: '"10=,0'})
     rc, _, err = run([str(src), dst, "--overwrite", *QA], capsys)
     assert rc == 1 and f"{src}:12: a quoted field opens here and is never closed" in err
+
+
+def test_output_folder_is_created_or_the_error_names_the_output(tmp_path, capsys, monkeypatch):
+    # the recipe writes data/train.jsonl and a fresh clone has no data/: the error named a temp file
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "p", "label": "l"}) + "\n")
+    dst = tmp_path / "data" / "sub" / "train.jsonl"
+    rc, out, err = run([str(src), str(dst)], capsys)
+    assert rc == 0 and f"wrote 1 rows to {dst}" in out and read_out(dst)[0]["label"] == "l"
+    assert os.listdir(dst.parent) == ["train.jsonl"]
+    monkeypatch.chdir(tmp_path)  # a relative path, as in the recipe
+    rc, out, _ = run([str(src), "fresh/train.jsonl"], capsys)
+    assert rc == 0 and read_out(tmp_path / "fresh" / "train.jsonl")[0]["prompt"] == "p"
+
+    (tmp_path / "afile").write_text("")
+    rc, _, err = run([str(src), str(tmp_path / "afile" / "x" / "o.jsonl")], capsys)
+    assert rc == 1 and f"{tmp_path}/afile/x/o.jsonl: cannot create its folder {tmp_path}/afile/x: " in err
+    assert f"{tmp_path}/afile is a file" in err and ".tmp" not in err
+    rc, _, err = run([str(src), str(tmp_path / "data"), "--overwrite"], capsys)
+    assert rc == 1 and f"{tmp_path}/data: is a folder; expected the path of the JSONL file to write" in err
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device", "/somewhere/.o.jsonl.x.tmp")
+
+    monkeypatch.setattr(C.os, "fsync", boom)  # a failed write names OUT and removes the folders it made
+    dst = tmp_path / "new" / "deeper" / "o.jsonl"
+    rc, _, err = run([str(src), str(dst)], capsys)
+    assert rc == 1 and f"{dst}: cannot write it (No space left on device)" in err and ".tmp" not in err
+    assert not (tmp_path / "new").exists()

@@ -8,8 +8,8 @@ IN is CSV, TSV, JSON (a list of objects, or JSON lines), JSONL, parquet, or a di
 label, ...) are skipped and listed with their line (text formats) or row (parquet, datasets; 0-based);
 a bad file or a missing column stops the conversion: text that is not UTF-8, or a CSV / TSV quote
 left open (named with the line where its field opens; the csv module would read the rest of the
-file as one field). OUT appears only when complete (written to a
-temporary file next to it, then renamed) and an existing OUT is kept unless ``--overwrite``.
+file as one field). OUT appears only when complete (written to a temporary file next to it, then
+renamed; a missing folder is created, as ``mkdir -p``) and an existing OUT is kept unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -345,6 +345,9 @@ def convert(
     fmt: Optional[str] = None,
 ) -> Summary:
     """Convert ``src`` to JSONL at ``dst``; raises ConvertError when nothing sensible can be written."""
+    problem = _output_problem(dst)
+    if problem:
+        raise ConvertError(f"{dst}: {problem}")
     if os.path.exists(dst) and not overwrite:
         raise ConvertError(f"{dst}: exists; pass --overwrite to replace it")
     if system_prompt is not None and not chat:
@@ -387,19 +390,51 @@ def convert(
     return summary
 
 
+def _output_problem(dst: str) -> Optional[str]:
+    """Why ``dst`` cannot be written, checked before any work: a folder, or a folder to create under a
+    file or where we may not write."""
+    if os.path.isdir(dst):
+        return "is a folder; expected the path of the JSONL file to write"
+    folder = os.path.dirname(os.path.abspath(dst))
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"cannot create its folder {folder}: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write in {existing} (permission denied)"
+    return None
+
+
 def write_jsonl_atomic(path: str, rows: List[Dict[str, Any]]) -> None:
-    """Write to a temporary file in the same directory, then rename: OUT is complete or absent."""
+    """Write to a temporary file in the same folder, then rename: OUT is complete or absent. A missing
+    folder is created with its parents (as ``mkdir -p``), and removed again if the write fails."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    created = []
+    d = directory
+    while not os.path.exists(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException as e:
+        if tmp is not None:
+            os.unlink(tmp)
+        for d in created:  # innermost first
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+        if isinstance(e, OSError):  # name OUT, not the temporary file the user never gave
+            raise ConvertError(f"{path}: cannot write it ({e.strerror or e})") from e
         raise
 
 
