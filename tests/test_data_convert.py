@@ -302,3 +302,23 @@ def test_output_folder_is_created_or_the_error_names_the_output(tmp_path, capsys
     rc, _, err = run([str(src), str(dst)], capsys)
     assert rc == 1 and f"{dst}: cannot write it (No space left on device)" in err and ".tmp" not in err
     assert not (tmp_path / "new").exists()
+
+
+def test_bad_input_never_ends_in_a_traceback(tmp_path, capsys, monkeypatch):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    rc, _, err = run([str(deep), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 1 and f"{deep}: JSON nested too deeply to read" in err
+    lines = tmp_path / "deep.jsonl"
+    lines.write_text(json.dumps({"prompt": "p", "label": "l"}) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    rc, out, _ = run([str(lines), str(tmp_path / "o.jsonl")], capsys)
+    assert rc == 0 and "line 2: JSON nested too deeply to read" in out
+
+    def csv_error(*a, **k):  # whatever else the csv module raises is reported, not a traceback
+        raise C.csv.Error("something new")
+
+    src = tmp_path / "in.csv"
+    src.write_text("prompt,label\nq,1\n")
+    monkeypatch.setattr(C.csv, "reader", csv_error)
+    rc, _, err = run([str(src), str(tmp_path / "c.jsonl")], capsys)
+    assert rc == 1 and f"error: {src}: something new" in err

@@ -210,6 +210,8 @@ def _read_json_lines(lines: List[str]) -> List[Tuple[str, Any]]:
                 out.append((f"line {i}", json.loads(line)))
             except json.JSONDecodeError as e:
                 out.append((f"line {i}", Reject(f"invalid JSON ({e.msg} at column {e.colno})")))
+            except RecursionError:
+                out.append((f"line {i}", Reject("JSON nested too deeply to read")))
     return out
 
 
@@ -220,6 +222,8 @@ def _read_json(path: str) -> Records:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConvertError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise ConvertError(f"{path}: JSON nested too deeply to read") from None
         recs = [(f"item {i}", x) for i, x in enumerate(data)]
     else:
         recs = _read_json_lines(text.splitlines())
@@ -471,8 +475,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "slime-hydra-convert"
             split=args.split,
             fmt=args.format,
         )
-    except (ConvertError, OSError, UnicodeDecodeError) as e:
+    # the readers turn bad input into ConvertError naming the file and line; the rest is a safety net
+    # so that bad input never ends in a traceback
+    except (ConvertError, DataError, OSError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (csv.Error, RecursionError) as e:
+        print(f"error: {args.input}: {e}", file=sys.stderr)
         return 1
     print(summary.report(args.output))
     return 0
