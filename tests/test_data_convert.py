@@ -322,3 +322,14 @@ def test_bad_input_never_ends_in_a_traceback(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(C.csv, "reader", csv_error)
     rc, _, err = run([str(src), str(tmp_path / "c.jsonl")], capsys)
     assert rc == 1 and f"error: {src}: something new" in err
+
+
+def test_json_lines_with_unicode_line_separators_in_strings(tmp_path, capsys):
+    # our own output keeps U+2028 unescaped (ensure_ascii=False); reading it back split the line there
+    src, dst = tmp_path / "in.jsonl", tmp_path / "o.jsonl"
+    src.write_text(json.dumps({"prompt": "a\u2028b\u2029c\x85d", "label": 1}, ensure_ascii=False) + "\n",
+                   encoding="utf-8")
+    rc, out, _ = run([str(src), str(dst)], capsys)
+    assert rc == 0 and "wrote 1 rows" in out and read_out(dst)[0]["prompt"] == "a\u2028b\u2029c\x85d"
+    rc, out, _ = run([str(dst), str(tmp_path / "again.jsonl")], capsys)
+    assert rc == 0 and "wrote 1 rows" in out

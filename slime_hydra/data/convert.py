@@ -202,9 +202,11 @@ def _read_delimited(path: str, delimiter: str) -> Records:
     return columns, rows()
 
 
-def _read_json_lines(lines: List[str]) -> List[Tuple[str, Any]]:
+def _read_json_lines(text: str) -> List[Tuple[str, Any]]:
     out = []
-    for i, line in enumerate(lines, 1):
+    # lines as a text file splits them, as training reads them (str.splitlines would also split at
+    # U+2028 / U+2029 inside a JSON string, which our own output writes unescaped)
+    for i, line in enumerate(io.StringIO(text, newline=None), 1):
         if line.strip():
             try:
                 out.append((f"line {i}", json.loads(line)))
@@ -226,7 +228,7 @@ def _read_json(path: str) -> Records:
             raise ConvertError(f"{path}: JSON nested too deeply to read") from None
         recs = [(f"item {i}", x) for i, x in enumerate(data)]
     else:
-        recs = _read_json_lines(text.splitlines())
+        recs = _read_json_lines(text)
     columns = list(dict.fromkeys(k for _, r in recs if isinstance(r, dict) for k in r))
     return columns, iter(recs)
 
