@@ -333,3 +333,16 @@ def test_json_lines_with_unicode_line_separators_in_strings(tmp_path, capsys):
     assert rc == 0 and "wrote 1 rows" in out and read_out(dst)[0]["prompt"] == "a\u2028b\u2029c\x85d"
     rc, out, _ = run([str(dst), str(tmp_path / "again.jsonl")], capsys)
     assert rc == 0 and "wrote 1 rows" in out
+
+
+def test_json_without_objects_says_why(tmp_path, capsys):
+    src, dst = tmp_path / "in.json", str(tmp_path / "o.jsonl")
+    src.write_text(json.dumps({"data": [{"prompt": "p", "label": "l"}]}, indent=2))
+    rc, _, err = run([str(src), dst], capsys)
+    assert rc == 1 and f"{src}: one JSON object; expected a JSON list of objects, or JSON lines" in err
+    src.write_text("[1, 2]")
+    rc, _, err = run([str(src), dst], capsys)
+    assert rc == 1 and f"{src}: no JSON objects to read (item 0: expected an object, got int)" in err
+    src.write_text("not json\n")
+    rc, _, err = run([str(src), dst], capsys)
+    assert rc == 1 and f"{src}: no JSON objects to read (line 1: invalid JSON (Expecting value at column 1))" in err

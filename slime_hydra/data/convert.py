@@ -229,6 +229,17 @@ def _read_json(path: str) -> Records:
         recs = [(f"item {i}", x) for i, x in enumerate(data)]
     else:
         recs = _read_json_lines(text)
+    if recs and not any(isinstance(r, dict) for _, r in recs):  # say why, not "no column 'prompt'"
+        try:
+            whole = json.loads(text)
+        except (ValueError, RecursionError):
+            whole = None
+        if isinstance(whole, dict):
+            raise ConvertError(f"{path}: one JSON object; expected a JSON list of objects, or JSON lines "
+                               f"(one object per line)")
+        loc, r = recs[0]
+        why = r if isinstance(r, Reject) else f"expected an object, got {type(r).__name__}"
+        raise ConvertError(f"{path}: no JSON objects to read ({loc}: {why})")
     columns = list(dict.fromkeys(k for _, r in recs if isinstance(r, dict) for k in r))
     return columns, iter(recs)
 
