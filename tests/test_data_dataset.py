@@ -218,3 +218,13 @@ def test_a_file_that_is_not_utf8_is_an_error_naming_it(tmp_path, name):
     path.write_bytes(b'{"prompt": "ok", "label": "1"}\n' + bytes(range(128, 256)) + b"\x00\x01PK\x03\x04")
     with pytest.raises(DataError, match=rf"{name}:2: not UTF-8 text \(byte 0x80 at offset 31"):
         read_rows(str(path))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_json_nested_too_deeply_names_the_file(tmp_path, suffix):
+    deep = "[" * 100_000 + "]" * 100_000
+    f = tmp_path / f"deep{suffix}"
+    f.write_text(deep + "\n" if suffix == ".json" else f'{{"prompt": {deep}, "label": "x"}}\n')
+    with pytest.raises(DataError, match="nested too deeply to read") as e:
+        read_rows(str(f))
+    assert str(f) in str(e.value)

@@ -78,6 +78,8 @@ def _jsonl_records(path: str, sl: slice, text: Optional[str] = None) -> Iterable
             yield loc, json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{loc}: invalid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise DataError(f"{loc}: JSON nested too deeply to read") from None
 
 
 def _json_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
@@ -90,6 +92,8 @@ def _json_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to read") from None
     for i in range(len(data))[sl]:
         yield f"{path}[{i}]", data[i]
 
