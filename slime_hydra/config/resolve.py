@@ -56,8 +56,9 @@ def unknown_keys(node: DictConfig, path: str = "") -> List[str]:
         if fields is not None and key not in fields:
             close = difflib.get_close_matches(str(key), sorted(fields), n=2, cutoff=0.6)
             hint = f"; did you mean {' or '.join(path + c for c in close)}?" if close else ""
-            describe = " ".join(["python -m slime_hydra.config describe", re.sub(r"\[\d+\]", "", path.rstrip("."))])
-            out.append(f"{name}: not a config key{hint} (`{describe.strip()}` lists them)")
+            section = re.sub(r"\[\d+\]", "", path.rstrip("."))  # describe takes eval.datasets, not [0]
+            describe = f"python -m slime_hydra.config describe {section}".rstrip()
+            out.append(f"{name}: not a config key{hint} (`{describe}` lists them)")
             continue
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():

@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from slime_hydra.data.dataset import DataError, _read_text, check_prompt
+from slime_hydra.data.dataset import DataError, check_prompt, read_text
 
 FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "hf")
 MAX_LISTED = 20  # rejected rows (and notes) printed in the summary
@@ -83,7 +83,7 @@ def detect_format(path: str) -> str:
 def _text(path: str, kind: str) -> str:
     """The file's text; not UTF-8 is an error naming the file, the line and the byte."""
     try:
-        return _read_text(path, kind)
+        return read_text(path, kind)
     except DataError as e:
         raise ConvertError(str(e)) from None
 
@@ -413,9 +413,8 @@ def _output_problem(dst: str) -> Optional[str]:
     if os.path.isdir(dst):
         return "is a folder; expected the path of the JSONL file to write"
     folder = os.path.dirname(os.path.abspath(dst))
-    existing = folder
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    missing = _missing_folders(folder)
+    existing = os.path.dirname(missing[-1]) if missing else folder
     if not os.path.isdir(existing):
         return f"cannot create its folder {folder}: {existing} is a file"
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -423,15 +422,20 @@ def _output_problem(dst: str) -> Optional[str]:
     return None
 
 
+def _missing_folders(folder: str) -> List[str]:
+    """``folder`` and its ancestors that do not exist, innermost first."""
+    missing = []
+    while not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
 def write_jsonl_atomic(path: str, rows: List[Dict[str, Any]]) -> None:
     """Write to a temporary file in the same folder, then rename: OUT is complete or absent. A missing
     folder is created with its parents (as ``mkdir -p``), and removed again if the write fails."""
     directory = os.path.dirname(os.path.abspath(path))
-    created = []
-    d = directory
-    while not os.path.exists(d):
-        created.append(d)
-        d = os.path.dirname(d)
+    created = _missing_folders(directory)
     tmp = None
     try:
         os.makedirs(directory, exist_ok=True)

@@ -52,7 +52,7 @@ def split_slice(spec: str) -> Tuple[str, slice]:
     return os.path.expanduser(m["path"]), slice(to_int(m["start"]), to_int(m["end"]))
 
 
-def _read_text(path: str, kind: str = "JSON and JSONL datasets") -> str:
+def read_text(path: str, kind: str = "JSON and JSONL datasets") -> str:
     """A JSON / JSONL file's text; one that is not UTF-8 (a binary file, a latin-1 export) is a DataError
     naming the file, the line and the byte, instead of a bare UnicodeDecodeError. ``kind`` names the
     files in the message (the converter reads CSV with it too)."""
@@ -69,7 +69,7 @@ def _read_text(path: str, kind: str = "JSON and JSONL datasets") -> str:
 
 def _jsonl_records(path: str, sl: slice, text: Optional[str] = None) -> Iterable[Tuple[str, Any]]:
     """(location, parsed object) for the selected non-blank lines of a JSON-lines file."""
-    text = _read_text(path) if text is None else text
+    text = read_text(path) if text is None else text
     # lines as a text file splits them (str.splitlines would also split at U+2028 inside a JSON string)
     lines = [(i, line) for i, line in enumerate(io.StringIO(text, newline=None), 1) if line.strip()]
     for lineno, line in lines[sl]:
@@ -84,7 +84,7 @@ def _jsonl_records(path: str, sl: slice, text: Optional[str] = None) -> Iterable
 
 def _json_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
     """A ``.json`` file: a JSON list of objects, or JSON lines."""
-    text = _read_text(path)
+    text = read_text(path)
     if not text.lstrip().startswith("["):
         yield from _jsonl_records(path, sl, text)
         return
