@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -152,9 +153,9 @@ def report(out: Dict[str, Any], path: str) -> None:
     rows = []
     for name, runs in (out.get("rounds") or {}).items():
         secs = [x["seconds"] for x in runs]
-        rows.append([name, len(CONFIGS[name]), med.get(name), min(secs) if secs else None,
-                     max(secs) if secs else None,
-                     h.median([x["tokens_per_s"] for x in runs]), " ".join(f"{s:.3f}" for s in secs)])
+        rows.append([name, len(CONFIGS[name]), h.cell(med.get(name), ".3f"), h.cell(min(secs, default=None), ".3f"),
+                     h.cell(max(secs, default=None), ".3f"), h.cell(h.median([x["tokens_per_s"] for x in runs]), ".0f"),
+                     " ".join(f"{s:.3f}" for s in secs)])
     lines += h.table(["config", "servers", "median s", "min s", "max s", "tokens/s", "each round s"], rows)
     ups = out.get("servers") or {}
     if ups:
@@ -173,7 +174,11 @@ def main() -> None:
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--work", default=os.environ.get("BENCH_WORK", "/tmp/bench_rollout"))
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--report", metavar="JSON", help="only write the report (.md beside it) of a result file")
     args = ap.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            return report(json.load(f), args.report[:-len(".json")])
     unknown = [c for c in args.configs.split(",") if c and c not in CONFIGS]
     if unknown:
         ap.error(f"--configs: unknown {unknown} (known: {', '.join(CONFIGS)})")

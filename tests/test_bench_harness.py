@@ -248,6 +248,7 @@ def test_cpu_probe_times_python_on_every_cpu(tmp_path):
     assert all(x > 0 for _, _, x in probe.rows)
     got = probe.window(t0, time.time(), cpus=[min(os.sched_getaffinity(0))])
     assert got["probes"] >= 2 and got["all_cpus"] > 0 and got["these_cpus"] > 0, got
+    assert got["all_cpus_us"] > 0 and got["run_us"] > 0, got  # absolute: runs compare
     assert probe.window(0, 1) == {"probes": 0}
 
 

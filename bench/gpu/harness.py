@@ -527,14 +527,16 @@ class CpuProbe:
 
     def window(self, since_wall: float, until_wall: float, cpus: Iterable[int] = ()) -> Dict[str, Any]:
         """Between the two times (after ``stop``): the probe's median time on every CPU and on ``cpus``, each over
-        its median of the whole run (above 1: slower than usual)."""
+        its median of the whole run (above 1: slower than usual); ``all_cpus_us`` and ``run_us``: the window's median
+        and the run's, in microseconds, to compare runs (machines and moments alike)."""
         if not self.rows:
             return {}
         usual = statistics.median(x for _, _, x in self.rows)
         inside = [(cpu, x) for t, cpu, x in self.rows if since_wall <= t <= until_wall]
         out: Dict[str, Any] = {"probes": len(inside)}
         if inside:
-            out["all_cpus"] = round(statistics.median(x for _, x in inside) / usual, 3)
+            mid = statistics.median(x for _, x in inside)
+            out.update(all_cpus=round(mid / usual, 3), all_cpus_us=round(mid * 1e6, 1), run_us=round(usual * 1e6, 1))
         wanted = set(cpus)
         mine = [x for cpu, x in inside if cpu in wanted]
         if mine:
