@@ -81,8 +81,9 @@ def remove_partial(run_dir: str) -> List[str]:
 def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
     """``resume``: "auto" (this run dir's latest, if any), a checkpoint dir, or a run dir.
 
-    ``latest`` names the newest complete checkpoint; should it name one that is gone or incomplete
-    (deleted by hand), the newest complete one is taken instead."""
+    ``latest`` names the newest complete checkpoint; should it name one that is gone or incomplete, or be
+    gone itself (deleted by hand), the newest complete one is taken instead. (All the checkpoints of a run dir
+    are its own run's: a run that starts afresh is refused in a run dir that holds some, checkpoint/rules.py.)"""
     base = run_dir if resume == "auto" else os.path.expanduser(resume)
     if os.path.exists(os.path.join(base, "meta.json")):
         return base
@@ -101,9 +102,31 @@ def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
             raise FileNotFoundError(f"trainer.resume=auto: checkpoints/latest names {named}, which has no meta.json "
                                     "(an incomplete or deleted checkpoint), and no complete checkpoint is left")
         return named  # config validation names it
+    done = complete_checkpoints(base)
+    if done:
+        log.warning("%s is missing; taking the newest complete checkpoint, %s", latest, done[-1])
+        return os.path.join(ckpt_root(base), done[-1])
     if resume == "auto":
         return None
     raise FileNotFoundError(f"trainer.resume: {resume!r} holds no checkpoint (no meta.json, no checkpoints/latest)")
+
+
+def in_run_dir(ckpt: str, run_dir: str) -> bool:
+    """Whether the checkpoint directory ``ckpt`` is one of ``run_dir``'s own."""
+    root = os.path.realpath(ckpt_root(run_dir))
+    return os.path.realpath(os.path.expanduser(ckpt)).startswith(root + os.sep)
+
+
+def resumes_in_run_dir(resume: Optional[str], run_dir: str) -> bool:
+    """Whether ``trainer.resume`` picks a checkpoint of ``run_dir`` itself (``auto`` with one saved there, or
+    a path into it): the run goes on with the model it trained, not with a new one."""
+    if not resume:
+        return False
+    try:
+        ckpt = find_checkpoint(resume, run_dir)
+    except FileNotFoundError:
+        return False
+    return ckpt is not None and in_run_dir(ckpt, run_dir)
 
 
 def read_checkpoint(path: str) -> Dict[str, Any]:

@@ -3,10 +3,17 @@ checkpoint that trainers and engines load (the ``--hf-checkpoint`` of slime)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from typing import Any, Dict, Tuple
+import shutil
+from typing import Any, Dict, List, Optional, Tuple
 
 from slime_hydra.config.schema import ArchConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+# written into initial_model/ with the weights: the config keys that made them (initial_fingerprint)
+FINGERPRINT = "slime_hydra_initial_model.json"
 
 # arch field -> its transformers config name, where the two differ (the rest share a name)
 HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
@@ -64,16 +71,68 @@ def build_random_checkpoint(model: ModelConfig, out_dir: str) -> str:
                        bos_token_id=tok.bos_token_id)
     torch.manual_seed(model.init_seed)
     net = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, model.dtype))
-    tmp = out_dir + ".tmp"
+    tmp, old = out_dir + ".tmp", out_dir + ".old"
+    for leftover in (tmp, old):  # of a build that was killed
+        shutil.rmtree(leftover, ignore_errors=True)
     net.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, FINGERPRINT), "w") as f:
+        json.dump(initial_fingerprint(model), f, indent=1, sort_keys=True)
+    if os.path.exists(out_dir):  # one of another model: replaced only once the new one is complete
+        os.replace(out_dir, old)
     os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
     return out_dir
 
 
-def initial_checkpoint(model: ModelConfig, run_dir: str) -> str:
-    """The HF checkpoint every actor starts from: ``model.path``, or a random one built in the run dir."""
+def initial_fingerprint(model: ModelConfig) -> Dict[str, Any]:
+    """What defines the random initial model, by config key: the arch fields its HF config is built from
+    (``hf_fields``), ``model.init_seed`` and ``model.tokenizer``; as JSON reads them back."""
+    out: Dict[str, Any] = {"model.arch.type": model.arch.type, "model.init_seed": model.init_seed,
+                           "model.tokenizer": model.tokenizer}
+    for field, value in hf_fields(model.arch).values():
+        out[f"model.arch.{field}"] = dict(value) if field == "rope_scaling" else value
+    return json.loads(json.dumps(out))
+
+
+def read_fingerprint(model_dir: str) -> Optional[Dict[str, Any]]:
+    """The fingerprint written with ``model_dir`` (an ``initial_model/``); None if it has none (built before
+    fingerprints were written)."""
+    path = os.path.join(model_dir, FINGERPRINT)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def fingerprint_diff(model: ModelConfig, recorded: Dict[str, Any]) -> List[str]:
+    """One line per config key where ``model`` differs from the ``recorded`` fingerprint."""
+    ours = initial_fingerprint(model)
+    return [f"{k}: {ours.get(k)!r}, but the initial model was built with {recorded.get(k)!r}"
+            for k in sorted(set(ours) | set(recorded)) if ours.get(k) != recorded.get(k)]
+
+
+def initial_checkpoint(model: ModelConfig, run_dir: str, resuming: bool = False) -> str:
+    """The HF checkpoint every actor starts from: ``model.path``, or a random one built in the run dir.
+
+    An ``initial_model/`` already in the run dir is reused when its fingerprint matches ``model``. Otherwise
+    a run that starts afresh rebuilds it (the run dir's config.yaml describes the new model), and a run that
+    resumes a checkpoint of this run dir (``resuming``) keeps the one it trained from: one built with another
+    model is refused (validation says so first: checkpoint/rules.py), one without a fingerprint is kept."""
     if model.path is not None:
         return os.path.expanduser(model.path)
     out = os.path.join(run_dir, "initial_model")
-    return out if os.path.isdir(out) else build_random_checkpoint(model, out)
+    if os.path.isdir(out):
+        recorded = read_fingerprint(out)
+        if recorded is not None and recorded == initial_fingerprint(model):
+            return out
+        if resuming:
+            if recorded is None:
+                return out
+            from slime_hydra.config import ConfigError
+
+            raise ConfigError([f"{line} ({out}); the run being resumed trained that model"
+                               for line in fingerprint_diff(model, recorded)])
+        log.warning("%s was built for another model (%s): building it again", out,
+                    "; ".join(fingerprint_diff(model, recorded)) if recorded else "no fingerprint")
+    return build_random_checkpoint(model, out)

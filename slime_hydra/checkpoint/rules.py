@@ -40,6 +40,7 @@ def check(cfg: RunConfig) -> List[str]:
         errs.append(f"trainer.keep_checkpoints: must be >= 1, got {t.keep_checkpoints}")
     if t.resume is not None:
         errs.extend(_check_resume(t.resume, cfg.output_dir, t.num_rollout))
+    errs.extend(_check_run_dir(cfg))
     return errs
 
 
@@ -47,11 +48,16 @@ def _compare_with_hf_config(cfg: RunConfig) -> List[str]:
     """Every field the preset sets (``checkpoint.hf.hf_fields``) must match the checkpoint's config.json
     (slime's _hf_validate_args checks the shape ones); a field the file leaves out is its class default,
     which is not known without importing transformers, so it is not compared."""
-    from slime_hydra.checkpoint.hf import hf_fields
-
     path = os.path.join(os.path.expanduser(cfg.model.path), "config.json")
     if not os.path.exists(path):
         return [f"model.path: {cfg.model.path!r} has no config.json"]
+    return _compare_arch_with(cfg.model.arch, path)
+
+
+def _compare_arch_with(arch, path: str) -> List[str]:
+    """``_compare_with_hf_config`` against the config.json at ``path``."""
+    from slime_hydra.checkpoint.hf import hf_fields
+
     with open(path) as f:
         hf = json.load(f)
     hf = {**hf.get("text_config", {}), **hf}
@@ -59,11 +65,11 @@ def _compare_with_hf_config(cfg: RunConfig) -> List[str]:
     if "rope_theta" in file_rope:  # transformers 5 writes rope_theta inside rope_parameters
         hf.setdefault("rope_theta", file_rope["rope_theta"])
     out = []
-    for key, (field, ours) in hf_fields(cfg.model.arch).items():
+    for key, (field, ours) in hf_fields(arch).items():
         if key != "rope_scaling" and key in hf and hf[key] != ours:
             out.append(f"model.arch.{field}: {ours!r} but {path} says {key}={hf[key]!r} "
                        "(preset and checkpoint disagree)")
-    ours_rope, theirs_rope = _rope_scaling(cfg.model.arch.rope_scaling), _rope_scaling(file_rope)
+    ours_rope, theirs_rope = _rope_scaling(arch.rope_scaling), _rope_scaling(file_rope)
     if not ours_rope and theirs_rope:
         out.append(f"model.arch.rope_scaling: None but {path} says rope_scaling={theirs_rope} "
                    "(preset and checkpoint disagree)")
@@ -73,6 +79,50 @@ def _compare_with_hf_config(cfg: RunConfig) -> List[str]:
                 out.append(f"model.arch.rope_scaling.{k}: {ours_rope.get(k)!r} but {path} says "
                            f"{theirs_rope.get(k)!r} (preset and checkpoint disagree)")
     return out
+
+
+def _check_run_dir(cfg: RunConfig) -> List[str]:
+    """A run directory's checkpoints are all of one run, with one model. Pruning (``trainer.keep_checkpoints``)
+    and ``trainer.resume=auto`` take every checkpoint there for the run's own, so a run that does not continue
+    the run dir's checkpoints is refused where it holds some; and a run that continues them must have the
+    model they were trained from (``model.arch``, ``model.init_seed``, ``model.tokenizer``: what built
+    ``initial_model/``, and the checkpoint's ``hf/config.json``)."""
+    from slime_hydra.checkpoint.ckpt import ckpt_root, complete_checkpoints, find_checkpoint, in_run_dir
+    from slime_hydra.checkpoint.hf import fingerprint_diff, read_fingerprint
+
+    run_dir, resume = cfg.output_dir, cfg.trainer.resume
+    if not run_dir:
+        return []  # Hydra's, known when the run starts (launch/main.py); a sweep's jobs are checked then
+    try:
+        ckpt = find_checkpoint(resume, run_dir) if resume else None
+    except FileNotFoundError:
+        return []  # _check_resume says so
+    if ckpt is not None and not os.path.isfile(os.path.join(ckpt, "meta.json")):
+        return []  # _check_resume says so
+    done = complete_checkpoints(run_dir)
+    ours = ckpt is not None and in_run_dir(ckpt, run_dir)
+    if done and not ours:
+        held = f"{done[0]}" if len(done) == 1 else f"{done[0]} .. {done[-1]}"
+        what = ("not set (a new run)" if not resume else f"{resume!r}, another run's checkpoint" if ckpt else
+                f"{resume!r} with nothing saved")
+        return [f"trainer.resume: {what}, but the run directory {run_dir} holds checkpoints of an earlier run "
+                f"({held} in {ckpt_root(run_dir)}), which this run would count toward trainer.keep_checkpoints "
+                "and could resume from: continue that run with trainer.resume=auto, or start this one in a new "
+                "hydra.run.dir (or move that checkpoints/ away)"]
+    if ours and done and os.path.basename(os.path.normpath(ckpt)) != done[-1]:
+        return [f"trainer.resume: {resume!r} picks {ckpt}, but {ckpt_root(run_dir)} also holds the newer {done[-1]}, "
+                "which this run would count toward trainer.keep_checkpoints and could resume from: resume from "
+                "the newest (trainer.resume=auto), or resume into a new hydra.run.dir"]
+    if ckpt is None:
+        return []
+    recorded = read_fingerprint(os.path.join(run_dir, "initial_model")) if ours and cfg.model.path is None else None
+    if recorded is not None:
+        diff = fingerprint_diff(cfg.model, recorded)
+    else:
+        hf = os.path.join(ckpt, "hf", "config.json")
+        diff = _compare_arch_with(cfg.model.arch, hf) if os.path.isfile(hf) else []
+    return [f"{line}; trainer.resume={resume!r} continues {ckpt}, trained from that model: restore the "
+            "setting, or start a new run in a new hydra.run.dir" for line in diff]
 
 
 def _rope_scaling(d) -> dict:

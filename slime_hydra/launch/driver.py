@@ -28,7 +28,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
 
-from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, remove_partial, save_checkpoint
+from slime_hydra.checkpoint.ckpt import (
+    find_checkpoint,
+    read_checkpoint,
+    remove_partial,
+    resumes_in_run_dir,
+    save_checkpoint,
+)
 from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config import ConfigError
 from slime_hydra.config.schema import RunConfig
@@ -97,7 +103,8 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
         if partial:
             log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
         # a random initial checkpoint (no model.path) is built while Ray starts: 8 s of each on a busy 2-core machine
-        model_path = pool.submit(initial_checkpoint, cfg.model, cfg.output_dir)
+        model_path = pool.submit(initial_checkpoint, cfg.model, cfg.output_dir,
+                                 resumes_in_run_dir(cfg.trainer.resume, cfg.output_dir))
         return _train(cfg, plan, model_path, t_start, lease, clock, late_checks)
 
 

@@ -1,0 +1,116 @@
+"""A reused run directory: its ``initial_model/`` is rebuilt for a new model (a fingerprint of what built it
+sits inside it), a run that resumes there with another model is refused naming the keys that differ, and a
+new run is refused where an earlier run's checkpoints would be pruned with its own or resumed from."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, resolved
+from slime_hydra.checkpoint.ckpt import find_checkpoint, save_checkpoint
+from slime_hydra.checkpoint.hf import FINGERPRINT, initial_checkpoint, initial_fingerprint
+from slime_hydra.config import ConfigError
+from slime_hydra.launch.validate import validate
+
+
+def cfg_in(run_dir, *overrides):
+    os.chdir(ROOT)
+    cfg = resolved(list(overrides))
+    cfg.output_dir = str(run_dir)
+    return cfg
+
+
+def layers(model_dir) -> int:
+    return json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
+
+
+def save(run_dir, step, hf_config=None):
+    def write(d):
+        if hf_config is not None:
+            os.makedirs(os.path.join(d, "hf"))
+            with open(os.path.join(d, "hf", "config.json"), "w") as f:
+                json.dump(hf_config, f)
+
+    return save_checkpoint(str(run_dir), step, write, {"epoch": 0}, keep=5)
+
+
+def test_initial_model_is_rebuilt_for_another_model_and_kept_when_resuming(tmp_path):
+    three, five = cfg_in(tmp_path), cfg_in(tmp_path, "model.arch.num_layers=5")
+    assert three.model.arch.num_layers == 3
+    out = tmp_path / "initial_model"
+    assert initial_checkpoint(three.model, str(tmp_path)) == str(out) and layers(out) == 3
+    assert json.loads((out / FINGERPRINT).read_text()) == initial_fingerprint(three.model)
+    mtime = (out / "config.json").stat().st_mtime_ns
+    assert initial_checkpoint(three.model, str(tmp_path)) == str(out)  # the same model: reused, not rebuilt
+    assert (out / "config.json").stat().st_mtime_ns == mtime
+
+    # a run that resumes this run dir's checkpoint keeps the model it trained from, and refuses another
+    with pytest.raises(ConfigError, match=r"model\.arch\.num_layers: 5, but the initial model was built with 3"):
+        initial_checkpoint(five.model, str(tmp_path), resuming=True)
+    assert layers(out) == 3
+
+    # a new run builds its own (before the fix: the 3-layer model, under a config.yaml saying 5)
+    initial_checkpoint(five.model, str(tmp_path))
+    assert layers(out) == 5 and json.loads((out / FINGERPRINT).read_text())["model.arch.num_layers"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["initial_model"]  # no .tmp or .old left behind
+
+    seed = cfg_in(tmp_path, "model.arch.num_layers=5", "model.init_seed=7")
+    built = five.model.init_seed
+    with pytest.raises(ConfigError, match=rf"model\.init_seed: 7, but the initial model was built with {built}"):
+        initial_checkpoint(seed.model, str(tmp_path), resuming=True)
+    os.remove(out / FINGERPRINT)  # built before fingerprints were written: a resumed run keeps it
+    assert initial_checkpoint(seed.model, str(tmp_path), resuming=True) == str(out)
+    assert not (out / FINGERPRINT).exists()
+
+
+def test_resuming_with_another_model_is_refused_naming_the_keys(tmp_path):
+    three = cfg_in(tmp_path)
+    os.makedirs(tmp_path / "initial_model")
+    (tmp_path / "initial_model" / FINGERPRINT).write_text(json.dumps(initial_fingerprint(three.model)))
+    save(tmp_path, 10)
+    assert validate(cfg_in(tmp_path, "trainer.resume=auto")) == []
+    errs = validate(cfg_in(tmp_path, "trainer.resume=auto", "model.arch.num_layers=5"))
+    assert len(errs) == 1 and errs[0].startswith("model.arch.num_layers: 5, but the initial model was built with 3; "
+                                                 "trainer.resume='auto' continues"), errs
+
+    # a run dir without a fingerprint, or a run with model.path: the checkpoint's hf/config.json says
+    other = tmp_path / "other"
+    save(other, 10, {"num_hidden_layers": 3, "hidden_size": three.model.arch.hidden_size})
+    assert validate(cfg_in(other, "trainer.resume=auto")) == []
+    errs = validate(cfg_in(other, "trainer.resume=auto", "model.arch.num_layers=5"))
+    assert len(errs) == 1 and errs[0].startswith("model.arch.num_layers: 5 but ") and "num_hidden_layers=3" in errs[0]
+
+
+def test_a_new_run_is_refused_where_an_earlier_run_left_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    save(run, 50)
+    save(run, 100)
+    errs = validate(cfg_in(run))
+    assert len(errs) == 1 and errs[0].startswith(
+        f"trainer.resume: not set (a new run), but the run directory {run} holds checkpoints of an earlier run "
+        "(step_000050 .. step_000100"), errs
+    assert "trainer.resume=auto" in errs[0] and "hydra.run.dir" in errs[0]
+    assert validate(cfg_in(run, "trainer.resume=auto", "trainer.num_rollout=200")) == []
+    assert validate(cfg_in(tmp_path / "new")) == []  # nothing saved there: a new run
+
+    # resuming another run's checkpoint into it is refused the same way; into a new run dir it is not
+    other = tmp_path / "other"
+    save(other, 20)
+    errs = validate(cfg_in(run, f"trainer.resume={other}"))
+    assert len(errs) == 1 and errs[0].startswith(f"trainer.resume: {str(other)!r}, another run's checkpoint, but"), errs
+    assert validate(cfg_in(tmp_path / "new", f"trainer.resume={other}")) == []
+
+    # resuming an older checkpoint of its own, with newer ones beside it
+    older = run / "checkpoints" / "step_000050"
+    errs = validate(cfg_in(run, f"trainer.resume={older}", "trainer.num_rollout=200"))
+    assert len(errs) == 1 and "also holds the newer step_000100" in errs[0], errs
+
+
+def test_missing_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    os.remove(tmp_path / "checkpoints" / "latest")  # deleted by hand
+    assert find_checkpoint("auto", str(tmp_path)) == str(tmp_path / "checkpoints" / "step_000020")
