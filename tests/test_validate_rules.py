@@ -118,6 +118,75 @@ def test_resume_past_num_rollout_is_refused(tmp_path):
     assert validate(cfg) == []
 
 
+def _torch_ckpt(run_dir, *, fsdp=False, adapter=None, critic=False):
+    """A torch backend checkpoint's files as its save() lays them out (empty: the rules read only names and
+    adapter/adapter_config.json)."""
+    def write(d):
+        open(os.path.join(d, "trainer.pt"), "wb").close()
+        if fsdp:
+            os.makedirs(os.path.join(d, "dcp"))
+        if adapter is not None:
+            os.makedirs(os.path.join(d, "adapter"))
+            with open(os.path.join(d, "adapter", "adapter_config.json"), "w") as f:
+                json.dump(adapter, f)
+        if critic:
+            open(os.path.join(d, "critic.pt"), "wb").close()
+
+    from slime_hydra.checkpoint.ckpt import save_checkpoint
+
+    return save_checkpoint(str(run_dir), 1, write, {"epoch": 0}, keep=2)
+
+
+def _keyed(overrides, key):
+    return [e for e in errors(overrides) if e.startswith(key)]
+
+
+def test_resume_refuses_another_strategy(tmp_path):
+    from slime_hydra.checkpoint.rules import FSDP_DIR
+    from slime_hydra.train.backends.torch.fsdp import DCP_DIR
+
+    assert FSDP_DIR == DCP_DIR
+    fsdp = _torch_ckpt(tmp_path / "fsdp", fsdp=True)
+    errs = _keyed([f"trainer.resume={fsdp}"], "trainer.strategy:")
+    assert errs and errs[0].startswith(f"trainer.strategy: 'ddp' but the checkpoint {fsdp} was saved with "
+                                       "trainer.strategy='fsdp'"), errs
+    assert _keyed([f"trainer.resume={fsdp}", "trainer.strategy=fsdp"], "trainer.strategy:") == []
+    ddp = _torch_ckpt(tmp_path / "ddp")
+    errs = _keyed([f"trainer.resume={ddp}", "trainer.strategy=fsdp"], "trainer.strategy:")
+    assert errs and "was saved with trainer.strategy='ddp'" in errs[0], errs
+    assert errors([f"trainer.resume={ddp}"]) == []
+
+
+QWEN3_TARGETS = ["down_proj", "gate_proj", "v_proj", "k_proj", "q_proj", "o_proj", "up_proj"]  # as PEFT wrote them
+
+
+def test_resume_refuses_other_lora_settings(tmp_path):
+    lora = _torch_ckpt(tmp_path / "lora", adapter={"r": 4, "lora_alpha": 32.0, "target_modules": QWEN3_TARGETS})
+    same = [f"trainer.resume={lora}", "trainer.lora.rank=4"]
+    assert errors(same) == []
+    assert _keyed([*same, "trainer.lora.alpha=256"], "trainer.lora.alpha:") == [
+        f"trainer.lora.alpha: 256.0 but the checkpoint {lora} was saved with lora_alpha=32.0 "
+        f"({lora}/adapter/adapter_config.json); resume it with trainer.lora.alpha=32.0"]
+    assert _keyed([f"trainer.resume={lora}", "trainer.lora.rank=8"], "trainer.lora.rank:")[0].startswith(
+        f"trainer.lora.rank: 8 but the checkpoint {lora} was saved with r=4")
+    errs = _keyed([*same, "trainer.lora.target_modules=[q_proj,v_proj]"], "trainer.lora.target_modules:")
+    assert errs and "target_modules=['down_proj', 'gate_proj'" in errs[0], errs
+    errs = _keyed([f"trainer.resume={lora}"], "trainer.lora.rank:")  # LoRA off: the adapter would be dropped
+    assert errs and errs[0].startswith(f"trainer.lora.rank: 0 but the checkpoint {lora} was saved with LoRA "
+                                       "(it has adapter/ with r=4, lora_alpha=32.0)"), errs
+    full = _torch_ckpt(tmp_path / "full")
+    errs = _keyed([f"trainer.resume={full}", "trainer.lora.rank=4"], "trainer.lora.rank:")
+    assert errs and "was saved without LoRA (it has no adapter/)" in errs[0], errs
+
+
+def test_resume_under_ppo_needs_the_critic(tmp_path):
+    grpo = _torch_ckpt(tmp_path / "grpo")
+    errs = _keyed([f"trainer.resume={grpo}", "algo=ppo"], "algo.advantage_estimator:")
+    assert errs and f"the checkpoint {grpo} has no critic.pt" in errs[0], errs
+    ppo = _torch_ckpt(tmp_path / "ppo", critic=True)
+    assert _keyed([f"trainer.resume={ppo}", "algo=ppo"], "algo.advantage_estimator:") == []
+
+
 def test_chat_prompts_and_system_prompts_need_the_chat_template(tmp_path):
     chat = tmp_path / "chat.jsonl"
     chat.write_text('{"prompt": "2+2?", "label": "4"}\n'

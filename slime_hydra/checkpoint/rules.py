@@ -11,6 +11,9 @@ from typing import List
 from slime_hydra.config.rules import choice, looks_local
 from slime_hydra.config.schema import ARCH_TYPES, RunConfig
 
+# an FSDP2 checkpoint's shards (slime_hydra.train.backends.torch.fsdp.DCP_DIR; that module imports torch)
+FSDP_DIR = "dcp"
+
 
 def check(cfg: RunConfig) -> List[str]:
     errs: List[str] = []
@@ -39,7 +42,7 @@ def check(cfg: RunConfig) -> List[str]:
     if t.keep_checkpoints < 1:
         errs.append(f"trainer.keep_checkpoints: must be >= 1, got {t.keep_checkpoints}")
     if t.resume is not None:
-        errs.extend(_check_resume(t.resume, cfg.output_dir, t.num_rollout))
+        errs.extend(_check_resume(t.resume, cfg.output_dir, t.num_rollout, cfg))
     errs.extend(_check_run_dir(cfg))
     return errs
 
@@ -136,9 +139,11 @@ def _rope_scaling(d) -> dict:
     return {} if d == {"rope_type": "default"} else d
 
 
-def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None) -> List[str]:
+def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None,
+                  cfg: RunConfig | None = None) -> List[str]:
     """The checkpoint the driver's ``find_checkpoint`` will pick for ``trainer.resume`` (a directory, or "auto" in
-    the run directory, once it is known) exists, is complete, and is not past ``trainer.num_rollout``."""
+    the run directory, once it is known) exists, is complete, is not past ``trainer.num_rollout``, and (with
+    ``cfg``) was saved with the settings this run resumes it with (:func:`_check_saved_with`)."""
     from slime_hydra.checkpoint.ckpt import find_checkpoint
 
     if resume == "auto" and not run_dir:
@@ -159,4 +164,70 @@ def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None) -> 
     if num_rollout is not None and isinstance(step, int) and step > num_rollout:
         return [f"trainer.num_rollout: {num_rollout} is below step {step} of the checkpoint that "
                 f"trainer.resume={resume!r} resumes from ({ckpt}); raise trainer.num_rollout to train on from it"]
-    return []
+    return _check_saved_with(ckpt, cfg) if cfg is not None else []
+
+
+def _check_saved_with(ckpt: str, cfg: RunConfig) -> List[str]:
+    """A torch backend checkpoint (``trainer.pt``) resumes only under the settings that shape what it holds:
+    ``trainer.strategy`` (FSDP2 keeps the weights and AdamW state in ``dcp/``, DDP in ``hf/`` and ``trainer.pt``:
+    each would load the other's without its optimiser state, or not at all), ``trainer.lora.*`` (``adapter/``:
+    its rank, alpha and target modules) and the PPO critic (``critic.pt``). Checked here, before Ray starts;
+    the backend's own load would fail later, or (alpha, strategy fsdp -> ddp) not at all."""
+    from slime_hydra.train import algorithms as A
+    from slime_hydra.train.backends.torch.lora import ADAPTER_DIR, target_modules
+
+    t = cfg.trainer
+    if t.backend != "torch" or not os.path.isfile(os.path.join(ckpt, "trainer.pt")):
+        return []  # megatron's is megatron/ (its load checks the layout); no trainer.pt: nothing saved by a backend
+    errs: List[str] = []
+    saved_strategy = "fsdp" if os.path.isdir(os.path.join(ckpt, FSDP_DIR)) else "ddp"
+    if saved_strategy != t.strategy:
+        held = ("its weights and AdamW state are in dcp/, which ddp does not read" if saved_strategy == "fsdp"
+                else "it has no dcp/ for fsdp to load")
+        errs.append(f"trainer.strategy: {t.strategy!r} but the checkpoint {ckpt} was saved with "
+                    f"trainer.strategy={saved_strategy!r} ({held}); resume it with "
+                    f"trainer.strategy={saved_strategy}, or start a new run from its weights with model.path")
+    lora, adapter = t.lora, os.path.join(ckpt, ADAPTER_DIR)
+    config_path = os.path.join(adapter, "adapter_config.json")
+    if os.path.isdir(adapter) and not lora.rank:
+        errs.append(f"trainer.lora.rank: 0 but the checkpoint {ckpt} was saved with LoRA (it has {ADAPTER_DIR}/"
+                    f"{_saved_lora(config_path)}); resume it with the trainer.lora.* it was saved with")
+    elif lora.rank and not os.path.isdir(adapter):
+        errs.append(f"trainer.lora.rank: {lora.rank} but the checkpoint {ckpt} was saved without LoRA (it has no "
+                    f"{ADAPTER_DIR}/); resume it with trainer.lora.rank=0, or start a new run from its weights with "
+                    "model.path")
+    elif lora.rank and os.path.isfile(config_path):
+        with open(config_path) as f:
+            saved = json.load(f)
+        ours = {"rank": lora.rank, "alpha": lora.alpha,
+                "target_modules": sorted(target_modules(lora, cfg.model.arch.type))}
+        theirs = {"rank": saved.get("r"), "alpha": saved.get("lora_alpha"),
+                  "target_modules": _names(saved.get("target_modules"))}
+        names = {"rank": "r", "alpha": "lora_alpha", "target_modules": "target_modules"}
+        for key in ours:
+            if theirs[key] is not None and ours[key] != theirs[key]:
+                errs.append(f"trainer.lora.{key}: {ours[key]!r} but the checkpoint {ckpt} was saved with "
+                            f"{names[key]}={theirs[key]!r} ({config_path}); resume it with "
+                            f"trainer.lora.{key}={theirs[key]!r}")
+    if A.needs_critic(cfg.algo) and not os.path.isfile(os.path.join(ckpt, "critic.pt")):
+        errs.append(f"algo.advantage_estimator: 'ppo' trains a critic, but the checkpoint {ckpt} has no critic.pt "
+                    "(it was saved by a run without one); resume it with the advantage_estimator it was saved with, "
+                    "or start a new run from its weights with model.path")
+    return errs
+
+
+def _names(modules) -> List[str] | None:
+    """PEFT's ``target_modules`` (a list, or one name or regex) as a sorted list; None when not written."""
+    if modules is None:
+        return None
+    return sorted([modules] if isinstance(modules, str) else modules)
+
+
+def _saved_lora(config_path: str) -> str:
+    """`` with r=…, lora_alpha=…`` from a checkpoint's adapter_config.json, or nothing when it cannot be read."""
+    try:
+        with open(config_path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    return f" with r={saved.get('r')!r}, lora_alpha={saved.get('lora_alpha')!r}"
