@@ -43,6 +43,18 @@ def schedule(opt: torch.optim.Optimizer, algo, total_steps: int) -> torch.optim.
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(algo, total_steps))
 
 
+def load_schedule(sched: torch.optim.lr_scheduler.LambdaLR, state: Dict[str, object]) -> None:
+    """Restore a checkpoint's schedule position into ``sched``, keeping ``sched``'s own length: the run may
+    resume with a larger ``trainer.num_rollout`` (``set_num_rollout`` built ``sched`` for it). The saved state
+    and the optimiser's param groups carry the rate the old schedule had reached; each group's rate is set
+    to this schedule's at the restored step, which the next optimiser step uses."""
+    sched.load_state_dict(state)
+    lrs = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
+    for group, lr in zip(sched.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    sched._last_lr = lrs
+
+
 def autocast(device: torch.device, dtype: torch.dtype):
     """GPUs keep float32 master weights and run forward/backward in ``dtype``; CPU runs as is."""
     mixed = device.type == "cuda" and dtype != torch.float32

@@ -122,6 +122,35 @@ def test_save_and_load_round_trip(tiny_ckpt, tmp_path):
     assert fresh.lr == be.lr
 
 
+def test_resuming_with_more_rollouts_steps_at_the_new_schedules_rate(tiny_ckpt, tmp_path):
+    """2 rollouts of a cosine decay saved, resumed with trainer.num_rollout=4 (set_num_rollout sized the new
+    schedule): the first resumed step runs at the 4-step schedule's rate at step 2, not the 2-step schedule's
+    end (min_lr), which the optimiser's param groups and the scheduler's state carried; the critic's too."""
+    from slime_hydra.train.optim import lr_lambda
+
+    decay = ["algo=ppo", "algo.num_critic_only_steps=0", "algo.lr_decay=cosine", "algo.lr=1e-3", "algo.min_lr=1e-4",
+             "algo.critic_lr=2e-3", "rollout.n_samples_per_prompt=2", "rollout.batch_size=4"]
+    cfg = config(*decay, "trainer.num_rollout=2")
+    rl, be = rl_trainer(cfg, tiny_ckpt)
+    for seed in (0, 1):
+        train(rl, cfg, fake_rollout(8, seed))
+    assert be.lr == pytest.approx(1e-4)  # the 2-step schedule's end
+    be.export_hf(str(tmp_path / "hf"), tiny_ckpt)  # as TrainerActor.save does
+    be.save(str(tmp_path), rl.state_dict())
+    cfg = config(*decay, "trainer.num_rollout=4")
+    fresh_rl, fresh = rl_trainer(cfg, tiny_ckpt)
+    fresh_rl.load_state_dict(fresh.load(str(tmp_path)))
+    want = 1e-3 * lr_lambda(cfg.algo, 4)(2)
+    assert want == pytest.approx(5.5e-4)
+    assert fresh.lr == pytest.approx(want)
+    assert [g["lr"] for g in fresh.opt.param_groups] == pytest.approx([want])
+    assert [g["lr"] for g in fresh.critic.opt.param_groups] == pytest.approx([2 * want])
+    assert fresh.critic.lr == pytest.approx(2 * want)
+    assert fresh.sched.last_epoch == 2 and fresh.opt.state_dict()["state"]  # the position and AdamW state kept
+    train(fresh_rl, cfg, fake_rollout(8, 2))
+    assert fresh.lr == pytest.approx(1e-3 * lr_lambda(cfg.algo, 4)(3))
+
+
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
 def test_entropy_keeps_a_graph_only_for_an_entropy_bonus(tiny_ckpt, entropy_coef):
     """Without an entropy bonus the entropies are a metric: the same values, no autograd graph (whose

@@ -58,7 +58,7 @@ from slime_hydra.train.backends.torch.critic import Critic
 from slime_hydra.train.backends.torch.offload import Offloader, data_parallel
 from slime_hydra.train.batch import MicroBatch, make_micro_batch, response_log_probs
 from slime_hydra.train.logprobs import fusable_head, fused_head
-from slime_hydra.train.optim import accumulated_step, adamw, autocast, schedule
+from slime_hydra.train.optim import accumulated_step, adamw, autocast, load_schedule, schedule
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
@@ -378,7 +378,7 @@ class TorchBackend(TrainerBackend):
         state = torch.load(os.path.join(ckpt_dir, "trainer.pt"), map_location="cpu", weights_only=False)
         if "optimizer" in state and not self.fsdp:
             self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        load_schedule(self.sched, state["scheduler"])  # after the optimiser: this run's schedule sets the rate
         if state.get("master") is not None:  # the float32 weights, not their bfloat16 copy in hf/
             self.model.load_state_dict(state["master"])
         if self.critic is not None:

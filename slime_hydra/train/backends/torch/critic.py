@@ -28,7 +28,7 @@ from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import CriticBackend, StepResult, ValueLossFn
 from slime_hydra.train.backends.torch.offload import data_parallel
 from slime_hydra.train.batch import MicroBatch
-from slime_hydra.train.optim import accumulated_step, adamw, autocast
+from slime_hydra.train.optim import accumulated_step, adamw, autocast, load_schedule
 
 
 def response_positions(mb: MicroBatch, length: int) -> torch.Tensor:
@@ -121,4 +121,4 @@ class Critic(CriticBackend):
     def load_state_dict(self, state: Dict[str, object]) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        load_schedule(self.sched, state["scheduler"])
