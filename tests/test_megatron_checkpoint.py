@@ -138,6 +138,26 @@ def test_resume_restores_every_tensor(tmp_path_factory, tmp_path, family, distri
         assert torch.equal(a, b)
 
 
+def test_resume_with_more_rollouts_runs_at_the_new_schedules_rate(ckpt, tmp_path):
+    """Saved at step 2 of a 2-rollout cosine decay, resumed with trainer.num_rollout=4 (the driver's
+    set_num_rollout comes before load): the rate is the 4-step schedule's at step 2, not the old end (min_lr)."""
+    from slime_hydra.train.optim import lr_lambda
+
+    decay = ["algo.lr_decay=cosine", "algo.min_lr=1e-3"]
+    data, out = fake_rollout(8), str(tmp_path / "step_2")
+    with _backend(_cfg(*decay, "trainer.num_rollout=2"), ckpt) as be:
+        _step(be, data)
+        _step(be, data)
+        assert be.lr == pytest.approx(1e-3)
+        be.save(out, TRAINER_STATE)
+    cfg = _cfg(*decay, "trainer.num_rollout=4")
+    with _backend(cfg, ckpt) as be:
+        be.set_num_rollout(4)
+        be.load(out)
+        assert be.steps_done == 2
+        assert be.lr == pytest.approx(1e-2 * lr_lambda(cfg.algo, 4)(2)) == pytest.approx(5.5e-3)
+
+
 def test_per_rank_checkpoint_is_refused(ckpt, tmp_path):
     os.makedirs(tmp_path / "megatron")
     torch.save({}, tmp_path / "megatron" / "rank_00000.pt")
