@@ -180,3 +180,29 @@ def test_valid_fsdp_and_lora_configs_pass():
     for extra in (["trainer.strategy=fsdp"], ["trainer.lora.rank=8"], ["trainer.strategy=fsdp", "trainer.lora.rank=8",
                                                                        "trainer.lora.target_modules=[q_proj,v_proj]"]):
         assert check(resolved(["trainer.num_rollout=10", *extra])) == []
+
+
+def _tiny_model(tiny_ckpt):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("targets, needle", [
+    (["embed_tokens", "q_proj"], "are not linear layers"),  # PEFT's Embedding: lora_embedding_A/B, no lora_A
+    (["lm_head", "q_proj"], "have no weight of their own"),  # tied: the state holds the embedding's weight once
+])
+def test_merged_push_refuses_layers_it_cannot_merge(tiny_ckpt, targets, needle):
+    """A LoRA layer the merge cannot handle (wrapped by PEFT directly, past the checks) raises rather than
+    sending the engines its base weight without the adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    from slime_hydra.train.backends.torch import fsdp
+    from slime_hydra.train.backends.torch.lora import hf_model, merged_weights
+
+    model = get_peft_model(_tiny_model(tiny_ckpt), LoraConfig(r=4, target_modules=targets))
+    assert model.config.tie_word_embeddings
+    with pytest.raises(RuntimeError, match=needle) as e:
+        list(merged_weights(model, fsdp.unique_state(hf_model(model)), lambda t: t))
+    assert "lm_head" in str(e.value) or "embed_tokens" in str(e.value)
+

@@ -89,6 +89,11 @@ def merged_weights(peft_model: "torch.nn.Module", named: Iterator[Tuple[str, "to
     (every rank calls it in the same order: FSDP2 gathers there). One layer at a time: nothing is
     merged into the model."""
     layers = lora_layers(peft_model)
+    unmergeable = sorted(n for n, layer in layers.items() if ADAPTER not in layer.lora_A)
+    if unmergeable:  # e.g. an embedding's adapter (lora_embedding_A/B): its weight would go out without it
+        raise RuntimeError(f"LoRA layers {unmergeable} are not linear layers (trainer.lora.target_modules): "
+                           "the merged push merges linear layers only, and would send these without their adapters")
+    merged = set()
     for name, tensor in named:
         if ".lora_" in name:
             continue
@@ -102,7 +107,13 @@ def merged_weights(peft_model: "torch.nn.Module", named: Iterator[Tuple[str, "to
             if getattr(layer, "fan_in_fan_out", False):
                 delta = delta.T
             weight = (weight.float() + delta.to(weight.device)).to(weight.dtype)
+            merged.add(owner)
         yield clean, weight
+    missing = sorted(set(layers) - merged)
+    if missing:  # e.g. a tied LM head: its weight is the embedding's, pushed once, unmerged
+        raise RuntimeError(f"LoRA layers {missing} have no weight of their own in the pushed state (a tied LM "
+                           "head?), so their adapters were not merged into what the engines got "
+                           "(trainer.lora.target_modules)")
 
 
 def adapter_state(peft_model: "torch.nn.Module", full: Callable[["torch.Tensor"], "torch.Tensor"]
