@@ -166,6 +166,16 @@ def test_tiny_lora_count_matches_the_backend(tiny_ckpt):
     (["trainer.lora.rank=8", "trainer.lora.push=adapter"], "trainer.lora.push"),
     (["trainer.lora.rank=8", "trainer.lora.target_modules=[]"], "trainer.lora.target_modules: an empty list"),
     (["trainer.lora.rank=8", "trainer.lora.dropout=1.5"], "trainer.lora.dropout"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[embed_tokens,q_proj]"],
+     "trainer.lora.target_modules: 'embed_tokens' is the token embedding"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[q_proj,lm_head]"],
+     "trainer.lora.target_modules: 'lm_head' is the LM head"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[q_prj]"],
+     "trainer.lora.target_modules: 'q_prj' names no linear layer (did you mean 'q_proj'?)"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[q_proj,v_prj,gate_poj]"],
+     "'v_prj' names no linear layer (did you mean 'v_proj'?); 'gate_poj' names no linear layer (did you mean "
+     "'gate_proj'?). Only the linear projections are supported: q_proj, k_proj"),
+    (["trainer.lora.rank=8", "trainer.lora.target_modules=[gate_up_proj]"], "'gate_up_proj' names no linear layer"),
 ])
 def test_validation_names_the_key(overrides, needle):
     from slime_hydra.train.rules import check
@@ -178,7 +188,8 @@ def test_valid_fsdp_and_lora_configs_pass():
     from slime_hydra.train.rules import check
 
     for extra in (["trainer.strategy=fsdp"], ["trainer.lora.rank=8"], ["trainer.strategy=fsdp", "trainer.lora.rank=8",
-                                                                       "trainer.lora.target_modules=[q_proj,v_proj]"]):
+                                                                       "trainer.lora.target_modules=[q_proj,v_proj]"],
+                  ["trainer.lora.rank=8", "trainer.lora.target_modules=[self_attn.q_proj,mlp.down_proj]"]):
         assert check(resolved(["trainer.num_rollout=10", *extra])) == []
 
 
@@ -186,6 +197,29 @@ def _tiny_model(tiny_ckpt):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("targets, needles", [
+    (["q_prj"], ["'q_prj' names no linear layer (did you mean 'q_proj'?)"]),  # PEFT: NoMatchingPeftModuleError
+    (["q_proj", "v_prj", "gate_poj"], ["'v_prj'", "did you mean 'v_proj'?", "did you mean 'gate_proj'?"]),
+    (["embed_tokens", "q_proj"], ["'embed_tokens' is the token embedding"]),
+    (["lm_head"], ["'lm_head' is the LM head"]),
+])
+def test_wrap_refuses_names_that_match_no_linear_layer(tiny_ckpt, targets, needles):
+    """The wrap (past validation: a model whose arch the preset does not describe) checks the names against
+    the model: each must match a linear layer, else one error naming the key, the names it has, a suggestion."""
+    from slime_hydra.config.schema import LoraConfig
+    from slime_hydra.train.backends.torch.lora import lora_layers, wrap
+
+    with pytest.raises(ValueError) as e:
+        wrap(_tiny_model(tiny_ckpt), LoraConfig(rank=4, target_modules=targets), "qwen3")
+    msg = str(e.value)
+    assert msg.startswith("trainer.lora.target_modules: ")
+    assert "linear projections are supported: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in msg
+    assert all(n in msg for n in needles), msg
+    wrapped = wrap(_tiny_model(tiny_ckpt), LoraConfig(rank=4, target_modules=["self_attn.q_proj", "v_proj"]),
+                   "qwen3")
+    assert {n.rpartition(".")[2] for n in lora_layers(wrapped)} == {"q_proj", "v_proj"}
 
 
 @pytest.mark.parametrize("targets, needle", [
@@ -206,3 +240,33 @@ def test_merged_push_refuses_layers_it_cannot_merge(tiny_ckpt, targets, needle):
         list(merged_weights(model, fsdp.unique_state(hf_model(model)), lambda t: t))
     assert "lm_head" in str(e.value) or "embed_tokens" in str(e.value)
 
+
+def test_linear_module_table_matches_the_transformers_models():
+    """``LORA_LINEAR_MODULES`` (what validation accepts) is every linear layer name of each family, over its
+    variants, LM head left out; the family defaults are among them. Built on the meta device from the presets."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from slime_hydra.checkpoint.hf import hf_config
+    from slime_hydra.config.schema import ARCH_TYPES, ArchConfig
+    from slime_hydra.train.backends.torch.lora import LORA_LINEAR_MODULES, LORA_TARGET_MODULES
+
+    small = dict(vocab_size=64, hidden_size=64, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    mla = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1,
+               num_shared_experts=1, first_k_dense_layers=1)
+    variants = {"qwen3": [{}], "qwen2": [{}], "llama": [{}], "glm4": [{}], "qwen3_moe": [moe],
+                "deepseek_v3": [{**moe, **mla, "q_lora_rank": 16}, {**moe, **mla}]}  # q_lora_rank null: q_proj
+    assert sorted(variants) == sorted(ARCH_TYPES) == sorted(LORA_LINEAR_MODULES)
+
+    for arch_type, kinds in variants.items():
+        names = set()
+        for extra in kinds:
+            arch = dataclasses.replace(ArchConfig(type=arch_type, **small), **extra)
+            mla_q = {"q_lora_rank": arch.q_lora_rank} if arch_type == "deepseek_v3" else {}  # None: HF's default
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(hf_config(arch, pad_token_id=0, **mla_q))
+            names |= {n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        assert names - {"lm_head"} == set(LORA_LINEAR_MODULES[arch_type]), arch_type
+        assert set(LORA_TARGET_MODULES[arch_type]) <= names, arch_type

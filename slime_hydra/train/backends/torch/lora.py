@@ -27,6 +27,7 @@ rules, which must stay light.
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Tuple
 
 if TYPE_CHECKING:
@@ -45,6 +46,23 @@ LORA_TARGET_MODULES: Dict[str, List[str]] = {
     "qwen3_moe": _ATTN,
     "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
 }
+# model.arch.type -> every linear layer name LoRA can adapt (the leaf names of the family's nn.Linear modules, the
+# LM head left out): the table ``trainer.lora.target_modules`` is checked against at validation (checked against
+# the transformers models by tests/train/test_lora.py). Variants within a family are in one list (DeepSeek-V3's
+# q_proj without q_lora_rank, q_a_proj / q_b_proj with it; its dense layers' and shared experts' MLP); the wrap
+# checks the names against the model itself. Embeddings and the LM head are left out: the merged push handles
+# linear layers only (an embedding's adapter is lora_embedding_A/B, and a tied LM head is the embedding's weight).
+_MLP = ["gate_proj", "up_proj", "down_proj"]
+LORA_LINEAR_MODULES: Dict[str, List[str]] = {
+    "qwen3": _ATTN + _MLP,
+    "qwen2": _ATTN + _MLP,
+    "llama": _ATTN + _MLP,
+    "glm4": _ATTN + ["gate_up_proj", "down_proj"],
+    "qwen3_moe": _ATTN,  # the experts are fused parameters, the router no nn.Linear
+    "deepseek_v3": LORA_TARGET_MODULES["deepseek_v3"] + _MLP,
+}
+NOT_LINEAR = {"embed_tokens": "the token embedding", "lm_head": "the LM head (the embedding's weight when tied)"}
+TARGETS_KEY = "trainer.lora.target_modules"
 ADAPTER = "default"  # PEFT's adapter name
 ADAPTER_DIR = "adapter"  # in a run checkpoint
 
@@ -53,12 +71,43 @@ def target_modules(lora: "LoraConfig", arch_type: str) -> List[str]:
     return list(lora.target_modules) if lora.target_modules is not None else LORA_TARGET_MODULES[arch_type]
 
 
+def unknown_targets(names: List[str], available: List[str]) -> str:
+    """What is wrong with the ``trainer.lora.target_modules`` entries ``names`` (none of them adaptable), given
+    the ``available`` linear layer names: one message naming the key, with the nearest name for each."""
+    parts = []
+    for name in names:
+        leaf = name.rpartition(".")[2]
+        if leaf in NOT_LINEAR:
+            parts.append(f"{name!r} is {NOT_LINEAR[leaf]}, which LoRA here does not adapt")
+            continue
+        close = difflib.get_close_matches(leaf, available, n=1, cutoff=0.6)
+        parts.append(f"{name!r} names no linear layer" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (f"{TARGETS_KEY}: {'; '.join(parts)}. Only the linear projections are supported: "
+            f"{', '.join(available)} (a module name or its dotted suffix, e.g. self_attn.q_proj)")
+
+
+def check_targets(model: "torch.nn.Module", names: List[str]) -> None:
+    """Raise unless each of ``names`` matches (as PEFT matches a list entry: the module's name or its dotted
+    suffix) at least one ``nn.Linear`` of ``model`` other than the LM head."""
+    import torch
+
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and
+              n.rpartition(".")[2] not in NOT_LINEAR]
+    unmatched = [t for t in names if not any(n == t or n.endswith("." + t) for n in linear)]
+    if unmatched:
+        raise ValueError(unknown_targets(unmatched, sorted({n.rpartition(".")[2] for n in linear})))
+
+
 def wrap(model: "torch.nn.Module", lora: "LoraConfig", arch_type: str) -> "torch.nn.Module":
     """``model`` with LoRA adapters (a ``PeftModel``); the base weights frozen, the adapters float32.
 
-    ``B`` starts at zero (PEFT's default), so the wrapped model computes exactly what ``model`` did."""
+    ``B`` starts at zero (PEFT's default), so the wrapped model computes exactly what ``model`` did. Names the
+    run gives (``trainer.lora.target_modules``) must each match a linear layer (:func:`check_targets`); the
+    family's default may list names that one variant lacks (DeepSeek-V3's q_proj or q_a_proj)."""
     from peft import LoraConfig, get_peft_model
 
+    if lora.target_modules is not None:
+        check_targets(model, list(lora.target_modules))
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                         target_modules=target_modules(lora, arch_type), task_type="CAUSAL_LM")
     return get_peft_model(model, config, autocast_adapter_dtype=True)
