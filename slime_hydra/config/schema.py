@@ -287,7 +287,7 @@ class LoraConfig:
     rank: int = 0  # adapter rank r; 0: off (full fine-tuning)
     alpha: float = 32.0  # the update is scaled by alpha / rank
     dropout: float = 0.0  # dropout on the adapters' input
-    target_modules: Optional[List[str]] = None  # module names to adapt; None: the family's (LORA_TARGET_MODULES)
+    target_modules: Optional[List[str]] = None  # linear layer names to adapt (LORA_LINEAR_MODULES); None: the family's
     save_merged: bool = False  # checkpoints also write hf/ with the adapters merged (else the adapter only)
     push: str = "merged"  # what the engines get: merged (base + scale B A per layer); the only one so far
 
