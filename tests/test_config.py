@@ -324,3 +324,51 @@ def test_warm_up_runs_the_steps_shape():
                        "rollout.max_prompt_len=64", "rollout.max_response_len=256"])
     shape = warm_up_shape(packed, SimpleNamespace(data_parallel=1))
     assert (shape.length, shape.response_len) == (200, 199)  # within megatron's packed budget
+
+
+BROKEN_YAML = "# @package _global_\ntrainer:\n  num_rollout: [1, 2\nalgo: {lr: 1}\n"
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_yaml_syntax_error_in_an_experiment_is_one_line_naming_file_line_and_column(tmp_path, multirun):
+    """Hydra's own report of a YAML syntax error was a 95-line traceback (config/store.py wraps it)."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(BROKEN_YAML)
+    out = subprocess.run([sys.executable, "run.py", "--config-dir", str(tmp_path), *(["-m"] if multirun else []),
+                          "experiment=mine", "dry_run=true", f"hydra.run.dir={tmp_path}/run",
+                          f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert f"{tmp_path}/experiment/mine.yaml:4:5: not valid YAML: expected ',' or ']', but got ':' " \
+           "(while parsing a flow sequence that started at line 3, column 16)" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) < 6, out.stderr
+
+
+def test_describe_reports_a_yaml_syntax_error_in_one_line(tmp_path, monkeypatch):
+    from slime_hydra.config import describe
+
+    bad = tmp_path / "conf"
+    import shutil
+
+    shutil.copytree(CONF, bad)
+    (bad / "experiment" / "mine.yaml").write_text(BROKEN_YAML)
+    monkeypatch.setattr(describe, "CONF_DIR", bad)
+    with pytest.raises(ConfigCompositionException, match=r"experiment/mine.yaml:4:5: not valid YAML"):
+        describe.compose(["experiment=mine"])
+
+
+def test_an_experiment_without_its_package_header_is_said_so(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("trainer:\n  num_rollout: 1\n")
+    from hydra import compose as hc, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slime_hydra.config.store import register_configs
+
+    register_configs()
+    register_configs()  # idempotent: wrapped once
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        with pytest.raises(ConfigCompositionException, match=r"experiment/mine.yaml: the first line "
+                                                             r"`# @package _global_` is missing"):
+            hc("config", overrides=["experiment=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    GlobalHydra.instance().clear()

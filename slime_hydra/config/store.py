@@ -5,7 +5,12 @@ checked against its dataclass when Hydra composes. Each group also gets its own 
 that its YAML files list first in their defaults, so a group file is typed on its own as well.
 """
 
+import functools
+
+import yaml
+from hydra._internal.config_repository import ConfigRepository
 from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException
 
 from slime_hydra.config import schema
 
@@ -22,7 +27,55 @@ GROUP_SCHEMAS = {
 }
 
 
+# Groups whose files must say `# @package _global_`: RunConfig has no `experiment` or `hparams_search` key,
+# so without the header Hydra says only "Key 'experiment' not in 'RunConfig'".
+GLOBAL_GROUPS = ("experiment", "hparams_search")
+
+
+def yaml_error_message(e: yaml.YAMLError) -> str:
+    """``file:line:col: not valid YAML: <problem> (<context> that started at line L, column C)``."""
+    problem, context = getattr(e, "problem", None), getattr(e, "context", None)
+    mark, start = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+    mark = mark or start
+    if mark is None or not problem:
+        return f"not valid YAML: {e}"
+    text = f"{mark.name}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}"
+    if context and start is not None and start is not mark:
+        text += f" ({context} that started at line {start.line + 1}, column {start.column + 1})"
+    elif context:
+        text += f" ({context})"
+    return text
+
+
+def _checked_load_config(load_config):
+    """Hydra's ConfigRepository.load_config, with a YAML syntax error as one line naming the file, line
+    and column (Hydra's own is a 95-line traceback), and an experiment/hparams_search file without its
+    `# @package _global_` header said so. Wrapped here, in the repository every config source goes
+    through: a patched FileConfigSource would be replaced by Hydra's plugin scan."""
+
+    @functools.wraps(load_config)
+    def wrapper(self, config_path):
+        try:
+            ret = load_config(self, config_path)
+        except yaml.YAMLError as e:
+            raise ConfigCompositionException(yaml_error_message(e)) from None
+        group = config_path.split("/", 1)[0] if "/" in config_path else ""
+        if ret is not None and group in GLOBAL_GROUPS and ret.header.get("package") != "_global_":
+            where = f"{ret.path}/{config_path}.yaml".removeprefix("file://")
+            raise ConfigCompositionException(
+                f"{where}: the first line `# @package _global_` is missing (every {group} file needs it: "
+                f"its keys are the whole config's, model, algo, trainer, ...)"
+            )
+        return ret
+
+    wrapper._slime_hydra_checked = True
+    return wrapper
+
+
 def register_configs() -> None:
+    # idempotent: every caller (run.py, describe, tests) may call it again
+    if not getattr(ConfigRepository.load_config, "_slime_hydra_checked", False):
+        ConfigRepository.load_config = _checked_load_config(ConfigRepository.load_config)
     cs = ConfigStore.instance()
     cs.store(name="run_config", node=schema.RunConfig)
     for group, node in GROUP_SCHEMAS.items():
