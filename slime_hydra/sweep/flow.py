@@ -3,6 +3,7 @@ launch, and finish with the report and the exit status."""
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import sys
@@ -11,7 +12,7 @@ from typing import Any, List, Sequence, Tuple
 from hydra.core.utils import JobReturn, JobStatus
 
 from slime_hydra.sweep.compose import Job, SweepInvalid, capacity_problems, cluster_size, validate_jobs
-from slime_hydra.sweep.jobs import FINISHED, JobPruned, read_status
+from slime_hydra.sweep.jobs import FINISHED, STATUS_FILE, JobPruned, job_dirs, read_status
 from slime_hydra.sweep.report import best_job, write_report
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,36 @@ def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn],
 
 def _pruned(ret: JobReturn) -> bool:
     return isinstance(ret._return_value, JobPruned)
+
+
+def holds_sweep(sweep_dir: str) -> bool:
+    """Whether ``sweep_dir`` is a sweep's: its ``multirun.yaml`` (written before the first job) or a job."""
+    return os.path.exists(os.path.join(sweep_dir, "multirun.yaml")) or bool(job_dirs(sweep_dir))
+
+
+def newest_sweep(root: str = "multirun", but: str = "") -> str:
+    """The most recently started sweep under Hydra's default ``multirun/<date>/<time>`` (by its
+    ``multirun.yaml``), other than ``but``; "" if none."""
+    found = [os.path.dirname(p) for p in glob.glob(os.path.join(root, "*", "*", "multirun.yaml"))]
+    found = [d for d in found if os.path.abspath(d) != os.path.abspath(but)]
+    return max(found, key=lambda d: os.path.getmtime(os.path.join(d, "multirun.yaml"))) if found else ""
+
+
+def check_resumable(config: Any) -> None:
+    """``sweep.resume=true`` on a ``hydra.sweep.dir`` that holds no sweep: refused (exit 2) before anything
+    starts, as it would silently run every job from scratch. The default directory is a new timestamped
+    one per command, so the sweep to resume must be named; the newest one is suggested."""
+    if not config.sweep.resume:
+        return
+    sweep_dir = str(config.hydra.sweep.dir)
+    if holds_sweep(sweep_dir):
+        return
+    newest = newest_sweep(but=sweep_dir)
+    print(f"sweep.resume=true: hydra.sweep.dir={sweep_dir} holds no sweep (no multirun.yaml, no job with "
+          f"{STATUS_FILE}), so there is nothing to resume. Name the sweep's directory: "
+          + (f"the newest is hydra.sweep.dir={newest}" if newest else "hydra.sweep.dir=<its directory>")
+          + " (or leave out sweep.resume=true to start a new sweep)", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def resume_plan(config: Any, jobs: List[Job], overrides: dict) -> List[tuple]:

@@ -36,7 +36,7 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
 from slime_hydra.sweep.compose import Job
-from slime_hydra.sweep.flow import finish, prepare
+from slime_hydra.sweep.flow import check_resumable, finish, prepare
 from slime_hydra.sweep.jobs import JobPruned
 from slime_hydra.sweep.prune import storage_of
 
@@ -152,6 +152,7 @@ class _Impl(OptunaSweeperImpl):
         from slime_hydra.sweep.compose import compose
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        check_resumable(self.config)
         self._process_searchspace_config()
         params_conf = self._parse_sweeper_params_config()
         params_conf.extend(arguments)

@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from slime_hydra.sweep.compose import compose
-from slime_hydra.sweep.flow import finish, launch, prepare, resume_plan
+from slime_hydra.sweep.flow import check_resumable, finish, launch, prepare, resume_plan
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class SlimeSweeper(BasicSweeper):
         if self.optuna is not None:
             return self.optuna.sweep(arguments)
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        check_resumable(self.config)
         params_conf = self._parse_config()
         params_conf.extend(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)

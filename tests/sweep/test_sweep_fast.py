@@ -154,3 +154,37 @@ def test_a_running_job_whose_process_is_gone_reads_interrupted(tmp_path):
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "gone")], check=True, env=ENV, cwd=ROOT)
     state = read_status(str(tmp_path / "gone"))
     assert state["status"] == "interrupted" and state["overrides"] == ["seed=2"] and state["num"] == 1
+
+
+def test_resume_of_a_directory_without_a_sweep_is_refused(tmp_path):
+    """sweep.resume=true on a new hydra.sweep.dir (the default one is timestamped) ran every job from
+    scratch, silently; it is refused before anything starts, naming the directory."""
+    d = tmp_path / "sweep"
+    out = sweep(d, "seed=1,2", "trainer.num_rollout=1", "sweep.resume=true", "dry_run=true")
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"sweep.resume=true: hydra.sweep.dir={d} holds no sweep" in out.stderr, out.stderr
+    assert not d.exists()  # nothing started
+
+
+def test_a_refused_resume_names_the_newest_sweep(tmp_path, monkeypatch, capsys):
+    import os
+
+    from omegaconf import OmegaConf
+
+    from slime_hydra.sweep.flow import check_resumable
+
+    for name, when in (("2024-01-01/10-00-00", 100), ("2024-01-02/09-00-00", 300), ("2024-01-01/23-00-00", 200)):
+        (tmp_path / "multirun" / name).mkdir(parents=True)
+        (tmp_path / "multirun" / name / "multirun.yaml").write_text("{}")
+        os.utime(tmp_path / "multirun" / name / "multirun.yaml", (when, when))
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({"sweep": {"resume": True}, "hydra": {"sweep": {"dir": "multirun/2024-01-03/08-00-00"}}})
+    with pytest.raises(SystemExit) as e:
+        check_resumable(cfg)
+    assert e.value.code == 2
+    assert "the newest is hydra.sweep.dir=multirun/2024-01-02/09-00-00" in capsys.readouterr().err
+    cfg.hydra.sweep.dir = "multirun/2024-01-01/10-00-00"  # a sweep's directory: resumed
+    check_resumable(cfg)
+    cfg.sweep.resume = False
+    cfg.hydra.sweep.dir = "elsewhere"
+    check_resumable(cfg)
