@@ -12,7 +12,7 @@ from typing import Any, List, Sequence, Tuple
 from hydra.core.utils import JobReturn, JobStatus
 
 from slime_hydra.sweep.compose import Job, SweepInvalid, capacity_problems, cluster_size, validate_jobs
-from slime_hydra.sweep.jobs import FINISHED, STATUS_FILE, JobPruned, job_dirs, read_status
+from slime_hydra.sweep.jobs import FINISHED, STATUS_FILE, JobPruned, foreign_job_dirs, job_dirs, read_status
 from slime_hydra.sweep.report import best_job, write_report
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,19 @@ def check_resumable(config: Any) -> None:
           f"{STATUS_FILE}), so there is nothing to resume. Name the sweep's directory: "
           + (f"the newest is hydra.sweep.dir={newest}" if newest else "hydra.sweep.dir=<its directory>")
           + " (or leave out sweep.resume=true to start a new sweep)", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def refuse_foreign_jobs(sweep_dir: str, ours: Sequence[str], why: str) -> None:
+    """A new sweep in a ``hydra.sweep.dir`` holding another sweep's jobs: refused (exit 2), as their runs
+    would mix into this sweep's report, best job and summary."""
+    foreign = foreign_job_dirs(sweep_dir, ours)
+    if not foreign:
+        return
+    shown = ", ".join(os.path.relpath(d, sweep_dir) for d in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+    print(f"hydra.sweep.dir={sweep_dir} already holds {len(foreign)} job(s) of another sweep ({shown}), and {why}: "
+          f"use a new hydra.sweep.dir, or sweep.resume=true to continue the sweep that is there",
+          file=sys.stderr, flush=True)
     sys.exit(2)
 
 

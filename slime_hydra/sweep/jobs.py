@@ -15,6 +15,9 @@ from omegaconf import OmegaConf
 from slime_hydra.launch.lease import _start_time
 
 STATUS_FILE = "sweep_job.json"
+# the sweep's own job directories (relative to hydra.sweep.dir), written by the sweepers: the report reads
+# these only, so that a directory reused by another sweep does not mix its jobs in
+MANIFEST = "sweep_jobs.json"
 DIRNAME_RESOLVER = "safe_dirname"  # conf/config.yaml's hydra.sweep.subdir
 DIRNAME_MAX = 200  # bytes of a job directory's name taken from its overrides (a file name has at most 255)
 SEARCH_DEPTH = 32  # job_dirs looks this many folders deep at most
@@ -113,3 +116,47 @@ def job_dirs(sweep_dir: str) -> List[str]:
 
     search(sweep_dir, 1)
     return sorted(found, key=lambda d: ((read_status(d) or {}).get("num", 0), d))
+
+
+def read_manifest(sweep_dir: str) -> Optional[List[str]]:
+    """The job directories the sweepers recorded for the sweep in ``sweep_dir`` (absolute); None without
+    a manifest (a sweep of an earlier version)."""
+    try:
+        with open(os.path.join(sweep_dir, MANIFEST)) as f:
+            rel = json.load(f)["jobs"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    return [os.path.normpath(os.path.join(os.path.abspath(sweep_dir), d)) for d in rel]
+
+
+def write_manifest(sweep_dir: str, dirs: Sequence[str], append: bool) -> None:
+    """Record ``dirs`` as the sweep's job directories: after those already recorded (``append``: a resumed
+    sweep, a continued Optuna study; without a manifest, every job directory there), or instead of them."""
+    old: List[str] = []
+    if append:
+        old = read_manifest(sweep_dir)
+        old = job_dirs(sweep_dir) if old is None else old
+    top = os.path.abspath(sweep_dir)
+    rel = []
+    for d in [*old, *(os.path.abspath(d) for d in dirs)]:
+        r = os.path.relpath(d, top)
+        if r not in rel:
+            rel.append(r)
+    os.makedirs(sweep_dir, exist_ok=True)
+    write_json_atomic(os.path.join(sweep_dir, MANIFEST), {"jobs": rel})
+
+
+def sweep_job_dirs(sweep_dir: str) -> List[str]:
+    """The job directories of the sweep in ``sweep_dir`` (those with a status file), in job order: those
+    of its manifest, or, without one, every job directory found in it (``job_dirs``)."""
+    listed = read_manifest(sweep_dir)
+    if listed is None:
+        return job_dirs(sweep_dir)
+    found = [d for d in listed if os.path.exists(os.path.join(d, STATUS_FILE))]
+    return sorted(found, key=lambda d: ((read_status(d) or {}).get("num", 0), d))
+
+
+def foreign_job_dirs(sweep_dir: str, ours: Sequence[str]) -> List[str]:
+    """The job directories in ``sweep_dir`` that are not among ``ours``: another sweep's."""
+    mine = {os.path.abspath(d) for d in ours}
+    return [d for d in job_dirs(sweep_dir) if os.path.abspath(d) not in mine]

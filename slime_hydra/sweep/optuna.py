@@ -36,8 +36,8 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
 from slime_hydra.sweep.compose import Job
-from slime_hydra.sweep.flow import check_resumable, finish, prepare
-from slime_hydra.sweep.jobs import JobPruned
+from slime_hydra.sweep.flow import check_resumable, finish, prepare, refuse_foreign_jobs
+from slime_hydra.sweep.jobs import JobPruned, write_manifest
 from slime_hydra.sweep.prune import storage_of
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,13 @@ class _Impl(OptunaSweeperImpl):
             study.tell(t.number, state=TrialState.FAIL)
         done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
         to_go = self.n_trials - done
+        if not done:  # a new study: the directory must hold no other sweep's jobs; else its trials go on
+            try:
+                refuse_foreign_jobs(sweep_dir, [], f"study {study.study_name} in {self.storage} is a new one")
+            except SystemExit:
+                self.launcher.close()  # the cluster prepare started
+                raise
+            write_manifest(sweep_dir, [], append=False)
         log.info("study %s in %s: %d trial(s) done, %d to go", study.study_name, self.storage, done, to_go)
         if self.pruner is not None:
             pruner = self.pruner  # Hydra instantiated it with the sweeper; else a config to instantiate in the job
@@ -200,6 +207,8 @@ class _Impl(OptunaSweeperImpl):
                         book.invalid(trial)
                         to_go = self._stop_if_too_many_failed(book, to_go, running)
                         continue
+                    if job.dir:
+                        write_manifest(sweep_dir, [job.dir], append=True)
                     running[self.launcher.submit(job.num, overrides)] = (trial, job, overrides)
                 if not running:
                     break

@@ -16,7 +16,7 @@ import re
 import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
-from slime_hydra.sweep.jobs import job_dirs, read_status
+from slime_hydra.sweep.jobs import read_status, sweep_job_dirs
 
 COLUMNS = ["job", "overrides", "status", "final_reward", "best_reward", "best_step", "steps", "s_per_step",
            "run_dir", "error"]
@@ -75,7 +75,7 @@ def _round(x: float) -> Optional[float]:
 
 
 def collect(sweep_dir: str) -> List[Dict[str, Any]]:
-    return [job_row(d) for d in job_dirs(sweep_dir)]
+    return [job_row(d) for d in sweep_job_dirs(sweep_dir)]
 
 
 def best_job(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:

@@ -13,7 +13,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from slime_hydra.sweep.compose import compose
-from slime_hydra.sweep.flow import check_resumable, finish, launch, prepare, resume_plan
+from slime_hydra.sweep.flow import check_resumable, finish, launch, prepare, refuse_foreign_jobs, resume_plan
+from slime_hydra.sweep.jobs import write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,15 @@ class SlimeSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         batches = self.split_arguments(parser.parse_overrides(params_conf), None)
         overrides = [list(o) for batch in batches for o in batch]
-        jobs = prepare(self, compose(self.hydra_context, self.config, list(enumerate(overrides))))
+        composed = compose(self.hydra_context, self.config, list(enumerate(overrides)))
         sweep_dir = str(self.config.hydra.sweep.dir)
+        resume = bool(self.config.sweep.resume)
+        if not resume:
+            refuse_foreign_jobs(sweep_dir, [j.dir for j in composed if j.dir], "this sweep is a new one")
+        jobs = prepare(self, composed)
         os.makedirs(sweep_dir, exist_ok=True)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
+        write_manifest(sweep_dir, [j.dir for j in jobs if j.dir], append=resume)
         todo = resume_plan(self.config, jobs, {j.num: overrides[j.num] for j in jobs})
         returns = launch(self.launcher, todo)
         ran = {num for num, _ in todo}

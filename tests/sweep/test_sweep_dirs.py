@@ -112,3 +112,37 @@ def test_the_watchdog_reaps_the_processes_of_a_nested_job(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_report_reads_the_sweeps_own_jobs_from_its_manifest(tmp_path):
+    """A hydra.sweep.dir reused by another sweep: the report (and so the best job and the summary) holds
+    this sweep's jobs only, those its manifest lists; without a manifest (an earlier version's sweep), all."""
+    from slime_hydra.sweep.jobs import read_manifest, write_manifest
+    from slime_hydra.sweep.report import collect
+
+    d = tmp_path / "sweep"
+    old = write_job(d / "0_seed=7", 0)  # another sweep's
+    assert [r["run_dir"] for r in collect(str(d))] == [old]
+    a, b = write_job(d / "0_seed=1", 0), write_job(d / "1_seed=2", 1)
+    write_manifest(str(d), [a, b], append=False)
+    assert [r["run_dir"] for r in collect(str(d))] == [a, b]
+    c = write_job(d / "2_seed=3", 2)
+    write_manifest(str(d), [c, a], append=True)  # a resumed sweep, a continued study: after the others, once
+    assert read_manifest(str(d)) == [a, b, c]
+    assert [r["run_dir"] for r in collect(str(d))] == [a, b, c]
+    assert json.loads((d / "sweep_jobs.json").read_text()) == {"jobs": ["0_seed=1", "1_seed=2", "2_seed=3"]}
+
+
+def test_a_new_sweep_in_a_directory_with_another_sweeps_jobs_is_refused(tmp_path):
+    from sweep_helpers import sweep
+
+    d = tmp_path / "sweep"
+    write_job(d / "0_seed=7", 0)
+    out = sweep(d, "seed=1,2", "dry_run=true")
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"hydra.sweep.dir={d} already holds 1 job(s) of another sweep (0_seed=7), and this sweep is a new one: " \
+           "use a new hydra.sweep.dir, or sweep.resume=true" in out.stderr, out.stderr
+    out = sweep(d, "seed=1,2", "dry_run=true", "sweep.resume=true")  # continuing it: allowed
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = sweep(d, "seed=7", "dry_run=true")  # the same jobs again: allowed
+    assert out.returncode == 0, out.stderr[-2000:]
