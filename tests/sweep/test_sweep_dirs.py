@@ -146,3 +146,18 @@ def test_a_new_sweep_in_a_directory_with_another_sweeps_jobs_is_refused(tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     out = sweep(d, "seed=7", "dry_run=true")  # the same jobs again: allowed
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_sweep_over_experiments_names_each_job_by_its_experiment(tmp_path):
+    """experiment= was left out of the job names: the jobs of `-m experiment=a,b` differed by their number
+    only, and a resume with the list reordered took one's directory for the other's."""
+    a, b = subdir("experiment=calculator_agent", "seed=1"), subdir("experiment=qwen3_4b_grpo_math", "seed=1")
+    assert a == "3_experiment=calculator_agent,seed=1" and b == "3_experiment=qwen3_4b_grpo_math,seed=1"
+    from sweep_helpers import sweep
+
+    out = sweep(tmp_path / "s", "experiment=calculator_agent", "seed=1,2", "dry_run=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [line.split(":")[0] for line in out.stdout.splitlines() if line.startswith("job ")] == [
+        "job 0 [experiment=calculator_agent seed=1]", "job 1 [experiment=calculator_agent seed=2]"]
+    out = sweep(tmp_path / "s", "hparams_search=grpo_digits", "dry_run=true")  # a search's name: the same for all
+    assert "job 0 [algo.lr=0.001 algo.kl_loss_coef=0.0]" in out.stdout, out.stderr[-2000:]
