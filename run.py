@@ -32,11 +32,14 @@ def main(cfg: DictConfig):
 if __name__ == "__main__":
     try:
         main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         # Ctrl-C: the run has stopped by now (its actors killed, Ray shut down, what it started reaped:
         # launch/driver.py, launch/lease.py). Leave without the interpreter's teardown, which took 6 s on
         # a loaded 2-core machine (torch alone 2.5 s): a run must stop within seconds of Ctrl-C.
-        print("interrupted: the run stopped (go on with trainer.resume=auto)", file=sys.stderr, flush=True)
+        sweep_dir = getattr(e, "slime_sweep_dir", None)  # a sweep's (slime_hydra/sweep/flow.py: INTERRUPTED_SWEEP)
+        print(f"interrupted: the sweep stopped (go on with the same command and sweep.resume=true "
+              f"hydra.sweep.dir={sweep_dir})" if sweep_dir else
+              "interrupted: the run stopped (go on with trainer.resume=auto)", file=sys.stderr, flush=True)
         sys.stdout.flush()
         logging.shutdown()  # the log files' last lines
         os._exit(130)

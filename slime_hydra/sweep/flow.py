@@ -3,11 +3,12 @@ launch, and finish with the report and the exit status."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
 import sys
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Iterator, List, Sequence, Tuple
 
 from hydra.core.utils import JobReturn, JobStatus
 
@@ -85,6 +86,20 @@ def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn],
 
 def _pruned(ret: JobReturn) -> bool:
     return isinstance(ret._return_value, JobPruned)
+
+
+INTERRUPTED_SWEEP = "slime_sweep_dir"  # the attribute of a KeyboardInterrupt out of a sweep: its directory
+
+
+@contextlib.contextmanager
+def naming_the_sweep(sweep_dir: str) -> Iterator[None]:
+    """A Ctrl-C out of the sweep carries its directory, for run.py's advice (``sweep.resume=true
+    hydra.sweep.dir=...``, not a single run's ``trainer.resume=auto``)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        setattr(e, INTERRUPTED_SWEEP, sweep_dir)
+        raise
 
 
 def holds_sweep(sweep_dir: str) -> bool:

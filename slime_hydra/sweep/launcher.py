@@ -91,8 +91,9 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         err = ret._return_value
         pruned = isinstance(err, JobPruned)
         tail = str(err) if pruned else "".join(traceback.format_exception(err))[-2000:]
-        write_status(job_dir, idx, label, "pruned" if pruned else "failed", error=tail,
-                     started=started)
+        # a Ctrl-C reaches the workers too (one process group): such a job did not fail, it was stopped
+        status = "pruned" if pruned else "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        write_status(job_dir, idx, label, status, error=tail, started=started)
         # what comes back to the sweep's process must unpickle there: the error's text, not its object
         ret._return_value = err if pruned else RuntimeError(f"job {idx} failed: {tail}")
     ret.cfg = ret.hydra_cfg = None  # the sweeper needs the status and value, not the configs
@@ -250,9 +251,17 @@ class SweepLauncher(JoblibLauncher):
         """After the last job: the worker processes end, then the cluster. On the way out of an error or
         a Ctrl-C, the workers are killed rather than waited for (their jobs' processes die with the
         cluster: ``SweepCluster.stop``)."""
+        failing = sys.exc_info()[0] is not None
         if self.pool is not None:
-            self.pool.shutdown(wait=True, kill_workers=sys.exc_info()[0] is not None)
+            self.pool.shutdown(wait=True, kill_workers=failing)
             self.pool = None
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+        if failing and self.config is not None:
+            # the report last written (``end``) saw the jobs still running: now their processes are gone,
+            # they read ``interrupted``
+            try:
+                write_report(str(self.config.hydra.sweep.dir))
+            except Exception as e:  # noqa: BLE001 - the error (the Ctrl-C) on its way out comes first
+                log.warning("sweep: the report after the interruption: %s", e)

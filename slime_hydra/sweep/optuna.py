@@ -36,7 +36,7 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
 from slime_hydra.sweep.compose import Job
-from slime_hydra.sweep.flow import check_resumable, finish, prepare, refuse_foreign_jobs
+from slime_hydra.sweep.flow import INTERRUPTED_SWEEP, check_resumable, finish, prepare, refuse_foreign_jobs
 from slime_hydra.sweep.jobs import JobPruned, write_manifest
 from slime_hydra.sweep.prune import storage_of
 
@@ -220,6 +220,9 @@ class _Impl(OptunaSweeperImpl):
                     ran.append(job)
                     returns.append(ret)
                     to_go = self._stop_if_too_many_failed(book, to_go, running)
+        except KeyboardInterrupt as e:
+            setattr(e, INTERRUPTED_SWEEP, sweep_dir)  # run.py's advice: the same command goes on with the study
+            raise
         finally:
             self.launcher.end()
             self.launcher.close()

@@ -13,7 +13,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from slime_hydra.sweep.compose import compose
-from slime_hydra.sweep.flow import check_resumable, finish, launch, prepare, refuse_foreign_jobs, resume_plan
+from slime_hydra.sweep.flow import (
+    check_resumable,
+    finish,
+    launch,
+    naming_the_sweep,
+    prepare,
+    refuse_foreign_jobs,
+    resume_plan,
+)
 from slime_hydra.sweep.jobs import write_manifest
 
 log = logging.getLogger(__name__)
@@ -59,7 +67,8 @@ class SlimeSweeper(BasicSweeper):
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         write_manifest(sweep_dir, [j.dir for j in jobs if j.dir], append=resume)
         todo = resume_plan(self.config, jobs, {j.num: overrides[j.num] for j in jobs})
-        returns = launch(self.launcher, todo)
+        with naming_the_sweep(sweep_dir):
+            returns = launch(self.launcher, todo)
         ran = {num for num, _ in todo}
         finish(self, [j for j in jobs if j.num in ran], returns)
         return [returns]

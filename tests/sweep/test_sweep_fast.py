@@ -188,3 +188,33 @@ def test_a_refused_resume_names_the_newest_sweep(tmp_path, monkeypatch, capsys):
     cfg.sweep.resume = False
     cfg.hydra.sweep.dir = "elsewhere"
     check_resumable(cfg)
+
+
+def test_closing_the_launcher_on_an_interruption_rewrites_the_report(tmp_path):
+    """The report last written while the jobs ran said `running`; once the launcher has killed them on a
+    Ctrl-C, it is rewritten, and they read `interrupted`."""
+    from omegaconf import OmegaConf
+
+    from slime_hydra.sweep.launcher import SweepLauncher
+    from slime_hydra.sweep.report import write_report
+
+    job = tmp_path / "0_seed=1"
+    code = ("import sys, time; from slime_hydra.sweep.jobs import write_status; "
+            "write_status(sys.argv[1], 0, ['seed=1'], 'running', started=time.time()); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(job)], env=ENV, cwd=ROOT)
+    try:
+        while not (job / "sweep_job.json").exists():
+            time.sleep(0.1)
+        write_report(str(tmp_path))
+        assert "1 jobs: 1 running" in (tmp_path / "sweep.md").read_text()
+    finally:
+        child.kill()
+        child.wait()
+    launcher = SweepLauncher(n_jobs=1)
+    launcher.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        launcher.close()
+    assert "1 jobs: 1 interrupted" in (tmp_path / "sweep.md").read_text()
+    launcher.close()  # a close without an error in flight leaves the report alone

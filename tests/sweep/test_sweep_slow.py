@@ -113,3 +113,34 @@ def test_a_pruned_trial_stops_early_and_the_next_one_gets_its_bundles(tmp_path):
     study = optuna.load_study(study_name="grpo_digits", storage=f"sqlite:///{d}/optuna.db")
     assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED"]
     assert not leftover_processes(), leftover_processes()
+
+
+def test_ctrl_c_of_a_sweep_leaves_its_report_interrupted_and_says_how_to_resume(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a job runs: the report
+    said `running` (written while the job was alive), and run.py gave a single run's advice."""
+    import os
+    import subprocess
+    import sys
+
+    from sweep_helpers import ENV, ROOT
+
+    d = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "run.py", "-m", "trainer.num_rollout=200", "eval.interval=0", "seed=1",
+                             *FAST, f"hydra.sweep.dir={d}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = d / "0_eval.before_train=False,eval.interval=0,seed=1,trainer.num_rollout=200"
+    deadline = time.monotonic() + 300
+    while not (job / "metrics.jsonl").exists() or "| running |" not in (d / "sweep.md").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert f"interrupted: the sweep stopped (go on with the same command and sweep.resume=true " \
+           f"hydra.sweep.dir={d})" in out, out[-3000:]
+    assert "trainer.resume=auto" not in out.splitlines()[-1]
+    md = (d / "sweep.md").read_text()
+    assert "1 jobs: 1 interrupted" in md and "| running |" not in md, md
+    assert table(d)[0]["status"] == "interrupted"
+    time.sleep(2)
+    assert not leftover_processes(), leftover_processes()
