@@ -14,7 +14,7 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from slime_hydra.sweep.compose import Job, SweepInvalid, capacity_problems, cluster_size, validate_jobs
 from slime_hydra.sweep.jobs import FINISHED, STATUS_FILE, JobPruned, foreign_job_dirs, job_dirs, read_status
-from slime_hydra.sweep.report import best_job, write_report
+from slime_hydra.sweep.report import best_job, objective_of, write_report
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,10 @@ def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn],
     sweep_dir = str(sweeper.config.hydra.sweep.dir)
     rows = write_report(sweep_dir)
     failed = [j for j, r in zip(jobs, returns) if r.status != JobStatus.COMPLETED and not _pruned(r)]
-    best = best_job(rows)
+    best = best_job(rows, objective_of(sweep_dir)[1])
     counts = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
     print(f"[sweep] done: {', '.join(f'{n} {s}' for s, n in counts.items())}; report {sweep_dir}/sweep.md"
-          + (f"; best: job {best['job']} {best['overrides']} ({best['final_reward']})" if best else ""), flush=True)
+          + (f"; best: job {best['job']} {best['overrides']} ({best['objective']})" if best else ""), flush=True)
     if failed:
         print(f"[sweep] {len(failed)} job(s) failed: " + "; ".join(
             f"{j.label()} ({os.path.join(j.dir or '', 'console.log')})" for j in failed), file=sys.stderr, flush=True)

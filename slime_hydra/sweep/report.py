@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slime_hydra.sweep.jobs import read_status, sweep_job_dirs
 
-COLUMNS = ["job", "overrides", "status", "final_reward", "best_reward", "best_step", "steps", "s_per_step",
+COLUMNS = ["job", "overrides", "status", "objective", "final_reward", "best_reward", "best_step", "steps", "s_per_step",
            "run_dir", "error"]
 ERROR_TAIL = 300  # characters of a failed job's error kept in the table
 
@@ -47,11 +47,43 @@ def eval_curve(rows: List[Dict[str, Any]]) -> List[Tuple[int, float]]:
     return [(r["step"], eval_reward(r)) for r in rows if eval_reward(r) is not None]
 
 
-def job_row(job_dir: str) -> Dict[str, Any]:
-    """One line of the table for one job directory."""
+DEFAULT_METRIC = "eval_reward_final"  # SweepConfig.optimized_metric's default
+
+
+def objective_of(sweep_dir: str) -> Tuple[str, str]:
+    """``(sweep.optimized_metric, direction)`` of the sweep in ``sweep_dir``, from its ``multirun.yaml``:
+    the summary.json value its jobs return, and whether the best job has the highest (``maximize``, the
+    default) or the lowest (``minimize``: an Optuna search's ``direction``)."""
+    metric, direction = DEFAULT_METRIC, "maximize"
+    try:
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(os.path.join(sweep_dir, "multirun.yaml"))
+        metric = str(OmegaConf.select(cfg, "sweep.optimized_metric", default=None) or metric)
+        d = OmegaConf.select(cfg, "hydra.sweeper.optuna.direction", default=None)
+        d = d[0] if OmegaConf.is_list(d) and len(d) else d
+        direction = str(getattr(d, "name", d) or direction).lower()
+    except Exception:  # noqa: BLE001 - no multirun.yaml (an earlier sweep), or one that does not load
+        pass
+    return metric, "minimize" if direction == "minimize" else "maximize"
+
+
+def read_summary(job_dir: str) -> Dict[str, Any]:
+    try:
+        with open(os.path.join(job_dir, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def job_row(job_dir: str, metric: str = DEFAULT_METRIC) -> Dict[str, Any]:
+    """One line of the table for one job directory; ``objective``: its ``metric`` (summary.json)."""
     state = read_status(job_dir) or {}
     rows = read_metrics(job_dir)
     curve = eval_curve(rows)
+    objective = read_summary(job_dir).get(metric)
+    if objective is None and metric == DEFAULT_METRIC and curve:
+        objective = curve[-1][1]  # the final held-out reward, also without a summary
     steps = [r["step"] for r in rows if "perf/step_time" in r]
     step_times = [r["perf/step_time"] for r in rows if "perf/step_time" in r]
     best = max(curve, key=lambda c: c[1]) if curve else None
@@ -60,6 +92,7 @@ def job_row(job_dir: str) -> Dict[str, Any]:
         "job": state.get("num"),
         "overrides": " ".join(state.get("overrides", [])),
         "status": state.get("status", "unknown"),
+        "objective": _round(objective) if isinstance(objective, (int, float)) else None,
         "final_reward": _round(curve[-1][1]) if curve else None,
         "best_reward": _round(best[1]) if best else None,
         "best_step": best[0] if best else None,
@@ -75,13 +108,17 @@ def _round(x: float) -> Optional[float]:
 
 
 def collect(sweep_dir: str) -> List[Dict[str, Any]]:
-    return [job_row(d) for d in sweep_job_dirs(sweep_dir)]
+    metric = objective_of(sweep_dir)[0]
+    return [job_row(d, metric) for d in sweep_job_dirs(sweep_dir)]
 
 
-def best_job(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The job with the highest final held-out reward among those that ended ok."""
-    done = [r for r in rows if r["status"] == "ok" and r["final_reward"] is not None]
-    return max(done, key=lambda r: r["final_reward"]) if done else None
+def best_job(rows: List[Dict[str, Any]], direction: str = "maximize") -> Optional[Dict[str, Any]]:
+    """The job with the best objective (``sweep.optimized_metric``: the highest, or the lowest for
+    ``minimize``) among those that ended ok."""
+    done = [r for r in rows if r["status"] == "ok" and r["objective"] is not None]
+    if not done:
+        return None
+    return (min if direction == "minimize" else max)(done, key=lambda r: r["objective"])
 
 
 def _atomic_write(path: str, data: bytes) -> None:
@@ -100,17 +137,18 @@ def to_csv(rows: List[Dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def to_markdown(rows: List[Dict[str, Any]], sweep_dir: str) -> str:
+def to_markdown(rows: List[Dict[str, Any]], sweep_dir: str, metric: str = DEFAULT_METRIC,
+                direction: str = "maximize") -> str:
     def cell(v: Any) -> str:
         return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
 
     counts = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
-    best = best_job(rows)
+    best = best_job(rows, direction)
     lines = [f"# Sweep {os.path.abspath(sweep_dir)}", "",
-             f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
+             f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), "",
+             f"objective: {metric} (sweep.optimized_metric), {direction}d", ""]
     if best:
-        lines += [f"Best: job {best['job']} ({best['overrides'] or 'no overrides'}), final held-out reward "
-                  f"{best['final_reward']}", ""]
+        lines += [f"Best: job {best['job']} ({best['overrides'] or 'no overrides'}), {metric} {best['objective']}", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r[k]) for k in COLUMNS) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -121,13 +159,13 @@ def short(overrides: str) -> str:
     return re.sub(r"(?<==)(-?\d+\.\d{5,}(?:e-?\d+)?)", lambda m: f"{float(m.group(1)):.4g}", overrides)
 
 
-def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str) -> None:
+def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str, direction: str = "maximize") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    best = best_job(rows)
+    best = best_job(rows, direction)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in rows:
         curve = eval_curve(read_metrics(r["run_dir"]))
@@ -141,7 +179,7 @@ def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str) -> None:
     ax.set_ylabel("held-out reward")
     title = f"sweep {os.path.basename(os.path.abspath(sweep_dir))}"
     if best:
-        title += "\n" + textwrap.shorten(f"best: job {best['job']} ({best['final_reward']}) {short(best['overrides'])}",
+        title += "\n" + textwrap.shorten(f"best: job {best['job']} ({best['objective']}) {short(best['overrides'])}",
                                           110)
     ax.set_title(title, fontsize=9)
     if ax.lines:
@@ -156,10 +194,11 @@ def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str) -> None:
 
 def write_report(sweep_dir: str) -> List[Dict[str, Any]]:
     """sweep.csv, sweep.md and sweep_curves.png in ``sweep_dir``; returns the table's rows."""
-    rows = collect(sweep_dir)
+    metric, direction = objective_of(sweep_dir)
+    rows = [job_row(d, metric) for d in sweep_job_dirs(sweep_dir)]
     _atomic_write(os.path.join(sweep_dir, "sweep.csv"), to_csv(rows).encode())
-    _atomic_write(os.path.join(sweep_dir, "sweep.md"), to_markdown(rows, sweep_dir).encode())
-    plot(sweep_dir, rows, os.path.join(sweep_dir, "sweep_curves.png"))
+    _atomic_write(os.path.join(sweep_dir, "sweep.md"), to_markdown(rows, sweep_dir, metric, direction).encode())
+    plot(sweep_dir, rows, os.path.join(sweep_dir, "sweep_curves.png"), direction)
     return rows
 
 

@@ -89,7 +89,7 @@ def test_the_report_of_a_sweep_with_nested_job_directories(tmp_path, capsys):
     assert status_line(rows[1]) == "[sweep] job 1 | ok | step 2 | eval 0.500 | 1.00 s/step | seed=1"
     assert main(["report", str(d)]) == 0
     md = (d / "sweep.md").read_text()
-    assert "2 jobs: 1 failed, 1 ok" in md and "Best: job 1 (seed=1), final held-out reward 0.5" in md
+    assert "2 jobs: 1 failed, 1 ok" in md and "Best: job 1 (seed=1), eval_reward_final 0.5" in md
     assert "2 jobs: 1 failed, 1 ok" in capsys.readouterr().out
 
 
@@ -161,3 +161,27 @@ def test_a_sweep_over_experiments_names_each_job_by_its_experiment(tmp_path):
         "job 0 [experiment=calculator_agent seed=1]", "job 1 [experiment=calculator_agent seed=2]"]
     out = sweep(tmp_path / "s", "hparams_search=grpo_digits", "dry_run=true")  # a search's name: the same for all
     assert "job 0 [algo.lr=0.001 algo.kl_loss_coef=0.0]" in out.stdout, out.stderr[-2000:]
+
+
+def test_the_best_job_is_the_best_by_the_sweeps_objective_and_direction(tmp_path):
+    """best_job maximised the final held-out reward whatever sweep.optimized_metric and the search's
+    direction: the objective is its own column, and the best job is chosen by it."""
+    from slime_hydra.sweep.report import collect, write_report
+
+    d = tmp_path / "sweep"
+    for num, (loss, reward) in enumerate([(0.3, 0.9), (0.1, 0.2), (0.2, 0.5)]):
+        job = write_job(d / f"{num}_seed={num}", num)
+        with open(os.path.join(job, "summary.json"), "w") as f:
+            json.dump({"train_loss_last": loss, "eval_reward_final": reward}, f)
+        with open(os.path.join(job, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 1, "perf/step_time": 1.0, "eval/heldout/reward": reward}) + "\n")
+    (d / "multirun.yaml").write_text("sweep:\n  optimized_metric: train_loss_last\n"
+                                     "hydra:\n  sweeper:\n    optuna:\n      direction: minimize\n")
+    write_report(str(d))
+    assert [r["objective"] for r in collect(str(d))] == [0.3, 0.1, 0.2]
+    md = (d / "sweep.md").read_text()
+    assert "objective: train_loss_last (sweep.optimized_metric), minimized" in md
+    assert "Best: job 1 (seed=1), train_loss_last 0.1" in md
+    (d / "multirun.yaml").write_text("sweep:\n  optimized_metric: train_loss_last\n")  # a grid sweep: maximized
+    write_report(str(d))
+    assert "Best: job 0 (seed=0), train_loss_last 0.3" in (d / "sweep.md").read_text()

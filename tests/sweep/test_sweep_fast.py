@@ -115,7 +115,8 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
         "job": "0",
         "overrides": "reward.type=exact reward.custom=tests.sweep.sweep_rewards.broken trainer.num_rollout=2 "
                      "eval.interval=0 eval.before_train=False",
-        "status": "ok", "final_reward": str(round(summary["eval_reward_final"], 4)),
+        "status": "ok", "objective": str(round(summary["eval_reward_final"], 4)),
+        "final_reward": str(round(summary["eval_reward_final"], 4)),
         "best_reward": str(round(summary["eval_reward_final"], 4)), "best_step": "2", "steps": "2",
         "s_per_step": str(round(sum(step_s) / len(step_s), 4)), "run_dir": str(jobs[0]), "error": ""}
     assert rows[1]["job"] == "1" and rows[1]["status"] == "failed" and rows[1]["steps"] == "0"
@@ -123,7 +124,7 @@ def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     assert rows[1]["run_dir"] == str(jobs[1]) and "this reward is broken on purpose" in rows[1]["error"]
     md = (d / "sweep.md").read_text()
     assert "2 jobs: 1 failed, 1 ok" in md
-    assert f"Best: job 0 ({rows[0]['overrides']}), final held-out reward {rows[0]['final_reward']}" in md
+    assert f"Best: job 0 ({rows[0]['overrides']}), eval_reward_final {rows[0]['final_reward']}" in md
     assert (d / "sweep_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # both jobs joined the sweep's cluster; the runs share a wandb group, each named by its overrides
     for job in jobs:
