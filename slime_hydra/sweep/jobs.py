@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -28,6 +29,9 @@ class JobPruned(Exception):
 
 
 FINISHED = ("ok", "pruned")  # a resumed sweep does not run these again
+# set in the slime launcher's workers, which write the status around the job; under other launchers Hydra's
+# callback (callback.py) writes it
+LAUNCHER_WRITES_STATUS = False
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -71,23 +75,26 @@ register_resolver()
 
 def write_status(job_dir: str, num: int, overrides: List[str], status: str, error: Optional[str] = None,
                  started: Optional[float] = None) -> None:
-    """``status``: running | ok | failed | pruned. A running job records its process, so that a reader can
-    tell a job still running from one whose sweep was killed (``interrupted``)."""
+    """``status``: running | ok | failed | pruned | interrupted. A running job records its process and host, so
+    that a reader on that host can tell a job still running from one whose sweep was killed (``interrupted``)."""
     os.makedirs(job_dir, exist_ok=True)
     write_json_atomic(os.path.join(job_dir, STATUS_FILE), {
-        "num": num, "overrides": list(overrides), "status": status, "error": error, "pid": os.getpid(),
+        "num": num, "overrides": list(overrides), "status": status, "error": error, "host": socket.gethostname(),
+        "pid": os.getpid(),
         "pid_start": _start_time(os.getpid()), "started": started,
         "ended": None if status == "running" else time.time()})
 
 
 def read_status(job_dir: str) -> Optional[Dict[str, Any]]:
-    """The job's state; a ``running`` job whose process is gone reads as ``interrupted``."""
+    """The job's state; a ``running`` job whose process is gone reads as ``interrupted`` (known only on the
+    job's own host: a Slurm job on another node reads as it was written)."""
     try:
         with open(os.path.join(job_dir, STATUS_FILE)) as f:
             state = json.load(f)
     except (FileNotFoundError, ValueError):
         return None
-    if state["status"] == "running" and _start_time(state["pid"]) != state["pid_start"]:
+    here = state.get("host", socket.gethostname()) == socket.gethostname()
+    if state["status"] == "running" and here and _start_time(state["pid"]) != state["pid_start"]:
         state["status"] = "interrupted"
     return state
 

@@ -26,6 +26,7 @@ from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from slime_hydra.sweep import jobs
 from slime_hydra.sweep.cluster import SweepCluster
 from slime_hydra.sweep.jobs import JobPruned, shown_overrides, write_status
 from slime_hydra.sweep.report import collect, status_line, write_report
@@ -50,6 +51,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     """One job, in a worker process (hydra-joblib-launcher's ``execute_job``, plus the sweep's bookkeeping)."""
     setup_globals()
     Singleton.set_state(singleton_state)
+    jobs.LAUNCHER_WRITES_STATUS = True  # callback.py leaves the status to this function
     sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"

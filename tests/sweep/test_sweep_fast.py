@@ -219,3 +219,62 @@ def test_closing_the_launcher_on_an_interruption_rewrites_the_report(tmp_path):
         launcher.close()
     assert "1 jobs: 1 interrupted" in (tmp_path / "sweep.md").read_text()
     launcher.close()  # a close without an error in flight leaves the report alone
+
+
+def _job_config(job_dir, mode, num=3):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"hydra": {
+        "mode": mode, "runtime": {"output_dir": str(job_dir)}, "job": {"num": num, "config": {
+            "override_dirname": {"exclude_keys": ["sweep.resume"]}}},
+        "overrides": {"task": ["seed=1", "sweep.resume=true"]}}})
+
+
+def test_other_launchers_get_each_jobs_status_from_the_callback(tmp_path, monkeypatch):
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.types import RunMode
+
+    from slime_hydra.sweep import jobs
+    from slime_hydra.sweep.callback import SweepStatus
+
+    def ended(status, value=None):
+        ret = JobReturn(status=status)
+        ret._return_value = value
+        return ret
+
+    d = tmp_path / "3_seed=1"
+    cb, cfg = SweepStatus(), _job_config(d, RunMode.MULTIRUN)
+    cb.on_job_start(cfg)
+    state = jobs.read_status(str(d))
+    assert state["status"] == "running" and state["num"] == 3 and state["overrides"] == ["seed=1"], state
+    cb.on_job_end(cfg, ended(JobStatus.COMPLETED))
+    assert jobs.read_status(str(d))["status"] == "ok"
+    assert jobs.job_dirs(str(tmp_path)) == [str(d)]  # the report and sweep.resume find it
+    for err, want in ((RuntimeError("boom"), "failed"), (jobs.JobPruned("at step 2"), "pruned"),
+                      (KeyboardInterrupt(), "interrupted")):
+        cb.on_job_end(cfg, ended(JobStatus.FAILED, err))
+        assert jobs.read_status(str(d))["status"] == want
+
+    # a single run writes nothing; nor does a job of the slime launcher, which writes the status itself
+    single = tmp_path / "single"
+    cb.on_job_start(_job_config(single, RunMode.RUN))
+    monkeypatch.setattr(jobs, "LAUNCHER_WRITES_STATUS", True)
+    slime = tmp_path / "slime"
+    cb.on_job_start(_job_config(slime, RunMode.MULTIRUN))
+    assert not single.exists() and not slime.exists()
+
+
+def test_a_running_job_of_another_host_is_not_read_as_interrupted(tmp_path):
+    import json
+
+    from slime_hydra.sweep import jobs
+
+    jobs.write_status(str(tmp_path), 0, ["seed=1"], "running")
+    path = tmp_path / jobs.STATUS_FILE
+    state = json.loads(path.read_text())
+    state["pid"], state["pid_start"] = 2**22 + 7, 1  # no such process here
+    path.write_text(json.dumps(state))
+    assert jobs.read_status(str(tmp_path))["status"] == "interrupted"
+    state["host"] = "another-node"  # a Slurm job on its own node: its process is not ours to look for
+    path.write_text(json.dumps(state))
+    assert jobs.read_status(str(tmp_path))["status"] == "running"

@@ -144,3 +144,18 @@ def test_ctrl_c_of_a_sweep_leaves_its_report_interrupted_and_says_how_to_resume(
     assert table(d)[0]["status"] == "interrupted"
     time.sleep(2)
     assert not leftover_processes(), leftover_processes()
+
+
+def test_hydras_basic_launcher_gets_a_report_and_a_resume_that_skips_finished_jobs(tmp_path):
+    """Under a launcher of Hydra's (basic here; submitit for Slurm), the jobs' statuses come from the callback
+    in conf/config.yaml: the report lists them, and sweep.resume=true runs none of the finished ones again."""
+    d = tmp_path / "sweep"
+    args = ("hydra/launcher=basic", "seed=1,2", "trainer.num_rollout=1", "eval.interval=0", *FAST)
+    out = sweep(d, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["status"] for r in table(d)] == ["ok", "ok"]
+    assert "2 jobs: 2 ok" in (d / "sweep.md").read_text()
+    again = sweep(d, *args, "sweep.resume=true")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.stdout + again.stderr).count("ended ok; not run again") == 2
+    assert not leftover_processes(), leftover_processes()
