@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/gpu/env.sh
 source bench/gpu/env.sh || exit 1
 python3 bench/gpu/workload.py /tmp/q06 --prompts /tmp/q06.jsonl
+rm -rf /tmp/q06run  # a new run each time (a run dir holds one run's checkpoints)
 timeout 420 python3 run.py model=qwen3_0_6b model.path=/tmp/q06 parallelism=1gpu data=jsonl data.path=/tmp/q06.jsonl \
   data.apply_chat_template=false eval.datasets=[] rollout.router.enabled=false rollout.max_response_len=128 \
   trainer.num_rollout=${STEPS:-6} trainer.micro_batch_size=16 trainer.save_interval=100 algo.kl_loss_coef=0.04 \

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/gpu/env.sh
 source bench/gpu/env.sh || exit 1
 python3 -c "import ray, hydra; print('ray', ray.__version__)"
-run=/tmp/gpu_tiny
+run=/tmp/gpu_tiny; rm -rf "$run"  # a new run each time (a run dir holds one run's checkpoints)
 timeout 300 python3 run.py parallelism=1gpu rollout.router.enabled=false logging.wandb=false logging.progress=false \
   trainer.num_rollout=${STEPS:-100} eval.interval=20 hydra.run.dir=$run 2>&1 | grep -v "Loading weights" | tail -n 30
 cp $run/summary.json "$OUT/tiny_1gpu_summary.json"; cp $run/metrics.jsonl "$OUT/tiny_1gpu_metrics.jsonl"

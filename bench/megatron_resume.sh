@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/gpu/env.sh
 source bench/gpu/env.sh || exit 1
 python3 bench/gpu/workload.py /tmp/q06 --prompts /tmp/q06.jsonl
-run=/tmp/q06_megatron_resume
+run=/tmp/q06_megatron_resume; rm -rf "$run"  # a new run each time (a run dir holds one run's checkpoints)
 for steps in 3 5; do
   timeout 420 python3 run.py trainer=megatron model=qwen3_0_6b model.path=/tmp/q06 model.dtype=bfloat16 \
     parallelism=1gpu data=jsonl data.path=/tmp/q06.jsonl data.apply_chat_template=false eval.datasets=[] \

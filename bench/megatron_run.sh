@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/gpu/env.sh
 source bench/gpu/env.sh || exit 1
 python3 bench/gpu/workload.py /tmp/q06 --prompts /tmp/q06.jsonl
-run=/tmp/q06_megatron
+run=/tmp/q06_megatron; rm -rf "$run"  # a new run each time (a run dir holds one run's checkpoints)
 timeout 420 python3 run.py trainer=megatron model=qwen3_0_6b model.path=/tmp/q06 model.dtype=bfloat16 \
   ${LAYOUT:-parallelism=1gpu rollout.router.enabled=false} data=jsonl data.path=/tmp/q06.jsonl data.apply_chat_template=false eval.datasets=[] \
   rollout.max_response_len=128 trainer.num_rollout=${STEPS:-6} \

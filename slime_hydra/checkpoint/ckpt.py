@@ -81,8 +81,9 @@ def remove_partial(run_dir: str) -> List[str]:
 def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
     """``resume``: "auto" (this run dir's latest, if any), a checkpoint dir, or a run dir.
 
-    ``latest`` names the newest complete checkpoint; should it name one that is gone or incomplete, or be
-    gone itself (deleted by hand), the newest complete one is taken instead. (All the checkpoints of a run dir
+    ``latest`` names the newest complete checkpoint; should it name one that is gone, incomplete or older than
+    another complete one (a save killed between its rename and ``latest``), or be gone itself (deleted by hand),
+    the newest complete one is taken instead. (All the checkpoints of a run dir
     are its own run's: a run that starts afresh is refused in a run dir that holds some, checkpoint/rules.py.)"""
     base = run_dir if resume == "auto" else os.path.expanduser(resume)
     if os.path.exists(os.path.join(base, "meta.json")):
@@ -91,9 +92,12 @@ def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
     if os.path.exists(latest):
         with open(latest) as f:
             named = os.path.join(ckpt_root(base), f.read().strip())
-        if os.path.exists(os.path.join(named, "meta.json")):
-            return named
         done = complete_checkpoints(base)
+        if os.path.exists(os.path.join(named, "meta.json")):
+            if done and done[-1] != os.path.basename(named):  # a save killed between its rename and `latest`
+                log.warning("checkpoints/latest names %s, but the newer %s is complete; taking it", named, done[-1])
+                return os.path.join(ckpt_root(base), done[-1])
+            return named
         if done:
             log.warning("checkpoints/latest names %s, which is incomplete; taking the newest complete checkpoint, %s",
                         named, done[-1])

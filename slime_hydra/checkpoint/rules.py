@@ -199,13 +199,16 @@ def _check_saved_with(ckpt: str, cfg: RunConfig) -> List[str]:
     elif lora.rank and os.path.isfile(config_path):
         with open(config_path) as f:
             saved = json.load(f)
-        ours = {"rank": lora.rank, "alpha": lora.alpha,
-                "target_modules": sorted(target_modules(lora, cfg.model.arch.type))}
+        try:
+            ours_targets = sorted(target_modules(lora, cfg.model.arch.type))
+        except KeyError:  # an unknown model.arch.type: its own rule says so
+            ours_targets = None
+        ours = {"rank": lora.rank, "alpha": lora.alpha, "target_modules": ours_targets}
         theirs = {"rank": saved.get("r"), "alpha": saved.get("lora_alpha"),
                   "target_modules": _names(saved.get("target_modules"))}
         names = {"rank": "r", "alpha": "lora_alpha", "target_modules": "target_modules"}
         for key in ours:
-            if theirs[key] is not None and ours[key] != theirs[key]:
+            if theirs[key] is not None and ours[key] is not None and ours[key] != theirs[key]:
                 errs.append(f"trainer.lora.{key}: {ours[key]!r} but the checkpoint {ckpt} was saved with "
                             f"{names[key]}={theirs[key]!r} ({config_path}); resume it with "
                             f"trainer.lora.{key}={theirs[key]!r}")

@@ -6,6 +6,7 @@ finished jobs again."""
 
 from __future__ import annotations
 
+import atexit
 import time
 from typing import Any
 
@@ -35,10 +36,19 @@ class SweepStatus(Callback):
         if self._ours(config):
             self.started = time.time()
             jobs.write_status(*self._where(config), "running", started=self.started)
+            # Hydra's run_job catches Exceptions only: a job that ends in SystemExit (a refused config exits 2)
+            # never reaches on_job_end, and its process ends
+            atexit.register(self.exited, config)
+
+    def exited(self, config: DictConfig) -> None:
+        """At the process's exit, a job that did not reach ``on_job_end``."""
+        jobs.write_status(*self._where(config), "failed", started=self.started,
+                          error="the job's process exited before the job ended (a SystemExit: its console says why)")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not self._ours(config):
             return
+        atexit.unregister(self.exited)
         if job_return.status == JobStatus.COMPLETED:
             status, error = "ok", None
         else:

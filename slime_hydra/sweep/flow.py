@@ -12,6 +12,7 @@ from typing import Any, Iterator, List, Sequence, Tuple
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from slime_hydra.checkpoint.ckpt import complete_checkpoints
 from slime_hydra.sweep.compose import Job, SweepInvalid, capacity_problems, cluster_size, validate_jobs
 from slime_hydra.sweep.jobs import FINISHED, STATUS_FILE, JobPruned, foreign_job_dirs, job_dirs, read_status
 from slime_hydra.sweep.report import best_job, objective_of, write_report
@@ -147,7 +148,8 @@ def refuse_foreign_jobs(sweep_dir: str, ours: Sequence[str], why: str) -> None:
 
 def resume_plan(config: Any, jobs: List[Job], overrides: dict) -> List[tuple]:
     """The ``(number, overrides)`` to launch. ``sweep.resume=true``: a job that ended ok or pruned is
-    not run again; the others run with ``trainer.resume=auto`` (from their newest checkpoint, if any)."""
+    not run again; the others run with ``trainer.resume=auto`` (from their newest checkpoint, if any), a job
+    with its own ``trainer.resume`` too once it has saved a checkpoint of its own."""
     if not config.sweep.resume:
         return [(j.num, overrides[j.num]) for j in jobs]
     todo = []
@@ -156,6 +158,9 @@ def resume_plan(config: Any, jobs: List[Job], overrides: dict) -> List[tuple]:
         if state and state["status"] in FINISHED:
             log.info("sweep.resume: %s ended %s; not run again", j.label(), state["status"])
             continue
-        extra = [] if any(o.startswith("trainer.resume=") for o in overrides[j.num]) else ["trainer.resume=auto"]
-        todo.append((j.num, overrides[j.num] + extra))
+        own = [o for o in overrides[j.num] if not o.startswith("trainer.resume=")]
+        if own != overrides[j.num] and not complete_checkpoints(j.dir or ""):
+            todo.append((j.num, overrides[j.num]))  # its own trainer.resume (a base checkpoint), nothing saved yet
+        else:  # from its newest checkpoint, if any (a job's own trainer.resume was where it began)
+            todo.append((j.num, own + ["trainer.resume=auto"]))
     return todo

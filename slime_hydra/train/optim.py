@@ -48,7 +48,8 @@ def load_schedule(sched: torch.optim.lr_scheduler.LambdaLR, state: Dict[str, obj
     resume with a larger ``trainer.num_rollout`` (``set_num_rollout`` built ``sched`` for it). The saved state
     and the optimiser's param groups carry the rate the old schedule had reached; each group's rate is set
     to this schedule's at the restored step, which the next optimiser step uses."""
-    sched.load_state_dict(state)
+    # not the saved lambdas: a callable object's state would bring back the old length
+    sched.load_state_dict({**state, "lr_lambdas": [None] * len(sched.lr_lambdas)})
     lrs = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
     for group, lr in zip(sched.optimizer.param_groups, lrs):
         group["lr"] = lr

@@ -114,3 +114,13 @@ def test_missing_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
     save(tmp_path, 20)
     os.remove(tmp_path / "checkpoints" / "latest")  # deleted by hand
     assert find_checkpoint("auto", str(tmp_path)) == str(tmp_path / "checkpoints" / "step_000020")
+
+
+def test_a_save_killed_before_it_named_latest_resumes_from_the_newer_checkpoint(tmp_path):
+    """A save renames step_N into place, then rewrites ``latest``; killed between the two, ``latest`` names the
+    checkpoint before, and the newer one is complete: resume=auto takes it (and validation lets it)."""
+    save(tmp_path, 2)
+    save(tmp_path, 4)
+    (tmp_path / "checkpoints" / "latest").write_text("step_000002")
+    assert find_checkpoint("auto", str(tmp_path)) == str(tmp_path / "checkpoints" / "step_000004")
+    validate(cfg_in(tmp_path, "trainer.resume=auto", "trainer.num_rollout=10"))

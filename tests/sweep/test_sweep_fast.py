@@ -255,6 +255,15 @@ def test_other_launchers_get_each_jobs_status_from_the_callback(tmp_path, monkey
         cb.on_job_end(cfg, ended(JobStatus.FAILED, err))
         assert jobs.read_status(str(d))["status"] == want
 
+    # a job whose process exits in SystemExit (a refused config) never reaches on_job_end: failed at exit
+    import atexit
+
+    cb.on_job_start(cfg)
+    atexit.unregister(cb.exited)  # called here, not at pytest's exit
+    cb.exited(cfg)
+    state = jobs.read_status(str(d))
+    assert state["status"] == "failed" and "SystemExit" in state["error"], state
+
     # a single run writes nothing; nor does a job of the slime launcher, which writes the status itself
     single = tmp_path / "single"
     cb.on_job_start(_job_config(single, RunMode.RUN))
@@ -278,3 +287,21 @@ def test_a_running_job_of_another_host_is_not_read_as_interrupted(tmp_path):
     state["host"] = "another-node"  # a Slurm job on its own node: its process is not ours to look for
     path.write_text(json.dumps(state))
     assert jobs.read_status(str(tmp_path))["status"] == "running"
+
+
+def test_a_resumed_job_with_its_own_trainer_resume_goes_on_from_its_own_checkpoint(tmp_path):
+    """A fine-tuning sweep's jobs start from a base checkpoint (their own trainer.resume); resumed after they
+    saved one of their own, they go on from it (the base's path would be refused in a run dir with checkpoints)."""
+    from omegaconf import OmegaConf
+
+    from slime_hydra.checkpoint.ckpt import save_checkpoint
+    from slime_hydra.sweep.compose import Job
+    from slime_hydra.sweep.flow import resume_plan
+
+    dirs = [tmp_path / f"{i}_job" for i in range(3)]
+    save_checkpoint(str(dirs[0]), 2, lambda d: None, {"epoch": 0}, keep=2)
+    overrides = {0: ["seed=1", "trainer.resume=/base"], 1: ["seed=2", "trainer.resume=/base"], 2: ["seed=3"]}
+    jobs = [Job(num=i, overrides=overrides[i], dir=str(d)) for i, d in enumerate(dirs)]
+    plan = resume_plan(OmegaConf.create({"sweep": {"resume": True}}), jobs, overrides)
+    assert plan == [(0, ["seed=1", "trainer.resume=auto"]), (1, ["seed=2", "trainer.resume=/base"]),
+                    (2, ["seed=3", "trainer.resume=auto"])]
