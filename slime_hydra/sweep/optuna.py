@@ -145,6 +145,21 @@ class _Impl(OptunaSweeperImpl):
         super().__init__(*args)
         self.pruner = pruner
 
+    def _trials_before(self) -> int:
+        """Trials that an earlier search of this study left in ``self.storage`` (0: a new study)."""
+        import optuna
+
+        if self.storage is None or self.study_name is None:  # in memory, or a name optuna makes up: a new study
+            return 0
+        url = str(self.storage)
+        if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+            return 0  # no database yet (nor, maybe, its folder: a dry run writes none)
+        try:
+            study = optuna.load_study(study_name=self.study_name, storage=storage_of(self.storage))
+        except KeyError:  # no such study yet
+            return 0
+        return len(study.get_trials(deepcopy=False))
+
     def sweep(self, arguments: List[str]) -> None:
         import optuna
         from optuna.trial import TrialState
@@ -164,9 +179,12 @@ class _Impl(OptunaSweeperImpl):
         jobs = compose(self.hydra_context, self.config, list(enumerate(probes)))
         for job in jobs:
             job.problems += objective_problems(job)
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        new_study = not self._trials_before()
+        if new_study:  # its directory must hold no other sweep's jobs (checked before anything starts or is written)
+            refuse_foreign_jobs(sweep_dir, [], f"study {self.study_name} in {self.storage} is a new one")
         prepare(self, jobs)
 
-        sweep_dir = str(self.config.hydra.sweep.dir)
         os.makedirs(sweep_dir, exist_ok=True)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         directions = self._get_directions()
@@ -177,12 +195,7 @@ class _Impl(OptunaSweeperImpl):
             study.tell(t.number, state=TrialState.FAIL)
         done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
         to_go = self.n_trials - done
-        if not done:  # a new study: the directory must hold no other sweep's jobs; else its trials go on
-            try:
-                refuse_foreign_jobs(sweep_dir, [], f"study {study.study_name} in {self.storage} is a new one")
-            except SystemExit:
-                self.launcher.close()  # the cluster prepare started
-                raise
+        if new_study:
             write_manifest(sweep_dir, [], append=False)
         log.info("study %s in %s: %d trial(s) done, %d to go", study.study_name, self.storage, done, to_go)
         if self.pruner is not None:

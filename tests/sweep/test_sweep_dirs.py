@@ -185,3 +185,17 @@ def test_the_best_job_is_the_best_by_the_sweeps_objective_and_direction(tmp_path
     (d / "multirun.yaml").write_text("sweep:\n  optimized_metric: train_loss_last\n")  # a grid sweep: maximized
     write_report(str(d))
     assert "Best: job 0 (seed=0), train_loss_last 0.3" in (d / "sweep.md").read_text()
+
+
+def test_a_new_search_in_a_directory_with_another_sweeps_jobs_is_refused_before_writing(tmp_path):
+    """As a grid sweep: refused (exit 2), and before anything is written over the other sweep's files."""
+    from sweep_helpers import sweep
+
+    d = tmp_path / "sweep"
+    write_job(d / "0_seed=7", 0)
+    (d / "multirun.yaml").write_text("the other sweep's\n")
+    out = sweep(d, "hparams_search=grpo_digits", "dry_run=true")
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "already holds 1 job(s) of another sweep (0_seed=7)" in out.stderr
+    assert (d / "multirun.yaml").read_text() == "the other sweep's\n"
+    assert sorted(p.name for p in d.iterdir()) == ["0_seed=7", "multirun.yaml"]
