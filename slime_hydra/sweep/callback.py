@@ -53,7 +53,5 @@ class SweepStatus(Callback):
             status, error = "ok", None
         else:
             err = job_return._return_value
-            status = ("pruned" if isinstance(err, jobs.JobPruned) else
-                      "interrupted" if isinstance(err, KeyboardInterrupt) else "failed")
-            error = str(err)[-2000:]
+            status, error = jobs.ended_status(err), str(err)[-2000:]
         jobs.write_status(*self._where(config), status, error=error, started=self.started)

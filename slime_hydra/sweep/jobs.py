@@ -34,6 +34,16 @@ FINISHED = ("ok", "pruned")  # a resumed sweep does not run these again
 LAUNCHER_WRITES_STATUS = False
 
 
+def ended_status(err: BaseException) -> str:
+    """The status of a job that ended in ``err``: pruned, interrupted (a Ctrl-C reaches the jobs too: such a job
+    was stopped, it did not fail) or failed."""
+    return "pruned" if isinstance(err, JobPruned) else "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+
+
+def in_job_order(dirs: List[str]) -> List[str]:
+    return sorted(dirs, key=lambda d: ((read_status(d) or {}).get("num", 0), d))
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=2)
@@ -122,7 +132,7 @@ def job_dirs(sweep_dir: str) -> List[str]:
                 search(e.path, depth + 1)
 
     search(sweep_dir, 1)
-    return sorted(found, key=lambda d: ((read_status(d) or {}).get("num", 0), d))
+    return in_job_order(found)
 
 
 def read_manifest(sweep_dir: str) -> Optional[List[str]]:
@@ -159,8 +169,7 @@ def sweep_job_dirs(sweep_dir: str) -> List[str]:
     listed = read_manifest(sweep_dir)
     if listed is None:
         return job_dirs(sweep_dir)
-    found = [d for d in listed if os.path.exists(os.path.join(d, STATUS_FILE))]
-    return sorted(found, key=lambda d: ((read_status(d) or {}).get("num", 0), d))
+    return in_job_order([d for d in listed if os.path.exists(os.path.join(d, STATUS_FILE))])
 
 
 def foreign_job_dirs(sweep_dir: str, ours: Sequence[str]) -> List[str]:

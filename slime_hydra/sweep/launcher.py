@@ -93,9 +93,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         err = ret._return_value
         pruned = isinstance(err, JobPruned)
         tail = str(err) if pruned else "".join(traceback.format_exception(err))[-2000:]
-        # a Ctrl-C reaches the workers too (one process group): such a job did not fail, it was stopped
-        status = "pruned" if pruned else "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-        write_status(job_dir, idx, label, status, error=tail, started=started)
+        write_status(job_dir, idx, label, jobs.ended_status(err), error=tail, started=started)
         # what comes back to the sweep's process must unpickle there: the error's text, not its object
         ret._return_value = err if pruned else RuntimeError(f"job {idx} failed: {tail}")
     ret.cfg = ret.hydra_cfg = None  # the sweeper needs the status and value, not the configs

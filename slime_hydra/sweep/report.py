@@ -107,8 +107,9 @@ def _round(x: float) -> Optional[float]:
     return None if x is None or math.isnan(x) else round(x, 4)
 
 
-def collect(sweep_dir: str) -> List[Dict[str, Any]]:
-    metric = objective_of(sweep_dir)[0]
+def collect(sweep_dir: str, metric: Optional[str] = None) -> List[Dict[str, Any]]:
+    """The table's rows, one per job of the sweep; ``metric``: the objective (default: the sweep's own)."""
+    metric = metric or objective_of(sweep_dir)[0]
     return [job_row(d, metric) for d in sweep_job_dirs(sweep_dir)]
 
 
@@ -195,7 +196,7 @@ def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str, direction: str =
 def write_report(sweep_dir: str) -> List[Dict[str, Any]]:
     """sweep.csv, sweep.md and sweep_curves.png in ``sweep_dir``; returns the table's rows."""
     metric, direction = objective_of(sweep_dir)
-    rows = [job_row(d, metric) for d in sweep_job_dirs(sweep_dir)]
+    rows = collect(sweep_dir, metric)
     _atomic_write(os.path.join(sweep_dir, "sweep.csv"), to_csv(rows).encode())
     _atomic_write(os.path.join(sweep_dir, "sweep.md"), to_markdown(rows, sweep_dir, metric, direction).encode())
     plot(sweep_dir, rows, os.path.join(sweep_dir, "sweep_curves.png"), direction)
