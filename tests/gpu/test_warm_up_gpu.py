@@ -1,6 +1,6 @@
 """On a GPU: ``trainer.warm_up`` on both trainers leaves the weights, the gradients, the optimizer and the random
 generators (CUDA's, and megatron's tracker) as they were, and a training step follows. The CPU tests check the
-same on CPU (``tests/train/test_torch_backend.py``, ``tests/test_megatron_backend.py``); this one runs the CUDA
+same on CPU (``tests/train/test_torch_backend.py``, ``tests/train/test_megatron_backend.py``); this one runs the CUDA
 paths: CUDA's RNG, megatron's distributed optimizer and its torch.compile'd fusions. Skipped without CUDA (and
 the megatron case without megatron-core); `bench/README.md`'s first GPU call of a session runs tests/gpu."""
 

@@ -1,6 +1,6 @@
 """The start-up's account (launch/startup.py): the parts of an SGLang server's start read from its log,
 the rollout side's report folded into the driver's clock, the console's line, and what the watch says
-about each engine while the run starts. The run itself is checked in tests/test_e2e.py."""
+about each engine while the run starts. The run itself is checked in tests/launch/test_e2e.py."""
 
 from __future__ import annotations
 

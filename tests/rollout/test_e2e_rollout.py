@@ -100,7 +100,7 @@ def test_calculator_agent_learns_the_tool_protocol(tmp_path):
     2026-12-02 (another machine, later code); seeds 1-4 ended at 0.50, 0.96, 0.55, 0.33 before: the final reward
     is not reliable across seeds, see the experiment's yaml. The run of one seed on one machine is: the embedded
     engine's logits do not depend on how requests are batched (it once failed here under load when they did; two
-    runs side by side wrote the same rows, tests/test_determinism.py checks the engine)."""
+    runs side by side wrote the same rows, tests/launch/test_determinism.py checks the engine)."""
     d = tmp_path / "run"
     summary = run(d, "experiment=calculator_agent", "trainer.save_interval=0", "eval.interval=50", *FAST)
     rows = metrics(d)

@@ -9,7 +9,7 @@ from slime_hydra.config import load, resolve
 from slime_hydra.config.store import register_configs
 from slime_hydra.launch.validate import validate
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
 PRESETS = sorted(p.stem for p in Path(CONF, "algo").glob("*.yaml"))
 # run_name interpolates ${hydra:...}, which compose() does not set.
 BASE = ["run_name=test"]

@@ -36,7 +36,7 @@ from typing import List
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p for p in (ROOT / "docs" / "recipes").glob("*.md") if p.name != "README.md")
 KINDS = {"bash", "bash after-run", "bash gpu", "bash no-ci", "python", ""}
 # Appended to each CPU run.py command in the slow suite: two rollouts, no evaluation before or between

@@ -48,7 +48,7 @@ def test_lora_learns_the_default_task(tmp_path):
     higher rate than the full model's 3e-3). Held-out reward at steps 10 / 20 of this 20-step run (runs are
     deterministic per seed; 2 shared cores, ~3 min): seed 1234 (this test) 0.629 / 0.891, seed 1 0.711 /
     0.754, seed 2 0.547 / 0.547, seed 3 0.746 / 0.758; full fine-tuning reaches 0.86-0.89 by step 20
-    (tests/test_e2e.py). lr 3e-2 (seeds 1, 2: 0.34, 0.55 at step 30) and rank 64 (seed 2: 0.19) did worse.
+    (tests/launch/test_e2e.py). lr 3e-2 (seeds 1, 2: 0.34, 0.55 at step 30) and rank 64 (seed 2: 0.19) did worse.
     The threshold holds for every seed measured: >= 0.5 by step 20."""
     d = tmp_path / "run"
     summary = run(d, "trainer.lora.rank=16", "algo.lr=1e-2", "trainer.num_rollout=20", "eval.interval=10",

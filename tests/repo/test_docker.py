@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 PIN = re.compile(r"(?<![\w.-])([A-Za-z0-9][\w.-]*)==([\w.+-]+)")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Billions of parameters, from the model cards (DeepSeek-V3: the 671B main model; its Hugging Face
 # checkpoint adds the 14B multi-token-prediction module, which transformers does not build).

@@ -6,7 +6,7 @@ Placeholder data paths (``/data/...``) become a fixture; a sweep (``-m``) is che
 ``hydra.*`` overrides and Hydra's flags (``--cfg job``) are dropped; commands with ``...`` or ``<...>`` in
 them are sketches, not commands, and are skipped. In-process (compose + check): a subprocess per command
 would cost seconds each. The recipes (docs/recipes/) are run step by step, their files written first, by
-tests/test_recipes.py, which dry-runs every run.py command in them the same way.
+tests/repo/test_recipes.py, which dry-runs every run.py command in them the same way.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def test_repository_paths_exist():
         path = path.rstrip(".,")
         found = list(ROOT.glob(path)) if "*" in path else [ROOT / path] if (ROOT / path).exists() else []
         if not found and re.search(rf"cat > {re.escape(path)}\b", (ROOT / doc).read_text()):
-            continue  # a recipe writes it (tests/test_recipes.py runs that recipe)
+            continue  # a recipe writes it (tests/repo/test_recipes.py runs that recipe)
         if not found:
             missing.append((doc, path))
     assert not missing, f"the docs name paths that do not exist: {missing}"

@@ -540,7 +540,7 @@ def test_tied_lm_head_is_pushed_once(engine_url, tiny_ckpt, tmp_path):
     it themselves); the embedded engine ties it too, so the pushed policy lands whole."""
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "train"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "train"))
     from tiny_trainer import backend, config
 
     be = backend(config(), tiny_ckpt)

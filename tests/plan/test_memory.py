@@ -16,7 +16,7 @@ from slime_hydra.checkpoint.hf import hf_config
 from slime_hydra.plan import memory as M
 from slime_hydra.plan.resources import make_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
 
 

@@ -10,7 +10,7 @@ import pytest
 from slime_hydra.data.dataset import DataError, Row, filter_long_prompts, read_rows, render_prompt, split_slice
 from slime_hydra.data.tokenizer import builtin_tokenizer
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "prompts.jsonl")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "prompts.jsonl")
 
 
 def write_jsonl(path, rows):
