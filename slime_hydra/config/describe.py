@@ -7,7 +7,7 @@
 The descriptions are the comments of the schema (``slime_hydra/config/schema.py``), read with
 ``tokenize`` and ``ast``: a field's trailing comment, or else the comment lines directly above it.
 The schema file stays the one place where a key, its default and its meaning are written, and it
-reads as before; ``tests/test_describe.py`` checks that every field has a description. The values
+reads as before; ``tests/config/test_describe.py`` checks that every field has a description. The values
 are those of the composed config (``run.py``'s defaults list plus the given overrides), before the
 derived (``None``) values are filled in.
 """

@@ -4,7 +4,7 @@
 ``memory_problems(cfg, plan, gpu_memory_gib)`` turns an estimate that cannot fit into validation
 errors that carry the numbers. ``dry_run=true`` prints the estimate with the resource plan.
 
-Parameters are counted in closed form from ``model.arch`` (``param_count``; tests/test_memory.py
+Parameters are counted in closed form from ``model.arch`` (``param_count``; tests/plan/test_memory.py
 checks it against the Hugging Face model built on the meta device for every preset): importing torch
 would add about 1.5 s to ``dry_run``.
 

@@ -8,7 +8,7 @@ concurrent ``/generate`` requests are gathered into batches there.
 
 The reference for every endpoint, field and answer is SGLang 0.5.17's own server
 (sglang/srt/entrypoints/http_server.py, the request types of sglang/srt/managers/io_struct.py):
-tests/test_engine_protocol.py checks the embedded side against what that server does.
+tests/rollout/test_engine_protocol.py checks the embedded side against what that server does.
 """
 
 from __future__ import annotations
