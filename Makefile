@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 
-.PHONY: run test test-all test-slow lint bench mutate dry-run lock clean
+.PHONY: run test test-integration test-slow test-all lint bench mutate dry-run lock clean
 
 # constraints.txt: the exact versions of everything else (`make lock` writes it anew), so that a package index
 # publishing a new release cannot change what a fresh clone installs.
@@ -24,10 +24,13 @@ run: $(VENV)/.installed          ## train the embedded default (tiny model, buil
 dry-run: $(VENV)/.installed      ## validate and print the resource plan
 	$(PY) run.py dry_run=true $(ARGS)
 
-test: $(VENV)/.installed         ## the fast suite (includes one real end-to-end training run)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+test: $(VENV)/.installed         ## the unit tier: no Ray, no subprocess, plus one short real learning run
+	$(PY) -m pytest -q -m "not integration and not slow" $(ARGS)
 
-test-slow: $(VENV)/.installed    ## the long end-to-end runs only
+test-integration: $(VENV)/.installed  ## Ray, engines, run.py, sweeps, healing
+	$(PY) -m pytest -q -m "integration and not slow" $(ARGS)
+
+test-slow: $(VENV)/.installed    ## the long end-to-end runs
 	$(PY) -m pytest -q -m slow $(ARGS)
 
 test-all: $(VENV)/.installed     ## everything

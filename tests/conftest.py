@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,31 @@ CONF = str(ROOT / "conf")
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+# Fixtures that start a server process: a test that uses one is in the integration tier.
+PROCESS_FIXTURES = {"engine_url"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request, monkeypatch):
+    """The unit tier (`make test`) starts no process, no Ray cluster and no server: a test that does is marked
+    ``integration`` (or ``slow``), and an unmarked one that tries fails here, saying so."""
+    if any(request.node.get_closest_marker(m) for m in ("integration", "slow")):
+        return
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.integration "
+                           "(make test runs the unit tier: no Ray, no subprocess)")
+
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
 
 
 def running(pid: int) -> bool:

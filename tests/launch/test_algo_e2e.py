@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 QUIET = ["logging.progress=false", "logging.wandb=false"]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "algo").glob("*.yaml") if not p.stem.startswith("_"))
 

@@ -56,7 +56,7 @@ def test_each_sample_gets_its_own_seed():
     assert seeded(ctx, s, {}, True)["sampling_seed"] == sampling_seed(1234, "eval", 7)
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_one_request_per_group_samples_what_one_request_per_sample_does(engine_url):
     """The default generate function sends each group in one batched /generate; a custom one sends
     one request per sample. Against the same engine, with the same seeds, both make the same samples
@@ -98,7 +98,7 @@ def test_one_request_per_group_samples_what_one_request_per_sample_does(engine_u
         assert s.rollout_log_probs == t.rollout_log_probs  # exactly: the logits do not depend on the batch
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 @pytest.mark.slow  # 56 s; the fast short chaos run (tests/launch/test_heal.py) compares two runs row by row too
 def test_same_seed_same_run(tmp_path):
     """Two short runs of the default with the same seed write the same metrics.jsonl, but for the

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 FAST = ["logging.progress=false", "eval.interval=0"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_e2e import FAST, leftover_processes, metrics, run
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 
 def test_lora_colocated_pushes_merged_weights_and_saves_the_adapter(tmp_path):

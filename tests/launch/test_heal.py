@@ -22,7 +22,7 @@ from test_e2e import ENV
 from bench.chaos import ARGS, Chaos, check, comparable, metrics, pids_of
 from conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 STEPS = 8
 
 

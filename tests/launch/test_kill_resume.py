@@ -18,7 +18,7 @@ from test_e2e import ENV, leftover_processes, metrics, run
 from conftest import ROOT
 from slime_hydra.launch.lease import processes_of_run
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 ARGS = ["trainer.num_rollout=6", "trainer.save_interval=2", "rollout.batch_size=4", "rollout.n_samples_per_prompt=4",
         "eval.interval=0", "logging.progress=false", "logging.wandb_mode=offline"]
 

@@ -20,7 +20,7 @@ from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.fleet import EngineFleet, engine_specs, join_nodes
 from slime_hydra.utils.http import weight_version
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 NODES = ("node_a", "node_b")
 
 

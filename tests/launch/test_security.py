@@ -30,7 +30,7 @@ def test_secret_names_values_and_flags_are_redacted(monkeypatch):
                                 f"--admin-api-key={REDACTED}", "--port", "3000", f"--served-model-name={REDACTED}"]
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_a_run_writes_no_secret_and_binds_loopback(tmp_path, monkeypatch):
     d = tmp_path / "run"
     env = {**ENV, **SECRETS}

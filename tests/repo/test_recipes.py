@@ -214,7 +214,7 @@ def test_recipe_commands_dry_run(path, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.e2e
+@pytest.mark.integration
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_commands_run_for_real(path, tmp_path):
     run_recipe(path, tmp_path, real=True)

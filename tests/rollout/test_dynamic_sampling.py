@@ -226,7 +226,7 @@ def test_generate_must_return_a_sample():
 
 
 # ---------------------------------------------------- over-sampling, abort, partial rollout: real
-@pytest.mark.e2e
+@pytest.mark.integration
 @pytest.mark.parametrize("per_group", [True, False], ids=["one request per group", "one request per sample"])
 def test_abort_and_partial_rollout_against_the_engine(engine_url, per_group):
     """Over-sampling 6 groups for a batch of 2: the 2 fast groups are kept, the 4 long ones are

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FAST = ["logging.progress=false", "logging.wandb=false", "logging.plot=false"]
 
 

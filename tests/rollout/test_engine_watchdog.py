@@ -22,7 +22,7 @@ from slime_hydra.rollout.fleet import EngineFleet, EngineHandle
 from slime_hydra.rollout.generate import generate as default_generate
 from slime_hydra.utils.http import EngineError
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

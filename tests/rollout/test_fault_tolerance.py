@@ -21,7 +21,7 @@ from test_e2e import ENV, TAG, metrics
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 BATCH, N, STEPS = 8, 8, 4
 ARGS = [f"trainer.num_rollout={STEPS}", "trainer.save_interval=0", f"rollout.batch_size={BATCH}",
         f"rollout.n_samples_per_prompt={N}", "rollout.max_response_len=32", "parallelism.rollout_gpus=2",

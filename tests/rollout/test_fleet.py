@@ -40,7 +40,7 @@ def test_addresses_without_router():
     fleet.shutdown()  # nothing it started
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_router_and_abort(engine_url, tmp_path):
     fleet = EngineFleet([EngineHandle(0, engine_url)])
     fleet.start_router(RouterConfig(policy="round_robin"), str(tmp_path / "router.log"))
@@ -139,7 +139,7 @@ def group_requests(fleet: EngineFleet, prompt) -> list:
     return [served(u) - b for u, b in zip(fleet.urls, before)]
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_two_engines_behind_the_router_share_requests_and_weights(tiny_ckpt, tmp_path):
     """Two engines behind the real sglang-router (round robin): requests reach both (a group's batched
     request goes straight to one, round robin too: the router cannot forward it); then weights
@@ -191,7 +191,7 @@ def test_two_engines_behind_the_router_share_requests_and_weights(tiny_ckpt, tmp
             fleet.shutdown()
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_offload_and_onload(engine_url):
     fleet = EngineFleet([EngineHandle(0, engine_url)])
     fleet.offload()

@@ -16,7 +16,7 @@ import ray
 
 from conftest import resolved
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 SERVERS = ("sglang::router", "sglang_router", "rollout.embedded.server")  # routers rename themselves
 

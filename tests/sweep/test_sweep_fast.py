@@ -84,7 +84,7 @@ def test_optimized_metric_is_a_summary_value():
     assert "sweep.max_concurrent: must be >= 1, got 0" in problems
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_two_jobs_side_by_side_one_failing_and_the_report(tmp_path):
     """A real sweep: two jobs at once on one Ray cluster, one of them failing at its first rollout. The
     good one ends ok, the sweep exits 1 naming the failed one, and the report says exactly that."""

@@ -10,7 +10,7 @@ import time
 import pytest
 from sweep_helpers import FAST, leftover_processes, logged_at, metrics, popen, sweep, table
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def ended(run_dir) -> float:
