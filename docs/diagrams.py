@@ -104,7 +104,7 @@ def step_dataflow(out: Path) -> None:
         "backend: torch | megatron", TRAIN)
     box(ax, 0.2, low, 3.6, h, "generate", "rollout/generate.py\nrollout/client.py\n(or rollout.generate)", ROLLOUT)
     box(ax, 4.4, low, 3.8, h, "sglang-router", "rollout/router.py\n(rollout.router)", ROLLOUT)
-    box(ax, 8.8, low, 3.4, h, "engines", "EngineActor -> server process\nSGLang or embedded\nrollout/engine.py",
+    box(ax, 8.8, low, 3.4, h, "engines", "EngineActor -> server process\nSGLang or embedded\nrollout/engines/actor.py",
         ROLLOUT)
     box(ax, 12.8, low, 3.0, h, "weight sync", "push_weights ->\nWeightSender.push\n(sync/sender.py)\n"
         "tensor|distributed|disk", SYNC)

@@ -90,8 +90,7 @@ def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> Lis
                       trust_remote_code=cfg.model.trust_remote_code, memory_saver=bool(p.offload_rollout),
                       max_batch=cfg.rollout.embedded_max_batch, decode_batch=plan.engine_batch,
                       kv_tokens=plan.engine_kv_cap,
-                      server_args=dict(cfg.rollout.server_args), fork_workers=cfg.rollout.sglang_fork_workers,
-                      prebuild_kernels=cfg.rollout.sglang_prebuild_kernels,
+                      server_args=dict(cfg.rollout.server_args), fast_start=cfg.rollout.sglang_fast_start,
                       num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
     return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]
             for slot in plan.engines]
@@ -160,7 +159,7 @@ class EngineFleet:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from slime_hydra.plan.resources import ENGINE_SHARE
-        from slime_hydra.rollout.engine import EngineActor, engine_log_path
+        from slime_hydra.rollout.engines.actor import EngineActor, engine_log_path
 
         share = {"num_gpus": ENGINE_SHARE, "num_cpus": 0} if plan.device == "cuda" else {"num_cpus": ENGINE_SHARE}
         env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if plan.device == "cuda" else {}

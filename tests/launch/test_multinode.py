@@ -101,7 +101,7 @@ def test_engine_spanning_two_nodes_gets_a_command_line_per_node(cluster, tmp_pat
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from slime_hydra.rollout.engine import EngineActor
+    from slime_hydra.rollout.engines.actor import EngineActor
 
     cfg = resolved(["rollout=sglang", "parallelism.device=cuda", "parallelism.gpus_per_node=1",
                     "parallelism.num_nodes=3", "parallelism.rollout_gpus=2", "parallelism.gpus_per_engine=2",

@@ -1,7 +1,7 @@
 """The embedded rollout engine: a Hugging Face causal LM that generates batches with per-token
 log-probs, and takes weight updates and memory release/resume the way an SGLang server does.
 
-The HTTP face is :mod:`slime_hydra.rollout.embedded.server`; this module has no HTTP in it.
+The HTTP face is :mod:`slime_hydra.rollout.engines.embedded.server`; this module has no HTTP in it.
 All model work happens on one thread (the server's worker), so generation, weight updates and
 memory release never interleave.
 """
@@ -140,7 +140,7 @@ class MemoryReleased(RuntimeError):
     pass
 
 
-class EmbeddedEngine:
+class EmbeddedModel:
     def __init__(self, model_path: str, tokenizer_path: Optional[str] = None, dtype: str = "auto",
                  device: str = "cpu", seed: int = 0, trust_remote_code: bool = False):
         self.model_path = model_path
