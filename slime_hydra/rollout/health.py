@@ -243,10 +243,14 @@ class FleetHealth:
 
     def _charge_restart(self, e: EngineHandle, reason: str) -> None:
         """Count a restart of ``e`` against rollout.max_engine_restarts_per_hour; past it, fail the run."""
+        self._charge(e.restarts, f"engine {e.rank}", reason)
+
+    def _charge(self, restarts: List[float], what: str, reason: str) -> None:
+        """Add a restart now to ``restarts`` (monotonic times, kept within the window); past the budget, fail."""
         now = time.monotonic()
-        e.restarts = [t for t in e.restarts if now - t < RESTART_WINDOW_S] + [now]
-        if len(e.restarts) > self.ft.max_restarts_per_hour:
-            self.fatal = EngineError(f"engine {e.rank} failed {len(e.restarts)} times within an hour, more than "
+        restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(restarts) > self.ft.max_restarts_per_hour:
+            self.fatal = EngineError(f"{what} failed {len(restarts)} times within an hour, more than "
                                      f"rollout.max_engine_restarts_per_hour={self.ft.max_restarts_per_hour}; "
                                      f"the last time:\n{reason}")
             self._serving.set()  # wake the requests waiting for an engine: they raise the error
@@ -264,14 +268,7 @@ class FleetHealth:
                 old = self.router
                 reason = (f"sglang-router ({old.url}) exited with code {old.proc.returncode}; last lines of "
                           f"{old.log_path}:\n{tail(old.log_path)}")
-                now = time.monotonic()
-                self._router_restarts = [t for t in self._router_restarts if now - t < RESTART_WINDOW_S] + [now]
-                if len(self._router_restarts) > self.ft.max_restarts_per_hour:
-                    self.fatal = EngineError(f"the router failed {len(self._router_restarts)} times within an hour, "
-                                             "more than rollout.max_engine_restarts_per_hour="
-                                             f"{self.ft.max_restarts_per_hour}; the last time:\n{reason}")
-                    self._serving.set()
-                    raise self.fatal
+                self._charge(self._router_restarts, "the router", reason)
                 log.warning("%s\n-> restarting it on the same port", reason)
                 t0 = time.perf_counter()
                 old.stop()

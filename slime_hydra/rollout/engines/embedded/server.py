@@ -8,7 +8,7 @@ concurrent ``/generate`` requests are gathered into batches there.
 
 The reference for every endpoint, field and answer is SGLang 0.5.17's own server
 (sglang/srt/entrypoints/http_server.py, the request types of sglang/srt/managers/io_struct.py):
-tests/test_engine_protocol.py checks the embedded side against what that server does.
+tests/rollout/test_engine_protocol.py checks the embedded side against what that server does.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from slime_hydra.sync import transport
 
 log = logging.getLogger("slime_hydra.embedded")
 VERSION = "slime_hydra-embedded-0.1"
-_RIDS = itertools.count()  # ids of requests that come without one (uuid4 cost 5 ms per rollout of 128)
+_RIDS = itertools.count()  # ids of requests that come without one (cheaper than uuid4)
 
 
 class Worker:
@@ -45,9 +45,8 @@ class Worker:
 
     # A batch starts as soon as the queue stops growing: no request for batch_wait_s (or after
     # max_wait_s, or at max_batch). Requests that arrive while a batch decodes wait for all of it
-    # (static batching) and form the next batch. A rollout's burst of /generate requests arrives
-    # about one per 0.3 ms on 2 busy cores (measured), so 3 ms of quiet ends it; cutting a burst
-    # in two costs one more small batch, which runs while the rest arrives.
+    # (static batching) and form the next batch. A rollout's burst of /generate requests comes far
+    # faster than batch_wait_s apart; cutting a burst in two costs one more small batch.
     def __init__(self, engine: EmbeddedModel, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.5):
         self.engine = engine
         self.max_batch = max_batch
@@ -165,7 +164,7 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 
 def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int = 256) -> "GenerateFirst":
     """Plain Starlette routes: FastAPI's per-request work (dependency solving, cookie parsing,
-    telemetry hooks) took about a third of the server's time on a rollout of 128 tiny requests."""
+    telemetry hooks) is a large share of the server's time on tiny requests."""
     worker = Worker(engine, max_batch)
     routes: List[Route] = []
 
@@ -392,7 +391,7 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
 class GenerateFirst:
     """/generate straight on ASGI, everything else through Starlette: a rollout sends one request per
     group (per sample with a custom generate function), and Starlette's request, routing and exception
-    layers were a third of the server's time on a rollout of 512 one-token requests (py-spy)."""
+    layers are a large share of the server's time on small requests."""
 
     def __init__(self, app: Starlette, generate: Callable[[Any], Awaitable[Tuple[int, Any]]]):
         self.app, self.generate, self.state = app, generate, app.state

@@ -378,53 +378,27 @@ def nvml_handle(device: Any) -> Any:
             else pynvml.nvmlDeviceGetHandleByUUID(entry))
 
 
-def nvml_capability(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.cuda.get_device_capability`` answered by NVML until CUDA is initialised, then by ``original``."""
+def until_cuda(original: Callable[..., Any], stand_in: Callable[..., Any]) -> Callable[..., Any]:
+    """``stand_in`` until CUDA is initialised, then ``original`` (a module may keep a reference to the function: in
+    the worker it answers as torch would)."""
 
-    def get_device_capability(device: Any = None) -> Any:
-        if _cuda_initialized():
-            return original(device)
-        import pynvml
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs) if _cuda_initialized() else stand_in(*args, **kwargs)
 
-        return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(nvml_handle(device)))
-
-    return get_device_capability
+    return call
 
 
-def nvml_name(original: Callable[..., str]) -> Callable[..., str]:
-    """``torch.cuda.get_device_name``: NVML's name of the device until CUDA is initialised, then ``original``'s."""
+def nvml_capability(device: Any = None) -> Tuple[int, int]:
+    import pynvml
 
-    def get_device_name(device: Any = None) -> str:
-        if _cuda_initialized():
-            return original(device)
-        import pynvml
-
-        name = pynvml.nvmlDeviceGetName(nvml_handle(device))
-        return name.decode() if isinstance(name, bytes) else name
-
-    return get_device_name
+    return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(nvml_handle(device)))
 
 
-def first_device(original: Callable[[], int]) -> Callable[[], int]:
-    """``torch.cuda.current_device``: 0 until CUDA is initialised (no device picked yet), then ``original``."""
+def nvml_name(device: Any = None) -> str:
+    import pynvml
 
-    def current_device() -> int:
-        return original() if _cuda_initialized() else 0
-
-    return current_device
-
-
-def cuda_accelerator(original: Callable[[], Any]) -> Callable[[], Any]:
-    """``torch._C._get_accelerator``: CUDA where NVML sees a GPU until CUDA is initialised, then ``original``."""
-
-    def get_accelerator() -> Any:
-        import torch
-
-        if not _cuda_initialized() and torch.cuda.is_available():  # NVML's answer (PYTORCH_NVML_BASED_CUDA_CHECK)
-            return torch.device("cuda")
-        return original()
-
-    return get_accelerator
+    name = pynvml.nvmlDeviceGetName(nvml_handle(device))
+    return name.decode() if isinstance(name, bytes) else name
 
 
 def cuda_after_fork() -> Optional[str]:
@@ -465,11 +439,13 @@ def preload(modules: List[str]) -> Dict[str, Any]:
     refusals = Refusals()
     # (owner, name, what takes its place while the modules import)
     swaps = [(torch._C, name, refusals.refuse) for name in CUDA_ENTRY_POINTS if hasattr(torch._C, name)]
-    swaps += [(torch.cuda, "get_device_capability", nvml_capability(torch.cuda.get_device_capability)),
-              (torch.cuda, "get_device_name", nvml_name(torch.cuda.get_device_name)),
-              (torch.cuda, "current_device", first_device(torch.cuda.current_device))]
-    if hasattr(torch._C, "_get_accelerator"):
-        swaps.append((torch._C, "_get_accelerator", cuda_accelerator(torch._C._get_accelerator)))
+    swaps += [(torch.cuda, "get_device_capability", until_cuda(torch.cuda.get_device_capability, nvml_capability)),
+              (torch.cuda, "get_device_name", until_cuda(torch.cuda.get_device_name, nvml_name)),
+              (torch.cuda, "current_device", until_cuda(torch.cuda.current_device, lambda: 0))]  # none picked yet
+    if hasattr(torch._C, "_get_accelerator"):  # CUDA where NVML sees a GPU (PYTORCH_NVML_BASED_CUDA_CHECK)
+        accelerator = torch._C._get_accelerator
+        swaps.append((torch._C, "_get_accelerator", until_cuda(
+            accelerator, lambda: torch.device("cuda") if torch.cuda.is_available() else accelerator())))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
     for owner, name, stand_in in swaps:
         setattr(owner, name, stand_in)
