@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RolloutManager", "engine_specs", "FLEET_GROUP"]
 FLEET_GROUP = "fleet"  # ray.remote(concurrency_groups={FLEET_GROUP: 1}) when the actor is created
 
 
