@@ -369,6 +369,9 @@ def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
     with deferred_server_args_checks() as again:
         validate(resolved(overrides))
     assert again[0].proc is None and again[0].problems() == [problem]
+    with deferred_server_args_checks() as off:  # rollout.sglang_fast_start=false: answered within validation
+        errs = validate(resolved([*overrides, "rollout.sglang_fast_start=false"]))
+    assert off == [] and problem in errs
     with deferred_server_args_checks() as other:  # other arguments: the parser again
         validate(resolved([*overrides[:-1], "rollout.server_args.mem_fraction_static=0.5"]))
     assert other[0].proc is not None and other[0].problems() == []
