@@ -77,7 +77,7 @@ def pids_of(part: str, run_dir: Path) -> List[int]:
     if part == "engine":
         needle = f"--model-path\0{run_dir}/".encode()
         return [int(p) for p in filter(str.isdigit, os.listdir("/proc"))
-                if b"slime_hydra.rollout.embedded.server" in _cmdline(p) and needle in _cmdline(p)]
+                if b"slime_hydra.rollout.engines.embedded.server" in _cmdline(p) and needle in _cmdline(p)]
     try:
         token = json.loads((run_dir / "driver.json").read_text())["token"]
     except (OSError, ValueError, KeyError):

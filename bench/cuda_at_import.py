@@ -1,7 +1,7 @@
-"""Which import initialises the CUDA driver in ``sglang_launch``'s forkserver.
+"""Which import initialises the CUDA driver in the fast start's forkserver.
 
 A process forked after ``cuInit`` cannot use CUDA ("CUDA error: initialization error"), so the forkserver's
-preload (``slime_hydra/rollout/engines/sglang_preload.py``) must import without it. This runs the same preload
+preload (``slime_hydra/rollout/engines/sglang/fast_start.py``) must import without it. This runs the same preload
 in a fresh process and, after each module that finishes importing, asks the driver whether it was initialised
 (``cuDeviceGetCount`` answers CUDA_ERROR_NOT_INITIALIZED until ``cuInit``; asking initialises nothing). It
 prints the first module after which the driver was initialised, with the modules importing it, and the
@@ -112,7 +112,7 @@ def main() -> None:
     import torch  # noqa: F401
 
     report["after_torch"] = driver_state(lib)
-    from slime_hydra.rollout.engines import sglang_preload
+    from slime_hydra.rollout.engines.sglang import fast_start as sglang_preload
 
     stacks = []  # each refusal's stack: who asked, through which imports
     refuse = sglang_preload.Refusals._raise

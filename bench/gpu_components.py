@@ -32,9 +32,9 @@ def sync(device: str) -> None:
 
 
 def bench_engine(path: str, batch: int, prompt_len: int, new_tokens: int, device: str) -> dict:
-    from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
+    from slime_hydra.rollout.engines.embedded.engine import EmbeddedModel, Request, SamplingParams
 
-    eng = EmbeddedEngine(path, dtype="bfloat16", device=device)
+    eng = EmbeddedModel(path, dtype="bfloat16", device=device)
     g = torch.Generator().manual_seed(0)
 
     def reqs(n):

@@ -55,8 +55,9 @@ PUSH_VERSION, TRAINER_AFTER_ROW, SAVE_INTERVAL = 3, 4, 2
 # (bench/sglang_gpu.py); the run: SGLang starts three times (about 45-60 s each with the prefill CUDA graph
 # off), the trainer twice, 7 steps of a few seconds, three checkpoints
 PLAN = {"build": (20, 90), "run": (300, 600)}
-SERVER_MARKS = (b"slime_hydra.rollout.engines.sglang_launch", b"sglang.launch_server",
-                b"slime_hydra.rollout.embedded.server")
+# the fast start's server, not its kernel prebuild (``fast_start prebuild ...``): its flags follow the module
+SERVER_MARKS = (b"slime_hydra.rollout.engines.sglang.fast_start\0--", b"sglang.launch_server",
+                b"slime_hydra.rollout.engines.embedded.server")
 
 
 # ---------------------------------------------------------------------------------- processes

@@ -40,7 +40,7 @@ def group_of(proc: psutil.Process) -> str:
         return "driver"
     if "TrainerActor" in cmd:
         return "trainer"
-    if "slime_hydra.rollout.embedded.server" in cmd:
+    if "slime_hydra.rollout.engines.embedded.server" in cmd:
         return "engine"
     if "sglang::router" in cmd or "sglang_router" in cmd:
         return "router"

@@ -52,7 +52,7 @@ def spec_of(w: Workload, changes: Dict[str, Any], batch: int):
     from slime_hydra.rollout.engines import ServerSpec
 
     return ServerSpec(engine="sglang", model_path=w.ckpt, tokenizer_path=w.ckpt, dtype="bfloat16", device="cuda",
-                      gpus=1, seed=0, memory_saver=True, decode_batch=batch, kv_tokens=KV_TOKENS, fork_workers=True,
+                      gpus=1, seed=0, memory_saver=True, decode_batch=batch, kv_tokens=KV_TOKENS, fast_start=True,
                       server_args={**SERVER_ARGS, "mem_fraction_static": 0.9, "sleep_on_idle": True, **changes})
 
 

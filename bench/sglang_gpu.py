@@ -114,8 +114,8 @@ def run_overrides(w: Workload, layout: str, phase: str, steps: int, extra: str =
     if layout == "colocated":
         common += OFFLOAD[phase]
     if engine == "sglang":
-        # the CUDA graphs are slime_hydra's defaults (rollout/engines/sglang.py startup_server_args): decode graphs
-        # up to the plan's engine batch (64 here), no prefill graph
+        # the CUDA graphs are slime_hydra's defaults (rollout/engines/sglang/launch.py startup_server_args): decode
+        # graphs up to the plan's engine batch (64 here), no prefill graph
         common += ["rollout=sglang",
                    f"rollout.server_args.mem_fraction_static={SERVER_ARGS['mem_fraction_static']}",
                    *(f"+rollout.server_args.{k}={v}" for k, v in SERVER_ARGS.items() if k != "mem_fraction_static")]

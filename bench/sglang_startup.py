@@ -6,7 +6,7 @@ The server is started from the engine class's own command line (the run's: coloc
 run's server args and ``cuda_graph_max_bs_decode`` = the anchor's 64 requests), once per variant (env
 ``VARIANTS``, default ``colocated,colocated,no_cuda_graph``: the second ``colocated`` finds the JIT caches
 the first one filled, as a user's second run does; ``colocated_fork`` is ``colocated`` with
-``rollout.sglang_fork_workers``: the server's workers forked from a process that imported most of their code
+``rollout.sglang_fast_start``: the server's workers forked from a process that imported most of their code
 beside the server, instead of spawned to import it all again after the server did). Every
 log line is stamped with the seconds since launch, so the gaps between SGLang's own milestones (imports, model
 load, KV cache, CUDA-graph capture, ready) show where the time goes. Also (unless ``--no-import-profile``): the
@@ -36,7 +36,7 @@ from gpu.sglang_server import SERVER_ARGS  # noqa: E402
 from gpu.workload import Workload  # noqa: E402
 
 VARIANTS = {"colocated": {}, "no_cuda_graph": {"disable_cuda_graph": True}, "colocated_fork": {}}
-# variants whose workers fork from a preloaded process (rollout.sglang_fork_workers: rollout/engines/sglang_launch.py)
+# variants whose workers fork from a preloaded process (rollout.sglang_fast_start: rollout/engines/sglang/fast_start.py)
 FORK_VARIANTS = {"colocated_fork"}
 # SGLang log lines worth a column: the first line containing the text marks the milestone
 MILESTONES = {"args_parsed": "server_args=", "init_torch_distributed": "Init torch distributed begin",
@@ -69,7 +69,7 @@ def start_once(w: Workload, variant: str, index: int, logs: str, limit_s: float)
     cpu = w.device != "cuda"
     spec = ServerSpec(engine="embedded" if cpu else "sglang", model_path=w.ckpt, tokenizer_path=w.ckpt,
                       dtype="float32" if cpu else "bfloat16", device=w.device, gpus=1, seed=0, memory_saver=not cpu,
-                      fork_workers=variant in FORK_VARIANTS,
+                      fast_start=variant in FORK_VARIANTS,
                       server_args={} if cpu else {**SERVER_ARGS, "cuda_graph_max_bs_decode": w.prompts * w.samples,
                                                    **VARIANTS[variant]})
     engine = make_engine(spec)

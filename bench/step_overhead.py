@@ -83,8 +83,8 @@ def parts(prompts: int, samples: int, max_new: int, repeats: int, work: Path) ->
 
     from slime_hydra.checkpoint.hf import build_random_checkpoint
     from slime_hydra.config.schema import RouterConfig
-    from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
     from slime_hydra.rollout.engines import ServerSpec, server_command
+    from slime_hydra.rollout.engines.embedded.engine import EmbeddedModel, Request, SamplingParams
     from slime_hydra.rollout.router import Router
     from slime_hydra.utils.proc import free_port, kill_tree, spawn, wait_http
 
@@ -94,7 +94,7 @@ def parts(prompts: int, samples: int, max_new: int, repeats: int, work: Path) ->
     if not os.path.isdir(ckpt):
         build_random_checkpoint(cfg.model, ckpt)
     n, out = prompts * samples, {}
-    engine = EmbeddedEngine(ckpt)
+    engine = EmbeddedModel(ckpt)
     ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
 
     def batch():
@@ -146,8 +146,8 @@ def composed():
 
 
 def reward_ms(cfg, n: int, repeats: int) -> float:
+    from slime_hydra.data.sample import Sample
     from slime_hydra.rewards import compute_reward
-    from slime_hydra.rollout.sample import Sample
 
     async def all_rewards():
         await asyncio.gather(*(compute_reward(cfg.reward, Sample(prompt=PROMPT, label="8", response=str(i % 10)))

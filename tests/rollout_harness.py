@@ -12,7 +12,8 @@ from typing import Any, Optional, Sequence
 from conftest import resolved
 from slime_hydra.data.tokenizer import load_tokenizer
 from slime_hydra.rollout.evaluate import Evaluator, load_eval_sets
-from slime_hydra.rollout.fleet import EngineFleet, EngineHandle
+from slime_hydra.rollout.fleet import EngineFleet
+from slime_hydra.rollout.health import EngineHandle
 from slime_hydra.rollout.rollout_fn import RolloutContext, build_rollout_context, default_rollout
 
 

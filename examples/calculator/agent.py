@@ -25,8 +25,8 @@ from __future__ import annotations
 import ast
 from typing import Any, Dict, List, Optional
 
+from slime_hydra.data.sample import Sample
 from slime_hydra.rollout.multiturn import ChatRollout, final_answer
-from slime_hydra.rollout.sample import Sample
 
 TOOLS: List[Dict[str, Any]] = [{
     "type": "function",

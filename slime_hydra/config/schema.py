@@ -167,14 +167,10 @@ class RolloutConfig:
     # Engine settings
     server_args: Dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs pass-through
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
-    # SGLang: fork the server's workers from a process that imported most of their code beside the server
-    # (rollout/engines/sglang_launch.py; it spawns them, as SGLang does, where a forked process could not use
-    # CUDA). On one H200 the start to step 1 done took 37.1-40.8 s instead of 55.5 s (docs/gpu.md)
-    sglang_fork_workers: bool = True
-    # SGLang: build its just-in-time CUDA kernels for the model all at once while the server starts, instead of
-    # one after another in its CUDA-graph capture (rollout/engines/sglang_kernels.py); only a machine's first start
-    # builds them (they are cached): a fresh H200 started in 55.8 s, one without it in 111.2 s (docs/gpu.md)
-    sglang_prebuild_kernels: bool = True
+    # SGLang: the start-up work that makes a server start sooner (rollout/engines/sglang/fast_start.py,
+    # docs/startup.md): its workers forked from a process that imported their code, its JIT kernels built beside
+    # the first start, and sglang's check of server_args run in a child process while the cluster starts
+    sglang_fast_start: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
     # Fault tolerance (docs/faults.md): an engine whose process exits, whose /health_generate does not

@@ -16,7 +16,7 @@ from slime_hydra.launch.validate import check
 from slime_hydra.plan.memory import GIB, machine_problems
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import engine_class
-from slime_hydra.rollout.engines.sglang import deferred_server_args_checks
+from slime_hydra.rollout.engines.sglang.args import deferred_server_args_checks
 
 log = logging.getLogger("slime_hydra")
 _first_run = True  # the first run of this process counts its start-up from the process's start (python run.py)

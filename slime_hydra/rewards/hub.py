@@ -24,7 +24,7 @@ sample's content caused it and the run is right to go on.
   (``reward_verifier_error``, ``reward_verifier_timeout``): sympy raises on odd answers the model
   wrote. A verifier that cannot check ``1/2 == 0.5`` (an API change) raises at its first use.
 - An engine answer whose finish reason is missing or not one of SGLang's (stop, length, abort):
-  raise (``rollout.sample.finish_type``): it is a protocol change and every sample would have it.
+  raise (``slime_hydra.data.sample.finish_type``): it is a protocol change and every sample would have it.
 - A sample a generate function marks ``Status.FAILED`` (its environment or tool broke): kept out of
   the loss and counted (``rollout/failed_count``) by the conversion to training data.
 """

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from slime_hydra.rollout.sample import Sample, Status
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rollout.sampling import GroupSampler, agent_metrics, sampling_params
 
 if TYPE_CHECKING:

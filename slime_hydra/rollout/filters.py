@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
-from slime_hydra.rollout.sample import Sample
+from slime_hydra.data.sample import Sample
 
 NONZERO_REWARD_STD = "slime_hydra.rollout.filters.nonzero_reward_std"
 

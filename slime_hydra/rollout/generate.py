@@ -31,8 +31,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from slime_hydra.data.sample import Sample, Status, status_from_finish
 from slime_hydra.rollout.client import GenerateClient
-from slime_hydra.rollout.sample import Sample, Status, status_from_finish
 from slime_hydra.utils.http import EngineError
 
 

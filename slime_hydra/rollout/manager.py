@@ -28,7 +28,8 @@ from slime_hydra.rewards.counters import drain as drain_counters
 from slime_hydra.rollout.client import GenerateClient
 from slime_hydra.rollout.data_state import DataState
 from slime_hydra.rollout.evaluate import Evaluator, load_eval_sets
-from slime_hydra.rollout.fleet import EngineFleet, FaultTolerance, WeightsChanged, engine_specs
+from slime_hydra.rollout.fleet import EngineFleet, engine_specs
+from slime_hydra.rollout.health import FaultTolerance, WeightsChanged
 from slime_hydra.rollout.rollout_fn import build_rollout_context, check_rollout_output, load_rollout_function
 from slime_hydra.rollout.sampling import agent_metrics
 from slime_hydra.rollout.train_data import split_by_rank, train_data
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RolloutManager", "engine_specs", "FLEET_GROUP"]
 FLEET_GROUP = "fleet"  # ray.remote(concurrency_groups={FLEET_GROUP: 1}) when the actor is created
 
 

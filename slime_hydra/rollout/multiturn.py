@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, List, Optional
 
-from slime_hydra.rollout.sample import Sample, Status, finish_type
+from slime_hydra.data.sample import Sample, Status, finish_type
 
 Message = Dict[str, Any]
 

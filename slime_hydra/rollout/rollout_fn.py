@@ -27,8 +27,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
+from slime_hydra.data.sample import Sample
 from slime_hydra.rollout.filters import DynamicFilterOutput, zero_std
-from slime_hydra.rollout.sample import Sample
 from slime_hydra.rollout.sampling import GroupSampler, sampling_params
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rollout.generate import GenerateContext, generate as default_generate, generate_group, seeded
-from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.utils.hooks import call_maybe_async
 
 if TYPE_CHECKING:

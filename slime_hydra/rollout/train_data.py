@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rollout.filters import zero_std
-from slime_hydra.rollout.sample import Sample, Status
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig

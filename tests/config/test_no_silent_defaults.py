@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from slime_hydra.config.schema import RewardConfig
+from slime_hydra.data.sample import FinishReasonError, Sample, Status, finish_type, status_from_finish
 from slime_hydra.data.tokenizer import builtin_tokenizer
 from slime_hydra.rewards import (
     RewardError,
@@ -21,7 +22,6 @@ from slime_hydra.rewards import (
     math_pool,
 )
 from slime_hydra.rollout.multiturn import ChatRollout
-from slime_hydra.rollout.sample import FinishReasonError, Sample, Status, finish_type, status_from_finish
 
 PROMPT = "What is the largest digit of 3815? Answer with one digit, nothing else."
 

@@ -6,9 +6,9 @@ import pytest
 
 from slime_hydra.config.schema import DataConfig, EvalDatasetConfig
 from slime_hydra.data.dataset import Row
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.data.source import DataSource, build_data_source, load_eval_dataset
 from slime_hydra.data.tokenizer import builtin_tokenizer
-from slime_hydra.rollout.sample import Sample, Status
 
 
 def make_source(n=7, k=3, shuffle=True, seed=11, **kw):

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from test_e2e import metrics, run
 
+from slime_hydra.data.sample import Sample
 from slime_hydra.rollout.generate import GenerateContext, generate, sampling_seed, seeded
-from slime_hydra.rollout.sample import Sample
 
 
 class Engine:
@@ -168,12 +168,12 @@ def test_the_embedded_engine_samples_what_it_would_whatever_the_batch(tiny_ckpt,
 
     import torch
 
-    from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
+    from slime_hydra.rollout.engines.embedded.engine import EmbeddedModel, Request, SamplingParams
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the server's torch.set_num_threads(parallelism.cpu_threads)
     request.addfinalizer(lambda: torch.set_num_threads(threads))
-    engine = EmbeddedEngine(tiny_ckpt, dtype="float32", seed=0)
+    engine = EmbeddedModel(tiny_ckpt, dtype="float32", seed=0)
     rng = random.Random(0)
 
     def req(i, n_tokens):

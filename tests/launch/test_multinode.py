@@ -17,7 +17,8 @@ from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RouterConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed
 from slime_hydra.plan.resources import make_plan
-from slime_hydra.rollout.fleet import EngineFleet, engine_specs, join_nodes
+from slime_hydra.rollout.engines.actor import join_nodes
+from slime_hydra.rollout.fleet import EngineFleet, engine_specs
 from slime_hydra.utils.http import weight_version
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,7 @@ def test_engine_spanning_two_nodes_gets_a_command_line_per_node(cluster, tmp_pat
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from slime_hydra.rollout.engine import EngineActor
+    from slime_hydra.rollout.engines.actor import EngineActor
 
     cfg = resolved(["rollout=sglang", "parallelism.device=cuda", "parallelism.gpus_per_node=1",
                     "parallelism.num_nodes=3", "parallelism.rollout_gpus=2", "parallelism.gpus_per_engine=2",

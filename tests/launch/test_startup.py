@@ -14,7 +14,7 @@ from conftest import resolved
 from slime_hydra.launch.startup import StartupClock, StartupWatch, engine_log_status
 from slime_hydra.plan.resources import engine_batch, make_plan
 from slime_hydra.rollout.engines.embedded import EmbeddedEngine
-from slime_hydra.rollout.engines.sglang import SglangEngine
+from slime_hydra.rollout.engines.sglang.engine import SglangEngine
 
 T0 = datetime(2026, 12, 1, 16, 14, 51).timestamp()
 
@@ -91,7 +91,7 @@ def test_clock_folds_in_the_rollout_side_and_says_it_in_one_line():
 
 
 def test_clock_counts_the_kernels_built_beside_the_server():
-    """The kernel prebuild beside the servers (rollout/engines/sglang_kernels.py) is a part of its own: the one that
+    """The kernel prebuild beside the servers (rollout/engines/sglang/fast_start.py) is a part of its own: the one that
     built, whichever engine ran it (the others on its node find the kernels claimed)."""
     clock = StartupClock(launched=T0)
     parts = SglangEngine.startup_parts(sglang_log(), T0, T0 + 45.0)

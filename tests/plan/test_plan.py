@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import resolved
 from slime_hydra.plan.resources import make_plan
-from slime_hydra.rollout.manager import engine_specs
+from slime_hydra.rollout.fleet import engine_specs
 
 
 def test_embedded_default_is_split_on_two_cpu_slots():

@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from slime_hydra.config.schema import RewardConfig
+from slime_hydra.data.sample import Sample
 from slime_hydra.rewards import (
     RewardError,
     compute_group_reward,
@@ -19,7 +20,6 @@ from slime_hydra.rewards import (
     math_pool,
     math_reward,
 )
-from slime_hydra.rollout.sample import Sample
 
 
 def S(response, label, **meta):

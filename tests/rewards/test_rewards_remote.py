@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from slime_hydra.config.schema import RewardConfig
+from slime_hydra.data.sample import Sample
 from slime_hydra.rewards import RewardError, aclose_shared_client, compute_reward, remote
-from slime_hydra.rollout.sample import Sample
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import resolved
 from rollout_harness import make_rollout
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.launch.validate import validate
 from slime_hydra.rollout.filters import (
     NONZERO_REWARD_STD,
@@ -22,7 +23,6 @@ from slime_hydra.rollout.filters import (
     nonzero_reward_std_with_fallback,
 )
 from slime_hydra.rollout.generate import generate as default_generate
-from slime_hydra.rollout.sample import Sample, Status
 
 
 def group(*rewards: float) -> List[Sample]:

@@ -350,13 +350,13 @@ def test_sampling_seed_fixes_the_tokens_whatever_the_batch(engine_url):
 
 @pytest.fixture(scope="module")
 def engine(tiny_ckpt):
-    from slime_hydra.rollout.embedded.engine import EmbeddedEngine
+    from slime_hydra.rollout.engines.embedded.engine import EmbeddedModel
 
-    return EmbeddedEngine(tiny_ckpt)
+    return EmbeddedModel(tiny_ckpt)
 
 
 def _first_tokens(engine, n, **params):
-    from slime_hydra.rollout.embedded.engine import Request, SamplingParams
+    from slime_hydra.rollout.engines.embedded.engine import Request, SamplingParams
 
     reqs = [Request(PROMPT, SamplingParams(max_new_tokens=1, ignore_eos=True, sampling_seed=i, **params), rid=str(i),
                     return_logprob=True) for i in range(n)]

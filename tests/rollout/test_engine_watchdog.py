@@ -16,10 +16,11 @@ import ray
 from conftest import running
 from rollout_harness import make_rollout
 from slime_hydra.rollout.client import GenerateClient
-from slime_hydra.rollout.engine import EngineActor, engine_log_path
 from slime_hydra.rollout.engines import ServerSpec
-from slime_hydra.rollout.fleet import EngineFleet, EngineHandle
+from slime_hydra.rollout.engines.actor import EngineActor, engine_log_path
+from slime_hydra.rollout.fleet import EngineFleet
 from slime_hydra.rollout.generate import generate as default_generate
+from slime_hydra.rollout.health import EngineHandle
 from slime_hydra.utils.http import EngineError
 
 pytestmark = pytest.mark.integration

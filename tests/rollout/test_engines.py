@@ -15,7 +15,7 @@ import yaml
 
 from conftest import CONF, ROOT
 from slime_hydra.rollout.engines import ENGINES, Engine, ServerSpec, engine_class, make_engine
-from slime_hydra.rollout.engines.sglang import FLOAT32_ENV, SGLANG_ENV
+from slime_hydra.rollout.engines.sglang.engine import FLOAT32_ENV, SGLANG_ENV
 
 
 def spec(engine: str, device: str = "cpu") -> ServerSpec:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rollout_harness import make_rollout
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rollout.evaluate import pass_at_k
-from slime_hydra.rollout.sample import Sample, Status
 
 RIGHT = [1, 0, 4, 2]  # right answers among the 4 samples of each eval prompt
 

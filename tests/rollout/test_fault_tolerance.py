@@ -44,7 +44,7 @@ def engine_servers() -> dict:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"SLIME_HYDRA_TEST_TAG={TAG}".encode() in env and b"slime_hydra.rollout.embedded.server" in cmd:
+        if f"SLIME_HYDRA_TEST_TAG={TAG}".encode() in env and b"slime_hydra.rollout.engines.embedded.server" in cmd:
             out[int(pid)] = int(cmd[cmd.index(b"--port") + 1])
     return out
 

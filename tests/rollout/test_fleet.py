@@ -15,7 +15,8 @@ import torch
 
 from slime_hydra.config.schema import RouterConfig
 from slime_hydra.rollout.client import GenerateClient
-from slime_hydra.rollout.fleet import EngineFleet, EngineHandle
+from slime_hydra.rollout.fleet import EngineFleet
+from slime_hydra.rollout.health import EngineHandle
 
 LONG = {"input_ids": [3, 4, 5, 12], "sampling_params": {"max_new_tokens": 100000, "ignore_eos": True},
         "return_logprob": True}
@@ -203,7 +204,7 @@ def test_offload_and_onload(engine_url):
 
 
 def test_restart_budget_turns_a_crash_loop_into_an_error():
-    from slime_hydra.rollout.fleet import FaultTolerance
+    from slime_hydra.rollout.health import FaultTolerance
     from slime_hydra.utils.http import EngineError
 
     fleet = EngineFleet([EngineHandle(0, "http://a"), EngineHandle(1, "http://b")],
@@ -229,7 +230,7 @@ def test_requeue_only_requests_of_failed_engines():
     sent before an engine was taken out is sent again once an engine serves."""
     import time
 
-    from slime_hydra.rollout.fleet import RESTARTING, FaultTolerance
+    from slime_hydra.rollout.health import RESTARTING, FaultTolerance
 
     fleet = EngineFleet([EngineHandle(0, "http://a"), EngineHandle(1, "http://b")], fault_tolerance=FaultTolerance())
     assert EngineFleet([EngineHandle(0, "http://a")]).take_counters() == {

@@ -18,7 +18,7 @@ from conftest import resolved
 
 pytestmark = pytest.mark.integration
 
-SERVERS = ("sglang::router", "sglang_router", "rollout.embedded.server")  # routers rename themselves
+SERVERS = ("sglang::router", "sglang_router", "rollout.engines.embedded.server")  # routers rename themselves
 
 
 def servers(token: str) -> List[str]:

@@ -15,10 +15,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from examples.calculator.agent import TOOLS, calculate, generate as calc_generate, parse_turn, reward as calc_reward
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.data.tokenizer import builtin_tokenizer
 from slime_hydra.rollout.generate import GenerateContext
 from slime_hydra.rollout.multiturn import ChatRollout, TemplateError, final_answer, render, template_delta
-from slime_hydra.rollout.sample import Sample, Status
 
 
 class ScriptedEngine:

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import resolved
 from rollout_harness import make_rollout
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rollout.rollout_fn import check_rollout_output, default_rollout, load_rollout_function
-from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.utils.hooks import HookError
 
 MY_ROLLOUTS = """

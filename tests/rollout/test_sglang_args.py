@@ -21,13 +21,13 @@ from conftest import CONF, resolved
 from sglang_parser import start_parser
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import ServerSpec, server_command, to_flags
-from slime_hydra.rollout.engines.sglang import (
+from slime_hydra.rollout.engines.sglang.args import MANAGED_SERVER_ARGS
+from slime_hydra.rollout.engines.sglang.engine import SglangEngine
+from slime_hydra.rollout.engines.sglang.launch import (
     CAPPED_MEM_FRACTION,
     DECODE_GRAPH_KEYS,
-    MANAGED_SERVER_ARGS,
     PREFILL_GRAPH_KEYS,
     SGLANG_DEFAULT_DECODE_MAX_BS,
-    SglangEngine,
     decode_graph_max_bs,
     decode_graph_sizes,
 )
@@ -81,8 +81,8 @@ def engine_commands(overrides: List[str]) -> List[List[str]]:
 def test_shipped_engine_command_lines_parse(sglang, overrides):
     cfg = resolved(overrides)
     for cmd in engine_commands(overrides):
-        # SGLang's launch_server, its workers forked (rollout.sglang_fork_workers): its flags, unchanged
-        assert cmd[:3] == [sys.executable, "-m", "slime_hydra.rollout.engines.sglang_launch"]
+        # SGLang's launch_server, its workers forked (rollout.sglang_fast_start): its flags, unchanged
+        assert cmd[:3] == [sys.executable, "-m", "slime_hydra.rollout.engines.sglang.fast_start"]
         assert sglang.check(cmd[3:]) is None, cmd
         got = sglang.parse(cmd[3:], ["model_path", "tp_size", "enable_memory_saver", "trust_remote_code", "dtype",
                                      "skip_server_warmup", "max_total_tokens", *cfg.rollout.server_args])
@@ -352,7 +352,7 @@ def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
     (deferred_server_args_checks) and the driver takes its answer while Ray starts: the same problems. The
     answer is kept for the next run with the same arguments and the same sglang."""
     from slime_hydra.launch.validate import validate
-    from slime_hydra.rollout.engines.sglang import deferred_server_args_checks
+    from slime_hydra.rollout.engines.sglang.args import deferred_server_args_checks
 
     monkeypatch.syspath_prepend(str(sglang.site))
     monkeypatch.setenv("SLIME_HYDRA_CACHE", str(tmp_path))
@@ -369,6 +369,9 @@ def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
     with deferred_server_args_checks() as again:
         validate(resolved(overrides))
     assert again[0].proc is None and again[0].problems() == [problem]
+    with deferred_server_args_checks() as off:  # rollout.sglang_fast_start=false: answered within validation
+        errs = validate(resolved([*overrides, "rollout.sglang_fast_start=false"]))
+    assert off == [] and problem in errs
     with deferred_server_args_checks() as other:  # other arguments: the parser again
         validate(resolved([*overrides[:-1], "rollout.server_args.mem_fraction_static=0.5"]))
     assert other[0].proc is not None and other[0].problems() == []
@@ -382,9 +385,9 @@ def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
         os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns - 1))
 
 
-def test_fork_workers_starts_the_same_server_through_the_forking_launcher():
+def test_fast_start_starts_the_same_server_through_the_forking_launcher():
     overrides = list(COMBOS[0])
-    plain, forking = engine_commands(overrides + ["rollout.sglang_fork_workers=false"]), engine_commands(overrides)
-    launcher = [sys.executable, "-m", "slime_hydra.rollout.engines.sglang_launch"]
+    plain, forking = engine_commands(overrides + ["rollout.sglang_fast_start=false"]), engine_commands(overrides)
+    launcher = [sys.executable, "-m", "slime_hydra.rollout.engines.sglang.fast_start"]
     assert [c[:3] for c in forking] == [launcher] * len(plain)
     assert [c[3:] for c in forking] == [c[3:] for c in plain]  # the same flags: launch_server parses them

@@ -1,7 +1,7 @@
-"""SGLang's JIT kernels built beside the server's start (rollout/engines/sglang_kernels.py): which kernels a model
-gets, that the pinned sglang has each loader so named, what a build reports, what the builder does where it cannot
-build (no GPU here), and the engine actor running it beside a server's first start only. The builds themselves need
-nvcc and a GPU: bench/sglang_gpu.sh measures them on the H200 (bench/measured/h200_prebuild_kernels.md)."""
+"""SGLang's JIT kernels built beside the server's start (the kernel prebuild of rollout/engines/sglang/fast_start.py):
+which kernels a model gets, that the pinned sglang has each loader so named, what a build reports, what the builder
+does where it cannot build (no GPU here), and the engine actor running it beside a server's first start only. The
+builds themselves need nvcc and a GPU."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from sglang_parser import pinned_site
 from slime_hydra.checkpoint.hf import hf_config
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.rollout.engines.embedded import EmbeddedEngine
-from slime_hydra.rollout.engines.sglang import KERNEL_BUILDER, SglangEngine
-from slime_hydra.rollout.engines.sglang_kernels import (
+from slime_hydra.rollout.engines.sglang.engine import FAST_START, SglangEngine
+from slime_hydra.rollout.engines.sglang.fast_start import (
     Kernel,
     build,
     claim,
@@ -73,7 +73,8 @@ def test_other_models_get_what_their_config_says():
         ("float16",)
     assert kernels_for({**config_of("qwen3_0_6b"), "torch_dtype": "int8"}, "auto", 1) == []
     # float32: SGLang serves a float32 checkpoint under "auto" in float16; a float32 server runs the transformers
-    # implementation (rollout/engines/sglang.py), not these kernels; a config without the heads' size keeps the rest
+    # implementation (rollout/engines/sglang/engine.py), not these kernels; a config without the heads' size keeps
+    # the rest
     assert calls(kernels_for({**config_of("qwen3_0_6b"), "torch_dtype": "float32"}, "auto", 1))["kvcache"] == \
         (2048, 2048)
     assert kernels_for(config_of("qwen3_0_6b"), "float32", 1) == []
@@ -136,8 +137,8 @@ def test_the_builder_without_a_gpu_builds_nothing_and_says_why(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(config_of("qwen3_0_6b")))
     report = tmp_path / "report.json"
-    out = subprocess.run([sys.executable, "-m", KERNEL_BUILDER, "--model-path", str(model), "--dtype", "bfloat16",
-                          "--report", str(report)], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-m", FAST_START, "prebuild", "--model-path", str(model),
+                          "--dtype", "bfloat16", "--report", str(report)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 0, out.stderr
     assert json.loads(report.read_text()) == {"kernels": [], "seconds": 0.0, "skipped": "no GPU visible"}
@@ -146,27 +147,27 @@ def test_the_builder_without_a_gpu_builds_nothing_and_says_why(tmp_path):
 
 def spec(**kw) -> ServerSpec:
     return ServerSpec(engine="sglang", model_path="/ckpt", tokenizer_path="/ckpt", dtype="bfloat16", device="cuda",
-                      gpus=2, seed=1, prebuild_kernels=True, **kw)
+                      gpus=2, seed=1, fast_start=True, **kw)
 
 
 def test_the_sglang_engine_prebuilds_on_gpus_when_asked():
     cmd = SglangEngine(spec()).prebuild_command("/logs/engine_0_prebuild.json")
-    assert cmd == [sys.executable, "-m", KERNEL_BUILDER, "--model-path", "/ckpt", "--dtype", "bfloat16", "--tp", "2",
-                   "--report", "/logs/engine_0_prebuild.json"]
+    assert cmd == [sys.executable, "-m", FAST_START, "prebuild", "--model-path", "/ckpt", "--dtype", "bfloat16",
+                   "--tp", "2", "--report", "/logs/engine_0_prebuild.json"]
     assert "--trust-remote-code" in SglangEngine(spec(trust_remote_code=True)).prebuild_command("r")
-    assert SglangEngine(replace(spec(), prebuild_kernels=False)).prebuild_command("r") is None
+    assert SglangEngine(replace(spec(), fast_start=False)).prebuild_command("r") is None
     assert SglangEngine(replace(spec(), device="cpu")).prebuild_command("r") is None
     assert SglangEngine(replace(spec(), dtype="float32")).prebuild_command("r") is None  # the transformers model
     assert EmbeddedEngine(replace(spec(), engine="embedded")).prebuild_command("r") is None
     # the run config's switch reaches the engines' specs, on by default
-    assert resolved(["rollout=sglang"]).rollout.sglang_prebuild_kernels is True
+    assert resolved(["rollout=sglang"]).rollout.sglang_fast_start is True
 
 
 def test_the_engine_actor_runs_the_prebuild_beside_the_first_start_only(tiny_ckpt, tmp_path, monkeypatch):
     """A real embedded server, given a prebuild that writes its report after a moment: it runs beside the first
     start, not beside a restart (what it prepared is there), the start-up report carries its report, and a stop
     ends one still running."""
-    from slime_hydra.rollout.engine import EngineActor
+    from slime_hydra.rollout.engines.actor import EngineActor
 
     runs = tmp_path / "runs"
     script = (f"import json, os, sys, time; open({str(runs)!r}, 'a').write('x'); time.sleep(float(sys.argv[2])); "

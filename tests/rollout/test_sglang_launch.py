@@ -1,5 +1,5 @@
-"""The SGLang launcher's process model (slime_hydra/rollout/engines/sglang_launch.py), run with a server
-module of the same shape as sglang.launch_server (sglang itself does not install on the CPU machines):
+"""The SGLang launcher's process model (the forked workers of slime_hydra/rollout/engines/sglang/fast_start.py),
+run with a server module of the same shape as sglang.launch_server (sglang itself does not install on the CPU machines):
 it forces the spawn start method, changes its environment, then starts a worker with multiprocessing.Process."""
 
 import json
@@ -35,10 +35,10 @@ import os
 import sys
 
 if __name__ == "__main__":
-    if os.environ.get("FORCE_SPAWN"):  # as if a child of the forkserver could not use CUDA (sglang_preload)
-        from slime_hydra.rollout.engines import sglang_launch
+    if os.environ.get("FORCE_SPAWN"):  # as if a child of the forkserver could not use CUDA (fast_start.preload)
+        from slime_hydra.rollout.engines.sglang import fast_start
 
-        sglang_launch._status.update(fork=False)
+        fast_start._status.update(fork=False)
     mp.set_start_method("spawn", force=True)  # as sglang's _set_envs_and_config
     os.environ["SET_LATE"] = "set just before the worker starts"
     os.environ["SERVER_ARGV"] = " ".join(sys.argv[1:])
@@ -57,8 +57,8 @@ if __name__ == "__main__":
 def launch(tmp_path, **env):
     (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER))
     (tmp_path / "server.py").write_text(textwrap.dedent(SERVER))
-    code = ("import sys; from slime_hydra.rollout.engines.sglang_launch import main; "
-            "main(sys.argv[1:], server_module='server', worker_modules=('worker', 'no_such_module'))")
+    code = ("import sys; from slime_hydra.rollout.engines.sglang.fast_start import serve; "
+            "serve(sys.argv[1:], server_module='server', worker_modules=('worker', 'no_such_module'))")
     env = {**os.environ, **env,
            "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code, "--port", "30000"], env=env, cwd=tmp_path,
@@ -90,7 +90,7 @@ def test_preload_leaves_modules_that_initialise_cuda_to_the_worker(tmp_path, mon
     ``_cuda_init``: a stand-in takes its place), the others import, and torch is as it was after."""
     import torch
 
-    from slime_hydra.rollout.engines import sglang_preload
+    from slime_hydra.rollout.engines.sglang import fast_start
 
     (tmp_path / "wants_cuda.py").write_text("import torch\ntorch._C._cuda_init()\n")
     (tmp_path / "plain.py").write_text("import json\n")
@@ -98,7 +98,7 @@ def test_preload_leaves_modules_that_initialise_cuda_to_the_worker(tmp_path, mon
     calls = []
     monkeypatch.setattr(torch._C, "_cuda_init", lambda: calls.append("init"), raising=False)
     init, capability = torch._C._cuda_init, torch.cuda.get_device_capability
-    got = sglang_preload.preload(["wants_cuda", "plain"])
+    got = fast_start.preload(["wants_cuda", "plain"])
     assert got["imported"] == ["plain"] and "CudaAtImport" in got["left"]["wants_cuda"]
     assert got["fork"] and not got["torch_cuda_initialized"] and got["probe"] is None
     assert torch._C._cuda_init is init and torch.cuda.get_device_capability is capability and calls == []
@@ -110,12 +110,12 @@ def test_the_probe_reports_a_child_that_cannot_initialise_cuda(monkeypatch):
     check is made believe there is one."""
     import torch
 
-    from slime_hydra.rollout.engines import sglang_preload
+    from slime_hydra.rollout.engines.sglang import fast_start
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    problem = sglang_preload.cuda_after_fork()
+    problem = fast_start.cuda_after_fork()
     assert problem and "CUDA" in problem
-    got = sglang_preload.preload(["json"])
+    got = fast_start.preload(["json"])
     assert not got["fork"] and got["probe"] == problem and got["imported"] == ["json"]
 
 
@@ -125,13 +125,13 @@ def test_a_module_that_catches_the_refusal_makes_the_workers_spawn(tmp_path, mon
     where the refusal was caught."""
     import torch
 
-    from slime_hydra.rollout.engines import sglang_preload
+    from slime_hydra.rollout.engines.sglang import fast_start
 
     (tmp_path / "falls_back.py").write_text(
         "import torch\ntry:\n    torch._C._cuda_init()\n    DEVICE = 'cuda'\nexcept Exception:\n    DEVICE = 'cpu'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(torch._C, "_cuda_init", lambda: None, raising=False)
-    got = sglang_preload.preload(["falls_back"])
+    got = fast_start.preload(["falls_back"])
     assert got["imported"] == ["falls_back"] and not got["fork"] and got["probe"] is None
     assert len(got["refusals_caught"]) == 1 and "falls_back.py:3" in got["refusals_caught"][0]
 
@@ -145,7 +145,7 @@ def test_imports_are_answered_as_a_spawned_worker_is_before_cuda_starts(tmp_path
 
     import torch
 
-    from slime_hydra.rollout.engines import sglang_preload
+    from slime_hydra.rollout.engines.sglang import fast_start
 
     (tmp_path / "asks.py").write_text(
         "import torch\nfrom torch.cuda import current_device\n"
@@ -157,10 +157,10 @@ def test_imports_are_answered_as_a_spawned_worker_is_before_cuda_starts(tmp_path
                                  nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
                                  nvmlDeviceGetName=lambda h: b"NVIDIA H200")
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(sglang_preload, "cuda_after_fork", lambda: None)  # no GPU here to fork a probe for
+    monkeypatch.setattr(fast_start, "cuda_after_fork", lambda: None)  # no GPU here to fork a probe for
     originals = (torch._C._get_accelerator, torch.cuda.current_device, torch.cuda.get_device_capability,
                  torch.cuda.get_device_name)
-    got = sglang_preload.preload(["asks"])
+    got = fast_start.preload(["asks"])
     asks = sys.modules.pop("asks")
     assert got["fork"] and got["imported"] == ["asks"] and got["refusals_caught"] == []
     assert (asks.ACCELERATOR, asks.DEVICE, asks.CAPABILITY, asks.NAME) == ("cuda", 0, (9, 0), "NVIDIA H200")
@@ -177,7 +177,7 @@ def test_a_package_left_to_the_workers_may_be_caught_by_its_one_importer(tmp_pat
     importer that catches it makes the workers spawn; one that does not catch it is left to the workers."""
     import sys
 
-    from slime_hydra.rollout.engines import sglang_preload
+    from slime_hydra.rollout.engines.sglang import fast_start
 
     (tmp_path / "kernels.py").write_text("LOADED = True\n")
     guarded = "try:\n    import kernels\n    HAVE = True\nexcept ImportError:\n    HAVE = False\n"
@@ -185,25 +185,25 @@ def test_a_package_left_to_the_workers_may_be_caught_by_its_one_importer(tmp_pat
     (tmp_path / "other.py").write_text(guarded)
     (tmp_path / "needs.py").write_text("import kernels\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sglang_preload, "LEFT_TO_WORKERS", {"kernels": ("tolerant", "a test's reason")})
-    monkeypatch.setattr(sglang_preload, "cuda_after_fork", lambda: None)
+    monkeypatch.setattr(fast_start, "LEFT_TO_WORKERS", {"kernels": ("tolerant", "a test's reason")})
+    monkeypatch.setattr(fast_start, "cuda_after_fork", lambda: None)
     for name in ("kernels", "tolerant", "other", "needs"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    got = sglang_preload.preload(["tolerant", "needs"])
+    got = fast_start.preload(["tolerant", "needs"])
     assert got["fork"] and got["imported"] == ["tolerant"] and "left to the workers" in got["left"]["needs"]
     assert got["refusals_caught"] == [] and got["tolerated"] == ["kernels, imported by tolerant"]
     assert sys.modules["tolerant"].HAVE is False and "kernels" not in sys.modules
-    got = sglang_preload.preload(["other"])
+    got = fast_start.preload(["other"])
     assert not got["fork"] and got["refusals_caught"] == ["kernels, imported by other"]
     # the tolerated importer, but from a function of it that another module calls as it imports: not vouched for
     (tmp_path / "lazy.py").write_text("def load():\n" + "".join("    " + line + "\n" for line in guarded.splitlines())
                                       + "    return HAVE\n")
     (tmp_path / "caller.py").write_text("import lazy\nHAVE = lazy.load()\n")
-    monkeypatch.setattr(sglang_preload, "LEFT_TO_WORKERS", {"kernels": ("lazy", "a test's reason")})
-    got = sglang_preload.preload(["caller"])
+    monkeypatch.setattr(fast_start, "LEFT_TO_WORKERS", {"kernels": ("lazy", "a test's reason")})
+    got = fast_start.preload(["caller"])
     assert got["imported"] == ["caller"] and got["tolerated"] == [] and sys.modules["caller"].HAVE is False
     assert not got["fork"] and got["refusals_caught"] == ["kernels, imported by lazy"]
-    assert sglang_preload.LeaveToWorkers not in map(type, sys.meta_path)  # removed after the imports
+    assert fast_start.LeaveToWorkers not in map(type, sys.meta_path)  # removed after the imports
     for name in ("tolerant", "other", "needs", "lazy", "caller"):
         sys.modules.pop(name, None)
 
@@ -224,10 +224,10 @@ import os
 import time
 
 if __name__ == "__main__":
-    if os.environ.get("FORCE_SPAWN"):  # as if a child of the forkserver could not use CUDA (sglang_preload)
-        from slime_hydra.rollout.engines import sglang_launch
+    if os.environ.get("FORCE_SPAWN"):  # as if a child of the forkserver could not use CUDA (fast_start.preload)
+        from slime_hydra.rollout.engines.sglang import fast_start
 
-        sglang_launch._status.update(fork=False)
+        fast_start._status.update(fork=False)
     mp.set_start_method("spawn", force=True)
     from sleeper import run
 
@@ -248,8 +248,8 @@ def test_a_server_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_p
 
     (tmp_path / "sleeper.py").write_text(textwrap.dedent(SLEEPER))
     (tmp_path / "server.py").write_text(textwrap.dedent(LONG_SERVER))
-    code = ("import sys; from slime_hydra.rollout.engines.sglang_launch import main; "
-            "main(sys.argv[1:], server_module='server', worker_modules=('sleeper',))")
+    code = ("import sys; from slime_hydra.rollout.engines.sglang.fast_start import serve; "
+            "serve(sys.argv[1:], server_module='server', worker_modules=('sleeper',))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")]),
            **({"FORCE_SPAWN": "1"} if spawned else {})}
     server = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)

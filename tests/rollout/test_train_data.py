@@ -9,7 +9,7 @@ import math
 import pytest
 
 from slime_hydra.config.schema import AlgoConfig
-from slime_hydra.rollout.sample import Sample, Status
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rollout.train_data import rank_rows, split_by_rank, train_data
 
 RAW = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]  # two groups of four

@@ -50,7 +50,7 @@ class SglangParser:
 
     def check(self, argv: List[str]) -> Optional[str]:
         """None when sglang's parser accepts the command line (without ``python -m sglang.launch_server``),
-        else its error message (``slime_hydra.rollout.engines.sglang.check_with_sglang``)."""
+        else its error message (``slime_hydra.rollout.engines.sglang.args.check_with_sglang``)."""
         return self.request("check", argv=list(argv))
 
     def parse(self, argv: List[str], dests: List[str]) -> Dict[str, Any]:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _options() -> dict:
     from sglang.srt.server_args import ServerArgs
 
-    from slime_hydra.rollout.engines.sglang import sglang_parser
+    from slime_hydra.rollout.engines.sglang.args import sglang_parser
 
     parser = sglang_parser()
     fields = getattr(ServerArgs, "__dataclass_fields__", None)
@@ -36,7 +36,7 @@ def _options() -> dict:
 
 
 def _parse(argv, dests) -> dict:
-    from slime_hydra.rollout.engines.sglang import sglang_parser
+    from slime_hydra.rollout.engines.sglang.args import sglang_parser
 
     ns = sglang_parser().parse_args(argv)
     return {d: getattr(ns, d) for d in dests}
@@ -101,7 +101,7 @@ def main() -> None:
         import sglang
         from sglang.srt.server_args import ServerArgs  # noqa: F401
 
-        from slime_hydra.rollout.engines.sglang import sglang_parser
+        from slime_hydra.rollout.engines.sglang.args import sglang_parser
 
         sglang_parser()
         ready = {"version": sglang.__version__, "import_s": round(time.perf_counter() - t0, 2), "file": sglang.__file__}
@@ -111,7 +111,7 @@ def main() -> None:
         out.flush()
         return
     out.flush()
-    from slime_hydra.rollout.engines.sglang import check_with_sglang
+    from slime_hydra.rollout.engines.sglang.args import check_with_sglang
 
     ops = {"options": lambda r: _options(), "check": lambda r: check_with_sglang(r["argv"]),
            "parse": lambda r: _parse(r["argv"], r["dests"]),

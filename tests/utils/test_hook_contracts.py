@@ -25,9 +25,9 @@ import pytest
 
 from rollout_harness import make_rollout
 from slime_hydra.config.schema import RewardConfig, RunConfig
+from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rewards import RewardError, compute_group_reward, compute_reward
 from slime_hydra.rollout.generate import GenerateContext
-from slime_hydra.rollout.sample import Sample, Status
 from slime_hydra.rollout.train_data import train_data
 from slime_hydra.utils.hooks import HookError
 
@@ -36,7 +36,7 @@ import asyncio
 import copy
 from slime_hydra.rollout.filters import DynamicFilterOutput
 from slime_hydra.rollout.generate import GenerateContext
-from slime_hydra.rollout.sample import Sample, Status
+from slime_hydra.data.sample import Sample, Status
 
 CALLS = []
 

@@ -1,30 +1,28 @@
-"""Rollout engine backends, by ``rollout.engine``: ``ENGINES`` names each one's class as
-``"module:Class"``, imported only when a run uses it (like verl's rollout registry), so naming the
-engines costs no import. The interface is ``slime_hydra.rollout.engines.base.Engine``.
+"""Rollout engines, by ``rollout.engine``: ``ENGINES`` names each one's ``Engine`` subclass
+(``slime_hydra.rollout.engines.base``), imported only when a run uses it.
 
-A new engine: one module here with an ``Engine`` subclass, its line in ``ENGINES``, and a preset in
-``conf/rollout/``.
+A new engine: a module or package here with an ``Engine`` subclass, its line in ``ENGINES``, and a
+preset in ``conf/rollout/``.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Dict, List, Optional, Type
+from typing import List, Optional, Type
 
 from slime_hydra.rollout.engines.base import Engine, ServerSpec, to_flags
+from slime_hydra.utils.registry import LazyRegistry
 
-ENGINES: Dict[str, str] = {
+ENGINES = LazyRegistry("engine", {
     "embedded": "slime_hydra.rollout.engines.embedded:EmbeddedEngine",
-    "sglang": "slime_hydra.rollout.engines.sglang:SglangEngine",
-}
+    "sglang": "slime_hydra.rollout.engines.sglang.engine:SglangEngine",
+})
 
 
 def engine_class(name: str) -> Type[Engine]:
     """The engine class registered as ``name`` (imported now)."""
     if name not in ENGINES:
         raise ValueError(f"rollout.engine: {name!r} is not one of {sorted(ENGINES)}")
-    module, cls = ENGINES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return ENGINES[name]
 
 
 def make_engine(spec: ServerSpec) -> Engine:

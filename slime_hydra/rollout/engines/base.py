@@ -3,7 +3,7 @@
 After the start, every engine is the same to the rest of slime_hydra: a server that speaks SGLang's
 HTTP protocol (``/generate``, ``/health_generate``, ``/abort_request``, the weight-update and memory
 endpoints), registered with sglang-router. So an engine backend only says how to launch that
-server: its command line and its environment. The engine actor (``slime_hydra.rollout.engine``)
+server: its command line and its environment. The engine actor (``slime_hydra.rollout.engines.actor``)
 owns the process; the fleet (``slime_hydra.rollout.fleet``) talks to it over HTTP.
 """
 
@@ -38,8 +38,7 @@ class ServerSpec:
     kv_tokens: Optional[int] = None  # sglang on a shared GPU: its KV pool's cap (plan.engine_kv_cap)
     num_threads: Optional[int] = None  # embedded engine on CPU: torch threads
     server_args: Dict[str, Any] = field(default_factory=dict)
-    fork_workers: bool = False  # sglang: workers forked from a preloaded process (rollout.sglang_fork_workers)
-    prebuild_kernels: bool = False  # sglang: its JIT kernels built beside its start (rollout.sglang_prebuild_kernels)
+    fast_start: bool = False  # sglang: its start-up work (rollout.sglang_fast_start; sglang/fast_start.py)
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None

@@ -1,5 +1,5 @@
 """The embedded engine: a Hugging Face transformers model behind SGLang's HTTP protocol
-(``slime_hydra.rollout.embedded.server``), for CPUs and small GPU runs. Its flags are SGLang's names,
+(``slime_hydra.rollout.engines.embedded.server``), for CPUs and small GPU runs. Its flags are SGLang's names,
 plus ``--num-threads`` (torch CPU threads) of its own."""
 
 from __future__ import annotations
@@ -27,4 +27,4 @@ class EmbeddedEngine(Engine):
         args = {**self.common_args(host, port, base_gpu_id), "dtype": s.dtype, "device": s.device,
                 "max_running_requests": s.max_batch, "num_threads": s.num_threads,
                 "enable_memory_saver": s.memory_saver}
-        return [sys.executable, "-m", "slime_hydra.rollout.embedded.server", *to_flags(args)]
+        return [sys.executable, "-m", "slime_hydra.rollout.engines.embedded.server", *to_flags(args)]

@@ -1,7 +1,7 @@
 """The embedded rollout engine: a Hugging Face causal LM that generates batches with per-token
 log-probs, and takes weight updates and memory release/resume the way an SGLang server does.
 
-The HTTP face is :mod:`slime_hydra.rollout.embedded.server`; this module has no HTTP in it.
+The HTTP face is :mod:`slime_hydra.rollout.engines.embedded.server`; this module has no HTTP in it.
 All model work happens on one thread (the server's worker), so generation, weight updates and
 memory release never interleave.
 """
@@ -33,18 +33,14 @@ UNSUPPORTED_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repe
 # SGLang's, with no effect on a whole (non-streamed) answer here
 IGNORED_SAMPLING = ("n", "stream_interval", "custom_params")
 # The embedded engine's logits on CPU do not depend on the batch (a run of one seed must not depend on how
-# requests were batched: the calculator agent's learning test failed under load, and a healed chaos run could
-# differ, when a token sampled near a boundary of its distribution changed with logits 1e-7 off):
-# - a CPU matrix product of a handful of rows takes another kernel (MKL's, for fewer than K/25 rows and at most
-#   15, measured for K = 32..2048), whose sums round differently: each linear layer gets at least this many rows
-#   (zero rows added, their outputs dropped; ``_batch_invariant``);
+# requests were batched: a token sampled near a boundary of its distribution changes with logits 1e-7 off):
+# - a CPU matrix product of a handful of rows takes another kernel (MKL's), whose sums round differently: each
+#   linear layer gets at least this many rows (zero rows added, their outputs dropped; ``_batch_invariant``);
 CPU_MIN_ROWS = 16
 # - attention sums over the keys in vector lanes: where a request's keys sit in the batch's key axis decides
 #   which lane adds which of them. Prompts are right-padded (a prompt's keys start at 0) to a width rounded up
-#   to a multiple of this, so each key sits in the same lane in every batch (measured: widths 16 to 80 give
-#   the same bits, multiples of 8 do not; 16 floats are an AVX-512 register).
-# Both hold with one torch thread, the server's default (``parallelism.cpu_threads``). With two threads on an
-# AVX2 machine (AMD EPYC, no AVX-512) the log-probs still moved with the batch by about 2e-7 (not traced).
+#   to a multiple of this (16 floats: an AVX-512 register), so each key sits in the same lane in every batch.
+# Both hold with one torch thread, the server's default (``parallelism.cpu_threads``).
 CPU_KEY_BLOCK = 16
 
 
@@ -140,7 +136,7 @@ class MemoryReleased(RuntimeError):
     pass
 
 
-class EmbeddedEngine:
+class EmbeddedModel:
     def __init__(self, model_path: str, tokenizer_path: Optional[str] = None, dtype: str = "auto",
                  device: str = "cpu", seed: int = 0, trust_remote_code: bool = False):
         self.model_path = model_path

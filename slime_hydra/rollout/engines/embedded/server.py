@@ -1,6 +1,6 @@
 """SGLang's native HTTP protocol in front of the embedded engine.
 
-    python -m slime_hydra.rollout.embedded.server --model-path DIR --host 127.0.0.1 --port 30000
+    python -m slime_hydra.rollout.engines.embedded.server --model-path DIR --host 127.0.0.1 --port 30000
 
 The command line uses SGLang's flag names, so the engine actor launches either server the same way.
 Every model operation (generation, weight updates, memory release) runs on one worker thread;
@@ -32,12 +32,12 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from slime_hydra.rollout.embedded.engine import EmbeddedEngine, MemoryReleased, Request, SamplingParams
+from slime_hydra.rollout.engines.embedded.engine import EmbeddedModel, MemoryReleased, Request, SamplingParams
 from slime_hydra.sync import transport
 
 log = logging.getLogger("slime_hydra.embedded")
 VERSION = "slime_hydra-embedded-0.1"
-_RIDS = itertools.count()  # ids of requests that come without one (uuid4 cost 5 ms per rollout of 128)
+_RIDS = itertools.count()  # ids of requests that come without one (cheaper than uuid4)
 
 
 class Worker:
@@ -45,10 +45,9 @@ class Worker:
 
     # A batch starts as soon as the queue stops growing: no request for batch_wait_s (or after
     # max_wait_s, or at max_batch). Requests that arrive while a batch decodes wait for all of it
-    # (static batching) and form the next batch. A rollout's burst of /generate requests arrives
-    # about one per 0.3 ms on 2 busy cores (measured), so 3 ms of quiet ends it; cutting a burst
-    # in two costs one more small batch, which runs while the rest arrives.
-    def __init__(self, engine: EmbeddedEngine, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.5):
+    # (static batching) and form the next batch. A rollout's burst of /generate requests comes far
+    # faster than batch_wait_s apart; cutting a burst in two costs one more small batch.
+    def __init__(self, engine: EmbeddedModel, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.5):
         self.engine = engine
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -163,9 +162,9 @@ def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
-def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: int = 256) -> "GenerateFirst":
+def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int = 256) -> "GenerateFirst":
     """Plain Starlette routes: FastAPI's per-request work (dependency solving, cookie parsing,
-    telemetry hooks) took about a third of the server's time on a rollout of 128 tiny requests."""
+    telemetry hooks) is a large share of the server's time on tiny requests."""
     worker = Worker(engine, max_batch)
     routes: List[Route] = []
 
@@ -392,7 +391,7 @@ def build_app(engine: EmbeddedEngine, server_args: Dict[str, Any], max_batch: in
 class GenerateFirst:
     """/generate straight on ASGI, everything else through Starlette: a rollout sends one request per
     group (per sample with a custom generate function), and Starlette's request, routing and exception
-    layers were a third of the server's time on a rollout of 512 one-token requests (py-spy)."""
+    layers are a large share of the server's time on small requests."""
 
     def __init__(self, app: Starlette, generate: Callable[[Any], Awaitable[Tuple[int, Any]]]):
         self.app, self.generate, self.state = app, generate, app.state
@@ -415,7 +414,7 @@ class GenerateFirst:
         await send({"type": "http.response.body", "body": body})
 
 
-def _parse_generate(data: Dict[str, Any], engine: EmbeddedEngine, epoch: int):
+def _parse_generate(data: Dict[str, Any], engine: EmbeddedModel, epoch: int):
     """GenerateReqInput -> (is_batch, [Request]), as SGLang 0.5.17 normalizes it
     (``GenerateReqInput.normalize_batch_and_arguments`` in sglang/srt/managers/io_struct.py): a batch
     is a list of prompts (``input_ids`` of lists, or ``text`` a list) or n > 1; then ``sampling_params``,
@@ -502,7 +501,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     device = args.device if args.device == "cpu" else f"cuda:{args.base_gpu_id}"
     if args.device != "cpu":
         torch.cuda.set_device(args.base_gpu_id)  # NCCL weight-update groups use the current device
-    engine = EmbeddedEngine(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed,
+    engine = EmbeddedModel(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed,
                             args.trust_remote_code)
     app = build_app(engine, {k: v for k, v in vars(args).items()}, args.max_running_requests)
     log.info("embedded engine serving %s on %s:%d (pid %d)", args.model_path, args.host, args.port, os.getpid())

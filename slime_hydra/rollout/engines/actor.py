@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from slime_hydra.logging.secrets import redact_argv
 from slime_hydra.rollout.engines import ServerSpec, make_engine
@@ -136,3 +136,12 @@ class EngineActor:
 
     def pid(self) -> Optional[int]:
         return self.proc.pid if self.proc is not None else None
+
+
+def join_nodes(actors: List[Any]) -> None:
+    """An engine that spans nodes: node 0 reserves the address where the other nodes join it."""
+    import ray
+
+    if len(actors) > 1:
+        addr = ray.get(actors[0].reserve_dist_init_addr.remote())
+        ray.get([a.set_dist_init_addr.remote(addr) for a in actors])
