@@ -1,11 +1,11 @@
-"""Mutation testing with a list of targeted mutations (bench/mutations.yaml): each one is applied
+"""Mutation testing with a list of targeted mutations (tests/mutation/mutations.yaml): each one is applied
 alone to a copy of the tree, its group's fast tests run against that copy, and the file is restored
 whatever happens. A mutation that no test notices survives: a bug the suite would let through.
 
-    python bench/mutate.py                       # every mutation
-    python bench/mutate.py --group algorithms    # one group
-    python bench/mutate.py --only kl_loss_sign,std_biased --timeout 120
-    python bench/mutate.py --list
+    python tests/mutation/mutate.py                       # every mutation
+    python tests/mutation/mutate.py --group algorithms    # one group
+    python tests/mutation/mutate.py --only kl_loss_sign,std_biased --timeout 120
+    python tests/mutation/mutate.py --list
 
 Verdicts: killed (a test failed), timeout (counted as killed: the mutation hung a test), survived
 (every test passed), error (the snippet is not in the file exactly once, or pytest could not run
@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IGNORE = shutil.ignore_patterns(".git", ".venv", "outputs", "multirun", "__pycache__", ".pytest_cache", "results",
                                 "*.egg-info", ".cache", ".sglang-bundle", ".device-bundle", ".gpu-extra", ".gpu-stage")
 
@@ -91,12 +91,12 @@ def mutate_one(tree: Path, m: Mutation, args: List[str], timeout: float) -> Resu
     path = tree / m.file
     t0 = time.perf_counter()
     if not path.is_file():
-        return Result(m.id, "error", 0.0, f"{m.file} does not exist: update bench/mutations.yaml")
+        return Result(m.id, "error", 0.0, f"{m.file} does not exist: update tests/mutation/mutations.yaml")
     source = path.read_text()
     count = source.count(m.original)
     if count != 1:
         return Result(m.id, "error", 0.0, f"the original snippet occurs {count} times in {m.file}: update "
-                                          "bench/mutations.yaml")
+                                          "tests/mutation/mutations.yaml")
     try:
         path.write_text(source.replace(m.original, m.replacement))
         code, out = run_tests(tree, args, timeout)
@@ -114,7 +114,7 @@ def mutate_one(tree: Path, m: Mutation, args: List[str], timeout: float) -> Resu
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mutations", default=str(ROOT / "bench" / "mutations.yaml"))
+    ap.add_argument("--mutations", default=str(Path(__file__).with_name("mutations.yaml")))
     ap.add_argument("--group", help="only this group's mutations")
     ap.add_argument("--only", help="comma-separated mutation ids")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per test run (default 600)")
