@@ -68,8 +68,8 @@ def test_overrides_flatten_the_shared_lists_and_add_steps():
 
 def test_numbers_of_a_fabricated_run(tmp_path):
     rows = [{"step": 0, "eval/reward": 0.1},  # the evaluation before training: no step
-            {"step": 1, "startup/total_s": 42.5, "perf/step_time": 9.0, "perf/rollout_time": 5.0, "perf/train_time": 3.0,
-             "train/train_rollout_logprob_abs_diff": 0.006, "train/gpu_peak_gib": 30.0}]
+            {"step": 1, "startup/total_s": 42.5, "perf/step_time": 9.0, "perf/rollout_time": 5.0,
+             "perf/train_time": 3.0, "train/train_rollout_logprob_abs_diff": 0.006, "train/gpu_peak_gib": 30.0}]
     rows += [{"step": s, "perf/step_time": t, "perf/rollout_time": t - 0.3, "perf/train_time": 0.2,
               "perf/weight_sync_time": 0.06, "train/train_rollout_logprob_abs_diff": 0.0064,
               "train/gpu_peak_gib": 31.5} for s, t in ((2, 1.1), (3, 0.9), (4, 1.0))]
