@@ -39,11 +39,11 @@ test-all: $(VENV)/.installed     ## everything
 lint: $(VENV)/.installed         ## ruff (rules in pyproject.toml; ruff comes with the dev extra)
 	$(VENV)/bin/ruff check .
 
-bench: $(VENV)/.installed        ## algorithm table on the embedded default
-	$(PY) bench/algorithms.py $(ARGS)
+bench: $(VENV)/.installed        ## a bench scenario: NAME=... (default algorithms; python bench/run.py --list)
+	$(PY) bench/run.py $(or $(NAME),algorithms) $(ARGS)
 
-mutate: $(VENV)/.installed       ## mutation testing: bench/mutations.yaml one at a time, lists the survivors
-	$(PY) bench/mutate.py $(ARGS)
+mutate: $(VENV)/.installed       ## mutation testing: tests/mutation/mutations.yaml one at a time, lists the survivors
+	$(PY) tests/mutation/mutate.py $(ARGS)
 
 .PHONY: docs describe
 docs: $(VENV)/.installed         ## draw the figures of docs/architecture.md into docs/img (docs/diagrams.py)

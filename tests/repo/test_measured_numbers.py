@@ -1,7 +1,8 @@
-"""A number the docs quote beside a measurement file is in that file, so a re-measured number cannot stay
-stale in a doc that copied it.
+"""One home per number: a number the docs quote beside a measurement file is in that file (so a re-measured
+number cannot stay stale in a doc that copied it), every link into bench/measured/ or docs/ resolves, and every
+file under bench/measured/ is linked by a doc (what nothing links is superseded: git keeps it).
 
-The rule, for README.md, docs/**/*.md and the index bench/measured/README.md:
+The docs: README.md, docs/**/*.md and bench/README.md. The rule for numbers:
 
 - A doc is cut into *units*: runs of non-blank lines, where every list item (``- ``, ``* ``, ``1. ``)
   and every table row starts a unit of its own. Fenced code blocks are left out, and numbers inside
@@ -38,7 +39,7 @@ import pytest
 from conftest import ROOT
 
 MEASURED = ROOT / "bench" / "measured"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), MEASURED / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "bench" / "README.md"]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
@@ -141,10 +142,61 @@ def test_quoted_numbers_are_in_their_measurement_files(doc):
                          "number, or drop the link):\n" + "\n".join(problems)
 
 
-def test_the_measured_index_lists_every_markdown_file():
-    index = (MEASURED / "README.md").read_text()
-    missing = [p.name for p in sorted(MEASURED.glob("*.md")) if p.name != "README.md" and p.name not in index]
-    assert not missing, f"bench/measured/README.md does not list {missing}"
+def links(doc: Path, root: Path) -> Iterator[Tuple[int, Path]]:
+    """(line, target) of every markdown link and ``bench/measured/`` path of a doc that points into
+    bench/measured/ or docs/ (resolved from the doc's folder; paths from the repository root)."""
+    root = root.resolve()
+    places = [(root / "bench" / "measured"), (root / "docs")]
+    for i, line in enumerate(doc.read_text().splitlines(), 1):
+        targets = [(doc.parent / m.group(1)).resolve() for m in MD_LINK.finditer(line)
+                   if "://" not in m.group(1) and not m.group(1).startswith("mailto:")]
+        targets += [root / "bench" / "measured" / m.group(1).rstrip(".,") for m in MEASURED_PATH.finditer(line)
+                    if "*" not in m.group(1)]
+        for target in dict.fromkeys(targets):  # a link to bench/measured/ is a path too: once each
+            if any(place == target or place in target.parents for place in places):
+                yield i, target
+
+
+def broken_links(doc: Path, root: Path) -> List[str]:
+    where = doc.resolve().relative_to(root.resolve())
+    return [f"{where}:{line}: {target.relative_to(root.resolve())} does not exist"
+            for line, target in links(doc, root) if not target.exists()]
+
+
+def unlinked(root: Path, docs: List[Path]) -> List[str]:
+    """The files under bench/measured/ that no doc links (by a markdown link, a path, or a glob)."""
+    linked = {target for doc in docs if doc.is_file() for _, target in links(doc, root)}
+    for doc in docs:
+        if doc.is_file():
+            for m in MEASURED_PATH.finditer(doc.read_text()):
+                linked.update((root / "bench" / "measured").resolve().glob(m.group(1).rstrip(".,")))
+    return sorted(str(p.relative_to(root.resolve())) for p in (root / "bench" / "measured").resolve().iterdir()
+                  if p.is_file() and p not in linked)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_into_measured_and_docs_resolve(doc):
+    problems = broken_links(doc, ROOT)
+    assert not problems, "links that do not resolve:\n" + "\n".join(problems)
+
+
+def test_every_measured_file_is_linked_by_a_doc():
+    orphans = unlinked(ROOT, DOCS)
+    assert not orphans, (f"no doc links {orphans}: delete what is superseded (git keeps it), or link it from "
+                         "docs/performance.md")
+
+
+def test_links_and_orphans_are_caught(tmp_path):
+    (tmp_path / "bench" / "measured").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    for name in ("a.md", "b.json", "c.md"):
+        (tmp_path / "bench" / "measured" / name).write_text("1.0\n")
+    doc = tmp_path / "docs" / "page.md"
+    doc.write_text("[a](../bench/measured/a.md) and `bench/measured/b.json`, [gone](../bench/measured/x.md),\n"
+                   "[other](other.md), [web](https://example.com/docs/y.md), [src](../run.py)\n")
+    assert broken_links(doc, tmp_path) == ["docs/page.md:1: bench/measured/x.md does not exist",
+                                           "docs/page.md:2: docs/other.md does not exist"]
+    assert unlinked(tmp_path, [doc]) == ["bench/measured/c.md"]
 
 
 def test_numbers_rule():
