@@ -53,7 +53,7 @@ PEAK_TFLOPS = 790.0  # bf16 dense matmul, measured on the H200 (shared/reference
 
 
 def hf_config(shape: str):
-    """The transformers config of a model preset (the fields ``slime_hydra.checkpoint.hf`` maps)."""
+    """The transformers config of a model preset (the fields ``slime_hydra.model.hf`` maps)."""
     from transformers import AutoConfig
 
     arch = yaml.safe_load((ROOT / "conf" / "model" / f"{shape}.yaml").read_text())["arch"]

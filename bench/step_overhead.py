@@ -81,8 +81,8 @@ def real_run(prompts: int, samples: int, steps: int, extra: List[str], run_dir: 
 def parts(prompts: int, samples: int, max_new: int, repeats: int, work: Path) -> Dict[str, float]:
     import torch
 
-    from slime_hydra.checkpoint.hf import build_random_checkpoint
     from slime_hydra.config.schema import RouterConfig
+    from slime_hydra.model.hf import build_random_checkpoint
     from slime_hydra.rollout.embedded.engine import EmbeddedEngine, Request, SamplingParams
     from slime_hydra.rollout.engines import ServerSpec, server_command
     from slime_hydra.rollout.router import Router

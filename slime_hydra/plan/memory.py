@@ -203,7 +203,7 @@ def _moe_layers(a: "ArchConfig") -> int:
 
 
 def param_count(a: "ArchConfig") -> ParamCount:
-    """Parameters of the Hugging Face model that ``checkpoint.hf.hf_config(a)`` builds."""
+    """Parameters of the Hugging Face model that ``model.hf.hf_config(a)`` builds."""
     h = a.hidden_size
     norms = (4 if a.type == "glm4" else 2) * h
     dense_mlp = 3 * h * a.intermediate_size

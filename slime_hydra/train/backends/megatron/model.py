@@ -1,7 +1,7 @@
 """megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config.
 
 The HF config (``transformers.PretrainedConfig``) is the one source of truth for the model's shape: a
-real checkpoint's ``config.json``, or the one ``slime_hydra.checkpoint.hf.hf_config`` builds from a
+real checkpoint's ``config.json``, or the one ``slime_hydra.model.hf.hf_config`` builds from a
 model preset's ``arch``. Each supported ``model_type`` maps onto megatron-core's fields here:
 
 - ``qwen3``: GQA with per-head RMSNorm on q and k (``qk_layernorm``);

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints: build a model from a preset's ``arch``, and write the initial
-checkpoint that trainers and engines load (the ``--hf-checkpoint`` of slime)."""
+"""The model as Hugging Face sees it: the transformers config of ``model.arch``, the random initial
+checkpoint that trainers and engines load (slime's ``--hf-checkpoint``), and its fingerprint."""
 
 from __future__ import annotations
 
@@ -96,8 +96,7 @@ def initial_fingerprint(model: ModelConfig) -> Dict[str, Any]:
 
 
 def read_fingerprint(model_dir: str) -> Optional[Dict[str, Any]]:
-    """The fingerprint written with ``model_dir`` (an ``initial_model/``); None if it has none (built before
-    fingerprints were written)."""
+    """The fingerprint written with ``model_dir`` (an ``initial_model/``); None if it has none."""
     path = os.path.join(model_dir, FINGERPRINT)
     if not os.path.isfile(path):
         return None
