@@ -63,7 +63,7 @@ def rl_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_l
     ``algo.kl_loss_coef``; more config ``overrides``."""
     from slime_hydra.config import load, resolve
     from slime_hydra.config.describe import compose
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
     from slime_hydra.train.trainer import RLTrainer
 
     cfg = resolve(load(compose([
@@ -74,7 +74,7 @@ def rl_trainer(path: str, batch: int, micro: int, preset: str, device: str, kl_l
         *overrides])))
     cfg.output_dir = "/tmp"
     dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-    tr = load_backend(cfg.trainer.backend)(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+    tr = BACKENDS[cfg.trainer.backend](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
                                            parallelism=cfg.parallelism, model_path=path, rank=0, world_size=1,
                                            device=dev)
     return tr, RLTrainer(tr, cfg.algo, cfg.trainer.num_steps_per_rollout), cfg

@@ -37,28 +37,21 @@ strings so that config validation and ``dry_run=true`` can list the names withou
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
+
+from slime_hydra.utils.registry import LazyRegistry
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-# trainer.backend -> "module:Class", imported only when a trainer rank starts
-BACKENDS: Dict[str, str] = {
+# trainer.backend -> its TrainerBackend class, imported only when a trainer rank starts
+BACKENDS = LazyRegistry("trainer backend", {
     "torch": "slime_hydra.train.backends.torch.backend:TorchBackend",
     "megatron": "slime_hydra.train.backends.megatron.backend:MegatronBackend",
-}
-
-
-def load_backend(name: str) -> type:
-    """The backend class registered as ``name`` (imports its module now)."""
-    if name not in BACKENDS:
-        raise ValueError(f"trainer.backend: {name!r} is not one of {sorted(BACKENDS)}")
-    module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+})
 
 
 class MicroBatch(Protocol):
