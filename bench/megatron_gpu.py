@@ -125,9 +125,14 @@ def throughput(args) -> dict:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from slime_hydra.train.backends.megatron import spec
-    from slime_hydra.train.backends.megatron.backend import compile_layers
     from slime_hydra.train.backends.megatron.logprobs import packed_response_log_probs
-    from slime_hydra.train.backends.megatron.model import Parallel, build_gpt_model, transformer_config, use_fused_adam
+    from slime_hydra.train.backends.megatron.model import (
+        Parallel,
+        build_gpt_model,
+        compile_layers,
+        transformer_config,
+        use_fused_adam,
+    )
     from slime_hydra.train.backends.megatron.spec import packed_attention_path, resolve_attention_impl
 
     init_distributed()

@@ -497,7 +497,8 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     if p.colocate and p.offload_train and p.device == "cuda":
         host["offloaded_state"] = (1 + critic) * (state["weights"] + state["adam"])  # gradients are freed
     if sharded and p.device == "cuda" and saves(cfg):  # a save gathers each data-parallel group's optimizer state
-        # on its first rank, in host memory (_OPTIMIZER_SHARDING in the backend): on average a rank's own share
+        # on its first rank, in host memory (megatron/checkpoint.py's OPTIMIZER_SHARDING): on average a rank's
+        # own share
         host["checkpoint_gather"] = (1 + critic) * state["adam"]
     if cfg.algo.kl_coef or cfg.algo.kl_loss_coef:
         host["reference_copy"] = 2 * state["weights"]  # the reference's shards and a staging copy

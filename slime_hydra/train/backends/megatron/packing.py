@@ -39,6 +39,26 @@ def token_budget_micro_batches(lengths: Sequence[int], max_tokens: int, min_micr
         k += 1
 
 
+def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], max_samples: int) -> List[List[int]]:
+    """Consecutive positions ``0..n-1`` cut into groups of at most ``max_tokens`` tokens (None: no token
+    budget) and ``max_samples`` samples. Consecutive, because the RL step wants the rows in order."""
+    groups: List[List[int]] = []
+    cur: List[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if max_tokens is not None and n > max_tokens:
+            raise ValueError(f"trainer.max_tokens_per_micro_batch: a sample has {n} tokens, more than the budget "
+                             f"{max_tokens}")
+        if cur and ((max_tokens is not None and used + n > max_tokens) or len(cur) >= max_samples):
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 def _first_fit_bins(lengths: Sequence[int], cap: int) -> int:
     """How many bins first-fit decreasing needs (at most 11/9 of the optimum plus one)."""
     bins: List[int] = []
@@ -155,3 +175,15 @@ def pack_micro_batches(data: dict, rows: Sequence[int], max_tokens: int, pad_to_
     masks = data.get("loss_masks")
     return [pack(data["tokens"], data["response_lengths"], [rows[j] for j in g], masks, pad_to_multiple, pad_id)
             for g in groups]
+
+
+@dataclass
+class PackedMicroBatch:
+    """A packed micro-batch (on the device) and the width of the response-aligned tensors of its rows."""
+
+    packed: PackedBatch
+    width: int
+
+    @property
+    def indices(self) -> List[int]:
+        return self.packed.indices
