@@ -104,9 +104,8 @@ class TrainerActor:
         return self.sender.push(weights, version)
 
     def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
-        """The RL step's metrics; ``actor_time``, its seconds here (the driver's ``perf/train_time`` adds Ray's
-        hand-over of the data and of the answer); on a GPU, ``gpu_peak_gib``: what torch allocated at most during
-        it (the memory plan's trainer estimate is of this)."""
+        """The RL step's metrics, ``actor_time`` (its seconds here) and, on a GPU, ``gpu_peak_gib`` (what torch
+        allocated at most during it)."""
         t0 = time.perf_counter()
         cuda = self.device.type == "cuda"
         if cuda:

@@ -1,28 +1,7 @@
-"""LoRA on the torch backend, through PEFT (``trainer.lora.rank > 0``; DDP or FSDP2).
-
-The policy is ``peft.get_peft_model(hf_model, LoraConfig(...))``: the base weights are frozen (no
-gradients, no optimiser state; kept in ``model.dtype``, bfloat16 on GPUs) and only the adapters ``A``
-(``r x in``) and ``B`` (``out x r``) train, in float32 (PEFT's ``autocast_adapter_dtype``).
-
-- Reference model (KL): the base model is the initial policy, so the reference's log-probs are the
-  policy's with the adapters switched off (``disable_adapter()``): no second copy of the weights.
-- Weight push (``trainer.lora.push``): what the engines get. ``merged`` (the one there is): each
-  adapted linear layer's weight is ``W + (alpha / r) B A``, computed per layer as the weights stream out
-  (:func:`merged_weights`), never merged into the model (that would need an unmerge after the push and
-  drift in bfloat16), under the engine's Hugging Face names (PEFT's ``base_model.model.`` prefix and
-  ``.base_layer`` infix dropped). An ``adapter`` push would hand the engines only ``A`` and ``B`` through
-  SGLang's LoRA endpoints (``/load_lora_adapter``, with requests naming the adapter): it would plug in
-  beside ``merged`` in ``TorchBackend._named_weights`` (the branch on ``trainer.lora.push``; the rules'
-  ``LORA_PUSH`` lists the values) with a sender that POSTs adapters instead of weight buckets. It is not
-  built because it lost when measured on an H200 (``bench/lora_push_gpu.py``,
-  bench/measured/h200_lora_push.md). Its push was no faster: 0.239 s from tensors against 0.191 s for 8 GB
-  merged. Its rollout was 1.66x slower under ``--enable-lora``. And the adapter was lost across the memory
-  saver's release.
-- Checkpoints: the adapter as PEFT saves it (``adapter/``: ``PeftModel.from_pretrained(base, dir)``
-  loads it) and, with ``trainer.lora.save_merged``, ``hf/`` with the adapters merged.
-
-This module imports torch and PEFT inside its functions: ``LORA_TARGET_MODULES`` is read by the config
-rules, which must stay light.
+"""LoRA on the torch backend through PEFT (``trainer.lora.rank > 0``; DDP or FSDP2): frozen base weights in
+``model.dtype``, float32 adapters; the reference is the base with the adapters disabled; the engines get
+``W + (alpha / r) B A`` computed per layer as the weights stream out; checkpoints hold ``adapter/``.
+torch and PEFT are imported inside the functions: the config rules read ``LORA_TARGET_MODULES``.
 """
 
 from __future__ import annotations
