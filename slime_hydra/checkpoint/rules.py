@@ -27,11 +27,9 @@ def check(cfg: RunConfig) -> List[str]:
 
 
 def _check_run_dir(cfg: RunConfig) -> List[str]:
-    """A run directory's checkpoints are all of one run, with one model. Pruning (``trainer.keep_checkpoints``)
-    and ``trainer.resume=auto`` take every checkpoint there for the run's own, so a run that does not continue
-    the run dir's checkpoints is refused where it holds some; and a run that continues them must have the
-    model they were trained from (``model.arch``, ``model.init_seed``, ``model.tokenizer``: what built
-    ``initial_model/``, and the checkpoint's ``hf/config.json``)."""
+    """A run directory's checkpoints are all of one run, with one model (pruning and ``resume=auto`` take them
+    all for the run's own): a run that does not continue them is refused, and one that does must have the
+    model they were trained from (``initial_model/``'s fingerprint, else the checkpoint's ``hf/config.json``)."""
     from slime_hydra.checkpoint.ckpt import ckpt_root, complete_checkpoints, find_checkpoint, in_run_dir
 
     run_dir, resume = cfg.output_dir, cfg.trainer.resume
@@ -71,9 +69,8 @@ def _check_run_dir(cfg: RunConfig) -> List[str]:
 
 def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None,
                   cfg: RunConfig | None = None) -> List[str]:
-    """The checkpoint the driver's ``find_checkpoint`` will pick for ``trainer.resume`` (a directory, or "auto" in
-    the run directory, once it is known) exists, is complete, is not past ``trainer.num_rollout``, and (with
-    ``cfg``) was saved with the settings this run resumes it with (:func:`_check_saved_with`)."""
+    """The checkpoint ``find_checkpoint`` will pick for ``trainer.resume`` exists, is complete, is not past
+    ``trainer.num_rollout`` and (with ``cfg``) was saved with this run's settings (:func:`_check_saved_with`)."""
     from slime_hydra.checkpoint.ckpt import find_checkpoint
 
     if resume == "auto" and not run_dir:
@@ -98,11 +95,9 @@ def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None,
 
 
 def _check_saved_with(ckpt: str, cfg: RunConfig) -> List[str]:
-    """A torch backend checkpoint (``trainer.pt``) resumes only under the settings that shape what it holds:
-    ``trainer.strategy`` (FSDP2 keeps the weights and AdamW state in ``dcp/``, DDP in ``hf/`` and ``trainer.pt``:
-    each would load the other's without its optimiser state, or not at all), ``trainer.lora.*`` (``adapter/``:
-    its rank, alpha and target modules) and the PPO critic (``critic.pt``). Checked here, before Ray starts;
-    the backend's own load would fail later, or (alpha, strategy fsdp -> ddp) not at all."""
+    """A torch backend checkpoint resumes only under the settings that shape what it holds: ``trainer.strategy``
+    (``dcp/`` or ``hf/`` + ``trainer.pt``), ``trainer.lora.*`` (``adapter/``) and the PPO critic (``critic.pt``);
+    checked before Ray starts, since the backend's load would fail late or (LoRA alpha) not at all."""
     from slime_hydra.train import algorithms as A
     from slime_hydra.train.backends.torch.lora import ADAPTER_DIR, target_modules
 

@@ -217,9 +217,7 @@ class MegatronBackend(TrainerBackend):
                     yield name, t.to(self.dtype)
 
     def offload(self, keep_weights: bool = False) -> None:
-        """Gradient buffers freed, optimizer state (main weights, Adam moments) to the host, then the
-        weights to pinned host memory (the parameters point at it, so :meth:`hf_weights` still reads them).
-        ``keep_weights``: the weights stay on the GPU for the push; the next ``offload()`` moves them."""
+        """Gradients freed, optimizer state and then (unless ``keep_weights``) the weights to the host."""
         if self.cuda:
             self.offloader.offload(keep_weights)
 
@@ -301,9 +299,8 @@ class MegatronBackend(TrainerBackend):
 
     def accumulate_grads(self, mbs: Sequence[PackedMicroBatch], temperature: float,
                          loss_fn: PolicyLossFn) -> Dict[str, float]:
-        """Zeroed gradients, then forward and backward over ``mbs`` (reduced over data-parallel ranks
-        into DDP's ``main_grad`` buffers); returns the loss function's metrics summed over this rank's
-        micro-batches (empty off the last pipeline stage)."""
+        """Zeroed gradients, then forward and backward over ``mbs`` into DDP's ``main_grad``; returns the loss
+        function's metrics summed over this rank's micro-batches (empty off the last pipeline stage)."""
         for c in self.chunks:
             c.train()
             c.zero_grad_buffer()
@@ -322,11 +319,8 @@ class MegatronBackend(TrainerBackend):
         return read_metrics(sums)
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
-        """Dummy rows of the step's shape (``warm_up_micro_batches``) through megatron's schedule as a training step
-        runs them (the no-grad log-prob pass, then forward and backward), then DDP's gradient buffers zeroed: the first
-        step's one-off costs (CUDA's set-up, the torch.compile'd fusions, ``trainer.compile``'s graphs) are paid
-        while the engines start. No optimizer step; the random number generators (megatron's tracker too) are
-        restored. Every rank calls it (the schedule's and DDP's collectives)."""
+        """Dummy rows of the step's shape through megatron's schedule as a step runs them (the no-grad pass,
+        then forward and backward); no optimizer step, gradients zeroed, the RNGs (megatron's tracker too) restored."""
         rng = checkpoint.rng_state(self.cuda)
         mbs = self.warm_up_micro_batches(shape)
         self._log_probs(mbs, temperature)  # the step's no-grad pass (eval mode; the reference's is the same pass)

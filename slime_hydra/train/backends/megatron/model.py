@@ -1,16 +1,7 @@
-"""megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config, and a rank's model chunks.
-
-The HF config (``transformers.PretrainedConfig``) is the one source of truth for the model's shape: a
-real checkpoint's ``config.json``, or the one ``slime_hydra.model.hf.hf_config`` builds from a
-model preset's ``arch``. Each supported ``model_type`` maps onto megatron-core's fields here:
-
-- ``qwen3``: GQA with per-head RMSNorm on q and k (``qk_layernorm``);
-- ``llama``: GQA, Llama-3 rope scaling;
-- ``glm4``: q/k/v bias, interleaved rope on half of each head (``rotary_percent=0.5``), post-attention
-  and post-MLP norms (see ``spec.py``);
-- ``qwen3_moe``: softmax top-k router (renormalised when ``norm_topk_prob``), all or some layers MoE;
-- ``deepseek_v3``: multi-latent attention (q/kv LoRA, decoupled rope, YaRN), sigmoid router with a
-  score-correction bias and group-limited top-k, shared experts, the first k layers dense.
+"""megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config (the one source of truth
+for the model's shape: a checkpoint's config.json, or ``slime_hydra.model.hf.hf_config`` of a preset), and a
+rank's model chunks. Families: ``qwen3``, ``llama`` (Llama-3 rope scaling), ``glm4`` (qkv bias, interleaved
+half rope, post norms), ``qwen3_moe``, ``deepseek_v3`` (multi-latent attention, sigmoid grouped router).
 """
 
 from __future__ import annotations
@@ -150,9 +141,8 @@ def gpt_model_kwargs(hf, tp: int = 1) -> Dict[str, Any]:
 
 def build_gpt_model(hf, config: TransformerConfig, *, attention: str = "auto", pre_process: bool = True,
                     post_process: bool = True, vp_stage: Optional[int] = None, pp_rank: Optional[int] = None):
-    """One model chunk: the decoder layers of pipeline rank ``pp_rank`` (default: this process's, from
-    megatron's parallel state) and virtual stage ``vp_stage``, plus the embedding on the first stage
-    and the final norm and output layer on the last."""
+    """One model chunk: the decoder layers of pipeline rank ``pp_rank`` (default: this process's) and virtual
+    stage ``vp_stage``, the embedding on the first stage, the final norm and output layer on the last."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -196,11 +186,8 @@ def build_chunks(hf, config: TransformerConfig, device: torch.device, *,
 
 
 def compile_layers(chunks: Sequence[torch.nn.Module]) -> None:
-    """``trainer.compile``: each decoder layer of each model chunk under torch.compile with dynamic shapes
-    (one graph, and its backward, serves every layer and packed length). A dense layer is one graph: the
-    packed RoPE reads nothing on the host (``spec.packed_rotary_pos_emb``) and the linears pass their TP
-    group (``spec._PassTPGroup``: megatron's own warn on every call, and a warning breaks the graph).
-    MoE layers' expert linears are megatron's own (their warnings split those graphs)."""
+    """``trainer.compile``: each decoder layer under torch.compile with dynamic shapes (one graph serves every
+    layer and packed length; ``spec.packed_rotary_pos_emb`` and ``spec._PassTPGroup`` keep a dense layer whole)."""
     for chunk in chunks:
         for layer in chunk.decoder.layers:
             layer.compile(dynamic=True)
@@ -223,10 +210,8 @@ def inner_optimizers(optimizer) -> list:
 
 
 def use_fused_adam(optimizer) -> int:
-    """Without Transformer Engine or apex, megatron-core steps with ``torch.optim.Adam(W)`` on torch's
-    defaults (the foreach kernels). Switch its param groups to torch's fused kernel, which ``step`` reads
-    from each group. TE's or apex's own fused Adam is left as it is. Returns how many torch optimizers
-    were switched."""
+    """Without TE or apex, megatron-core steps with ``torch.optim.Adam(W)`` on its foreach kernels: switch its
+    param groups to torch's fused kernel. Returns how many torch optimizers were switched."""
     from megatron.core.optimizer import USING_PYTORCH_OPTIMIZER
 
     if not USING_PYTORCH_OPTIMIZER:
