@@ -1,14 +1,8 @@
-"""Sequence packing without padding, and micro-batches by token budget.
-
-A micro-batch is one row of concatenated samples (megatron's THD format): attention stays inside each
-sample through ``cu_seqlens`` (``PackedSeqParams``), positions restart at 0 per sample, and no compute
-is spent on padding except a short tail that rounds the length up (sequence parallelism needs a
-multiple of the TP size). Micro-batches are cut by a token budget, not a sample count (slime's
-``--use-dynamic-batch-size --max-tokens-per-gpu``): as few as fit, with the tokens balanced among them.
-
-Log-probs are wanted only for response tokens: ``PackedBatch.logit_index`` lists the packed positions
-whose logits predict a response token (position p predicts token p + 1), ``targets`` those tokens, so
-only those rows reach the (float32, vocab-parallel) log-softmax of ``logprobs.py``.
+"""Sequence packing without padding, and micro-batches by token budget (slime's ``--use-dynamic-batch-size
+--max-tokens-per-gpu``). A micro-batch is one row of concatenated samples (megatron's THD format): attention
+stays inside each sample through ``cu_seqlens``, positions restart at 0, and only a short tail pads the length
+to a multiple of the TP size. ``PackedBatch.logit_index`` lists the positions whose logits predict a response
+token, so only those rows reach the log-softmax.
 """
 
 from __future__ import annotations

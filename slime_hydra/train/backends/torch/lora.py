@@ -25,12 +25,9 @@ LORA_TARGET_MODULES: Dict[str, List[str]] = {
     "qwen3_moe": _ATTN,
     "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
 }
-# model.arch.type -> every linear layer name LoRA can adapt (the leaf names of the family's nn.Linear modules, the
-# LM head left out): the table ``trainer.lora.target_modules`` is checked against at validation (checked against
-# the transformers models by tests/train/test_lora.py). Variants within a family are in one list (DeepSeek-V3's
-# q_proj without q_lora_rank, q_a_proj / q_b_proj with it; its dense layers' and shared experts' MLP); the wrap
-# checks the names against the model itself. Embeddings and the LM head are left out: the merged push handles
-# linear layers only (an embedding's adapter is lora_embedding_A/B, and a tied LM head is the embedding's weight).
+# model.arch.type -> every linear layer name LoRA can adapt (leaf names of the family's nn.Linear modules, all
+# variants of a family in one list), which validation checks trainer.lora.target_modules against. Embeddings and
+# the LM head are left out: the merged push handles linear layers only.
 _MLP = ["gate_proj", "up_proj", "down_proj"]
 LORA_LINEAR_MODULES: Dict[str, List[str]] = {
     "qwen3": _ATTN + _MLP,
