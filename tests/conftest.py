@@ -76,7 +76,7 @@ def resolved(overrides: List[str] = ()):
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> str:
     """The embedded default's tiny model with random weights, saved as a Hugging Face checkpoint."""
-    from slime_hydra.checkpoint.hf import build_random_checkpoint
+    from slime_hydra.model.hf import build_random_checkpoint
 
     cfg = resolved()
     return build_random_checkpoint(cfg.model, str(tmp_path_factory.mktemp("ckpt") / "tiny"))

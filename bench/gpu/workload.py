@@ -67,7 +67,7 @@ def build_checkpoint(out: str, preset: str = "qwen3_0_6b", arch=None, device: st
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from slime_hydra.checkpoint.hf import hf_config
+    from slime_hydra.model.hf import hf_config
 
     if reuse and os.path.exists(os.path.join(out, "config.json")):
         return out

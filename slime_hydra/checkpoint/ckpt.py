@@ -1,15 +1,9 @@
 """Run checkpoints: ``<run dir>/checkpoints/step_000050/{hf/, trainer.pt, data_state.json, meta.json}``.
 
-Crash-safe: a checkpoint is written into ``step_N.tmp``, its files are flushed to disk, and only then
-is the directory renamed to ``step_N`` (``meta.json``, written last, marks it complete) and
-``checkpoints/latest`` replaced atomically (a temp file, fsync, ``os.replace``). A process killed at
-any moment of a save leaves the previous checkpoint untouched and ``latest`` naming a complete one;
-the half-written ``step_N.tmp`` is removed by the next save or resume.
-
-Test hook: with ``SLIME_HYDRA_TEST_PAUSE_IN_SAVE=<step>:<seconds>`` set, the save of that step
-creates the file ``step_N.tmp/PAUSED`` once the trainer's files are written, then sleeps that long
-before completing, so that a test can kill the run inside a save (tests/launch/test_kill_resume.py).
-Nothing else reads it."""
+Crash-safe: written into ``step_N.tmp``, flushed, renamed to ``step_N`` (``meta.json``, written last, marks it
+complete), then ``checkpoints/latest`` replaced atomically. ``SLIME_HYDRA_TEST_PAUSE_IN_SAVE=<step>:<seconds>``
+pauses a save so a test can kill the run inside it (tests/launch/test_kill_resume.py).
+"""
 
 from __future__ import annotations
 
@@ -79,12 +73,9 @@ def remove_partial(run_dir: str) -> List[str]:
 
 
 def find_checkpoint(resume: str, run_dir: str) -> Optional[str]:
-    """``resume``: "auto" (this run dir's latest, if any), a checkpoint dir, or a run dir.
-
-    ``latest`` names the newest complete checkpoint; should it name one that is gone, incomplete or older than
-    another complete one (a save killed between its rename and ``latest``), or be gone itself (deleted by hand),
-    the newest complete one is taken instead. (All the checkpoints of a run dir
-    are its own run's: a run that starts afresh is refused in a run dir that holds some, checkpoint/rules.py.)"""
+    """``resume``: "auto" (this run dir's latest, if any), a checkpoint dir, or a run dir. Where ``latest`` is
+    gone or names a checkpoint that is gone, incomplete or older than another complete one, the newest
+    complete one is taken."""
     base = run_dir if resume == "auto" else os.path.expanduser(resume)
     if os.path.exists(os.path.join(base, "meta.json")):
         return base

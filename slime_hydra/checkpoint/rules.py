@@ -1,6 +1,5 @@
-"""Config rules of the checkpoints: the model the run starts from (``model.arch`` builds it, or
-``model.path`` holds it: :mod:`slime_hydra.checkpoint.hf`) and the run checkpoints it saves and resumes
-from (:mod:`slime_hydra.checkpoint.ckpt`)."""
+"""Config rules of the run checkpoints (:mod:`slime_hydra.checkpoint.ckpt`): what ``trainer.resume``
+picks exists, is complete and was saved by this run's model and settings."""
 
 from __future__ import annotations
 
@@ -8,8 +7,9 @@ import json
 import os
 from typing import List
 
-from slime_hydra.config.rules import choice, looks_local
-from slime_hydra.config.schema import ARCH_TYPES, RunConfig
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.model.hf import fingerprint_diff, read_fingerprint
+from slime_hydra.model.rules import compare_arch_with
 
 # an FSDP2 checkpoint's shards (slime_hydra.train.backends.torch.fsdp.DCP_DIR; that module imports torch)
 FSDP_DIR = "dcp"
@@ -17,27 +17,6 @@ FSDP_DIR = "dcp"
 
 def check(cfg: RunConfig) -> List[str]:
     errs: List[str] = []
-    m, arch = cfg.model, cfg.model.arch
-    choice(errs, "model.arch.type", arch.type, ARCH_TYPES)
-    head_dim = arch.head_dim or (arch.hidden_size // max(arch.num_heads, 1))
-    if arch.q_lora_rank is None and arch.kv_lora_rank is None:
-        if arch.head_dim is None and arch.hidden_size % arch.num_heads:
-            errs.append(f"model.arch.hidden_size: {arch.hidden_size} is not divisible by num_heads={arch.num_heads} "
-                        "(set head_dim)")
-        if arch.num_heads % arch.num_kv_heads:
-            errs.append(f"model.arch.num_kv_heads: num_heads={arch.num_heads} must be a multiple of "
-                        f"num_kv_heads={arch.num_kv_heads}")
-        if head_dim % 2:
-            errs.append(f"model.arch.head_dim: {head_dim} must be even (rotary embeddings)")
-    if arch.num_experts and not (0 < arch.num_experts_per_tok <= arch.num_experts):
-        errs.append(f"model.arch.num_experts_per_tok: {arch.num_experts_per_tok} must be in "
-                    f"1..num_experts={arch.num_experts}")
-    if m.path is not None and looks_local(m.path):
-        if not os.path.isdir(os.path.expanduser(m.path)):
-            errs.append(f"model.path: {m.path!r} is not a directory (a local Hugging Face checkpoint, or a hub id "
-                        "like 'Qwen/Qwen3-4B')")
-        else:
-            errs.extend(_compare_with_hf_config(cfg))
     t = cfg.trainer
     if t.keep_checkpoints < 1:
         errs.append(f"trainer.keep_checkpoints: must be >= 1, got {t.keep_checkpoints}")
@@ -47,51 +26,11 @@ def check(cfg: RunConfig) -> List[str]:
     return errs
 
 
-def _compare_with_hf_config(cfg: RunConfig) -> List[str]:
-    """Every field the preset sets (``checkpoint.hf.hf_fields``) must match the checkpoint's config.json
-    (slime's _hf_validate_args checks the shape ones); a field the file leaves out is its class default,
-    which is not known without importing transformers, so it is not compared."""
-    path = os.path.join(os.path.expanduser(cfg.model.path), "config.json")
-    if not os.path.exists(path):
-        return [f"model.path: {cfg.model.path!r} has no config.json"]
-    return _compare_arch_with(cfg.model.arch, path)
-
-
-def _compare_arch_with(arch, path: str) -> List[str]:
-    """``_compare_with_hf_config`` against the config.json at ``path``."""
-    from slime_hydra.checkpoint.hf import hf_fields
-
-    with open(path) as f:
-        hf = json.load(f)
-    hf = {**hf.get("text_config", {}), **hf}
-    file_rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
-    if "rope_theta" in file_rope:  # transformers 5 writes rope_theta inside rope_parameters
-        hf.setdefault("rope_theta", file_rope["rope_theta"])
-    out = []
-    for key, (field, ours) in hf_fields(arch).items():
-        if key != "rope_scaling" and key in hf and hf[key] != ours:
-            out.append(f"model.arch.{field}: {ours!r} but {path} says {key}={hf[key]!r} "
-                       "(preset and checkpoint disagree)")
-    ours_rope, theirs_rope = _rope_scaling(arch.rope_scaling), _rope_scaling(file_rope)
-    if not ours_rope and theirs_rope:
-        out.append(f"model.arch.rope_scaling: None but {path} says rope_scaling={theirs_rope} "
-                   "(preset and checkpoint disagree)")
-    elif ours_rope:
-        for k in sorted(set(ours_rope) | set(theirs_rope)):
-            if ours_rope.get(k) != theirs_rope.get(k):
-                out.append(f"model.arch.rope_scaling.{k}: {ours_rope.get(k)!r} but {path} says "
-                           f"{theirs_rope.get(k)!r} (preset and checkpoint disagree)")
-    return out
-
-
 def _check_run_dir(cfg: RunConfig) -> List[str]:
-    """A run directory's checkpoints are all of one run, with one model. Pruning (``trainer.keep_checkpoints``)
-    and ``trainer.resume=auto`` take every checkpoint there for the run's own, so a run that does not continue
-    the run dir's checkpoints is refused where it holds some; and a run that continues them must have the
-    model they were trained from (``model.arch``, ``model.init_seed``, ``model.tokenizer``: what built
-    ``initial_model/``, and the checkpoint's ``hf/config.json``)."""
+    """A run directory's checkpoints are all of one run, with one model (pruning and ``resume=auto`` take them
+    all for the run's own): a run that does not continue them is refused, and one that does must have the
+    model they were trained from (``initial_model/``'s fingerprint, else the checkpoint's ``hf/config.json``)."""
     from slime_hydra.checkpoint.ckpt import ckpt_root, complete_checkpoints, find_checkpoint, in_run_dir
-    from slime_hydra.checkpoint.hf import fingerprint_diff, read_fingerprint
 
     run_dir, resume = cfg.output_dir, cfg.trainer.resume
     if not run_dir:
@@ -123,27 +62,15 @@ def _check_run_dir(cfg: RunConfig) -> List[str]:
         diff = fingerprint_diff(cfg.model, recorded)
     else:
         hf = os.path.join(ckpt, "hf", "config.json")
-        diff = _compare_arch_with(cfg.model.arch, hf) if os.path.isfile(hf) else []
+        diff = compare_arch_with(cfg.model.arch, hf) if os.path.isfile(hf) else []
     return [f"{line}; trainer.resume={resume!r} continues {ckpt}, trained from that model: restore the "
             "setting, or start a new run in a new hydra.run.dir" for line in diff]
 
 
-def _rope_scaling(d) -> dict:
-    """A rope scaling dict in one spelling: ``rope_type`` (older files say ``type``), without the fields
-    that are not scaling (``rope_theta``, GLM-4's ``partial_rotary_factor``); plain rope is empty."""
-    d = dict(d or {})
-    kind = d.pop("type", None)
-    d.setdefault("rope_type", kind or "default")
-    for k in ("rope_theta", "partial_rotary_factor"):
-        d.pop(k, None)
-    return {} if d == {"rope_type": "default"} else d
-
-
 def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None,
                   cfg: RunConfig | None = None) -> List[str]:
-    """The checkpoint the driver's ``find_checkpoint`` will pick for ``trainer.resume`` (a directory, or "auto" in
-    the run directory, once it is known) exists, is complete, is not past ``trainer.num_rollout``, and (with
-    ``cfg``) was saved with the settings this run resumes it with (:func:`_check_saved_with`)."""
+    """The checkpoint ``find_checkpoint`` will pick for ``trainer.resume`` exists, is complete, is not past
+    ``trainer.num_rollout`` and (with ``cfg``) was saved with this run's settings (:func:`_check_saved_with`)."""
     from slime_hydra.checkpoint.ckpt import find_checkpoint
 
     if resume == "auto" and not run_dir:
@@ -168,11 +95,9 @@ def _check_resume(resume: str, run_dir: str | None, num_rollout: int | None,
 
 
 def _check_saved_with(ckpt: str, cfg: RunConfig) -> List[str]:
-    """A torch backend checkpoint (``trainer.pt``) resumes only under the settings that shape what it holds:
-    ``trainer.strategy`` (FSDP2 keeps the weights and AdamW state in ``dcp/``, DDP in ``hf/`` and ``trainer.pt``:
-    each would load the other's without its optimiser state, or not at all), ``trainer.lora.*`` (``adapter/``:
-    its rank, alpha and target modules) and the PPO critic (``critic.pt``). Checked here, before Ray starts;
-    the backend's own load would fail later, or (alpha, strategy fsdp -> ddp) not at all."""
+    """A torch backend checkpoint resumes only under the settings that shape what it holds: ``trainer.strategy``
+    (``dcp/`` or ``hf/`` + ``trainer.pt``), ``trainer.lora.*`` (``adapter/``) and the PPO critic (``critic.pt``);
+    checked before Ray starts, since the backend's load would fail late or (LoRA alpha) not at all."""
     from slime_hydra.train import algorithms as A
     from slime_hydra.train.backends.torch.lora import ADAPTER_DIR, target_modules
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 # --------------------------------------------------------------------------------------- model
-# the transformers model types whose config fields checkpoint.hf.hf_config_kwargs knows how to fill
+# the transformers model types whose config fields model.hf.hf_config_kwargs knows how to fill
 ARCH_TYPES = ("qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3")
 
 

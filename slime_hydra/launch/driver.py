@@ -35,7 +35,6 @@ from slime_hydra.checkpoint.ckpt import (
     resumes_in_run_dir,
     save_checkpoint,
 )
-from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config import ConfigError
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed, ray_cluster
@@ -43,6 +42,7 @@ from slime_hydra.launch.heal import Healer, PartDied, manager_died
 from slime_hydra.launch.lease import RunLease
 from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.logging.metrics import RunLogger
+from slime_hydra.model.hf import initial_checkpoint
 from slime_hydra.plan.memory import rank_step_samples
 from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.sync import WeightSyncError

@@ -17,6 +17,7 @@ from slime_hydra.config import ConfigError, RunConfig, load, resolve
 from slime_hydra.data import rules as data_rules
 from slime_hydra.launch import rules as launch_rules
 from slime_hydra.logging import rules as logging_rules
+from slime_hydra.model import rules as model_rules
 from slime_hydra.plan.fit import fit, suggestion
 from slime_hydra.plan.memory import memory_problems
 from slime_hydra.plan.resources import make_plan
@@ -26,9 +27,9 @@ from slime_hydra.sync import rules as sync_rules
 from slime_hydra.train import rules as trainer_rules
 from slime_hydra.train.algorithms import rules as algorithm_rules
 
-# model checkpoint, placement and loop, trainer, algorithm, rollout, data, sync, rewards, logging
-RULES = [checkpoint_rules, launch_rules, trainer_rules, algorithm_rules, rollout_rules, data_rules, sync_rules,
-         reward_rules, logging_rules]
+# model, run checkpoints, placement and loop, trainer, algorithm, rollout, data, sync, rewards, logging
+RULES = [model_rules, checkpoint_rules, launch_rules, trainer_rules, algorithm_rules, rollout_rules, data_rules,
+         sync_rules, reward_rules, logging_rules]
 
 
 def validate(cfg: RunConfig) -> List[str]:

@@ -203,7 +203,7 @@ def _moe_layers(a: "ArchConfig") -> int:
 
 
 def param_count(a: "ArchConfig") -> ParamCount:
-    """Parameters of the Hugging Face model that ``checkpoint.hf.hf_config(a)`` builds."""
+    """Parameters of the Hugging Face model that ``model.hf.hf_config(a)`` builds."""
     h = a.hidden_size
     norms = (4 if a.type == "glm4" else 2) * h
     dense_mlp = 3 * h * a.intermediate_size
@@ -497,7 +497,8 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     if p.colocate and p.offload_train and p.device == "cuda":
         host["offloaded_state"] = (1 + critic) * (state["weights"] + state["adam"])  # gradients are freed
     if sharded and p.device == "cuda" and saves(cfg):  # a save gathers each data-parallel group's optimizer state
-        # on its first rank, in host memory (_OPTIMIZER_SHARDING in the backend): on average a rank's own share
+        # on its first rank, in host memory (megatron/checkpoint.py's OPTIMIZER_SHARDING): on average a rank's
+        # own share
         host["checkpoint_gather"] = (1 + critic) * state["adam"]
     if cfg.algo.kl_coef or cfg.algo.kl_loss_coef:
         host["reference_copy"] = 2 * state["weights"]  # the reference's shards and a staging copy

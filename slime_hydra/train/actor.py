@@ -43,7 +43,7 @@ class TrainerActor:
         (``dp_rank``, ``dp_size``, ``pushes_weights``, ``reports_metrics``) for the trainer group."""
         import torch.distributed as dist
 
-        from slime_hydra.train.backend import load_backend
+        from slime_hydra.train.backend import BACKENDS
         from slime_hydra.train.trainer import RLTrainer
 
         torch.manual_seed(self.seed + self.rank)
@@ -60,10 +60,9 @@ class TrainerActor:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master}",
                                     rank=self.rank, world_size=self.world_size)
         self.device = device
-        backend_cls = load_backend(self.trainer_cfg.backend)
-        self.backend = backend_cls(model=self.model_cfg, algo=self.algo, trainer=self.trainer_cfg,
-                                   parallelism=self.parallelism, model_path=self.model_path, rank=self.rank,
-                                   world_size=self.world_size, device=device)
+        self.backend = BACKENDS[self.trainer_cfg.backend](
+            model=self.model_cfg, algo=self.algo, trainer=self.trainer_cfg, parallelism=self.parallelism,
+            model_path=self.model_path, rank=self.rank, world_size=self.world_size, device=device)
         self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout)
         b = self.backend
         return {"dp_rank": b.dp_rank, "dp_size": b.dp_size, "pushes_weights": b.pushes_weights,
@@ -105,9 +104,8 @@ class TrainerActor:
         return self.sender.push(weights, version)
 
     def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
-        """The RL step's metrics; ``actor_time``, its seconds here (the driver's ``perf/train_time`` adds Ray's
-        hand-over of the data and of the answer); on a GPU, ``gpu_peak_gib``: what torch allocated at most during
-        it (the memory plan's trainer estimate is of this)."""
+        """The RL step's metrics, ``actor_time`` (its seconds here) and, on a GPU, ``gpu_peak_gib`` (what torch
+        allocated at most during it)."""
         t0 = time.perf_counter()
         cuda = self.device.type == "cuda"
         if cuda:

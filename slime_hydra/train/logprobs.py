@@ -1,31 +1,12 @@
 """Log-probs and entropies of the response tokens straight from a causal LM's last hidden states.
 
-The plain way (:func:`slime_hydra.train.batch.response_log_probs`) lets the model compute its logits,
-``[B, L, V]`` in the compute dtype for every position of the micro-batch (prompt included), gathers the
-response positions (a second ``[B, T, V]`` copy) and runs the float32 log-softmax over them; autograd
-then keeps every chunk's float32 log-softmax until the backward pass. For the Qwen3-0.6B shape (V =
-151936) and 32 samples of 64 + 256 tokens that is 3.1 GB of logits, 2.5 GB of gathered rows and 10 GB
-of float32 kept for the backward, a micro-batch.
-
-Here the LM head's matmul, the float32 log-softmax and the entropy run ``chunk`` response rows at a
-time, in the forward and again in the backward (which recomputes them from the saved hidden rows, as
-Liger's fused linear cross-entropy and verl's ``FusedLinearForPPO`` do): what is kept for the backward
-is the ``[B*T, H]`` hidden rows, and no more than one chunk's ``[chunk, V]`` float32 temporaries exist
-at once. The numbers are the plain way's: the same matmul in the same dtype (autocast's), the same
-float32 log-softmax of ``logits / temperature``, the same entropy formula.
-
-The model's own forward still runs (its hooks: DDP's, FSDP2's, PEFT's): :func:`fused_head` swaps the
-LM head's ``forward`` for one that returns the response tokens' ``[B, T, 2]`` (log-prob, entropy) in
-place of the logits, so the head's weight is read where the model reads it (unsharded under FSDP2,
-the reference's under ``torch.func.functional_call``).
-
-With ``trainer.compile`` the float32 softmax statistics of a chunk and their gradient run as torch.compile'd
-functions (:func:`row_max`, :func:`softmax_sums`, :func:`softmax_grad`; the megatron backend's vocab-parallel head
-uses them too): inductor fuses each into one or two kernels that read the chunk's logits once, in their own dtype,
-where eager torch makes about a dozen float32 passes over ``[chunk, V]``. By the matmuls' FLOP count those passes
-were most of the head's time on an H200 (``bench/logprob_head.py``: 55-63 ms for 8,192 response tokens, where the
-matmuls come to about 14 ms at the H200's bf16 rate); compiled, the head took 0.0264 s against 0.0625 s eager
-(bench/measured/h200_compiled_head.md). The same formulas, so the same numbers up to float32 rounding.
+The LM head's matmul, the float32 log-softmax and the entropy run ``chunk`` response rows at a time, in the
+forward and again in the backward (as Liger's fused linear cross-entropy and verl's ``FusedLinearForPPO``
+do), so only the hidden rows are kept for the backward, never the full float32 logits. The numbers are
+those of :func:`slime_hydra.train.batch.response_log_probs`. :func:`fused_head` swaps the LM head's
+``forward`` so the model's own forward (and its DDP, FSDP2, PEFT hooks) still runs. With ``trainer.compile``
+the per-chunk statistics and their gradient (:func:`row_max`, :func:`softmax_sums`, :func:`softmax_grad`,
+shared with the megatron head) are torch.compile'd.
 """
 
 from __future__ import annotations
@@ -36,7 +17,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
-# response rows a chunk: 1024 x 151936 float32 is 0.6 GB a temporary (about four live at once in the backward)
+# response rows a chunk (a [chunk, V] float32 temporary; about four live at once in the backward)
 HEAD_CHUNK_ROWS = 1024
 
 

@@ -14,8 +14,7 @@ from slime_hydra.train.backend import MicroBatch, StepResult
 
 
 def adamw(params: Iterable[torch.nn.Parameter], algo, lr: float) -> torch.optim.AdamW:
-    """On GPUs torch's fused kernel (for megatron's Adam on a 4B shape on an H200 it took the step from 130
-    to 76 ms, bench/measured/h200_megatron_mfu.md; not measured for this backend); on CPUs torch's default."""
+    """AdamW: torch's fused kernel on GPUs, its default on CPUs."""
     params = list(params)
     return torch.optim.AdamW(params, lr=lr, betas=(algo.adam_beta1, algo.adam_beta2), eps=algo.adam_eps,
                              weight_decay=algo.weight_decay, fused=all(p.is_cuda for p in params) or None)
@@ -44,10 +43,8 @@ def schedule(opt: torch.optim.Optimizer, algo, total_steps: int) -> torch.optim.
 
 
 def load_schedule(sched: torch.optim.lr_scheduler.LambdaLR, state: Dict[str, object]) -> None:
-    """Restore a checkpoint's schedule position into ``sched``, keeping ``sched``'s own length: the run may
-    resume with a larger ``trainer.num_rollout`` (``set_num_rollout`` built ``sched`` for it). The saved state
-    and the optimiser's param groups carry the rate the old schedule had reached; each group's rate is set
-    to this schedule's at the restored step, which the next optimiser step uses."""
+    """Restore a checkpoint's schedule position into ``sched``, keeping ``sched``'s own length (a resume may
+    raise ``trainer.num_rollout``): each group's rate is set to this schedule's at the restored step."""
     # not the saved lambdas: a callable object's state would bring back the old length
     sched.load_state_dict({**state, "lr_lambdas": [None] * len(sched.lr_lambdas)})
     lrs = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
@@ -68,13 +65,10 @@ def accumulated_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.op
                      world_size: int, clip_grad: float,
                      clip: Optional[Callable[[Iterable[torch.nn.Parameter], float], float]] = None,
                      accumulate_unsynced: bool = True) -> StepResult:
-    """Zero the gradients, backward ``loss_of(mb)`` for each micro-batch (DDP synchronises on the last
-    one only), clip, step the optimiser and the schedule. ``net`` is ``model`` or its DDP wrapper.
-
-    Each loss is the micro-batch's share of the step loss over all ranks; DDP (and FSDP2) average
-    gradients over ranks, so it is multiplied by ``world_size`` to make the gradient that of the sum.
-    FSDP2 passes its own ``clip`` (sharded gradients) and ``accumulate_unsynced=False`` (it
-    reduce-scatters after every micro-batch)."""
+    """Zero the gradients, backward ``loss_of(mb)`` for each micro-batch (DDP synchronises on the last one
+    only), clip, step the optimiser and the schedule. ``net`` is ``model`` or its DDP wrapper. Each loss is
+    multiplied by ``world_size`` (DDP averages over ranks; the gradient must be that of the sum). FSDP2
+    passes its own ``clip`` and ``accumulate_unsynced=False`` (it reduce-scatters every micro-batch)."""
     model.train()
     opt.zero_grad(set_to_none=True)
     sums: Dict[str, torch.Tensor] = {}

@@ -138,7 +138,7 @@ def _check_strategy_and_lora(cfg: RunConfig) -> List[str]:
         if lora.target_modules is None and cfg.model.arch.type not in LORA_TARGET_MODULES:
             errs.append(f"trainer.lora.target_modules: no default for model.arch.type={cfg.model.arch.type!r} "
                         f"(known: {', '.join(LORA_TARGET_MODULES)}); list the module names to adapt")
-        linear = LORA_LINEAR_MODULES.get(cfg.model.arch.type)  # (an unknown arch.type: checkpoint/rules.py)
+        linear = LORA_LINEAR_MODULES.get(cfg.model.arch.type)  # (an unknown arch.type: model/rules.py)
         if lora.target_modules and linear is not None:  # the wrap checks them against the model itself too
             bad = [n for n in lora.target_modules
                    if str(n).rpartition(".")[2] in NOT_LINEAR or str(n).rpartition(".")[2] not in linear]

@@ -1,20 +1,8 @@
-"""The RL step, the same for every trainer backend: one rollout's worth of training on one rank.
-
-1. The old policy's log-probs (recomputed, and compared with the engines' as the log-prob gap metric),
-   the reference model's (KL) and the critic's values (PPO), all from the backend. With one policy
-   step per rollout and no KL reward shaping, the old policy is the policy of that step's own
-   forward pass: its log-probs are taken there (detached), which saves a forward pass and changes
-   nothing (slime recomputes them in a pass of their own). This assumes that a training pass
-   computes what an evaluation pass does: no dropout, as in the LLMs RL post-trains.
-2. Advantages and returns on the rank's rows, whitened with moments over every data-parallel rank.
-3. ``num_steps_per_rollout`` optimiser steps (a critic step, then a policy step), each with a
-   :class:`~slime_hydra.train.algorithms.Reducer` built from step totals over all ranks and the
-   policy / value losses of :mod:`slime_hydra.train.algorithms` as the backend's loss functions.
-4. Metrics: token means and step averages over all data-parallel ranks.
-
-It holds no model: the backend (:mod:`slime_hydra.train.backend`) runs the passes. Nor does it read
-the run config beyond ``AlgoConfig``: the sampling temperature and the generation budget (the
-``token_sum`` reduction's normaliser) come with each call.
+"""The RL step, the same for every trainer backend: one rollout's worth of training on one rank: the old
+policy's, reference's and critic's passes, advantages, ``num_steps_per_rollout`` optimiser steps with the
+losses of :mod:`slime_hydra.train.algorithms` as the backend's loss functions, and metrics reduced over the
+data-parallel ranks. With one policy step per rollout and no KL shaping, the old log-probs are taken
+(detached) from the step's own forward pass, which assumes a training pass computes what an eval pass does.
 """
 
 from __future__ import annotations
@@ -67,9 +55,8 @@ def _rows(idx: Sequence[int]):
 
 
 class OnDevice:
-    """The step's per-row CPU tensors, each copied once to the device the loss runs on (from pinned memory,
-    without waiting for the GPU), not once a micro-batch: a ``.to(device)`` of pageable memory blocks the host
-    until every kernel queued before it has run, so each micro-batch's loss would wait for its forward pass."""
+    """The step's per-row CPU tensors, each copied once to the loss's device from pinned memory, not once a
+    micro-batch (a copy of pageable memory waits for every kernel queued before it)."""
 
     def __init__(self, **tensors: Optional[torch.Tensor]):
         self.cpu = tensors
@@ -110,10 +97,9 @@ class RLTrainer:
         self.rollouts_done = state["rollouts_done"]
 
     def train(self, data: Dict[str, list], *, temperature: float, max_response_len: int) -> Dict[str, float]:
-        """Train on this rank's share of a rollout (:data:`slime_hydra.train.batch.TRAIN_KEYS` lists);
-        every data-parallel rank calls it with its own share at once. ``temperature``: the engines'
-        sampling temperature (log-probs are those of ``softmax(logits / temperature)``);
-        ``max_response_len``: the generation budget. Returns metrics averaged over the ranks."""
+        """Train on this rank's share of a rollout (:data:`slime_hydra.train.batch.TRAIN_KEYS`), every
+        data-parallel rank at once; ``temperature``: the engines' sampling temperature; ``max_response_len``:
+        the generation budget. Returns metrics averaged over the ranks."""
         be, algo, critic = self.backend, self.algo, self.critic
         n = len(data["tokens"])
         T = max(1, max(data["response_lengths"]))

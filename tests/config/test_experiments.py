@@ -136,7 +136,7 @@ def test_an_uneven_pipeline_needs_the_stage_sizes(overrides, expected):
 def test_uneven_stages_are_megatrons():
     """The estimate's split of the layers over pipeline stages is megatron-core's own."""
     pytest.importorskip("megatron.core")
-    from slime_hydra.checkpoint.hf import hf_config
+    from slime_hydra.model.hf import hf_config
     from slime_hydra.plan.memory import stage_layers
     from slime_hydra.train.backends.megatron.model import Parallel, transformer_config
     from slime_hydra.train.backends.megatron.spec import stage_layers as megatron_stage

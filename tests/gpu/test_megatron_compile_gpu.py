@@ -33,7 +33,7 @@ def test_megatron_compiled_layers_on_gpu(tmp_path):
     from megatron.core import parallel_state
     from torch._dynamo.utils import counters
 
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     saved_checkpoint(tiny_hf_model("qwen3"), str(tmp_path))
@@ -46,7 +46,7 @@ def test_megatron_compiled_layers_on_gpu(tmp_path):
         counters.clear()
         cfg = resolved(["trainer=megatron", "parallelism=1gpu", "trainer.max_tokens_per_micro_batch=4096",
                         "model.dtype=bfloat16", f"trainer.compile={str(compiled).lower()}"])
-        be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+        be = BACKENDS["megatron"](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
                                       parallelism=cfg.parallelism, model_path=str(tmp_path), rank=0, world_size=1,
                                       device=torch.device("cuda"))
         try:

@@ -34,7 +34,7 @@ def test_megatron_steps_after_offload_and_onload(tmp_path, distributed):
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
     from slime_hydra.train.trainer import RLTrainer
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -42,7 +42,7 @@ def test_megatron_steps_after_offload_and_onload(tmp_path, distributed):
     cfg = resolved(["trainer=megatron", "parallelism=1gpu", "trainer.max_tokens_per_micro_batch=64",
                     "trainer.recompute=none", "model.dtype=bfloat16", "algo.lr=1e-3",
                     f"trainer.use_distributed_optimizer={distributed}"])
-    be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
+    be = BACKENDS["megatron"](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
                                   model_path=str(tmp_path), rank=0, world_size=1, device=torch.device("cuda"))
     try:
         rl = RLTrainer(be, cfg.algo, 1)

@@ -59,7 +59,7 @@ def test_megatron_warm_up_on_a_gpu(tmp_path, distributed):
     from megatron.core import parallel_state
     from megatron_cpu import saved_checkpoint, tiny_hf_model
 
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
     from slime_hydra.train.trainer import RLTrainer
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -67,7 +67,7 @@ def test_megatron_warm_up_on_a_gpu(tmp_path, distributed):
     cfg = resolved(["trainer=megatron", "parallelism=1gpu", "trainer.max_tokens_per_micro_batch=64",
                     "trainer.recompute=none", "model.dtype=bfloat16",
                     f"trainer.use_distributed_optimizer={distributed}"])
-    be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
+    be = BACKENDS["megatron"](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism,
                                   model_path=str(tmp_path), rank=0, world_size=1, device=torch.device("cuda"))
     try:
         weights = {k: v.clone() for k, v in be.hf_weights()}

@@ -13,9 +13,9 @@ import pytest
 import ray
 
 from conftest import resolved
-from slime_hydra.checkpoint.hf import initial_checkpoint
 from slime_hydra.config.schema import RouterConfig
 from slime_hydra.launch.cluster import TrainerGroup, create_placement_group, placed
+from slime_hydra.model.hf import initial_checkpoint
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines.actor import join_nodes
 from slime_hydra.rollout.fleet import EngineFleet, engine_specs

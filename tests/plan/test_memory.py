@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import resolved
-from slime_hydra.checkpoint.hf import hf_config
+from slime_hydra.model.hf import hf_config
 from slime_hydra.plan import memory as M
 from slime_hydra.plan.resources import make_plan
 

@@ -68,7 +68,7 @@ def engine_commands(overrides: List[str]) -> List[List[str]]:
     cfg = resolved(overrides)
     plan = make_plan(cfg)
     assert cfg.rollout.engine == "sglang" and plan.device == "cuda"
-    model_path = cfg.model.path  # checkpoint.hf.initial_checkpoint, for a hub id or a local checkpoint
+    model_path = cfg.model.path  # model.hf.initial_checkpoint, for a hub id or a local checkpoint
     cmds = []
     for slot, node_specs in zip(plan.engines, engine_specs(cfg, plan, model_path)):
         cmds.append(server_command(node_specs[0], "10.0.0.1", 30000 + slot.rank, slot.lead % plan.gpus_per_node,

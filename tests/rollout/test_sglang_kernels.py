@@ -17,7 +17,7 @@ import pytest
 
 from conftest import resolved
 from sglang_parser import pinned_site
-from slime_hydra.checkpoint.hf import hf_config
+from slime_hydra.model.hf import hf_config
 from slime_hydra.rollout.engines import ServerSpec
 from slime_hydra.rollout.engines.embedded import EmbeddedEngine
 from slime_hydra.rollout.engines.sglang.engine import FAST_START, SglangEngine

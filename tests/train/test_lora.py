@@ -248,8 +248,8 @@ def test_linear_module_table_matches_the_transformers_models():
 
     from transformers import AutoModelForCausalLM
 
-    from slime_hydra.checkpoint.hf import hf_config
     from slime_hydra.config.schema import ARCH_TYPES, ArchConfig
+    from slime_hydra.model.hf import hf_config
     from slime_hydra.train.backends.torch.lora import LORA_LINEAR_MODULES, LORA_TARGET_MODULES
 
     small = dict(vocab_size=64, hidden_size=64, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)

@@ -40,10 +40,10 @@ def backend(ckpt, cfg):
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
 
     with cuda_on_cpu():
-        be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+        be = BACKENDS["megatron"](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
                                       parallelism=cfg.parallelism, model_path=ckpt[0], rank=0, world_size=1,
                                       device=torch.device("cpu"))
         try:

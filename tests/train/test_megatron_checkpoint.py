@@ -37,11 +37,11 @@ def _backend(cfg, path: str, rank: int = 0, world_size: int = 1):
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
 
     own_group = not dist.is_initialized()
     with trainer_on_cpu():
-        be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+        be = BACKENDS["megatron"](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
                                       parallelism=cfg.parallelism, model_path=path, rank=rank,
                                       world_size=world_size, device=torch.device("cpu"))
         try:

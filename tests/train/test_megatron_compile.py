@@ -23,7 +23,7 @@ def test_compiled_megatron_layers_train_as_eager_ones(tmp_path):
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from slime_hydra.train.backend import load_backend
+    from slime_hydra.train.backend import BACKENDS
 
     path = str(tmp_path / "qwen3")
     saved_checkpoint(tiny_hf_model("qwen3"), path)
@@ -35,7 +35,7 @@ def test_compiled_megatron_layers_train_as_eager_ones(tmp_path):
         cfg = resolved(["trainer=megatron", "trainer.max_tokens_per_micro_batch=20",
                         "trainer.use_distributed_optimizer=false", f"trainer.compile={str(compiled).lower()}"])
         with megatron_cpu.trainer_on_cpu():
-            be = load_backend("megatron")(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
+            be = BACKENDS["megatron"](model=cfg.model, algo=cfg.algo, trainer=cfg.trainer,
                                           parallelism=cfg.parallelism, model_path=path, rank=0, world_size=1,
                                           device=torch.device("cpu"))
             try:

@@ -1,18 +1,7 @@
-"""RL algorithms as pure torch functions: reward post-processing, advantage estimators, policy and
-value losses, KL estimators and the loss reduction. No Ray, HTTP or model code here.
-
-The registries below are the one list of each kind of name: config validation (``rules.py``) checks
-``algo.*`` against their keys, and the trainer looks functions up in them. They map a name to
-``"module:function"`` and import it on first use, so this package imports no torch until a function is
-needed (``dry_run=true`` stays fast). Adding a variant is its function plus its line here. Dr. GRPO and
-DAPO are presets of ``grpo`` (``conf/algo/dr_grpo.yaml``, ``conf/algo/dapo.yaml``), not estimators.
-
-Inputs the trainer must provide, per ``AlgoConfig``:
-
-- ``needs_ref(algo)``: reference log-probs, for ``kl_coef`` (shaping, in ``compute_advantages``)
-  or ``kl_loss_coef`` (loss term, in ``policy_loss``);
-- ``needs_critic(algo)``: critic values (``advantage_estimator == "ppo"``) and ``value_loss``;
-- ``algo.use_tis``: rollout log-probs in ``policy_loss``; ``algo.entropy_coef``: the entropy.
+"""RL algorithms as pure torch functions: reward post-processing, advantage estimators, policy and value
+losses, KL estimators and the loss reduction; no Ray, HTTP or model code. The registries below are the one
+list of each kind of name (the config rules check ``algo.*`` against them) and import a function on first
+use, so this package imports no torch until then. A variant is its function plus its line here.
 """
 
 from __future__ import annotations
@@ -82,25 +71,3 @@ __getattr__ = lazy_attributes(__name__, {
     "masked_mean": "reduce",
     "masked_whiten": "reduce",
 })
-
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "GROUP_REWARDS",
-    "KL_ESTIMATORS",
-    "POLICY_LOSSES",
-    "REDUCTIONS",
-    "Reducer",
-    "compute_advantages",
-    "discounted_returns",
-    "explained_variance",
-    "generalized_advantages",
-    "masked_mean",
-    "masked_whiten",
-    "needs_critic",
-    "needs_ref",
-    "normalize_group_rewards",
-    "policy_loss",
-    "response_lengths",
-    "rewards_for_estimator",
-    "value_loss",
-]

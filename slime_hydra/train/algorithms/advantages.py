@@ -1,15 +1,7 @@
-"""Advantage estimators, and the reward post-processing that goes with them.
-
-Shapes: ``B`` samples, right-padded to ``T`` response tokens; ``mask`` is the loss mask ``[B, T]``
-(1 on trained response tokens). Sample ``i``'s *response* is positions ``t < L_i`` where ``L_i - 1``
-is its last masked position, so mask-0 tokens *inside* a response (tool output in multi-turn
-rollouts) still take part in discounting, as in slime; padding after ``L_i`` does not.
-
-An estimator is ``f(algo, *, rewards, mask, kl, values) -> (advantages, returns)``, all ``[B, T]``
-float32 except ``rewards [B]``; ``kl`` is the per-token shaping KL already multiplied by the mask
-(zeros when ``algo.kl_coef == 0``), ``values`` the critic's values or None. To add an estimator:
-write the function and add its line to ``_ESTIMATORS`` in ``__init__.py`` (with how the rollout
-manager normalises its rewards within each prompt's group first).
+"""Advantage estimators and the reward post-processing that goes with them. An estimator is
+``f(algo, *, rewards, mask, kl, values) -> (advantages, returns)``, ``[B, T]`` float32; sample ``i``'s
+response is positions ``t < L_i`` with ``L_i - 1`` its last masked position, so mask-0 tokens inside a
+response (tool output) still take part in discounting, as in slime.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Policy-gradient losses, the total actor loss, the critic loss and explained variance.
-
-A policy loss is ``f(algo, *, log_probs, old_log_probs, advantages, mask) -> (loss_t, clipfrac_t,
-ppo_kl_t)``, each per token ``[b, T]``: the surrogate loss to minimise, the indicator of a clipped
-token and ``log pi_old - log pi_theta`` (the ratio is ``exp(-ppo_kl)``). To add one: write the
-function and add its line to ``POLICY_LOSSES`` in ``__init__.py``.
+"""Policy-gradient losses, the total actor loss, the critic loss and explained variance. A policy loss is
+``f(algo, *, log_probs, old_log_probs, advantages, mask) -> (loss_t, clipfrac_t, ppo_kl_t)`` per token.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Loss reduction over an optimiser step that is split into micro-batches.
+"""Loss reduction over an optimiser step split into micro-batches: a ``Reducer`` is built once per step from
+step-wide totals and each micro-batch's loss is ``reducer(x, mask)``, so the gradients accumulated over the
+step are those of the step loss. With ``x_it`` per token and ``m_it`` the loss mask:
 
-Every reduction is a *sum over micro-batches*: a ``Reducer`` is built once per optimiser step from
-step-wide totals, each micro-batch's loss is ``reducer(x, mask)``, and the gradients accumulated over
-the step's micro-batches are those of the step loss (no further division by the number of
-micro-batches). With ``x_it`` a per-token quantity and ``m_it`` the loss mask:
-
-- ``sample_mean`` (slime's default "sum of sample means", seq-mean-token-mean):
-  ``sum_i (sum_t x_it m_it / max(sum_t m_it, 1)) / num_samples``;
-- ``token_mean`` (DAPO, arXiv 2503.14476; slime ``--calculate-per-token-loss``):
-  ``sum_it x_it m_it / num_tokens``;
-- ``token_sum`` (Dr. GRPO, arXiv 2503.20783: a constant normaliser, no length bias):
-  ``sum_it x_it m_it / (num_samples * max_len)``.
-
-Data parallelism: DDP *averages* gradients over W ranks, so give each rank's Reducer the step
-totals divided by W (or, equivalently, multiply its loss by W).
+- ``sample_mean`` (slime's default): ``sum_i (sum_t x_it m_it / max(sum_t m_it, 1)) / num_samples``;
+- ``token_mean`` (DAPO, arXiv 2503.14476): ``sum_it x_it m_it / num_tokens``;
+- ``token_sum`` (Dr. GRPO, arXiv 2503.20783, no length bias): ``sum_it x_it m_it / (num_samples * max_len)``.
 """
 
 from __future__ import annotations

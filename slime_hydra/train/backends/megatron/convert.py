@@ -1,27 +1,11 @@
-"""Hugging Face checkpoints <-> megatron-core parameters, for every supported family.
+"""Hugging Face checkpoints <-> megatron-core parameters, for every supported family: pure tensor functions
+(the distributed gather is ``weights.py``'s).
 
-Pure tensor functions (no process group): the distributed gather and streaming live in
-``weights.py``. Vocabulary of this module:
-
-- *HF names* are the names in a ``*.safetensors`` checkpoint (``model.layers.3.self_attn.q_proj.weight``,
-  per-expert ``model.layers.3.mlp.experts.17.up_proj.weight``): what SGLang loads and weight sync sends.
-- *Global megatron names* are a ``GPTModel``'s parameter names with the global layer id and, for experts,
-  the global expert id (``decoder.layers.3.mlp.experts.local_experts.17.linear_fc1.weight``) and full,
-  unsharded tensors. *Local names* are what one model chunk's ``state_dict`` uses: layer ids counted from
-  the chunk's first layer, expert ids from the rank's first expert, tensors sharded by TP.
-
-Layouts (megatron-core's):
-- ``linear_qkv`` fuses q, k and v per query group: ``[groups, (heads_per_group + 2) * head_dim, hidden]``,
-  so a TP shard is a contiguous block of groups;
-- ``linear_fc1`` fuses gate and up (``[gate; up]``); each TP rank holds ``[gate_r; up_r]``;
-- the vocabulary is padded to ``model.padded_vocab_size`` with zero rows (embedding and output layer);
-- tied embeddings have no ``output_layer.weight`` except on a last pipeline stage that is not the first;
-- multi-latent attention maps one to one (q_a/q_b, kv_a_proj_with_mqa/kv_b, their norms); DeepSeek's
-  interleaved rope rows need no permutation because megatron de-interleaves them in its MLA rope.
-
-Names depend on the spec: with Transformer Engine, norms fuse into the following linear
-(``linear_qkv.layer_norm_weight``) and grouped experts are ``experts.linear_fc1.weight<e>``. The tables
-below are in the local spec's names; ``Layout.te`` renames.
+*HF names* are a safetensors checkpoint's (what SGLang loads). *Global megatron names* are a ``GPTModel``'s
+with global layer and expert ids and full tensors; *local names* are one model chunk's ``state_dict``'s
+(ids from the chunk's first layer and the rank's first expert, tensors sharded by TP). ``linear_qkv`` fuses
+q, k, v per query group (a TP shard is a block of groups); ``linear_fc1`` is ``[gate; up]`` per TP rank; the
+vocabulary is padded with zero rows. The tables are in the local spec's names; ``Layout.te`` renames for TE.
 """
 
 from __future__ import annotations

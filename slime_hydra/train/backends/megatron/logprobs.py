@@ -1,20 +1,10 @@
 """Log-probs and entropy of chosen tokens from vocab-parallel logits, chunked.
 
-With tensor parallelism each rank holds the logits of its slice of the vocabulary. As in megatron's
-``vocab_parallel_cross_entropy``, the softmax statistics are reduced across the TP group (max, then
-sum of exponentials, the chosen token's logit, and for the entropy the sum of p * logit): two
-all-reduces of ``[rows]`` vectors, whatever the chunking. Float32 is used only ``chunk`` rows at a
-time, in the forward and in the backward (which recomputes the softmax from the saved logits), so no
-full-vocabulary float32 tensor of the whole batch ever exists. Columns past the true vocabulary (the
-padding of ``model.padded_vocab_size``) are excluded, so the log-probs equal the Hugging Face model's.
-With ``fuse`` (``trainer.compile``) each chunk's statistics and gradient are the torch.compile'd functions of
-``slime_hydra/train/logprobs.py``, the same formulas in fewer passes over the logits.
-
-A packed micro-batch's logits cover every position, prompts included, while log-probs are wanted only at the
-response's (``index``). The head gathers those rows once and keeps them (the full logits can be freed after the
-forward), and its backward writes their gradient straight into the full logits' gradient: the rows are distinct,
-so that is a scatter, not the ``index_add_`` that ``index_select``'s backward runs (the slowest kernel of
-megatron's anchor step on the H200, bench/measured/h200_compiled_head.md).
+As in megatron's ``vocab_parallel_cross_entropy``, the softmax statistics are reduced across the TP group
+(two all-reduces of ``[rows]`` vectors), float32 only ``chunk`` rows at a time in the forward and backward,
+and the vocabulary's padding columns excluded, so the log-probs equal the Hugging Face model's. Only the
+response positions' rows (``index``) are gathered and kept; their gradient is scattered back into the full
+logits' gradient. ``fuse`` (``trainer.compile``): the compiled statistics of ``slime_hydra/train/logprobs.py``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
-"""megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config.
-
-The HF config (``transformers.PretrainedConfig``) is the one source of truth for the model's shape: a
-real checkpoint's ``config.json``, or the one ``slime_hydra.checkpoint.hf.hf_config`` builds from a
-model preset's ``arch``. Each supported ``model_type`` maps onto megatron-core's fields here:
-
-- ``qwen3``: GQA with per-head RMSNorm on q and k (``qk_layernorm``);
-- ``llama``: GQA, Llama-3 rope scaling;
-- ``glm4``: q/k/v bias, interleaved rope on half of each head (``rotary_percent=0.5``), post-attention
-  and post-MLP norms (see ``spec.py``);
-- ``qwen3_moe``: softmax top-k router (renormalised when ``norm_topk_prob``), all or some layers MoE;
-- ``deepseek_v3``: multi-latent attention (q/kv LoRA, decoupled rope, YaRN), sigmoid router with a
-  score-correction bias and group-limited top-k, shared experts, the first k layers dense.
+"""megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config (the one source of truth
+for the model's shape: a checkpoint's config.json, or ``slime_hydra.model.hf.hf_config`` of a preset), and a
+rank's model chunks. Families: ``qwen3``, ``llama`` (Llama-3 rope scaling), ``glm4`` (qkv bias, interleaved
+half rope, post norms), ``qwen3_moe``, ``deepseek_v3`` (multi-latent attention, sigmoid grouped router).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from slime_hydra.train.backends.megatron.convert import Shard, stage_shard
 from slime_hydra.train.backends.megatron.families import family, moe_layers, padded_vocab_size, rope
 from slime_hydra.train.backends.megatron.spec import HAVE_TE, decoder_block_spec
 
@@ -149,9 +141,8 @@ def gpt_model_kwargs(hf, tp: int = 1) -> Dict[str, Any]:
 
 def build_gpt_model(hf, config: TransformerConfig, *, attention: str = "auto", pre_process: bool = True,
                     post_process: bool = True, vp_stage: Optional[int] = None, pp_rank: Optional[int] = None):
-    """One model chunk: the decoder layers of pipeline rank ``pp_rank`` (default: this process's, from
-    megatron's parallel state) and virtual stage ``vp_stage``, plus the embedding on the first stage
-    and the final norm and output layer on the last."""
+    """One model chunk: the decoder layers of pipeline rank ``pp_rank`` (default: this process's) and virtual
+    stage ``vp_stage``, the embedding on the first stage, the final norm and output layer on the last."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -163,17 +154,69 @@ def build_gpt_model(hf, config: TransformerConfig, *, attention: str = "auto", p
                     vp_stage=vp_stage, **gpt_model_kwargs(hf, config.tensor_model_parallel_size))
 
 
+def recompute_overrides(recompute: str) -> Dict[str, Any]:
+    """``trainer.recompute`` as ``TransformerConfig`` fields (slime's --recompute-granularity)."""
+    if recompute == "none":
+        return {}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    raise ValueError(f"trainer.recompute: {recompute!r} is not one of none, selective, full")
+
+
+def build_chunks(hf, config: TransformerConfig, device: torch.device, *,
+                 compile: bool = False) -> Tuple[List[torch.nn.Module], List[Shard]]:
+    """This rank's model chunks (one per virtual pipeline stage, in megatron's parallel state) on ``device``,
+    and the shard of the model each holds."""
+    from megatron.core import parallel_state as ps
+
+    vpp, pp_rank = config.virtual_pipeline_model_parallel_size, ps.get_pipeline_model_parallel_rank()
+    chunks, shards = [], []
+    for vp in [None] if vpp is None else range(vpp):
+        shard = stage_shard(config, tp_rank=ps.get_tensor_model_parallel_rank(),
+                            ep_rank=ps.get_expert_model_parallel_rank(),
+                            etp_rank=ps.get_expert_tensor_parallel_rank(), pp_rank=pp_rank, vp_stage=vp)
+        chunks.append(build_gpt_model(hf, config, pre_process=shard.pre_process, post_process=shard.post_process,
+                                      vp_stage=vp, pp_rank=pp_rank).to(device))
+        shards.append(shard)
+    if compile:
+        compile_layers(chunks)
+    return chunks, shards
+
+
+def compile_layers(chunks: Sequence[torch.nn.Module]) -> None:
+    """``trainer.compile``: each decoder layer under torch.compile with dynamic shapes (one graph serves every
+    layer and packed length; ``spec.packed_rotary_pos_emb`` and ``spec._PassTPGroup`` keep a dense layer whole)."""
+    for chunk in chunks:
+        for layer in chunk.decoder.layers:
+            layer.compile(dynamic=True)
+
+
+def parameters(chunks: Sequence[torch.nn.Module]) -> List[torch.Tensor]:
+    """The parameters of model chunks (megatron DDP modules), each once."""
+    seen, out = set(), []
+    for c in chunks:
+        for p in c.module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def inner_optimizers(optimizer) -> list:
+    """The megatron optimizers of a (possibly chained) megatron optimizer."""
+    return getattr(optimizer, "chained_optimizers", [optimizer])
+
+
 def use_fused_adam(optimizer) -> int:
-    """Without Transformer Engine or apex, megatron-core steps with ``torch.optim.Adam(W)`` on torch's
-    defaults (the foreach kernels). Switch its param groups to torch's fused kernel, which ``step`` reads
-    from each group: 130 -> 76 ms an optimizer step on a Qwen3-4B shape on an H200
-    (``bench/measured/h200_megatron_mfu.md``). TE's or apex's own fused Adam is left as it is. Returns how
-    many torch optimizers were switched."""
+    """Without TE or apex, megatron-core steps with ``torch.optim.Adam(W)`` on its foreach kernels: switch its
+    param groups to torch's fused kernel. Returns how many torch optimizers were switched."""
     from megatron.core.optimizer import USING_PYTORCH_OPTIMIZER
 
     if not USING_PYTORCH_OPTIMIZER:
         return 0
-    torch_opts = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    torch_opts = [o.optimizer for o in inner_optimizers(optimizer)]
     for opt in torch_opts:
         for group in opt.param_groups:
             group.update(fused=True, foreach=False)

@@ -1,14 +1,8 @@
-"""Sequence packing without padding, and micro-batches by token budget.
-
-A micro-batch is one row of concatenated samples (megatron's THD format): attention stays inside each
-sample through ``cu_seqlens`` (``PackedSeqParams``), positions restart at 0 per sample, and no compute
-is spent on padding except a short tail that rounds the length up (sequence parallelism needs a
-multiple of the TP size). Micro-batches are cut by a token budget, not a sample count (slime's
-``--use-dynamic-batch-size --max-tokens-per-gpu``): as few as fit, with the tokens balanced among them.
-
-Log-probs are wanted only for response tokens: ``PackedBatch.logit_index`` lists the packed positions
-whose logits predict a response token (position p predicts token p + 1), ``targets`` those tokens, so
-only those rows reach the (float32, vocab-parallel) log-softmax of ``logprobs.py``.
+"""Sequence packing without padding, and micro-batches by token budget (slime's ``--use-dynamic-batch-size
+--max-tokens-per-gpu``). A micro-batch is one row of concatenated samples (megatron's THD format): attention
+stays inside each sample through ``cu_seqlens``, positions restart at 0, and only a short tail pads the length
+to a multiple of the TP size. ``PackedBatch.logit_index`` lists the positions whose logits predict a response
+token, so only those rows reach the log-softmax.
 """
 
 from __future__ import annotations
@@ -37,6 +31,26 @@ def token_budget_micro_batches(lengths: Sequence[int], max_tokens: int, min_micr
         if parts is not None:  # k <= len(lengths): every part got a sample
             return [sorted(p) for p in sorted(parts, key=min)]
         k += 1
+
+
+def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], max_samples: int) -> List[List[int]]:
+    """Consecutive positions ``0..n-1`` cut into groups of at most ``max_tokens`` tokens (None: no token
+    budget) and ``max_samples`` samples. Consecutive, because the RL step wants the rows in order."""
+    groups: List[List[int]] = []
+    cur: List[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if max_tokens is not None and n > max_tokens:
+            raise ValueError(f"trainer.max_tokens_per_micro_batch: a sample has {n} tokens, more than the budget "
+                             f"{max_tokens}")
+        if cur and ((max_tokens is not None and used + n > max_tokens) or len(cur) >= max_samples):
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        groups.append(cur)
+    return groups
 
 
 def _first_fit_bins(lengths: Sequence[int], cap: int) -> int:
@@ -155,3 +169,15 @@ def pack_micro_batches(data: dict, rows: Sequence[int], max_tokens: int, pad_to_
     masks = data.get("loss_masks")
     return [pack(data["tokens"], data["response_lengths"], [rows[j] for j in g], masks, pad_to_multiple, pad_id)
             for g in groups]
+
+
+@dataclass
+class PackedMicroBatch:
+    """A packed micro-batch (on the device) and the width of the response-aligned tensors of its rows."""
+
+    packed: PackedBatch
+    width: int
+
+    @property
+    def indices(self) -> List[int]:
+        return self.packed.indices

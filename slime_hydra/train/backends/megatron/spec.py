@@ -1,17 +1,8 @@
-"""Our module specs for megatron-core's ``GPTModel``: which attention, norm and linear classes each
-transformer layer is built from.
-
-Why our own: megatron-core's local spec (what runs without Transformer Engine, which cannot be carried
-to the GPU machines) computes attention unfused (a full ``[b, heads, s, s]`` score tensor) and cannot
-take packed sequences, and its torch norms refuse sequence parallelism. Here, without Transformer
-Engine, core attention is ``SDPAttention``: ``torch.nn.functional.scaled_dot_product_attention`` for
-``[s, b, h, d]`` inputs (flash / cuDNN / memory-efficient kernels on GPU, the math kernel on CPU) and
-torch's variable-length flash kernel for packed (THD) inputs; norms are ``RMSNorm`` below. With
-Transformer Engine importable, megatron-core's TE spec is used (fused norm+linear, TE attention).
-
-GLM-4 has two extra norms per layer (after attention and after the MLP, before the residual adds),
-which megatron-core 0.16 has no slot for: they ride on the output projections
-(``linear_proj.post_layernorm`` and ``linear_fc2.post_layernorm``).
+"""Our module specs for megatron-core's ``GPTModel``: which attention, norm and linear classes each layer
+is built from. Without Transformer Engine, megatron's local spec computes attention unfused and cannot take
+packed sequences, so core attention is ``SDPAttention`` (torch's SDPA, and its varlen flash kernel for
+packed THD inputs) and norms are our ``RMSNorm``; with TE importable, megatron's TE spec is used. GLM-4's
+post-attention and post-MLP norms ride on the output projections (``*.post_layernorm``).
 """
 
 from __future__ import annotations
@@ -50,10 +41,8 @@ try:  # Transformer Engine: used when importable
     HAVE_TE = True
 except ImportError:
     HAVE_TE = False
-    # Two megatron-core 0.16.1 bugs when Transformer Engine is missing (as on our GPU machines too):
-    # it stands MagicMocks in for TE's classes and multi_latent_attention then believes TE is there
-    # (MLASelfAttention's constructor fails on ``isinstance(linear_proj, <MagicMock>)``); and the MoE
-    # router's gating function reads ``te_general_gemm``, which is then never defined. Tell both the truth.
+    # megatron-core 0.16.1 without Transformer Engine: multi_latent_attention believes TE is there (it sees
+    # megatron's MagicMock stand-ins), and the MoE router reads an undefined ``te_general_gemm``
     import megatron.core.transformer.moe.moe_utils as _moe_utils
     import megatron.core.transformer.multi_latent_attention as _mla
 
@@ -64,18 +53,11 @@ except ImportError:
 
 def packed_rotary_pos_emb(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1,
                           cp_rank: int = 0) -> torch.Tensor:
-    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each sequence from position 0, in one gather
-    of ``freqs`` [max_len, 1, 1, rot_dim] by each token's position within its sequence.
-
-    megatron-core's unfused THD path (``rope_utils._apply_rotary_pos_emb_thd``) reads the sequence lengths on
-    the host (``cu_seqlens.tolist()``) and slices the table once per sequence in Python: for q and k in
-    every layer a GPU sync and a loop over the micro-batch's sequences (64 of them in the anchor workload),
-    and under ``trainer.compile`` a graph break in each layer. Here nothing leaves the GPU. The values are
-    megatron's: the same table, the same rotation (``_apply_rotary_pos_emb_bshd``, not interleaved; its
-    unfused path's second case, which is the only one a packed batch of several sequences reaches).
-    Installed where megatron looks for Transformer Engine's fused kernel (``apply_rope_fusion``), which
-    takes no ``interleaved`` flag: the families with interleaved or multi-latent rope keep the unfused path
-    (``model.transformer_config``)."""
+    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each from position 0, in one gather of
+    ``freqs`` [max_len, 1, 1, rot_dim] by each token's position in its sequence. megatron's unfused THD path
+    reads ``cu_seqlens`` on the host and loops over sequences (a sync per layer, a graph break under
+    compile); here nothing leaves the GPU, with megatron's table and rotation. Installed in the slot of TE's
+    fused kernel, which takes no ``interleaved`` flag: interleaved and multi-latent rope keep megatron's path."""
     if cp_size != 1:
         raise ValueError("packed_rotary_pos_emb: context parallelism is not supported (cp_size must be 1)")
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
@@ -102,7 +84,7 @@ if not HAVE_TE:  # megatron's fused-RoPE slots (Transformer Engine's kernels whe
 
 ATTENTION_IMPLS = ("auto", "sdpa", "te")
 # Packed (THD) sequences on CUDA go through torch's varlen flash kernel when it exists; False: one SDPA
-# call per sequence (a switch for measurements and for torch builds whose varlen kernel misbehaves).
+# call per sequence (for torch builds whose varlen kernel misbehaves)
 USE_VARLEN = True
 
 
@@ -249,10 +231,8 @@ def resolve_attention_impl(impl: str) -> str:
 
 
 class _PassTPGroup:
-    """megatron-core 0.16.1's tensor-parallel linears call ``linear_with_grad_accumulation_and_async_allreduce``
-    without the TP group they hold (the row-parallel one passes None), and it then warns (a
-    DeprecationWarning) on every call: a cost in every layer, and under ``trainer.compile`` a graph break at
-    every linear. Pass the group."""
+    """megatron-core 0.16.1's TP linears call ``linear_with_grad_accumulation_and_async_allreduce`` without their
+    TP group, which then warns on every call (a graph break under ``trainer.compile``): pass the group."""
 
     def _forward_impl(self, input, weight, *args, **kwargs):
         return super()._forward_impl(input, weight, *args, **{**kwargs, "tp_group": self.tp_group})

@@ -1,11 +1,7 @@
-"""Hugging Face weights into megatron model chunks, and megatron weights back out as Hugging Face
-tensors gathered across tensor, pipeline and expert parallel ranks and streamed in buckets: what
-weight sync pushes to the rollout engines and what ``hf/`` checkpoints hold.
-
-The gather follows slime's ``update_weight`` path: for each parameter, the ranks of the owning
-pipeline stage all-gather it over TP (experts: over expert-TP, then over EP), then the owning stage
-broadcasts it over the pipeline group, and every rank converts it to HF names (``convert.py``). All
-ranks walk the same parameter list in the same order, so the collectives always match.
+"""Hugging Face weights into megatron model chunks, and megatron weights back out as Hugging Face tensors
+gathered over TP / PP / EP and streamed in buckets (weight sync, ``hf/`` checkpoints). As slime's
+``update_weight``: the owning stage all-gathers each parameter over TP (experts: expert-TP, then EP) and
+broadcasts it over the pipeline group; all ranks walk the same list in the same order.
 """
 
 from __future__ import annotations

@@ -1,43 +1,7 @@
-"""The torch trainer backend (:class:`~slime_hydra.train.backend.TrainerBackend`): a Hugging Face
-causal LM, AdamW, data parallel across trainer ranks (DDP over gloo on CPU, NCCL on GPUs).
-
-It only moves tensors: padded micro-batches, forward passes under autocast, backward over
-micro-batches with the loss function the RL step (:mod:`slime_hydra.train.trainer`) gives it, the
-optimiser, offload and checkpoints. Every rank is its own data-parallel rank; rank 0 pushes the
-weights and writes checkpoints.
-
-Two switches change how the weights are held (both data parallel; see their modules):
-
-- ``trainer.strategy=fsdp`` (:mod:`~slime_hydra.train.backends.torch.fsdp`): FSDP2 shards weights,
-  gradients and AdamW state over the ranks instead of replicating them (DDP, the default); the engines
-  get the weights gathered one tensor at a time, checkpoints go through torch.distributed.checkpoint.
-- ``trainer.lora.rank > 0`` (:mod:`~slime_hydra.train.backends.torch.lora`): PEFT adapters; the base
-  weights are frozen in ``model.dtype``, the reference is the base with the adapters disabled, the
-  engines get merged weights, checkpoints hold the adapter.
-
-What the extra models cost in memory, with ``P`` the policy's parameter bytes:
-
-- Reference model (``needs_ref``: ``kl_coef`` or ``kl_loss_coef``): no second model. Its weights are
-  a frozen copy of the policy's first weights on the device (``P``, the master dtype, so its log-probs
-  are computed exactly as the policy's were), run through the policy's modules with
-  ``torch.func.functional_call``: nothing is copied for a reference pass (a host copy swapped into the
-  policy, as slime's TensorBackuper does, moves ``3P`` over PCIe each time). Colocated, it is offloaded
-  with the policy.
-- Critic (``needs_critic``: ``advantage_estimator=ppo``, :mod:`slime_hydra.train.backends.torch.critic`): a second
-  trainable model on the device: the policy's backbone (``P`` minus an untied LM head) plus a
-  ``hidden -> 1`` head, with its own gradients and AdamW's two moments (same dtype as the weights):
-  about ``4P`` of accelerator memory, the same training state as the actor's, so PPO roughly doubles
-  the trainer's footprint. Activations: the critic's forward/backward runs before the actor's in each
-  step, so only one model's activations are live at a time. With colocated engines it is offloaded
-  to CPU with the actor.
-
-Precision: on GPUs the trainer keeps float32 master weights and AdamW state and runs forward and
-backward under autocast in ``model.dtype`` (bfloat16 for the real-model presets); the engines get,
-and ``hf/`` stores, ``model.dtype`` weights. On CPU the weights are ``model.dtype`` throughout.
-
-Checkpoints: ``hf/`` (the policy), ``trainer.pt`` (optimiser, scheduler, counters, reference
-weights, float32 master weights when they differ from ``hf/``, RNG) and, with a critic,
-``critic.pt`` (value model, its optimiser and scheduler).
+"""The torch trainer backend (:class:`~slime_hydra.train.backend.TrainerBackend`): a Hugging Face causal LM,
+AdamW, data parallel over the trainer ranks (DDP, or FSDP2 with ``trainer.strategy=fsdp``), LoRA through
+PEFT with ``trainer.lora.rank``, the PPO critic (``critic.py``). On GPUs: float32 master weights, passes
+under autocast in ``model.dtype``. Rank 0 pushes the weights and writes checkpoints (docs/backends.md).
 """
 
 from __future__ import annotations
@@ -163,15 +127,10 @@ class TorchBackend(TrainerBackend):
         return out
 
     def _named_weights(self, on_device: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
-        """Hugging Face names -> tensors in ``model.dtype``, as the engines load them (cast one at a
-        time, so a push never holds a second copy of the model). Each storage once: a tied LM head is
-        the embedding, which the engines tie as they load it (SGLang warns "Parameter lm_head.weight not
-        found" for a second copy; the cast would hide that the two are one). ``on_device``: offloaded
-        weights are copied from their pinned host buffers and cast on the device, not on the host.
-
-        FSDP2: each tensor is all-gathered as it comes (every rank iterates, in the same order), so no
-        rank holds more than one whole tensor (and a push bucket). LoRA: adapted weights come merged
-        (:func:`~slime_hydra.train.backends.torch.lora.merged_weights`)."""
+        """Hugging Face names -> tensors in ``model.dtype``, cast one at a time (a push never holds a second
+        copy of the model), each storage once (a tied LM head is the embedding, which the engines tie).
+        ``on_device``: offloaded weights are cast on the device, not the host. FSDP2: each tensor is
+        all-gathered as it comes, on every rank in the same order. LoRA: adapted weights come merged."""
         if self.fsdp:
             def full(t):
                 return fsdp.full(t, self.device)
@@ -199,10 +158,9 @@ class TorchBackend(TrainerBackend):
                 yield name, tensor
 
     def offload(self, keep_weights: bool = False) -> None:
-        """Colocated GPUs: parameters and optimiser state (and the critic's) go to pinned host
-        buffers while the engines generate (FSDP2: its shards and AdamW state to the host, unless
-        ``trainer.fsdp_cpu_offload`` keeps them there anyway). ``keep_weights``: the policy's
-        parameters stay for the push (FSDP2: everything stays until the ``offload()`` after it)."""
+        """Parameters and optimiser state (and the critic's) to pinned host buffers (FSDP2: its shards and
+        AdamW state, unless ``trainer.fsdp_cpu_offload`` keeps them there). ``keep_weights``: the policy's
+        parameters stay for the push (FSDP2: everything stays until the next ``offload()``)."""
         if self.fsdp:
             if keep_weights:
                 return
@@ -240,18 +198,13 @@ class TorchBackend(TrainerBackend):
         return self.sched.get_last_lr()[0]
 
     def _forward(self, mb: MicroBatch, temperature: float, with_entropy: bool = False, reference: bool = False):
-        """``reference``: the reference model's log-probs: DDP runs the policy's modules with the
-        reference's weights, FSDP2 its sharded reference model, LoRA the policy without its adapters.
+        """``reference``: DDP runs the policy's modules with the reference's weights, FSDP2 its sharded
+        reference model, LoRA the policy without its adapters.
 
-        No attention mask: the rows are right-padded, so under causal attention no real token sees
-        a pad, and what the padded positions compute is never read (their loss mask is 0). The same
-        logits at the real tokens (bitwise, on CPU), and SDPA's causal kernel instead of its masked
-        one: 0.6 ms a layer against 1.1 ms for the tiny model's 128 x 9 tokens (measured).
-
-        Positions 0..L-1 on every row, the pads' too: a position that repeats or restarts reads to
-        transformers as a packed sequence (``masking_utils.find_packed_sequence_indices``), which turns
-        the causal kernel into a materialised 4D mask. On an H200 the first batch with a short answer then
-        trained for 3.1 s against 0.5 s, and a compiled model compiled again (14.8 s)."""
+        No attention mask: rows are right-padded, so under causal attention no real token sees a pad and
+        the pads' outputs are never read; SDPA then takes its causal kernel, not the masked one. Positions
+        0..L-1 on every row, the pads' too: a position that restarts reads to transformers as a packed
+        sequence, which turns the causal kernel into a materialised 4D mask."""
         inputs = {"input_ids": mb.input_ids}  # the model's own positions: arange(L) on each row
         entropy_grad = bool(self.algo.entropy_coef)
         model = self.ref_model if reference and self.ref_model is not None else self.model
@@ -296,13 +249,9 @@ class TorchBackend(TrainerBackend):
                                 self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
-        """Dummy rows of the step's shape (``warm_up_micro_batches``) through what a training step runs: the
-        no-grad log-prob pass (eval mode; the reference's too where the algorithm keeps one), then forward and
-        backward in train mode, micro-batch by micro-batch; then the gradients dropped. What a first step pays once
-        (CUDA's and cuBLAS's set-up, ``trainer.compile``'s graphs: one for the no-grad pass, one for the forward and
-        its backward) is paid here, while the engines start. Nothing the step keeps changes: no optimizer step, the
-        gradients ``None`` again, the random number generators' states restored (LoRA's dropout draws). Every rank
-        calls it (DDP's and FSDP2's collectives)."""
+        """Dummy rows of the step's shape through a training step's passes: the no-grad log-prob pass (and the
+        reference's where kept), then forward and backward; no optimizer step, gradients dropped, the random
+        number generators restored (LoRA's dropout draws)."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             mbs = self.warm_up_micro_batches(shape)
             self.log_probs(mbs, temperature)

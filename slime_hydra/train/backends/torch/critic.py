@@ -1,20 +1,7 @@
-"""The PPO critic of the torch backend: a value model and the trainer state that goes with it.
-
-``ValueModel`` is the policy's backbone architecture (``AutoModel``: the transformer without its LM
-head) loaded from the same initial checkpoint, plus a value head ``hidden -> 1``. The value head is
-float32 (whatever the backbone's dtype) and zero-initialised, so every value starts at 0 and the
-first updates fit the head before they move the backbone.
-
-Value positions: the value of response token ``t`` is read at the position whose logits score that
-token (``response_start - 1 + t``, as :func:`slime_hydra.train.batch.response_log_probs`), i.e.
-``V_t`` is the value of the state *before* token ``t`` is generated; ``V_0`` is the prompt's value.
-GAE then uses ``delta_t = r_t + gamma V_{t+1} - V_t`` with the outcome reward on the last token.
-
-``Critic`` owns the value model, its data-parallel wrapper (DDP, like the actor), its AdamW
-(``algo.critic_lr``, default ``algo.lr``) and LR schedule (the actor's shape, scaled to
-``critic_lr``). The RL step (:mod:`slime_hydra.train.trainer`) calls :meth:`Critic.values` before the
-advantages and :meth:`Critic.train_step` once per optimiser step, with the value loss as its loss
-function.
+"""The PPO critic of the torch backend: ``ValueModel``, the policy's backbone (``AutoModel``) from the same
+initial checkpoint plus a zero-initialised float32 ``hidden -> 1`` head, and ``Critic``, its DDP wrapper,
+AdamW (``algo.critic_lr``) and LR schedule. ``V_t`` is read where the logits scoring response token ``t``
+are (``response_start - 1 + t``): the value of the state before token ``t``; ``V_0`` is the prompt's.
 """
 
 from __future__ import annotations

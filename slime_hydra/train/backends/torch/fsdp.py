@@ -1,22 +1,7 @@
-"""FSDP2 for the torch backend (``trainer.strategy=fsdp``): torch's ``fully_shard`` per decoder layer
-and on the root, so that each rank holds ``1/N`` of the weights, gradients and AdamW state.
-
-Why a strategy of the torch backend and not a backend of its own: everything above the wrapping is
-the same Hugging Face model, micro-batches, forward pass, log-prob head, optimiser and LR schedule;
-what FSDP2 changes is how the parameters are held (DTensor shards), so only the places that touch them
-whole differ: the gradient sync and clipping, the weights handed to the engines (gathered one tensor at
-a time), the offload and the checkpoints (torch.distributed.checkpoint). Those are the functions here.
-
-- Mixed precision (``MixedPrecisionPolicy``): on GPUs the shards are float32 master weights, each layer
-  is all-gathered in ``model.dtype`` for its forward and backward, and gradients are reduce-scattered
-  in float32. On CPU everything stays ``model.dtype``.
-- ``trainer.fsdp_cpu_offload`` (``CPUOffloadPolicy``): the shards, their gradients and AdamW's state
-  live in pinned host memory; each layer is copied to the GPU for its all-gather, and the optimiser
-  steps on the CPU.
-- The gradient is reduce-scattered after every micro-batch (no ``set_requires_gradient_sync(False)``
-  accumulation: that would keep every layer's unsharded gradient until the last micro-batch).
-- The reference model (KL) is a second copy of the initial weights, sharded the same way, frozen, in
-  ``model.dtype`` (the dtype the policy computes in, so its log-probs are bitwise the policy's first).
+"""FSDP2 for the torch backend (``trainer.strategy=fsdp``): ``fully_shard`` per decoder layer and on the root,
+so each rank holds ``1/N`` of the weights, gradients and AdamW state. Only what touches whole parameters
+differs from DDP: gradient clipping, the weights gathered one tensor at a time for the engines, offload,
+and checkpoints through torch.distributed.checkpoint (docs/backends.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
-"""LoRA on the torch backend, through PEFT (``trainer.lora.rank > 0``; DDP or FSDP2).
-
-The policy is ``peft.get_peft_model(hf_model, LoraConfig(...))``: the base weights are frozen (no
-gradients, no optimiser state; kept in ``model.dtype``, bfloat16 on GPUs) and only the adapters ``A``
-(``r x in``) and ``B`` (``out x r``) train, in float32 (PEFT's ``autocast_adapter_dtype``).
-
-- Reference model (KL): the base model is the initial policy, so the reference's log-probs are the
-  policy's with the adapters switched off (``disable_adapter()``): no second copy of the weights.
-- Weight push (``trainer.lora.push``): what the engines get. ``merged`` (the one there is): each
-  adapted linear layer's weight is ``W + (alpha / r) B A``, computed per layer as the weights stream out
-  (:func:`merged_weights`), never merged into the model (that would need an unmerge after the push and
-  drift in bfloat16), under the engine's Hugging Face names (PEFT's ``base_model.model.`` prefix and
-  ``.base_layer`` infix dropped). An ``adapter`` push would hand the engines only ``A`` and ``B`` through
-  SGLang's LoRA endpoints (``/load_lora_adapter``, with requests naming the adapter): it would plug in
-  beside ``merged`` in ``TorchBackend._named_weights`` (the branch on ``trainer.lora.push``; the rules'
-  ``LORA_PUSH`` lists the values) with a sender that POSTs adapters instead of weight buckets. It is not
-  built because it lost when measured on an H200 (``bench/lora_push_gpu.py``,
-  bench/measured/h200_lora_push.md). Its push was no faster: 0.239 s from tensors against 0.191 s for 8 GB
-  merged. Its rollout was 1.66x slower under ``--enable-lora``. And the adapter was lost across the memory
-  saver's release.
-- Checkpoints: the adapter as PEFT saves it (``adapter/``: ``PeftModel.from_pretrained(base, dir)``
-  loads it) and, with ``trainer.lora.save_merged``, ``hf/`` with the adapters merged.
-
-This module imports torch and PEFT inside its functions: ``LORA_TARGET_MODULES`` is read by the config
-rules, which must stay light.
+"""LoRA on the torch backend through PEFT (``trainer.lora.rank > 0``; DDP or FSDP2): frozen base weights in
+``model.dtype``, float32 adapters; the reference is the base with the adapters disabled; the engines get
+``W + (alpha / r) B A`` computed per layer as the weights stream out; checkpoints hold ``adapter/``.
+torch and PEFT are imported inside the functions: the config rules read ``LORA_TARGET_MODULES``.
 """
 
 from __future__ import annotations
@@ -46,12 +25,9 @@ LORA_TARGET_MODULES: Dict[str, List[str]] = {
     "qwen3_moe": _ATTN,
     "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
 }
-# model.arch.type -> every linear layer name LoRA can adapt (the leaf names of the family's nn.Linear modules, the
-# LM head left out): the table ``trainer.lora.target_modules`` is checked against at validation (checked against
-# the transformers models by tests/train/test_lora.py). Variants within a family are in one list (DeepSeek-V3's
-# q_proj without q_lora_rank, q_a_proj / q_b_proj with it; its dense layers' and shared experts' MLP); the wrap
-# checks the names against the model itself. Embeddings and the LM head are left out: the merged push handles
-# linear layers only (an embedding's adapter is lora_embedding_A/B, and a tied LM head is the embedding's weight).
+# model.arch.type -> every linear layer name LoRA can adapt (leaf names of the family's nn.Linear modules, all
+# variants of a family in one list), which validation checks trainer.lora.target_modules against. Embeddings and
+# the LM head are left out: the merged push handles linear layers only.
 _MLP = ["gate_proj", "up_proj", "down_proj"]
 LORA_LINEAR_MODULES: Dict[str, List[str]] = {
     "qwen3": _ATTN + _MLP,

@@ -1,16 +1,7 @@
-"""Moving a model and its optimiser state between GPU and host memory while colocated engines
-generate (the role torch_memory_saver plays in slime, done with plain tensors).
-
-Each tensor's host copy lives in a pinned buffer allocated once and reused, so the copies run
-at DMA speed and asynchronously; the GPU storage is dropped by pointing ``.data`` at the host
-copy, and ``torch.cuda.empty_cache()`` returns it to the driver. Measured on an H200 with the
-Qwen3-0.6B shape (fp32 weights and AdamW state, 7 GB): pageable ``module.to("cpu")`` and back took
-about 10 s per step; see bench/gpu_real_shape.sh for the numbers with this module.
-
-Moving a parameter's ``.data`` to another device gives it a new gradient accumulator (autograd's
-``set_data``), and DDP's all-reduce hooks stay on the old one: after an onload, ranks would silently
-train on their own gradients. So DDP is built again after every onload that moved something
-(:func:`data_parallel`; megatron's backend re-registers its own hooks for the same reason).
+"""Moving a model and its optimiser state between GPU and host memory while colocated engines generate
+(torch_memory_saver's role in slime, with plain tensors): each tensor to a pinned host buffer allocated once
+and reused. Moving ``.data`` gives a parameter a new gradient accumulator that DDP's hooks are not on, so
+DDP is built again after an onload that moved something (:func:`data_parallel`).
 """
 
 from __future__ import annotations

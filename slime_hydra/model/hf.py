@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints: build a model from a preset's ``arch``, and write the initial
-checkpoint that trainers and engines load (the ``--hf-checkpoint`` of slime)."""
+"""The model as Hugging Face sees it: the transformers config of ``model.arch``, the random initial
+checkpoint that trainers and engines load (slime's ``--hf-checkpoint``), and its fingerprint."""
 
 from __future__ import annotations
 
@@ -96,8 +96,7 @@ def initial_fingerprint(model: ModelConfig) -> Dict[str, Any]:
 
 
 def read_fingerprint(model_dir: str) -> Optional[Dict[str, Any]]:
-    """The fingerprint written with ``model_dir`` (an ``initial_model/``); None if it has none (built before
-    fingerprints were written)."""
+    """The fingerprint written with ``model_dir`` (an ``initial_model/``); None if it has none."""
     path = os.path.join(model_dir, FINGERPRINT)
     if not os.path.isfile(path):
         return None
@@ -113,12 +112,9 @@ def fingerprint_diff(model: ModelConfig, recorded: Dict[str, Any]) -> List[str]:
 
 
 def initial_checkpoint(model: ModelConfig, run_dir: str, resuming: bool = False) -> str:
-    """The HF checkpoint every actor starts from: ``model.path``, or a random one built in the run dir.
-
-    An ``initial_model/`` already in the run dir is reused when its fingerprint matches ``model``. Otherwise
-    a run that starts afresh rebuilds it (the run dir's config.yaml describes the new model), and a run that
-    resumes a checkpoint of this run dir (``resuming``) keeps the one it trained from: one built with another
-    model is refused (validation says so first: checkpoint/rules.py), one without a fingerprint is kept."""
+    """The HF checkpoint every actor starts from: ``model.path``, or a random one built in the run dir. An
+    ``initial_model/`` there is reused when its fingerprint matches ``model``, else rebuilt; a run that resumes
+    (``resuming``) keeps the one it trained from and refuses one built for another model."""
     if model.path is not None:
         return os.path.expanduser(model.path)
     out = os.path.join(run_dir, "initial_model")
