@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
+from slime_hydra.plan.activations import rank_step_samples
 from slime_hydra.plan.memory import (
     AUTO_OFFLOAD_HEADROOM,
     OFFLOAD_CHOICES,
@@ -30,7 +31,6 @@ from slime_hydra.plan.memory import (
     TRAINER_MEMORY,
     colocated_peaks,
     estimate,
-    rank_step_samples,
     resident,
 )
 from slime_hydra.plan.resources import make_plan
@@ -40,8 +40,7 @@ if TYPE_CHECKING:
 
 AUTO = "auto"
 # tokens a micro-batch should hold before recompute is worth avoiding: below this a GPU's matmuls run short
-# of work (megatron on a Qwen3-4B shape, one H200: 35.8% MFU at 4096 tokens, 44.7% at 8192,
-# bench/measured/h200_megatron_mfu.md)
+# of work
 AUTO_TARGET_TOKENS = 4096
 # what ``auto`` means where nothing is estimated (CPU, or a backend without a memory function)
 CPU_DEFAULTS = {"micro_batch_size": 64, "gradient_checkpointing": False, "max_tokens_per_micro_batch": 16384,
@@ -91,9 +90,8 @@ def resolve_offload(cfg: "RunConfig") -> "RunConfig":
 
 
 def choose_push_before_offload(cfg: "RunConfig") -> bool:
-    """With ``offload_train``: push from the trainer's GPU weights (0.045 s/GB measured on an H200, against
-    0.526 s/GB from the host: bench/measured/h200_megatron_sglang_4b_1gpu.md) where the estimate of that
-    phase (the trainer's weights beside the engine's, the optimizer state already on the host) leaves
+    """With ``offload_train``: push from the trainer's GPU weights (faster than from the host) where the estimate
+    of that phase (the trainer's weights beside the engine's, the optimizer state already on the host) leaves
     ``AUTO_OFFLOAD_HEADROOM`` of the GPU free."""
     p = cfg.parallelism
     if not (p.colocate and p.offload_train):

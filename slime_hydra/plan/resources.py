@@ -57,9 +57,8 @@ class ResourcePlan:
     @property
     def engine_kv_cap(self) -> Optional[int]:
         """The KV tokens an engine on a GPU shared with a trainer is held to: the memory estimate's. SGLang sizes its
-        pool from the memory free as it starts, which a trainer building or warming up beside it still moves (a pool
-        grew past the plan so on an H200: bench/measured/h200_compiled_head.md). None: engines on GPUs of their own,
-        or no estimate."""
+        pool from the memory free as it starts, which a trainer building or warming up beside it still moves, so
+        the pool could grow past the plan. None: engines on GPUs of their own, or no estimate."""
         return self.memory.kv_cache_tokens if self.colocate and self.memory is not None else None
 
     def node_of(self, bundle: int) -> int:
