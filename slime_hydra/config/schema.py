@@ -215,9 +215,8 @@ class ParallelismConfig:
     expert_tensor_parallel: Optional[int] = None  # megatron: TP size inside the experts; None: tensor_parallel
     virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
     sequence_parallel: bool = False  # megatron sequence parallelism (with tensor_parallel > 1)
-    gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)
-    # torch threads per process on CPU: processes share the cores, and OpenMP threads that
-    # outnumber them spin against each other (measured: 25 ms -> 1.1 s for one engine batch).
+    gpu_memory_gib: float = 140.0  # GiB of one accelerator, for the memory estimate (docs/memory.md)
+    # torch threads per process on CPU: processes share the cores, and OpenMP threads that outnumber them spin
     cpu_threads: int = 1
 
 
@@ -350,8 +349,7 @@ class SyncConfig:
     transport: str = "auto"  # auto (colocated: tensor, split: distributed) | distributed | tensor | disk
     bucket_mb: int = 512  # weights travel in buckets of at most this many MiB
     # fail a sync run when the mean |rollout - trainer| log-prob gap of a step exceeds this (stale or
-    # corrupt weights on the engines). None: by model.dtype (config/resolve.py: 1e-3 for float32, where
-    # gaps of ~1e-7 were measured; 0.05 for bf16/fp16, where 0.0065-0.0073 were measured on H200s); inf: off
+    # corrupt weights on the engines). None: by model.dtype (1e-3 for float32, 0.05 for bf16/fp16); inf: off
     max_logprob_diff: Optional[float] = None
     # fault tolerance: a weight push not done within this many seconds counts as its engines' death
     # (every HTTP call and the weight-update group of a push use it as their deadline)
