@@ -1,8 +1,7 @@
 """``Sample``: one prompt and one response, everything the rollout side knows about it.
 
 It lives in ``data`` because the data source makes samples, the rewards score them and the rollout
-fills them in: all three import it from here, and none of them imports another for it. Rollout hooks
-may import it as ``slime_hydra.rollout.sample`` too.
+fills them in: all three import it from here, and none of them imports another for it.
 
 Field names follow slime's ``Sample`` where they mean the same thing. ``tokens`` is prompt + response;
 ``loss_mask``, ``rollout_log_probs`` are aligned to the response tokens only. A group is a list of the

@@ -58,9 +58,7 @@ class RunLogger:
             with open(self.path) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             self.history = [r for r in rows if keep_until is not None and r.get("step", -1) <= keep_until]
-            with open(self.path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in self.history)
-            os.replace(self.path + ".tmp", self.path)
+            self._rewrite()
         self.file = open(self.path, "a")
         self.wandb = None
         mode = wandb_mode(cfg.logging.wandb_mode) if cfg.logging.wandb else None
@@ -93,12 +91,16 @@ class RunLogger:
         rows it has (it takes no step twice); the redone steps' rows are the same (same seed, same rows)."""
         self.history = [r for r in self.history if r.get("step", -1) <= step]
         self.file.close()
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.history)
-        os.replace(self.path + ".tmp", self.path)
+        self._rewrite()
         self.file = open(self.path, "a")
         self.bar.n = step
         self.bar.refresh()
+
+    def _rewrite(self) -> None:
+        """metrics.jsonl holds ``self.history``, written whole or not at all."""
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.history)
+        os.replace(self.path + ".tmp", self.path)
 
     def progress(self, metrics: Dict[str, Any]) -> None:
         post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time")}

@@ -80,7 +80,6 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
         host=host)
 
 
-
 def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     """The torch backend with FSDP2 and/or LoRA (docs/memory.md)."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer

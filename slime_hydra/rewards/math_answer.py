@@ -9,12 +9,9 @@ math_verify bounds parsing and comparison with ``signal.alarm``, which only work
 (elsewhere it raises). So the timeouts are passed only there and are None (no limit) in other threads;
 the async reward runs this in worker processes, whose main thread keeps the limit (``math_pool``).
 
-Failures (the rule is in :mod:`slime_hydra.rewards.hub`): math_verify is called with
-``raise_on_error=True``, so its errors and timeouts reach us instead of its DEBUG log. An answer it
-raises on or runs out of time on scores 0 and is counted (``rollout/reward_verifier_error_count``,
-``rollout/reward_verifier_timeout_count``; sympy raises on odd answers, and one such answer must not
-stop a run). A verifier that cannot check ``1/2 == 0.5`` (an API change, a broken install) raises at
-its first use in each process instead: it would score every answer 0.
+Failures (the rule is in :mod:`slime_hydra.rewards.hub`): math_verify runs with ``raise_on_error=True``;
+an answer it raises on or runs out of time on scores 0 and is counted. A verifier that cannot check
+``1/2 == 0.5`` raises at its first use in each process: it would score every answer 0.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ networking helpers."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -66,10 +67,8 @@ def _wait_group(proc: subprocess.Popen, timeout: float) -> None:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _group_running(pgid: int) -> bool:
