@@ -1,21 +1,7 @@
 """Choices the plan makes so that a run fits its GPUs, where the config leaves them to it: what colocated
-GPUs offload, the micro-batch (``trainer.micro_batch_size`` or, packed, ``max_tokens_per_micro_batch``)
-and activation recompute (``trainer.gradient_checkpointing`` / ``recompute``). It sits above the estimate
-(``memory.py``) and the layout (``resources.py``) and uses both.
-
-The order, and why:
-
-1. Offload: the least that fits a micro-batch of ``AUTO_TARGET_TOKENS`` (every offload costs time at every
-   step; a smaller micro-batch costs a little efficiency, so the offload is chosen for a good one). An async
-   loop on colocated GPUs offloads nothing (its next rollout generates while the trainer trains).
-2. Micro-batch: the largest candidate (the rank's whole share of a step, then halves of it; packed budgets
-   are power-of-two multiples of the longest sequence) whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU
-   free, without recompute.
-3. Recompute: on only when, without it, the micro-batch that fits holds fewer than ``AUTO_TARGET_TOKENS``
-   tokens and recompute lets a larger one fit (it costs about a third more compute in the backward pass).
-
-A value the config sets is kept. What does not fit is refused by validation with the numbers;
-:func:`suggestion` then names settings that do fit. On CPU (no estimate) ``auto`` takes ``CPU_DEFAULTS``.
+GPUs offload, the micro-batch and activation recompute, in that order (docs/memory.md says why). A value
+the config sets is kept; :func:`suggestion` names settings that fit a config that does not. On CPU (no
+estimate) ``auto`` takes ``CPU_DEFAULTS``.
 """
 
 from __future__ import annotations
@@ -214,7 +200,7 @@ def _knobs(cfg: "RunConfig", index: int, recompute: bool, auto: Set[str]) -> Dic
 
 
 def _choose_micro_batch(cfg: "RunConfig", auto: Set[str]) -> str:
-    """Set the size and recompute keys of ``cfg``'s backend named in ``auto`` (see the module docstring);
+    """Set the size and recompute keys of ``cfg``'s backend named in ``auto`` (docs/memory.md);
     the line that says what was chosen and why."""
     size_key, rec_key = _knob_keys(cfg)
     t = cfg.trainer
