@@ -64,11 +64,8 @@ class ArchConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING  # preset name, used in run_name (conf/model/<name>.yaml)
-    # A local Hugging Face checkpoint directory or a hub id. None: build the model from ``arch``
-    # with random weights (the embedded default's tiny model).
-    path: Optional[str] = None
-    # Tokenizer: None -> same as ``path``; "builtin:digits" -> the in-code tokenizer of the built-in tasks.
-    tokenizer: Optional[str] = None
+    path: Optional[str] = None  # a local HF checkpoint directory or a hub id; None: random weights of ``arch``
+    tokenizer: Optional[str] = None  # None: ``path``'s; "builtin:digits": the in-code one of the built-in tasks
     arch: ArchConfig = field(default_factory=ArchConfig)  # the model's shape (HF config.json fields)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
     trust_remote_code: bool = False  # let transformers and SGLang run the checkpoint's own model code
@@ -83,7 +80,6 @@ class AlgoConfig:
     name: str = MISSING  # preset name, used in run_name (conf/algo/<name>.yaml)
     advantage_estimator: str = "grpo"  # a key of slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
     policy_loss: str = "ppo_clip"  # a key of slime_hydra.train.algorithms.POLICY_LOSSES
-    # Reward post-processing (in the rollout manager): subtract the group mean, divide by its std.
     normalize_rewards: bool = True  # subtract each group's mean reward (in the rollout manager)
     normalize_std: bool = True  # also divide by the group's reward std (off by itself when n_samples_per_prompt=1)
     # DAPO's dynamic sampling: train only on groups whose rewards differ (the rollout manager uses

@@ -53,52 +53,27 @@ TRANSIENT = ("autocast_copies", "activations", "gather_buffers")
 
 
 def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
-    """The torch backend (docs/memory.md)."""
-    if cfg.trainer.strategy == "fsdp" or cfg.trainer.lora.rank:
-        return torch_fsdp_lora_memory(cfg, plan)
-    a, p = cfg.model.arch, cfg.parallelism
-    n = param_count(a).total
-    gpu = p.device == "cuda"
-    compute = dtype_bytes(cfg.model.dtype)
-    master = 4 if gpu else compute  # float32 master weights on GPUs; model.dtype throughout on CPU
-    critic = (n - param_count(a).lm_head) if cfg.algo.advantage_estimator == "ppo" else 0
-    autocast = gpu and compute < 4
-    acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
-                            residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing,
-                            fused_head=cfg.trainer.fused_logprobs, compiled=cfg.trainer.compile)
-    ref = master * n if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else 0
-    host = {}
-    if p.colocate and p.offload_train and gpu:  # weights, Adam's moments and the reference; gradients are dropped
-        host["offloaded_state"] = master * 3 * (n + critic) + ref
-    return TrainerMemory(
-        gpu={"weights": master * n, "grads": master * n, "adam": 2 * master * n, "reference": ref,
-             "critic": 4 * master * critic,
-             "ddp_buckets": master * (n + critic) if plan.data_parallel > 1 else 0,
-             "autocast_copies": compute * (n + critic) if autocast else 0,
-             "activations": acts["layers"] + acts["logits"]},
-        offloaded=("weights", "grads", "adam", "reference", "critic"),  # not DDP's buckets
-        host=host)
-
-
-def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
-    """The torch backend with FSDP2 and/or LoRA (docs/memory.md)."""
+    """The torch backend: DDP, FSDP2 and/or LoRA (docs/memory.md)."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     pc = param_count(a)
     n = pc.total
     gpu = p.device == "cuda"
     compute = dtype_bytes(cfg.model.dtype)
-    master = 4 if gpu else compute
+    master = 4 if gpu else compute  # float32 master weights on GPUs; model.dtype throughout on CPU
     fsdp, lora = t.strategy == "fsdp", t.lora.rank > 0
     shards = max(plan.data_parallel, 1) if fsdp else 1
     adapters = lora_params(cfg) if lora else 0
     trainable, train_bytes = (adapters, 4) if lora else (n, master)  # adapters are float32 (PEFT upcasts them)
     base_bytes = compute if lora else master
     needs_ref = bool(cfg.algo.kl_coef or cfg.algo.kl_loss_coef) and not lora  # LoRA: the base is the reference
+    # PPO's critic: a second backbone, trained with DDP and full weights (the rules refuse it with FSDP2 or LoRA)
+    critic = n - pc.lm_head if cfg.algo.advantage_estimator == "ppo" and not (fsdp or lora) else 0
     gpu_parts = {"weights": (base_bytes * n + (4 * adapters if lora else 0)) / shards,
                  "grads": train_bytes * trainable / shards,
                  "adam": 2 * train_bytes * trainable / shards,
                  "reference": (compute if fsdp else master) * n / shards if needs_ref else 0,
-                 "ddp_buckets": 4 * adapters if lora and not fsdp and plan.data_parallel > 1 else 0}
+                 "critic": 4 * master * critic,
+                 "ddp_buckets": train_bytes * (trainable + critic) if not fsdp and plan.data_parallel > 1 else 0}
     if fsdp:
         root = a.vocab_size * a.hidden_size + pc.lm_head + a.hidden_size
         layer = (n - root) / a.num_layers
@@ -106,16 +81,16 @@ def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
         gpu_parts["gather_buffers"] = compute * (2 * layer + root) + (compute * root + grad_bytes * layer
                                                                       if not lora else 0)
     host: Dict[str, float] = {}
-    state = ("weights", "grads", "adam", "reference")
+    state = ("weights", "grads", "adam", "reference", "critic")  # not DDP's buckets
     if fsdp and t.fsdp_cpu_offload:
         host["fsdp_cpu_offload"] = sum(gpu_parts[k] for k in state)
         for k in state:
             gpu_parts[k] = 0
     elif p.colocate and p.offload_train and gpu:  # gradients are dropped
-        host["offloaded_state"] = sum(gpu_parts[k] for k in ("weights", "adam", "reference"))
+        host["offloaded_state"] = sum(gpu_parts[k] for k in ("weights", "adam", "reference")) + 3 * master * critic
     autocast = gpu and compute < 4
     if autocast and not fsdp:  # DDP: autocast's model.dtype copies of the float32 weights (LoRA: the adapters)
-        gpu_parts["autocast_copies"] = compute * (adapters if lora else n)
+        gpu_parts["autocast_copies"] = compute * ((adapters if lora else n) + critic)
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
                             residual_bytes=compute if (lora or fsdp) and gpu else master,
                             checkpointing=t.gradient_checkpointing, fused_head=t.fused_logprobs,
@@ -203,16 +178,16 @@ TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "Plan"], TrainerMemory]] = {
 
 
 # ------------------------------------------------------------------------------------ engines
-def kv_bytes_per_token(a: "ArchConfig", dtype_bytes: float, *, sglang: bool, tp: int = 1) -> float:
+def kv_bytes_per_token(a: "ArchConfig", elem_bytes: float, *, sglang: bool, tp: int = 1) -> float:
     """KV cache bytes one token takes on one GPU. SGLang keeps MLA's compressed latent (whole on every
     GPU) and splits key/value heads over its tensor parallel ranks (at least one head each); Hugging
     Face's cache (the embedded engine) keeps MLA's full per-head keys and values."""
     if is_mla(a):
         width = (a.kv_lora_rank + a.qk_rope_head_dim) if sglang else \
             a.num_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim)
-        return a.num_layers * width * dtype_bytes
+        return a.num_layers * width * elem_bytes
     heads = max(1, a.num_kv_heads // tp) if sglang else a.num_kv_heads
-    return 2 * a.num_layers * heads * head_dim(a) * dtype_bytes
+    return 2 * a.num_layers * heads * head_dim(a) * elem_bytes
 
 
 def mem_fraction_static(cfg: "RunConfig") -> Optional[float]:

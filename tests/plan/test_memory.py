@@ -1,4 +1,4 @@
-"""The memory estimate of the plan (slime_hydra/plan/memory.py): parameter counts against the
+"""The memory estimate of the plan (slime_hydra/plan/params.py, activations.py, memory.py): parameter counts against the
 Hugging Face models, activation bytes against saved-tensor measurements, the whole trainer against
 a measured H200 run, and the layouts it refuses or lets through."""
 

@@ -1,5 +1,5 @@
 """The memory plan of the torch backend's FSDP2 strategy and LoRA (slime_hydra/plan/memory.py,
-``torch_fsdp_lora_memory``): sharded state, gather buffers, adapter counts checked against PEFT, what
+``torch_trainer_memory``): sharded state, gather buffers, adapter counts checked against PEFT, what
 ``dry_run`` prints, and the DDP refusal naming the ones that would fit."""
 
 from __future__ import annotations
