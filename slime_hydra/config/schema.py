@@ -173,10 +173,9 @@ class RolloutConfig:
     sglang_prebuild_kernels: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
-    # Fault tolerance (docs/faults.md): an engine whose process exits, whose /health_generate does not
-    # answer within health_check_timeout_s or whose weight push misses sync.push_timeout_s is restarted
-    # and its requests go to the others; the router, the rollout manager and the trainer ranks are
-    # rebuilt in the running process. Off: any of these deaths stops the run.
+    # heal in the running process (docs/faults.md): a dead or silent engine (health_check_timeout_s, a push
+    # past sync.push_timeout_s) is restarted, and the router, rollout manager and trainer ranks are rebuilt;
+    # off: any of these deaths stops the run
     fault_tolerance: bool = False
     health_check_interval_s: float = 10.0  # fault tolerance: seconds between /health_generate probes
     health_check_timeout_s: float = 30.0  # fault tolerance: an engine silent this long is restarted
@@ -324,9 +323,7 @@ class TrainerConfig:
     save_last: bool = True  # save the last step too; false: a measurement whose checkpoint is not wanted
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
-    # fault tolerance (rollout.fault_tolerance): trainer-group rebuilds allowed per hour; one more stops
-    # the run with the dead rank's log tail
-    max_restarts_per_hour: int = 3
+    max_restarts_per_hour: int = 3  # fault tolerance: trainer-group rebuilds per hour; one more stops the run
     # fault tolerance: a trainer call (a training step, a save, a load) not done within this many seconds
     # counts as a hung rank and the group is rebuilt; None: wait forever
     hang_timeout_s: Optional[float] = 3600.0
