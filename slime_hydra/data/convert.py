@@ -55,12 +55,10 @@ class Summary:
 
     def report(self, out: str) -> str:
         lines = [f"wrote {self.written} rows to {out}; rejected {len(self.rejected)}"]
-        lines += [f"  {loc}: {why}" for loc, why in self.rejected[:MAX_LISTED]]
-        if len(self.rejected) > MAX_LISTED:
-            lines.append(f"  ... and {len(self.rejected) - MAX_LISTED} more")
-        lines += [f"note: {loc}: {what}" for loc, what in self.notes[:MAX_LISTED]]
-        if len(self.notes) > MAX_LISTED:
-            lines.append(f"note: ... and {len(self.notes) - MAX_LISTED} more")
+        for prefix, items in (("  ", self.rejected), ("note: ", self.notes)):
+            lines += [f"{prefix}{loc}: {why}" for loc, why in items[:MAX_LISTED]]
+            if len(items) > MAX_LISTED:
+                lines.append(f"{prefix}... and {len(items) - MAX_LISTED} more")
         return "\n".join(lines)
 
 

@@ -36,21 +36,27 @@ def is_mla(a: "ArchConfig") -> bool:
     return a.type == "deepseek_v3"
 
 
-def _attention_params(a: "ArchConfig") -> int:
+def _attention_shapes(a: "ArchConfig") -> Dict[str, Tuple[int, int]]:
+    """Hugging Face linear-layer name -> (in, out) of one decoder layer's attention."""
     h, nh = a.hidden_size, a.num_heads
-    if is_mla(a):
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        if a.q_lora_rank:
-            q = h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * nh * qk + a.attention_bias * a.q_lora_rank
-        else:
-            q = h * nh * qk
-        kv_a = a.kv_lora_rank + a.qk_rope_head_dim
-        kv = (h * kv_a + a.attention_bias * kv_a + a.kv_lora_rank
-              + a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim))
-        return q + kv + nh * a.v_head_dim * h + a.attention_bias * h
+    if not is_mla(a):
+        q, kv = nh * head_dim(a), a.num_kv_heads * head_dim(a)
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    q = {"q_a_proj": (h, a.q_lora_rank), "q_b_proj": (a.q_lora_rank, nh * qk)} if a.q_lora_rank else \
+        {"q_proj": (h, nh * qk)}
+    return {**q, "kv_a_proj_with_mqa": (h, a.kv_lora_rank + a.qk_rope_head_dim),
+            "kv_b_proj": (a.kv_lora_rank, nh * (a.qk_nope_head_dim + a.v_head_dim)), "o_proj": (nh * a.v_head_dim, h)}
+
+
+def _attention_params(a: "ArchConfig") -> int:
+    h = a.hidden_size
+    n = sum(i * o for i, o in _attention_shapes(a).values())
+    if is_mla(a):  # the low-rank norms, and the biases of the down-projections and o_proj
+        low_rank = (a.q_lora_rank or 0) + a.kv_lora_rank
+        return n + low_rank + a.attention_bias * (low_rank + a.qk_rope_head_dim + h)
     hd = head_dim(a)
-    q, kv = nh * hd, a.num_kv_heads * hd
-    n = 2 * h * q + 2 * h * kv
+    q, kv = a.num_heads * hd, a.num_kv_heads * hd
     if a.type == "qwen2" or a.attention_bias:  # Qwen2 always has q/k/v biases
         n += q + 2 * kv
     if a.attention_bias and a.type in ("qwen3", "qwen3_moe", "llama"):  # and these an o_proj bias
@@ -83,24 +89,10 @@ def param_count(a: "ArchConfig") -> ParamCount:
 def linear_shapes(a: "ArchConfig") -> Dict[str, Tuple[int, int, int]]:
     """Hugging Face linear-layer name -> (in, out, how many in the model) of ``a``'s decoder layers: what
     LoRA can adapt. MLP names count the dense layers only (MoE experts are fused, not linear layers)."""
-    h, nh, L = a.hidden_size, a.num_heads, a.num_layers
-    dense = L - moe_layers(a)
-    if is_mla(a):
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        attn = {"o_proj": (nh * a.v_head_dim, h, L),
-                "kv_a_proj_with_mqa": (h, a.kv_lora_rank + a.qk_rope_head_dim, L),
-                "kv_b_proj": (a.kv_lora_rank, nh * (a.qk_nope_head_dim + a.v_head_dim), L)}
-        if a.q_lora_rank:
-            attn.update(q_a_proj=(h, a.q_lora_rank, L), q_b_proj=(a.q_lora_rank, nh * qk, L))
-        else:
-            attn["q_proj"] = (h, nh * qk, L)
-    else:
-        q, kv = nh * head_dim(a), a.num_kv_heads * head_dim(a)
-        attn = {"q_proj": (h, q, L), "k_proj": (h, kv, L), "v_proj": (h, kv, L), "o_proj": (q, h, L)}
-    f = a.intermediate_size
-    mlp = {"gate_proj": (h, f, dense), "up_proj": (h, f, dense), "down_proj": (f, h, dense),
-           "gate_up_proj": (h, 2 * f, dense)}
-    return {**attn, **mlp}
+    h, f, dense = a.hidden_size, a.intermediate_size, a.num_layers - moe_layers(a)
+    mlp = {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h), "gate_up_proj": (h, 2 * f)}
+    return {**{k: (i, o, a.num_layers) for k, (i, o) in _attention_shapes(a).items()},
+            **{k: (i, o, dense) for k, (i, o) in mlp.items()}}
 
 
 def lora_params(cfg: "RunConfig") -> int:
