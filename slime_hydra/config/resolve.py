@@ -105,15 +105,12 @@ def resolve(cfg: RunConfig) -> RunConfig:
         r.router.policy = "cache_aware" if p.rollout_gpus // p.gpus_per_engine > 1 else "round_robin"
     if cfg.sync.transport == "auto":
         cfg.sync.transport = "tensor" if p.colocate else "distributed"
+    inherited = {"input_key": cfg.data.input_key, "label_key": cfg.data.label_key, "reward": cfg.reward.type,
+                 "max_response_len": r.max_response_len}
     for ds in cfg.eval.datasets:
-        if ds.input_key is None:
-            ds.input_key = cfg.data.input_key
-        if ds.label_key is None:
-            ds.label_key = cfg.data.label_key
-        if ds.reward is None:
-            ds.reward = cfg.reward.type
-        if ds.max_response_len is None:
-            ds.max_response_len = r.max_response_len
+        for key, value in inherited.items():
+            if getattr(ds, key) is None:
+                setattr(ds, key, value)
     if t.mode == "async" and p.colocate:
         # async trains while the next rollout generates, so nothing can take turns on the GPU: both sides stay
         # resident (launch/rules.py refuses an offload set to true here)
