@@ -91,12 +91,9 @@ class DataSource:
         if row.tools is not None:
             metadata["tools"] = row.tools
         template = Sample(prompt=self.prompts[i], label=row.label, metadata=metadata, group_index=self.next_group_index)
-        group = []
-        for _ in range(self.n_samples_per_prompt):
-            s = copy.deepcopy(template)
-            s.index = self.next_index
-            self.next_index += 1
-            group.append(s)
+        group = [copy.deepcopy(template) for _ in range(self.n_samples_per_prompt)]
+        for s in group:
+            s.index, self.next_index = self.next_index, self.next_index + 1
         self.next_group_index += 1
         return group
 

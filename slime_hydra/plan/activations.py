@@ -87,18 +87,12 @@ def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int
                      sequence_parallel: bool = False, layers_held: float = 1.0,
                      vocab_parallel_head: bool = False, fused_head: bool = False,
                      compiled: bool = False) -> Dict[str, float]:
-    """Peak activation bytes of one micro-batch's forward and backward: the decoder layers (and the
-    embedding output and final norm) and the log-prob head (logits, log-softmax), as the torch backend
-    computes them; with tensor parallelism, Megatron's split (vocab-parallel logits). ``layers_held``:
-    the layer stack's activations are held this many times (a pipeline stage's micro-batches in flight
-    x its share of the layers). ``vocab_parallel_head``: the megatron backend's head, which keeps the
-    logits of its vocabulary slice (and their gradient) in the compute dtype and works in float32 only a
-    chunk at a time (``train/backends/megatron/logprobs.py``). ``fused_head``: the torch backend's
-    ``trainer.fused_logprobs`` (``train/logprobs.py``), which keeps the response tokens' hidden rows and
-    makes the logits a chunk of ``HEAD_CHUNK_ROWS`` at a time (about five float32 ``chunk x V``
-    temporaries in the backward), with a ``model.dtype`` copy of the head's weight and its float32
-    gradient. ``compiled``: ``trainer.compile`` (compiled decoder layers, either backend; MLA keeps the eager
-    tables)."""
+    """Peak activation bytes of one micro-batch's forward and backward (docs/memory.md): the decoder layers
+    (with the embedding output and final norm) and the log-prob head. ``layers_held``: the layer stack's
+    activations are held this many times (a pipeline stage's micro-batches in flight x its share of the
+    layers). The head is the torch backend's, ``fused_head`` its ``trainer.fused_logprobs``, or with
+    ``vocab_parallel_head`` the megatron backend's. ``compiled``: ``trainer.compile``'s tables (MLA keeps
+    the eager ones)."""
     compiled = compiled and not is_mla(a)
     autocast_table, fp32_table = (ACT_COMPILED_AUTOCAST, ACT_COMPILED_FP32) if compiled else (ACT_AUTOCAST, ACT_FP32)
     table = autocast_table if autocast else {k: v * compute_bytes / 4 for k, v in fp32_table.items()}
