@@ -34,8 +34,8 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt as e:
         # Ctrl-C: the run has stopped by now (its actors killed, Ray shut down, what it started reaped:
-        # launch/driver.py, launch/lease.py). Leave without the interpreter's teardown, which took 6 s on
-        # a loaded 2-core machine (torch alone 2.5 s): a run must stop within seconds of Ctrl-C.
+        # launch/driver.py, launch/lease.py). Leave without the interpreter's teardown (torch's is slow):
+        # a run must stop within seconds of Ctrl-C.
         sweep_dir = getattr(e, "slime_sweep_dir", None)  # a sweep's (slime_hydra/sweep/flow.py: INTERRUPTED_SWEEP)
         print(f"interrupted: the sweep stopped (go on with the same command and sweep.resume=true "
               f"hydra.sweep.dir={sweep_dir})" if sweep_dir else

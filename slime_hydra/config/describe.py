@@ -4,12 +4,9 @@
     python -m slime_hydra.config describe rollout algo.lr      # the keys under these prefixes
     python -m slime_hydra.config describe rollout model=qwen3_4b rollout=sglang   # values under overrides
 
-The descriptions are the comments of the schema (``slime_hydra/config/schema.py``), read with
-``tokenize`` and ``ast``: a field's trailing comment, or else the comment lines directly above it.
-The schema file stays the one place where a key, its default and its meaning are written, and it
-reads as before; ``tests/config/test_describe.py`` checks that every field has a description. The values
-are those of the composed config (``run.py``'s defaults list plus the given overrides), before the
-derived (``None``) values are filled in.
+The descriptions are the schema's comments (``slime_hydra/config/schema.py``, read with ``tokenize``
+and ``ast``): a field's trailing comment, or else the comment lines directly above it. The values are
+those of the composed config (``run.py``'s defaults plus the overrides), before derived values are filled.
 """
 
 from __future__ import annotations
@@ -100,12 +97,8 @@ def schema_keys(cls: type = schema.RunConfig, prefix: str = "") -> List[Key]:
         path, tp = prefix + f.name, hints[f.name]
         item = typing.get_args(tp)[0] if typing.get_origin(tp) in (list, List) and typing.get_args(tp) else None
         nested = tp if dataclasses.is_dataclass(tp) else None
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = MISSING
+        default = f.default if f.default is not dataclasses.MISSING else \
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
         if nested is not None:
             keys.append(Key(path, "group", None, docs.get(f.name, ""), cls))
             keys += schema_keys(nested, path + ".")

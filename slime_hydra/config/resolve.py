@@ -70,8 +70,8 @@ def unknown_keys(node: DictConfig, path: str = "") -> List[str]:
     return out
 
 
-# sync.max_logprob_diff by model.dtype: 100x and ~7x the mean gaps measured (fp32 on CPU and GPU: ~1e-7;
-# a bf16 engine against fp32 master weights under autocast on H200s: 0.0065-0.0073)
+# sync.max_logprob_diff by model.dtype: well above the gap of healthy weights (a bf16 engine against fp32
+# master weights under autocast differs far more than fp32 on both sides)
 LOGPROB_GAP_LIMITS = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
 
 
@@ -101,20 +101,16 @@ def resolve(cfg: RunConfig) -> RunConfig:
         t.num_steps_per_rollout = max(1, samples // t.global_batch_size)
     if r.router.policy == "auto":
         # one engine leaves nothing to route between, and cache_aware's prefix tree of request texts
-        # grows for hundreds of steps before it is evicted (router USS +16% over a 500-step run,
-        # flat with round_robin: bench/measured/long_run_500.md, long_run_300.md)
+        # grows the router's memory for hundreds of steps before it is evicted
         r.router.policy = "cache_aware" if p.rollout_gpus // p.gpus_per_engine > 1 else "round_robin"
     if cfg.sync.transport == "auto":
         cfg.sync.transport = "tensor" if p.colocate else "distributed"
+    inherited = {"input_key": cfg.data.input_key, "label_key": cfg.data.label_key, "reward": cfg.reward.type,
+                 "max_response_len": r.max_response_len}
     for ds in cfg.eval.datasets:
-        if ds.input_key is None:
-            ds.input_key = cfg.data.input_key
-        if ds.label_key is None:
-            ds.label_key = cfg.data.label_key
-        if ds.reward is None:
-            ds.reward = cfg.reward.type
-        if ds.max_response_len is None:
-            ds.max_response_len = r.max_response_len
+        for key, value in inherited.items():
+            if getattr(ds, key) is None:
+                setattr(ds, key, value)
     if t.mode == "async" and p.colocate:
         # async trains while the next rollout generates, so nothing can take turns on the GPU: both sides stay
         # resident (launch/rules.py refuses an offload set to true here)

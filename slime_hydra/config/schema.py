@@ -64,11 +64,8 @@ class ArchConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING  # preset name, used in run_name (conf/model/<name>.yaml)
-    # A local Hugging Face checkpoint directory or a hub id. None: build the model from ``arch``
-    # with random weights (the embedded default's tiny model).
-    path: Optional[str] = None
-    # Tokenizer: None -> same as ``path``; "builtin:digits" -> the in-code tokenizer of the built-in tasks.
-    tokenizer: Optional[str] = None
+    path: Optional[str] = None  # a local HF checkpoint directory or a hub id; None: random weights of ``arch``
+    tokenizer: Optional[str] = None  # None: ``path``'s; "builtin:digits": the in-code one of the built-in tasks
     arch: ArchConfig = field(default_factory=ArchConfig)  # the model's shape (HF config.json fields)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
     trust_remote_code: bool = False  # let transformers and SGLang run the checkpoint's own model code
@@ -83,7 +80,6 @@ class AlgoConfig:
     name: str = MISSING  # preset name, used in run_name (conf/algo/<name>.yaml)
     advantage_estimator: str = "grpo"  # a key of slime_hydra.train.algorithms.ADVANTAGE_ESTIMATORS
     policy_loss: str = "ppo_clip"  # a key of slime_hydra.train.algorithms.POLICY_LOSSES
-    # Reward post-processing (in the rollout manager): subtract the group mean, divide by its std.
     normalize_rewards: bool = True  # subtract each group's mean reward (in the rollout manager)
     normalize_std: bool = True  # also divide by the group's reward std (off by itself when n_samples_per_prompt=1)
     # DAPO's dynamic sampling: train only on groups whose rewards differ (the rollout manager uses
@@ -173,10 +169,9 @@ class RolloutConfig:
     sglang_fast_start: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
-    # Fault tolerance (docs/faults.md): an engine whose process exits, whose /health_generate does not
-    # answer within health_check_timeout_s or whose weight push misses sync.push_timeout_s is restarted
-    # and its requests go to the others; the router, the rollout manager and the trainer ranks are
-    # rebuilt in the running process. Off: any of these deaths stops the run.
+    # heal in the running process (docs/faults.md): a dead or silent engine (health_check_timeout_s, a push
+    # past sync.push_timeout_s) is restarted, and the router, rollout manager and trainer ranks are rebuilt;
+    # off: any of these deaths stops the run
     fault_tolerance: bool = False
     health_check_interval_s: float = 10.0  # fault tolerance: seconds between /health_generate probes
     health_check_timeout_s: float = 30.0  # fault tolerance: an engine silent this long is restarted
@@ -211,9 +206,8 @@ class ParallelismConfig:
     expert_tensor_parallel: Optional[int] = None  # megatron: TP size inside the experts; None: tensor_parallel
     virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
     sequence_parallel: bool = False  # megatron sequence parallelism (with tensor_parallel > 1)
-    gpu_memory_gib: float = 140.0  # one accelerator, for the memory estimate (H200: 143,771 MiB = 140.4 GiB)
-    # torch threads per process on CPU: processes share the cores, and OpenMP threads that
-    # outnumber them spin against each other (measured: 25 ms -> 1.1 s for one engine batch).
+    gpu_memory_gib: float = 140.0  # GiB of one accelerator, for the memory estimate (docs/memory.md)
+    # torch threads per process on CPU: processes share the cores, and OpenMP threads that outnumber them spin
     cpu_threads: int = 1
 
 
@@ -325,9 +319,7 @@ class TrainerConfig:
     save_last: bool = True  # save the last step too; false: a measurement whose checkpoint is not wanted
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
-    # fault tolerance (rollout.fault_tolerance): trainer-group rebuilds allowed per hour; one more stops
-    # the run with the dead rank's log tail
-    max_restarts_per_hour: int = 3
+    max_restarts_per_hour: int = 3  # fault tolerance: trainer-group rebuilds per hour; one more stops the run
     # fault tolerance: a trainer call (a training step, a save, a load) not done within this many seconds
     # counts as a hung rank and the group is rebuilt; None: wait forever
     hang_timeout_s: Optional[float] = 3600.0
@@ -346,8 +338,7 @@ class SyncConfig:
     transport: str = "auto"  # auto (colocated: tensor, split: distributed) | distributed | tensor | disk
     bucket_mb: int = 512  # weights travel in buckets of at most this many MiB
     # fail a sync run when the mean |rollout - trainer| log-prob gap of a step exceeds this (stale or
-    # corrupt weights on the engines). None: by model.dtype (config/resolve.py: 1e-3 for float32, where
-    # gaps of ~1e-7 were measured; 0.05 for bf16/fp16, where 0.0065-0.0073 were measured on H200s); inf: off
+    # corrupt weights on the engines). None: by model.dtype (1e-3 for float32, 0.05 for bf16/fp16); inf: off
     max_logprob_diff: Optional[float] = None
     # fault tolerance: a weight push not done within this many seconds counts as its engines' death
     # (every HTTP call and the weight-update group of a push use it as their deadline)

@@ -14,17 +14,9 @@ from hydra.errors import ConfigCompositionException
 
 from slime_hydra.config import schema
 
-GROUP_SCHEMAS = {
-    "model": schema.ModelConfig,
-    "algo": schema.AlgoConfig,
-    "rollout": schema.RolloutConfig,
-    "parallelism": schema.ParallelismConfig,
-    "data": schema.DataConfig,
-    "trainer": schema.TrainerConfig,
-    "reward": schema.RewardConfig,
-    "eval": schema.EvalConfig,
-    "logging": schema.LoggingConfig,
-}
+GROUP_SCHEMAS = {"model": schema.ModelConfig, "algo": schema.AlgoConfig, "rollout": schema.RolloutConfig,
+                 "parallelism": schema.ParallelismConfig, "data": schema.DataConfig, "trainer": schema.TrainerConfig,
+                 "reward": schema.RewardConfig, "eval": schema.EvalConfig, "logging": schema.LoggingConfig}
 
 
 # Groups whose files must say `# @package _global_`: RunConfig has no `experiment` or `hparams_search` key,
@@ -62,10 +54,9 @@ def _checked_load_config(load_config):
         group = config_path.split("/", 1)[0] if "/" in config_path else ""
         if ret is not None and group in GLOBAL_GROUPS and ret.header.get("package") != "_global_":
             where = f"{ret.path}/{config_path}.yaml".removeprefix("file://")
-            raise ConfigCompositionException(
-                f"{where}: the first line `# @package _global_` is missing (every {group} file needs it: "
-                f"its keys are the whole config's, model, algo, trainer, ...)"
-            )
+            raise ConfigCompositionException(f"{where}: the first line `# @package _global_` is missing (every "
+                                             f"{group} file needs it: its keys are the whole config's, model, algo, "
+                                             "trainer, ...)")
         return ret
 
     wrapper._slime_hydra_checked = True

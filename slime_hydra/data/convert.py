@@ -55,12 +55,10 @@ class Summary:
 
     def report(self, out: str) -> str:
         lines = [f"wrote {self.written} rows to {out}; rejected {len(self.rejected)}"]
-        lines += [f"  {loc}: {why}" for loc, why in self.rejected[:MAX_LISTED]]
-        if len(self.rejected) > MAX_LISTED:
-            lines.append(f"  ... and {len(self.rejected) - MAX_LISTED} more")
-        lines += [f"note: {loc}: {what}" for loc, what in self.notes[:MAX_LISTED]]
-        if len(self.notes) > MAX_LISTED:
-            lines.append(f"note: ... and {len(self.notes) - MAX_LISTED} more")
+        for prefix, items in (("  ", self.rejected), ("note: ", self.notes)):
+            lines += [f"{prefix}{loc}: {why}" for loc, why in items[:MAX_LISTED]]
+            if len(items) > MAX_LISTED:
+                lines.append(f"{prefix}... and {len(items) - MAX_LISTED} more")
         return "\n".join(lines)
 
 
@@ -73,10 +71,8 @@ def detect_format(path: str) -> str:
         return "hf"
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext not in FORMATS:
-        raise ConvertError(
-            f"{path}: cannot tell the format from {('.' + ext) if ext else 'a missing extension'}; "
-            f"pass --format ({', '.join(FORMATS)})"
-        )
+        raise ConvertError(f"{path}: cannot tell the format from {('.' + ext) if ext else 'a missing extension'}; "
+                           f"pass --format ({', '.join(FORMATS)})")
     return ext
 
 
@@ -139,15 +135,13 @@ def _csv_error(path: str, e: csv.Error, lines: _Lines, first: int, delimiter: st
     sep = "','" if delimiter == "," else "a tab" if delimiter == "\t" else repr(delimiter)
     escape = "a '\"' inside a quoted field is written '\"\"'"
     if "unexpected end of data" in str(e) and spans and spans[-1][1] is None:
-        return ConvertError(
-            f"{path}:{spans[-1][0]}: a quoted field opens here and is never closed (it runs to the end of the "
-            f"file, line {lines.count}); expected a closing '\"' ({escape}), or no '\"' at the start of the field"
-        )
+        return ConvertError(f"{path}:{spans[-1][0]}: a quoted field opens here and is never closed (it runs to the end "
+                            f"of the file, line {lines.count}); expected a closing '\"' ({escape}), or no '\"' at the "
+                            "start of the field")
     if "expected after" in str(e) and spans:
-        return ConvertError(
-            f"{path}:{spans[-1][0]}: the quoted field that opens here ends at a '\"' on line {spans[-1][1]} "
-            f"followed by more text; expected {sep} or the end of the line after a closing '\"' ({escape})"
-        )
+        return ConvertError(f"{path}:{spans[-1][0]}: the quoted field that opens here ends at a '\"' on line "
+                            f"{spans[-1][1]} followed by more text; expected {sep} or the end of the line after a "
+                            f"closing '\"' ({escape})")
     return ConvertError(f"{path}:{lines.count}: not valid {'CSV' if delimiter == ',' else 'TSV'} ({e})")
 
 
@@ -190,10 +184,8 @@ def _read_delimited(path: str, delimiter: str) -> Records:
             if lines.count - first + 1 > LONG_RECORD:
                 opened, closed = max(_quoted_fields(lines.record, delimiter, first),
                                      key=lambda s: (s[1] or 0) - s[0], default=(first, lines.count))
-                yield loc, Note(
-                    f"one record spans lines {first}-{lines.count}: a quoted field runs from line {opened} to "
-                    f"{closed}; if that is not meant, a stray '\"' on line {opened} opened it"
-                )
+                yield loc, Note(f"one record spans lines {first}-{lines.count}: a quoted field runs from line {opened} "
+                                f"to {closed}; if that is not meant, a stray '\"' on line {opened} opened it")
             if len(row) > len(columns):
                 yield loc, Reject(f"{len(row)} fields, the header has {len(columns)}")
             else:
@@ -258,9 +250,8 @@ def _read_hf(path: str, split: Optional[str]) -> Records:
     try:
         import datasets
     except ImportError:
-        raise ConvertError(
-            "reading a saved dataset directory needs the `datasets` package (pip install 'slime_hydra[datasets]')"
-        ) from None
+        raise ConvertError("reading a saved dataset directory needs the `datasets` package "
+                           "(pip install 'slime_hydra[datasets]')") from None
     try:
         ds = datasets.load_from_disk(path)
     except Exception as e:
@@ -305,15 +296,8 @@ def label_text(v: Any) -> str:
     return str(v).strip() if isinstance(v, str) else str(v)
 
 
-def convert_record(
-    rec: Any,
-    *,
-    input_col: str,
-    label_col: Optional[str],
-    metadata_cols: Sequence[str],
-    chat: bool,
-    system_prompt: Optional[str],
-) -> Dict[str, Any]:
+def convert_record(rec: Any, *, input_col: str, label_col: Optional[str], metadata_cols: Sequence[str], chat: bool,
+                   system_prompt: Optional[str]) -> Dict[str, Any]:
     """One input record -> one output row; raises ``Reject`` with the reason."""
     if isinstance(rec, Reject):
         raise rec
@@ -323,10 +307,8 @@ def convert_record(
     if _missing(prompt):
         raise Reject("empty prompt" if input_col in rec else f"missing prompt column {input_col!r}")
     if isinstance(prompt, list):  # parquet / datasets give every message every struct field
-        prompt = [
-            {k: v for k, v in m.items() if v is not None or k in ("role", "content")} if isinstance(m, dict) else m
-            for m in prompt
-        ]
+        prompt = [{k: v for k, v in m.items() if v is not None or k in ("role", "content")}
+                  if isinstance(m, dict) else m for m in prompt]
     try:
         prompt = check_prompt(prompt, "", input_col)
     except DataError as e:
@@ -340,27 +322,16 @@ def convert_record(
         if _missing(rec.get(label_col)):
             raise Reject("missing label")
         out["label"] = label_text(rec[label_col])
-    out["metadata"] = {
-        c: (None if _missing(rec.get(c)) and not isinstance(rec.get(c), str) else rec.get(c)) for c in metadata_cols
-    }
+    out["metadata"] = {c: (None if _missing(rec.get(c)) and not isinstance(rec.get(c), str) else rec.get(c))
+                       for c in metadata_cols}
     return out
 
 
 # -------------------------------------------------------------------------------------- driver
-def convert(
-    src: str,
-    dst: str,
-    *,
-    input_col: str = "prompt",
-    label_col: Optional[str] = "label",
-    metadata_cols: Sequence[str] = (),
-    chat: bool = False,
-    system_prompt: Optional[str] = None,
-    overwrite: bool = False,
-    limit: Optional[int] = None,
-    split: Optional[str] = None,
-    fmt: Optional[str] = None,
-) -> Summary:
+def convert(src: str, dst: str, *, input_col: str = "prompt", label_col: Optional[str] = "label",
+            metadata_cols: Sequence[str] = (), chat: bool = False, system_prompt: Optional[str] = None,
+            overwrite: bool = False, limit: Optional[int] = None, split: Optional[str] = None,
+            fmt: Optional[str] = None) -> Summary:
     """Convert ``src`` to JSONL at ``dst``; raises ConvertError when nothing sensible can be written."""
     problem = _output_problem(dst)
     if problem:
@@ -368,10 +339,8 @@ def convert(
     if os.path.exists(dst) and not overwrite:
         raise ConvertError(f"{dst}: exists; pass --overwrite to replace it")
     if system_prompt is not None and not chat:
-        raise ConvertError(
-            "--system-prompt needs --chat (a plain-text prompt has no system message; "
-            "or set data.system_prompt with data.apply_chat_template=true at train time)"
-        )
+        raise ConvertError("--system-prompt needs --chat (a plain-text prompt has no system message; "
+                           "or set data.system_prompt with data.apply_chat_template=true at train time)")
     if limit is not None and limit < 1:
         raise ConvertError(f"--limit must be >= 1, got {limit}")
     columns, records = read_records(src, fmt, split)
@@ -385,16 +354,8 @@ def convert(
             summary.notes.append((loc, rec.text))
             continue
         try:
-            rows.append(
-                convert_record(
-                    rec,
-                    input_col=input_col,
-                    label_col=label_col,
-                    metadata_cols=metadata_cols,
-                    chat=chat,
-                    system_prompt=system_prompt,
-                )
-            )
+            rows.append(convert_record(rec, input_col=input_col, label_col=label_col, metadata_cols=metadata_cols,
+                                       chat=chat, system_prompt=system_prompt))
         except Reject as e:
             summary.rejected.append((loc, str(e)))
         if limit is not None and len(rows) >= limit:
@@ -479,19 +440,11 @@ def build_parser(prog: str = "slime-hydra-convert") -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "slime-hydra-convert") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
-        summary = convert(
-            args.input,
-            args.output,
-            input_col=args.input_col,
-            label_col=None if args.no_label else args.label_col,
-            metadata_cols=[c.strip() for c in args.metadata_cols.split(",") if c.strip()],
-            chat=args.chat,
-            system_prompt=args.system_prompt,
-            overwrite=args.overwrite,
-            limit=args.limit,
-            split=args.split,
-            fmt=args.format,
-        )
+        summary = convert(args.input, args.output, input_col=args.input_col,
+                          label_col=None if args.no_label else args.label_col,
+                          metadata_cols=[c.strip() for c in args.metadata_cols.split(",") if c.strip()],
+                          chat=args.chat, system_prompt=args.system_prompt, overwrite=args.overwrite,
+                          limit=args.limit, split=args.split, fmt=args.format)
     # the readers turn bad input into ConvertError naming the file and line; the rest is a safety net
     # so that bad input never ends in a traceback
     except (ConvertError, DataError, OSError, UnicodeDecodeError) as e:

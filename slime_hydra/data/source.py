@@ -32,16 +32,8 @@ def pop_first(buffer: List[Group], n: int) -> List[Group]:
 
 
 class DataSource:
-    def __init__(
-        self,
-        rows: List[Row],
-        prompts: List[str],
-        n_samples_per_prompt: int,
-        *,
-        shuffle: bool,
-        seed: int,
-        buffer_filter: Optional[BufferFilter] = None,
-    ):
+    def __init__(self, rows: List[Row], prompts: List[str], n_samples_per_prompt: int, *, shuffle: bool, seed: int,
+                 buffer_filter: Optional[BufferFilter] = None):
         if len(rows) != len(prompts):
             raise ValueError(f"DataSource: {len(rows)} rows but {len(prompts)} prompts")
         if not rows:
@@ -84,16 +76,13 @@ class DataSource:
         before = len(self.buffer)
         groups = self.buffer_filter(self.buffer, n)
         if not isinstance(groups, list):
-            raise TypeError(
-                f"buffer_filter must return a list of groups (lists of Sample), got {type(groups).__name__}"
-            )
+            raise TypeError("buffer_filter must return a list of groups (lists of Sample), "
+                            f"got {type(groups).__name__}")
         if len(groups) > n:
             raise ValueError(f"buffer_filter returned {len(groups)} groups, more than the {n} asked for")
         if len(self.buffer) + len(groups) != before:
-            raise ValueError(
-                "buffer_filter must remove the groups it returns from the buffer "
-                f"(buffer had {before}, returned {len(groups)}, {len(self.buffer)} left)"
-            )
+            raise ValueError("buffer_filter must remove the groups it returns from the buffer "
+                             f"(buffer had {before}, returned {len(groups)}, {len(self.buffer)} left)")
         return groups
 
     def _new_group(self, i: int) -> Group:
@@ -102,12 +91,9 @@ class DataSource:
         if row.tools is not None:
             metadata["tools"] = row.tools
         template = Sample(prompt=self.prompts[i], label=row.label, metadata=metadata, group_index=self.next_group_index)
-        group = []
-        for _ in range(self.n_samples_per_prompt):
-            s = copy.deepcopy(template)
-            s.index = self.next_index
-            self.next_index += 1
-            group.append(s)
+        group = [copy.deepcopy(template) for _ in range(self.n_samples_per_prompt)]
+        for s in group:
+            s.index, self.next_index = self.next_index, self.next_index + 1
         self.next_group_index += 1
         return group
 
@@ -117,35 +103,24 @@ class DataSource:
             if not isinstance(g, list) or not all(isinstance(s, Sample) for s in g):
                 raise ValueError(f"add_samples: group {k} must be a list of Sample")
             if len(g) != self.n_samples_per_prompt:
-                raise ValueError(
-                    f"add_samples: group {k} has {len(g)} samples, "
-                    f"expected n_samples_per_prompt={self.n_samples_per_prompt}"
-                )
+                raise ValueError(f"add_samples: group {k} has {len(g)} samples, "
+                                 f"expected n_samples_per_prompt={self.n_samples_per_prompt}")
         self.buffer.extend(groups)
 
     # -------------------------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:
         """JSON-serialisable position and buffer."""
-        return {
-            "epoch": self.epoch,
-            "offset": self.offset,
-            "next_group_index": self.next_group_index,
-            "next_index": self.next_index,
-            "buffer": [[s.to_dict() for s in g] for g in self.buffer],
-            # to check that a restart reads the same dataset in the same order
-            "num_prompts": len(self.prompts),
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-        }
+        return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index,
+                "next_index": self.next_index, "buffer": [[s.to_dict() for s in g] for g in self.buffer],
+                # to check that a restart reads the same dataset in the same order
+                "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed}
 
     def load_state_dict(self, d: Dict[str, Any]) -> None:
         same = {"num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed}
         diff = {k: (d[k], v) for k, v in same.items() if k in d and d[k] != v}
         if diff:
-            raise ValueError(
-                "DataSource.load_state_dict: the saved state is for another dataset order: "
-                + ", ".join(f"{k} saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
-            )
+            raise ValueError("DataSource.load_state_dict: the saved state is for another dataset order: "
+                             + ", ".join(f"{k} saved {a!r}, now {b!r}" for k, (a, b) in diff.items()))
         if not 0 <= d["offset"] <= len(self.prompts):
             raise ValueError(f"DataSource.load_state_dict: offset {d['offset']} out of range")
         self.epoch, self.offset = int(d["epoch"]), int(d["offset"])
@@ -155,22 +130,12 @@ class DataSource:
 
 
 # ------------------------------------------------------------------------------------ builders
-def load_rows(
-    cfg: Any,
-    *,
-    split: str = "train",
-    path: Optional[str] = None,
-    input_key: Optional[str] = None,
-    label_key: Optional[str] = None,
-) -> List[Row]:
+def load_rows(cfg: Any, *, split: str = "train", path: Optional[str] = None, input_key: Optional[str] = None,
+              label_key: Optional[str] = None) -> List[Row]:
     """The rows of a ``DataConfig``: the built-in task's ``split`` ("train" | "eval"), or a file.
     ``path``, ``input_key``, ``label_key`` (None: the config's) are for eval datasets."""
-    keys = dict(
-        input_key=input_key or cfg.input_key,
-        label_key=label_key or cfg.label_key,
-        metadata_key=cfg.metadata_key,
-        tools_key=cfg.tools_key,
-    )
+    keys = dict(input_key=input_key or cfg.input_key, label_key=label_key or cfg.label_key,
+                metadata_key=cfg.metadata_key, tools_key=cfg.tools_key)
     if path is None and cfg.source == "builtin":
         from slime_hydra.data.tasks import make_splits
 
@@ -184,20 +149,12 @@ def load_rows(
     return read_rows(path, **keys)
 
 
-def prepare_prompts(
-    rows: List[Row], tokenizer: Any, cfg: Any, max_prompt_len: Optional[int] = None, *, what: str = "data"
-) -> Tuple[List[Row], List[str]]:
+def prepare_prompts(rows: List[Row], tokenizer: Any, cfg: Any, max_prompt_len: Optional[int] = None, *,
+                    what: str = "data") -> Tuple[List[Row], List[str]]:
     """Render every row (``cfg``: a DataConfig) and drop the prompts over ``max_prompt_len`` tokens."""
-    prompts = [
-        render_prompt(
-            r,
-            tokenizer,
-            apply_chat_template=cfg.apply_chat_template,
-            chat_template_kwargs=_plain(cfg.chat_template_kwargs),
-            system_prompt=cfg.system_prompt,
-        )
-        for r in rows
-    ]
+    prompts = [render_prompt(r, tokenizer, apply_chat_template=cfg.apply_chat_template,
+                             chat_template_kwargs=_plain(cfg.chat_template_kwargs), system_prompt=cfg.system_prompt)
+               for r in rows]
     kept, dropped = filter_long_prompts(prompts, tokenizer, max_prompt_len)
     if dropped:
         log.warning("%s: dropped %d of %d prompts longer than %d tokens", what, dropped, len(prompts), max_prompt_len)
@@ -206,34 +163,21 @@ def prepare_prompts(
 
 def _plain(x: Any) -> Dict[str, Any]:
     """A DictConfig (possibly nested) -> plain dicts, for jinja."""
-    try:
-        from omegaconf import OmegaConf
+    from omegaconf import OmegaConf
 
-        if OmegaConf.is_config(x):
-            return OmegaConf.to_container(x, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(x or {})
+    return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else dict(x or {})
 
 
-def build_data_source(
-    cfg: Any,
-    tokenizer: Any,
-    *,
-    n_samples_per_prompt: int,
-    max_prompt_len: Optional[int] = None,
-    buffer_filter: Optional[BufferFilter] = None,
-) -> DataSource:
+def build_data_source(cfg: Any, tokenizer: Any, *, n_samples_per_prompt: int, max_prompt_len: Optional[int] = None,
+                      buffer_filter: Optional[BufferFilter] = None) -> DataSource:
     """``DataConfig`` -> the training ``DataSource``."""
     rows, prompts = prepare_prompts(load_rows(cfg), tokenizer, cfg, max_prompt_len, what=f"data {cfg.name}")
-    return DataSource(
-        rows, prompts, n_samples_per_prompt, shuffle=cfg.shuffle, seed=cfg.seed, buffer_filter=buffer_filter
-    )
+    return DataSource(rows, prompts, n_samples_per_prompt, shuffle=cfg.shuffle, seed=cfg.seed,
+                      buffer_filter=buffer_filter)
 
 
-def load_eval_dataset(
-    ecfg: Any, dcfg: Any, tokenizer: Any, max_prompt_len: Optional[int] = None
-) -> Tuple[List[Row], List[str]]:
+def load_eval_dataset(ecfg: Any, dcfg: Any, tokenizer: Any,
+                      max_prompt_len: Optional[int] = None) -> Tuple[List[Row], List[str]]:
     """An ``EvalDatasetConfig`` -> (rows, prompts), in file order, at most ``max_prompts``.
     ``ecfg.reward`` becomes each row's ``metadata["rm_type"]`` unless the row sets its own."""
     rows = load_rows(dcfg, split="eval", path=ecfg.path, input_key=ecfg.input_key, label_key=ecfg.label_key)

@@ -3,11 +3,7 @@
 A good task for a tiny random-init model under RL has a rule readable from the prompt, a large
 prompt space (so held-out prompts test the rule, not memory) and a short answer (so random sampling
 sometimes hits it). ``max_digit``: the prompt is four digits and ``=``, the answer the largest digit
-("3815=" -> "8"). The answers are skewed (the largest of four digits is 9 for 34% of prompts, 8 for
-25%, 7 for 17%, ... 4 or less for 6%), and the tiny model learns them from the top down. The tiny
-recipe samples one-token answers, so a random policy scores 1/24 (with answers of up to 4 tokens,
-about 1/576: the digit, then end-of-sequence, and runs often stalled on a plateau); seeds 1-10 end
-at 0.91-1.00 held-out after 150 GRPO steps (bench/measured/seed_sweeps.md).
+("3815=" -> "8"); the tiny model learns the skewed answers (9 is the most common) from the top down.
 
 ``calc``: a tool-use task for the multi-turn example (``examples/calculator``, tokenizer
 ``builtin:calc``). The prompt is an expression whose value is one digit but which the tiny model

@@ -49,9 +49,8 @@ def builtin_tokenizer(name: str) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([t for t in vocab if len(t) > 1])  # matched whole, before the split
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", clean_up_tokenization_spaces=False
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATES.get(name, CHAT_TEMPLATE)
     return fast
 

@@ -43,7 +43,7 @@ from slime_hydra.launch.lease import RunLease
 from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.logging.metrics import RunLogger
 from slime_hydra.model.hf import initial_checkpoint
-from slime_hydra.plan.memory import rank_step_samples
+from slime_hydra.plan.activations import rank_step_samples
 from slime_hydra.plan.resources import ResourcePlan
 from slime_hydra.sync import WeightSyncError
 from slime_hydra.train.backend import WarmUpShape

@@ -17,11 +17,15 @@ from tqdm import tqdm
 log = logging.getLogger(__name__)
 
 
+def write_atomic(path: str, text: str) -> None:
+    """``path`` holds ``text``, written whole or not at all."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2))
 
 
 def wandb_mode(setting: str) -> Optional[str]:
@@ -38,9 +42,7 @@ def wandb_run_id(run_dir: str, resuming: bool) -> "tuple[str, Optional[str]]":
         with open(path) as f:
             return f.read().strip(), "allow"
     run_id = uuid.uuid4().hex[:8]  # wandb's own ids are 8 characters of [a-z0-9]
-    with open(path + ".tmp", "w") as f:
-        f.write(run_id)
-    os.replace(path + ".tmp", path)
+    write_atomic(path, run_id)
     return run_id, None
 
 
@@ -58,9 +60,7 @@ class RunLogger:
             with open(self.path) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             self.history = [r for r in rows if keep_until is not None and r.get("step", -1) <= keep_until]
-            with open(self.path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in self.history)
-            os.replace(self.path + ".tmp", self.path)
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
         self.file = open(self.path, "a")
         self.wandb = None
         mode = wandb_mode(cfg.logging.wandb_mode) if cfg.logging.wandb else None
@@ -93,9 +93,7 @@ class RunLogger:
         rows it has (it takes no step twice); the redone steps' rows are the same (same seed, same rows)."""
         self.history = [r for r in self.history if r.get("step", -1) <= step]
         self.file.close()
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.history)
-        os.replace(self.path + ".tmp", self.path)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
         self.file = open(self.path, "a")
         self.bar.n = step
         self.bar.refresh()

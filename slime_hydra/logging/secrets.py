@@ -52,16 +52,10 @@ def redact_argv(cmd: List[str]) -> List[str]:
     out: List[str] = []
     hide_next = False
     for arg in cmd:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
         flag, eq, _ = arg.partition("=")
-        if flag.startswith("--") and is_secret_name(flag[2:]):
-            out.append(f"{flag}={REDACTED}" if eq else arg)
-            hide_next = not eq
-            continue
-        out.append(redact_text(arg))
+        named = not hide_next and flag.startswith("--") and is_secret_name(flag[2:])
+        out.append(REDACTED if hide_next else (f"{flag}={REDACTED}" if eq else arg) if named else redact_text(arg))
+        hide_next = named and not eq
     return out
 
 

@@ -1,21 +1,7 @@
 """Choices the plan makes so that a run fits its GPUs, where the config leaves them to it: what colocated
-GPUs offload, the micro-batch (``trainer.micro_batch_size`` or, packed, ``max_tokens_per_micro_batch``)
-and activation recompute (``trainer.gradient_checkpointing`` / ``recompute``). It sits above the estimate
-(``memory.py``) and the layout (``resources.py``) and uses both.
-
-The order, and why:
-
-1. Offload: the least that fits a micro-batch of ``AUTO_TARGET_TOKENS`` (every offload costs time at every
-   step; a smaller micro-batch costs a little efficiency, so the offload is chosen for a good one). An async
-   loop on colocated GPUs offloads nothing (its next rollout generates while the trainer trains).
-2. Micro-batch: the largest candidate (the rank's whole share of a step, then halves of it; packed budgets
-   are power-of-two multiples of the longest sequence) whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU
-   free, without recompute.
-3. Recompute: on only when, without it, the micro-batch that fits holds fewer than ``AUTO_TARGET_TOKENS``
-   tokens and recompute lets a larger one fit (it costs about a third more compute in the backward pass).
-
-A value the config sets is kept. What does not fit is refused by validation with the numbers;
-:func:`suggestion` then names settings that do fit. On CPU (no estimate) ``auto`` takes ``CPU_DEFAULTS``.
+GPUs offload, the micro-batch and activation recompute, in that order (docs/memory.md says why). A value
+the config sets is kept; :func:`suggestion` names settings that fit a config that does not. On CPU (no
+estimate) ``auto`` takes ``CPU_DEFAULTS``.
 """
 
 from __future__ import annotations
@@ -23,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
+from slime_hydra.plan.activations import rank_step_samples
 from slime_hydra.plan.memory import (
     AUTO_OFFLOAD_HEADROOM,
     OFFLOAD_CHOICES,
@@ -30,7 +17,6 @@ from slime_hydra.plan.memory import (
     TRAINER_MEMORY,
     colocated_peaks,
     estimate,
-    rank_step_samples,
     resident,
 )
 from slime_hydra.plan.resources import make_plan
@@ -40,8 +26,7 @@ if TYPE_CHECKING:
 
 AUTO = "auto"
 # tokens a micro-batch should hold before recompute is worth avoiding: below this a GPU's matmuls run short
-# of work (megatron on a Qwen3-4B shape, one H200: 35.8% MFU at 4096 tokens, 44.7% at 8192,
-# bench/measured/h200_megatron_mfu.md)
+# of work
 AUTO_TARGET_TOKENS = 4096
 # what ``auto`` means where nothing is estimated (CPU, or a backend without a memory function)
 CPU_DEFAULTS = {"micro_batch_size": 64, "gradient_checkpointing": False, "max_tokens_per_micro_batch": 16384,
@@ -91,9 +76,8 @@ def resolve_offload(cfg: "RunConfig") -> "RunConfig":
 
 
 def choose_push_before_offload(cfg: "RunConfig") -> bool:
-    """With ``offload_train``: push from the trainer's GPU weights (0.045 s/GB measured on an H200, against
-    0.526 s/GB from the host: bench/measured/h200_megatron_sglang_4b_1gpu.md) where the estimate of that
-    phase (the trainer's weights beside the engine's, the optimizer state already on the host) leaves
+    """With ``offload_train``: push from the trainer's GPU weights (faster than from the host) where the estimate
+    of that phase (the trainer's weights beside the engine's, the optimizer state already on the host) leaves
     ``AUTO_OFFLOAD_HEADROOM`` of the GPU free."""
     p = cfg.parallelism
     if not (p.colocate and p.offload_train):
@@ -216,7 +200,7 @@ def _knobs(cfg: "RunConfig", index: int, recompute: bool, auto: Set[str]) -> Dic
 
 
 def _choose_micro_batch(cfg: "RunConfig", auto: Set[str]) -> str:
-    """Set the size and recompute keys of ``cfg``'s backend named in ``auto`` (see the module docstring);
+    """Set the size and recompute keys of ``cfg``'s backend named in ``auto`` (docs/memory.md);
     the line that says what was chosen and why."""
     size_key, rec_key = _knob_keys(cfg)
     t = cfg.trainer

@@ -1,101 +1,8 @@
-"""Memory per GPU of a run, estimated from the config before anything starts.
+"""Memory per GPU of a run, estimated from the config before anything starts (docs/memory.md).
 
 ``estimate(cfg, plan)`` adds up what the trainer and the rollout engine hold on one GPU;
 ``memory_problems(cfg, plan, gpu_memory_gib)`` turns an estimate that cannot fit into validation
 errors that carry the numbers. ``dry_run=true`` prints the estimate with the resource plan.
-
-Parameters are counted in closed form from ``model.arch`` (``param_count``; tests/plan/test_memory.py
-checks it against the Hugging Face model built on the meta device for every preset): importing torch
-would add about 1.5 s to ``dry_run``.
-
-Trainer, per backend (``trainer.backend`` picks the function in ``TRAINER_MEMORY``; P = parameters):
-
-- torch (``slime_hydra.train.backends.torch.backend``): data parallel only, so every GPU holds everything:
-  float32 master weights 4P, float32 gradients 4P, AdamW's two moments 8P, DDP's gradient buckets
-  another 4P when there is more than one rank (torch's default ``gradient_as_bucket_view=False``; the
-  offloader does not move them), and the ``model.dtype`` copies of the weights that autocast caches
-  during a forward and backward (2P for bfloat16). PPO's critic adds the same again for the backbone.
-  The reference model's weights (KL) are a frozen copy in the master dtype (4P on GPUs), offloaded
-  with the rest.
-- torch with ``trainer.strategy=fsdp`` (FSDP2, ``train/backends/torch/fsdp.py``): the same state sharded
-  over the N data-parallel ranks: float32 weights, gradients and AdamW's moments 16P / N; no DDP buckets
-  and no autocast copies, but the all-gathered ``model.dtype`` copies of two decoder layers (the one
-  computing and the one prefetched) and of the root (embedding, untied LM head, final norm, gathered for
-  the whole step), the root's unsharded gradient (until the end of the backward) and one layer's
-  (in ``model.dtype``, plus its float32 copy for the reduce-scatter): ``gather_buffers``. The reference
-  is a second sharded model in ``model.dtype`` (2P / N). ``trainer.fsdp_cpu_offload`` keeps weights,
-  gradients and AdamW state in host memory: the GPU holds the gather buffers and activations.
-- torch with LoRA (``trainer.lora.rank`` = r, ``train/backends/torch/lora.py``): the frozen base in
-  ``model.dtype`` (2P, or 2P / N with FSDP2), and the adapters, r x (in + out) for each adapted linear
-  layer (A parameters), in float32 with their gradients and AdamW's moments: 16A (/ N with FSDP2), plus
-  DDP's buckets 4A. No reference copy (the base with the adapters off is the reference) and no
-  autocast copies of the base (it is already ``model.dtype``). Activations as for full training.
-- megatron (``slime_hydra.train.backends.megatron.backend``): on the pipeline stage with the most decoder layers
-  (``stage_layers``: even, or Megatron's ``num_layers_in_first/last_pipeline_stage`` from
-  ``trainer.megatron``), its share of the layers' weights plus one vocabulary matrix (the embedding on the
-  first stage, the output layer on the last, a copy of it when tied), all of it with PP = 1; the dense
-  part split by TP, the routed experts by EP x expert TP (``expert_tensor_parallel``, TP unless set).
-  ``model.dtype`` weights, float32 gradients (DDP's grad buffer), and the optimizer's float32 main
-  weights and two moments (12 bytes a parameter), which the distributed optimizer
-  (``trainer.use_distributed_optimizer``) shards over the data-parallel ranks: trainer GPUs / (TP x PP)
-  for the dense part, trainer GPUs / (EP x expert TP x PP) for the experts. Activations: split by TP
-  (all of them with sequence parallel, else all but the per-hidden-unit part) and CP; with 1F1B the
-  first stage holds PP micro-batches of its layers (about one micro-batch of every layer). Colocated,
-  the backend moves weights and optimizer state to the host and frees the gradients while engines
-  generate (host memory: the weights and the optimizer state per rank).
-
-Activations of one micro-batch: ``min(trainer.micro_batch_size, global_batch_size / data parallel)``
-samples of ``rollout.max_prompt_len + rollout.max_response_len`` tokens (every sample padded to the
-longest, the worst case; an unset ``max_prompt_len`` counts as 0 and the estimate says so). Bytes a
-token, per decoder layer, for the Hugging Face models under bfloat16 autocast with float32 master
-weights (``ACT_AUTOCAST``) and in one dtype (``ACT_FP32``, halved for bfloat16 throughout), measured
-with saved-tensor hooks on CPU (a fused attention kernel: no ``L x L`` scores):
-``a_h h + a_attn (q + kv) + a_f ffn`` with q, kv the query and key+value widths and ``a_attn`` higher
-with Qwen3's q/k norms; GLM-4's two extra norms add 12h; an MoE layer replaces the MLP's ``a_f ffn``
-with ``14h + 4 experts + top_k (16 ffn_moe + 17)`` plus the shared experts as an MLP; MLA counts its
-query, key and value widths at the plain rate plus 10 bytes per low-rank width. With ``trainer.compile`` (the torch
-backend compiles each decoder layer) inductor's partitioner keeps the matmuls' outputs in the compute dtype and
-recomputes the norms, rotary embedding and SiLU from them in the backward pass, about 0.58 of the eager bytes for
-Qwen3-0.6B's layer: ``ACT_COMPILED_AUTOCAST`` and ``ACT_COMPILED_FP32``, measured the same way with the layers
-compiled (AOTAutograd saves through ``save_for_backward``, which the hooks see: the tensors the compiled forward
-graph returns for its backward), exact for the Qwen3 and Llama layers (10h + 6 (q + kv) + 6 ffn with q/k norms,
-4 (q + kv) without, 4 bytes per query head, and 4 per query and key/value head with q/k norms, under autocast);
-the MoE part, GLM-4's extra norms and MLA keep their eager counts. The megatron backend's ``trainer.compile`` compiles
-its decoder layers too, and at TP 1 takes the same tables: 47.2 GiB planned against 51.4 measured for a packed
-micro-batch of 20,480 tokens of the Qwen3-0.6B shape (65.7 with the eager tables; bench/measured/h200_kv_cap.md);
-with tensor parallelism, not measured compiled, it keeps the eager count. With gradient
-checkpointing a layer, compiled or not, keeps only its input (4h on GPUs: the residual stream is float32) and one layer
-is recomputed at a time. The log-prob head: with ``trainer.fused_logprobs`` (the default,
-``train/logprobs.py``) the response tokens' hidden rows (``d h`` a response token), about five float32
-``HEAD_CHUNK_ROWS x V`` temporaries and a ``model.dtype`` copy plus a float32 gradient of the head's
-weight; without it (``train/batch.py``) the logits ([B, L, V] in the compute dtype) and per response
-token the gathered row, the float32 log-softmax and its exp (entropy): ``d V`` a position,
-``(d + 8) V`` a response token, plus ``8 V`` for each token of one chunk (``LOGPROB_CHUNK``). The
-logits head was checked against one measured run: Qwen3-0.6B shape, one H200, micro-batch 16 x 384
-tokens, no checkpointing: 37.8 GiB peak measured (bench/measured/h200_gpu_components.json), 35.3 GiB
-estimated. The whole trainer, the fused head's included, is checked against every GPU run with measured peaks in
-bench/measured/memory_plan_vs_h200.md; compiled (``trainer.compile=true``, micro-batches of 64 x 256 new tokens):
-34.1 GiB estimated against 37.3 and 39.5 measured in two runs (48.9 when compiled layers counted eager bytes).
-
-Engine, per GPU: SGLang takes ``mem_fraction_static`` of the GPU (``rollout.server_args``; when it is
-unset SGLang picks one from the GPU's size, and 0.9 stands in for it here) for its weights
-(``model.dtype``, split over ``gpus_per_engine``) and a KV cache pool that fills the rest of that
-fraction; the estimate reports how many tokens the pool holds. The embedded engine holds its weights
-and the KV cache of ``rollout.embedded_max_batch`` full-length sequences (Hugging Face's cache layout).
-
-Colocated GPUs take turns: with offload the peak is the larger of training (the trainer, plus the
-engine unless ``offload_rollout`` releases it) and rollout (the engine, plus the trainer's state unless
-``offload_train`` moves it to the host); without offload the two add up. With ``offload_train`` and
-``push_before_offload`` a third phase, the push: the trainer's weights (its other state moved to the
-host) beside the engine's weights (all of the engine without ``offload_rollout``) and two push buckets.
-An async loop on colocated GPUs (``trainer.mode=async``) offloads nothing: the next rollout generates while the
-trainer trains, so the training phase (the trainer beside the engine's weights and KV cache) is the peak.
-``choose_offload`` (``plan/fit.py``) picks the offload of colocated GPUs that the config leaves unset:
-the least that fits with ``AUTO_OFFLOAD_HEADROOM`` of the GPU to spare (every offload costs time at every step: on one
-H200 with the Qwen3-0.6B shape it is measured in ``bench/measured/h200_sglang_colocated.md``).
-
-Not counted: the CUDA context, NCCL buffers, allocator fragmentation, SGLang's activations and CUDA
-graphs (outside ``mem_fraction_static``), quantized weights (``server_args.quantization``).
 """
 
 from __future__ import annotations
@@ -103,6 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Tuple
+
+from slime_hydra.plan.activations import MicroBatchShape, activation_bytes, micro_batch_shape, rank_step_samples
+from slime_hydra.plan.params import DTYPE_BYTES, dtype_bytes, head_dim, is_mla, lora_params, moe_layers, param_count
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import ArchConfig, RunConfig
@@ -113,206 +23,18 @@ class Plan(Protocol):
 
     data_parallel: int
 
+
 GIB = 2 ** 30
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 KV_CACHE_DTYPE_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1, "fp4_e2m1": 0.5, "bfloat16": 2, "float16": 2, "float32": 4}
 SGLANG_MEM_FRACTION_DEFAULT = 0.9
 # the share of a GPU that choose_offload leaves free when it keeps trainer and engine together: what the
-# estimate does not count (CUDA contexts, SGLang's CUDA graphs and activations, fragmentation; the trainer's
-# estimate was 7% under the measured peak on an H200)
+# estimate does not count (CUDA contexts, SGLang's CUDA graphs and activations, fragmentation)
 AUTO_OFFLOAD_HEADROOM = 0.1
 # (offload_train, offload_rollout) in the order choose_offload tries them, least memory moved first
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
-LOGPROB_CHUNK = 4096  # slime_hydra.train.batch.response_log_probs processes this many positions at once
 # the colocated phase of parallelism.push_before_offload: the trainer's weights (its optimizer state on the host)
 # beside the engine's weights, and the push's buckets
 PUSH_PHASE = "colocated GPU, push"
-HEAD_CHUNK_ROWS = 1024  # = slime_hydra.train.logprobs.HEAD_CHUNK_ROWS (trainer.fused_logprobs)
-MEGATRON_LOGPROB_CHUNK_BYTES = 256 * 2**20  # = slime_hydra.train.backends.megatron.logprobs.DEFAULT_CHUNK_BYTES
-
-# Activation bytes per token of one decoder layer (see the module docstring). "h": per hidden unit,
-# "attn_norm"/"attn": per query + key/value width with / without Qwen3's q/k RMSNorm, "ffn": per MLP unit.
-ACT_AUTOCAST = {"h": 26, "attn_norm": 10, "attn": 4, "ffn": 8, "const": 8}
-ACT_FP32 = {"h": 24, "attn_norm": 16, "attn": 8, "ffn": 16, "const": 8}
-# trainer.compile (the torch backend compiles each decoder layer): inductor's partitioner keeps the matmuls' outputs
-# in model.dtype and recomputes the norms, rotary embedding and SiLU from them in the backward pass. Also per head:
-# "heads" per query head (the attention's float32 log-sum-exp; the eager tables fold it into "attn"),
-# "norm_heads" per query and key/value head (the float32 rsqrt of Qwen3's q/k norms).
-ACT_COMPILED_AUTOCAST = {"h": 10, "attn_norm": 6, "attn": 4, "ffn": 6, "const": 8, "heads": 4, "norm_heads": 4}
-ACT_COMPILED_FP32 = {"h": 16, "attn_norm": 12, "attn": 8, "ffn": 12, "const": 8, "heads": 4, "norm_heads": 4}
-ACT_EXTRA_NORMS = 12  # GLM-4's post_self_attn / post_mlp norms, per hidden unit
-ACT_MOE = {"h": 14, "expert": 4, "routed_ffn": 16, "routed": 17}
-ACT_MLA_LOW_RANK = 10
-ACT_BASE = 8  # per hidden unit, outside the layers (embedding output, final norm)
-
-
-def _bytes(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"model.dtype: no byte size for {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
-    return DTYPE_BYTES[dtype]
-
-
-# ------------------------------------------------------------------------------------ parameters
-@dataclass
-class ParamCount:
-    total: int
-    experts: int  # routed experts' weights (expert parallelism shards these)
-    lm_head: int  # an untied output layer (0 when tied to the embeddings)
-
-    @property
-    def dense(self) -> int:
-        return self.total - self.experts
-
-
-def _head_dim(a: "ArchConfig") -> int:
-    return a.head_dim or a.hidden_size // a.num_heads
-
-
-def _is_mla(a: "ArchConfig") -> bool:
-    return a.type == "deepseek_v3"
-
-
-def _attention_params(a: "ArchConfig") -> int:
-    h, nh = a.hidden_size, a.num_heads
-    if _is_mla(a):
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        if a.q_lora_rank:
-            q = h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * nh * qk + a.attention_bias * a.q_lora_rank
-        else:
-            q = h * nh * qk
-        kv_a = a.kv_lora_rank + a.qk_rope_head_dim
-        kv = (h * kv_a + a.attention_bias * kv_a + a.kv_lora_rank
-              + a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim))
-        return q + kv + nh * a.v_head_dim * h + a.attention_bias * h
-    hd = _head_dim(a)
-    q, kv = nh * hd, a.num_kv_heads * hd
-    n = 2 * h * q + 2 * h * kv
-    if a.type == "qwen2" or a.attention_bias:  # Qwen2 always has q/k/v biases
-        n += q + 2 * kv
-    if a.attention_bias and a.type in ("qwen3", "qwen3_moe", "llama"):  # and these an o_proj bias
-        n += h
-    if a.type in ("qwen3", "qwen3_moe"):
-        n += 2 * hd  # q_norm, k_norm
-    return n
-
-
-def _moe_layers(a: "ArchConfig") -> int:
-    if not a.num_experts:
-        return 0
-    return a.num_layers - (a.first_k_dense_layers if a.type == "deepseek_v3" else 0)
-
-
-def param_count(a: "ArchConfig") -> ParamCount:
-    """Parameters of the Hugging Face model that ``model.hf.hf_config(a)`` builds."""
-    h = a.hidden_size
-    norms = (4 if a.type == "glm4" else 2) * h
-    dense_mlp = 3 * h * a.intermediate_size
-    n_moe = _moe_layers(a)
-    routed = a.num_experts * 3 * h * (a.moe_intermediate_size or 0)
-    shared = 3 * h * (a.moe_intermediate_size or 0) * a.num_shared_experts
-    moe_mlp = a.num_experts * h + routed + shared  # router, routed and shared experts
-    layers = a.num_layers * (_attention_params(a) + norms) + (a.num_layers - n_moe) * dense_mlp + n_moe * moe_mlp
-    lm_head = 0 if a.tie_word_embeddings else a.vocab_size * h
-    return ParamCount(total=a.vocab_size * h + layers + h + lm_head, experts=n_moe * routed, lm_head=lm_head)
-
-
-# ------------------------------------------------------------------------------------ activations
-def _layer_act_bytes(a: "ArchConfig", table: Dict[str, float], moe: bool) -> Tuple[float, float]:
-    """Bytes one token keeps for the backward pass in one decoder layer (see the module docstring),
-    as (per-hidden-unit part, the rest): tensor parallelism splits the rest, and the first part only
-    with sequence parallelism."""
-    h, nh = a.hidden_size, a.num_heads
-    if _is_mla(a):
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        low_rank = (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim
-        attn = table["attn"] * nh * (2 * qk + a.v_head_dim) + ACT_MLA_LOW_RANK * low_rank
-    else:
-        width = (a.num_heads + a.num_kv_heads) * _head_dim(a)
-        qk_norm = a.type in ("qwen3", "qwen3_moe")
-        attn = (table["attn_norm"] if qk_norm else table["attn"]) * width + table.get("heads", 0) * nh
-        attn += table.get("norm_heads", 0) * (nh + a.num_kv_heads) if qk_norm else 0
-    hidden = table["h"] * h + table["const"] + (ACT_EXTRA_NORMS * h if a.type == "glm4" else 0)
-    if not moe:
-        return hidden, attn + table["ffn"] * a.intermediate_size
-    fm = a.moe_intermediate_size or 0
-    routed = a.num_experts_per_tok * (ACT_MOE["routed_ffn"] * fm + ACT_MOE["routed"])
-    shared = table["ffn"] * fm * a.num_shared_experts
-    return hidden + ACT_MOE["h"] * h, attn + ACT_MOE["expert"] * a.num_experts + routed + shared
-
-
-@dataclass
-class MicroBatchShape:
-    samples: int
-    prompt_len: int
-    response_len: int
-
-    @property
-    def positions(self) -> int:
-        return self.samples * (self.prompt_len + self.response_len)
-
-    @property
-    def response_tokens(self) -> int:
-        return self.samples * self.response_len
-
-
-def rank_step_samples(cfg: "RunConfig", data_parallel: int) -> int:
-    """Samples one data-parallel rank trains in an optimiser step."""
-    t, r = cfg.trainer, cfg.rollout
-    return max(1, (t.global_batch_size or r.batch_size * r.n_samples_per_prompt) // max(data_parallel, 1))
-
-
-def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
-    """The largest micro-batch a trainer rank runs: its share of an optimiser step, at most
-    ``trainer.micro_batch_size`` samples, each padded to a full-length sequence."""
-    r = cfg.rollout
-    return MicroBatchShape(min(cfg.trainer.micro_batch_size, rank_step_samples(cfg, data_parallel)),
-                           r.max_prompt_len or 0, r.max_response_len)
-
-
-def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
-                     residual_bytes: int, checkpointing: bool, tensor_parallel: int = 1,
-                     sequence_parallel: bool = False, layers_held: float = 1.0,
-                     vocab_parallel_head: bool = False, fused_head: bool = False,
-                     compiled: bool = False) -> Dict[str, float]:
-    """Peak activation bytes of one micro-batch's forward and backward: the decoder layers (and the
-    embedding output and final norm) and the log-prob head (logits, log-softmax), as the torch backend
-    computes them; with tensor parallelism, Megatron's split (vocab-parallel logits). ``layers_held``:
-    the layer stack's activations are held this many times (a pipeline stage's micro-batches in flight
-    x its share of the layers). ``vocab_parallel_head``: the megatron backend's head, which keeps the
-    logits of its vocabulary slice (and their gradient) in the compute dtype and works in float32 only a
-    chunk at a time (``train/backends/megatron/logprobs.py``). ``fused_head``: the torch backend's
-    ``trainer.fused_logprobs`` (``train/logprobs.py``), which keeps the response tokens' hidden rows and
-    makes the logits a chunk of ``HEAD_CHUNK_ROWS`` at a time (about five float32 ``chunk x V``
-    temporaries in the backward), with a ``model.dtype`` copy of the head's weight and its float32
-    gradient. ``compiled``: ``trainer.compile`` (compiled decoder layers, either backend; MLA, measured only eager,
-    keeps the eager tables)."""
-    compiled = compiled and not _is_mla(a)
-    autocast_table, fp32_table = (ACT_COMPILED_AUTOCAST, ACT_COMPILED_FP32) if compiled else (ACT_AUTOCAST, ACT_FP32)
-    table = autocast_table if autocast else {k: v * compute_bytes / 4 for k, v in fp32_table.items()}
-    tp = tensor_parallel
-    h_split = tp if sequence_parallel else 1
-
-    def per_layer(moe: bool) -> float:
-        hidden, rest = _layer_act_bytes(a, table, moe)
-        return hidden / h_split + rest / tp
-
-    n_moe = _moe_layers(a)
-    dense_layer, moe_layer = per_layer(False), (per_layer(True) if n_moe else 0.0)
-    if checkpointing:  # each layer keeps its input; one layer at a time is recomputed in full
-        per_token = layers_held * a.num_layers * residual_bytes * a.hidden_size / h_split + max(dense_layer, moe_layer)
-    else:
-        per_token = layers_held * ((a.num_layers - n_moe) * dense_layer + n_moe * moe_layer)
-    layers = (per_token + ACT_BASE * a.hidden_size / h_split) * mb.positions
-    if vocab_parallel_head:
-        head = a.vocab_size / tp * 2 * compute_bytes * mb.positions + MEGATRON_LOGPROB_CHUNK_BYTES
-        return {"layers": layers, "logits": head}
-    if fused_head:
-        head = (compute_bytes * a.hidden_size * mb.response_tokens + 4 * 5 * min(HEAD_CHUNK_ROWS, mb.response_tokens)
-                * a.vocab_size + (compute_bytes + 4) * a.vocab_size * a.hidden_size)
-        return {"layers": layers, "logits": head}
-    head = a.vocab_size / tp * (compute_bytes * mb.positions + (compute_bytes + 8) * mb.response_tokens
-                                + 8 * min(LOGPROB_CHUNK, mb.response_tokens))
-    return {"layers": layers, "logits": head}
 
 
 # ------------------------------------------------------------------------------------ trainers
@@ -331,85 +53,27 @@ TRANSIENT = ("autocast_copies", "activations", "gather_buffers")
 
 
 def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
-    """The torch backend (see the module docstring)."""
-    if cfg.trainer.strategy == "fsdp" or cfg.trainer.lora.rank:
-        return torch_fsdp_lora_memory(cfg, plan)
-    a, p = cfg.model.arch, cfg.parallelism
-    n = param_count(a).total
-    gpu = p.device == "cuda"
-    compute = _bytes(cfg.model.dtype)
-    master = 4 if gpu else compute  # float32 master weights on GPUs; model.dtype throughout on CPU
-    critic = (n - param_count(a).lm_head) if cfg.algo.advantage_estimator == "ppo" else 0
-    autocast = gpu and compute < 4
-    acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
-                            residual_bytes=master, checkpointing=cfg.trainer.gradient_checkpointing,
-                            fused_head=cfg.trainer.fused_logprobs, compiled=cfg.trainer.compile)
-    ref = master * n if (cfg.algo.kl_coef or cfg.algo.kl_loss_coef) else 0
-    host = {}
-    if p.colocate and p.offload_train and gpu:  # weights, Adam's moments and the reference; gradients are dropped
-        host["offloaded_state"] = master * 3 * (n + critic) + ref
-    return TrainerMemory(
-        gpu={"weights": master * n, "grads": master * n, "adam": 2 * master * n, "reference": ref,
-             "critic": 4 * master * critic,
-             "ddp_buckets": master * (n + critic) if plan.data_parallel > 1 else 0,
-             "autocast_copies": compute * (n + critic) if autocast else 0,
-             "activations": acts["layers"] + acts["logits"]},
-        offloaded=("weights", "grads", "adam", "reference", "critic"),  # not DDP's buckets
-        host=host)
-
-
-def linear_shapes(a: "ArchConfig") -> Dict[str, Tuple[int, int, int]]:
-    """Hugging Face linear-layer name -> (in, out, how many in the model) of ``a``'s decoder layers: what
-    LoRA can adapt. MLP names count the dense layers only (MoE experts are fused, not linear layers)."""
-    h, nh, L = a.hidden_size, a.num_heads, a.num_layers
-    dense = L - _moe_layers(a)
-    if _is_mla(a):
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        attn = {"o_proj": (nh * a.v_head_dim, h, L),
-                "kv_a_proj_with_mqa": (h, a.kv_lora_rank + a.qk_rope_head_dim, L),
-                "kv_b_proj": (a.kv_lora_rank, nh * (a.qk_nope_head_dim + a.v_head_dim), L)}
-        if a.q_lora_rank:
-            attn.update(q_a_proj=(h, a.q_lora_rank, L), q_b_proj=(a.q_lora_rank, nh * qk, L))
-        else:
-            attn["q_proj"] = (h, nh * qk, L)
-    else:
-        q, kv = nh * _head_dim(a), a.num_kv_heads * _head_dim(a)
-        attn = {"q_proj": (h, q, L), "k_proj": (h, kv, L), "v_proj": (h, kv, L), "o_proj": (q, h, L)}
-    f = a.intermediate_size
-    mlp = {"gate_proj": (h, f, dense), "up_proj": (h, f, dense), "down_proj": (f, h, dense),
-           "gate_up_proj": (h, 2 * f, dense)}
-    return {**attn, **mlp}
-
-
-def lora_params(cfg: "RunConfig") -> int:
-    """Parameters of the LoRA adapters: rank x (in + out) per adapted linear layer."""
-    from slime_hydra.train.backends.torch.lora import LORA_TARGET_MODULES
-
-    lora, a = cfg.trainer.lora, cfg.model.arch
-    names = lora.target_modules if lora.target_modules is not None else LORA_TARGET_MODULES.get(a.type, [])
-    shapes = linear_shapes(a)
-    return sum(lora.rank * (i + o) * k for i, o, k in (shapes[n] for n in names if n in shapes))
-
-
-def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
-    """The torch backend with FSDP2 and/or LoRA (see the module docstring)."""
+    """The torch backend: DDP, FSDP2 and/or LoRA (docs/memory.md)."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     pc = param_count(a)
     n = pc.total
     gpu = p.device == "cuda"
-    compute = _bytes(cfg.model.dtype)
-    master = 4 if gpu else compute
+    compute = dtype_bytes(cfg.model.dtype)
+    master = 4 if gpu else compute  # float32 master weights on GPUs; model.dtype throughout on CPU
     fsdp, lora = t.strategy == "fsdp", t.lora.rank > 0
     shards = max(plan.data_parallel, 1) if fsdp else 1
     adapters = lora_params(cfg) if lora else 0
     trainable, train_bytes = (adapters, 4) if lora else (n, master)  # adapters are float32 (PEFT upcasts them)
     base_bytes = compute if lora else master
     needs_ref = bool(cfg.algo.kl_coef or cfg.algo.kl_loss_coef) and not lora  # LoRA: the base is the reference
+    # PPO's critic: a second backbone, trained with DDP and full weights (the rules refuse it with FSDP2 or LoRA)
+    critic = n - pc.lm_head if cfg.algo.advantage_estimator == "ppo" and not (fsdp or lora) else 0
     gpu_parts = {"weights": (base_bytes * n + (4 * adapters if lora else 0)) / shards,
                  "grads": train_bytes * trainable / shards,
                  "adam": 2 * train_bytes * trainable / shards,
                  "reference": (compute if fsdp else master) * n / shards if needs_ref else 0,
-                 "ddp_buckets": 4 * adapters if lora and not fsdp and plan.data_parallel > 1 else 0}
+                 "critic": 4 * master * critic,
+                 "ddp_buckets": train_bytes * (trainable + critic) if not fsdp and plan.data_parallel > 1 else 0}
     if fsdp:
         root = a.vocab_size * a.hidden_size + pc.lm_head + a.hidden_size
         layer = (n - root) / a.num_layers
@@ -417,16 +81,16 @@ def torch_fsdp_lora_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
         gpu_parts["gather_buffers"] = compute * (2 * layer + root) + (compute * root + grad_bytes * layer
                                                                       if not lora else 0)
     host: Dict[str, float] = {}
-    state = ("weights", "grads", "adam", "reference")
+    state = ("weights", "grads", "adam", "reference", "critic")  # not DDP's buckets
     if fsdp and t.fsdp_cpu_offload:
         host["fsdp_cpu_offload"] = sum(gpu_parts[k] for k in state)
         for k in state:
             gpu_parts[k] = 0
     elif p.colocate and p.offload_train and gpu:  # gradients are dropped
-        host["offloaded_state"] = sum(gpu_parts[k] for k in ("weights", "adam", "reference"))
+        host["offloaded_state"] = sum(gpu_parts[k] for k in ("weights", "adam", "reference")) + 3 * master * critic
     autocast = gpu and compute < 4
     if autocast and not fsdp:  # DDP: autocast's model.dtype copies of the float32 weights (LoRA: the adapters)
-        gpu_parts["autocast_copies"] = compute * (adapters if lora else n)
+        gpu_parts["autocast_copies"] = compute * ((adapters if lora else n) + critic)
     acts = activation_bytes(a, micro_batch_shape(cfg, plan.data_parallel), compute_bytes=compute, autocast=autocast,
                             residual_bytes=compute if (lora or fsdp) and gpu else master,
                             checkpointing=t.gradient_checkpointing, fused_head=t.fused_logprobs,
@@ -462,13 +126,13 @@ def stage_layers(num_layers: int, pipeline_parallel: int, megatron: Optional[Dic
 
 
 def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
-    """A Megatron-core trainer (see the module docstring); colocated, slime releases all of it."""
+    """A Megatron-core trainer (docs/memory.md); colocated, slime releases all of it."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     n = param_count(a)
     tp, pp, cp, ep = p.tensor_parallel, p.pipeline_parallel, p.context_parallel, p.expert_parallel
     etp = p.expert_tensor_parallel or tp
     stages = stage_layers(a.num_layers, pp, t.megatron)
-    most, n_moe = max(stages), _moe_layers(a)
+    most, n_moe = max(stages), moe_layers(a)
     vocab = a.vocab_size * a.hidden_size
     outside = vocab + n.lm_head + a.hidden_size  # embedding, output layer, final norm
     layers_dense = n.dense - outside
@@ -477,7 +141,7 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     sharded = t.use_distributed_optimizer  # over data x context parallel ranks
     dp_dense = max(1, p.trainer_gpus // (tp * pp)) if sharded else 1
     dp_experts = max(1, p.trainer_gpus // (ep * etp * pp)) if sharded else 1
-    compute = _bytes(cfg.model.dtype)
+    compute = dtype_bytes(cfg.model.dtype)
     critic = (n.total - n.lm_head) / n.total if cfg.algo.advantage_estimator == "ppo" else 0.0
     mb = micro_batch_shape(cfg, plan.data_parallel)
     budget = t.max_tokens_per_micro_batch
@@ -490,15 +154,14 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     acts = activation_bytes(a, mb, compute_bytes=compute, autocast=True, residual_bytes=compute,
                             checkpointing=t.recompute != "none", tensor_parallel=tp,
                             sequence_parallel=p.sequence_parallel, layers_held=pp * stages[0] / a.num_layers,
-                            vocab_parallel_head=True, compiled=t.compile and tp == 1)  # measured at TP 1 only
+                            vocab_parallel_head=True, compiled=t.compile and tp == 1)  # compiled tables: TP 1 only
     state = {"weights": compute * (dense + experts), "grads": 4 * (dense + experts),
              "adam": 12 * (dense / dp_dense + experts / dp_experts)}
     host = {}
     if p.colocate and p.offload_train and p.device == "cuda":
         host["offloaded_state"] = (1 + critic) * (state["weights"] + state["adam"])  # gradients are freed
     if sharded and p.device == "cuda" and saves(cfg):  # a save gathers each data-parallel group's optimizer state
-        # on its first rank, in host memory (megatron/checkpoint.py's OPTIMIZER_SHARDING): on average a rank's
-        # own share
+        # on its first rank, in host memory (_OPTIMIZER_SHARDING in the backend): on average a rank's own share
         host["checkpoint_gather"] = (1 + critic) * state["adam"]
     if cfg.algo.kl_coef or cfg.algo.kl_loss_coef:
         host["reference_copy"] = 2 * state["weights"]  # the reference's shards and a staging copy
@@ -515,16 +178,16 @@ TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "Plan"], TrainerMemory]] = {
 
 
 # ------------------------------------------------------------------------------------ engines
-def kv_bytes_per_token(a: "ArchConfig", dtype_bytes: float, *, sglang: bool, tp: int = 1) -> float:
+def kv_bytes_per_token(a: "ArchConfig", elem_bytes: float, *, sglang: bool, tp: int = 1) -> float:
     """KV cache bytes one token takes on one GPU. SGLang keeps MLA's compressed latent (whole on every
     GPU) and splits key/value heads over its tensor parallel ranks (at least one head each); Hugging
     Face's cache (the embedded engine) keeps MLA's full per-head keys and values."""
-    if _is_mla(a):
+    if is_mla(a):
         width = (a.kv_lora_rank + a.qk_rope_head_dim) if sglang else \
             a.num_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim)
-        return a.num_layers * width * dtype_bytes
+        return a.num_layers * width * elem_bytes
     heads = max(1, a.num_kv_heads // tp) if sglang else a.num_kv_heads
-    return 2 * a.num_layers * heads * _head_dim(a) * dtype_bytes
+    return 2 * a.num_layers * heads * head_dim(a) * elem_bytes
 
 
 def mem_fraction_static(cfg: "RunConfig") -> Optional[float]:
@@ -614,7 +277,7 @@ def _parts(d: Dict[str, float]) -> str:
 
 
 def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = None) -> MemoryEstimate:
-    """Memory per GPU of ``cfg`` (resolved) laid out by ``plan`` (see the module docstring), on GPUs of
+    """Memory per GPU of ``cfg`` (resolved) laid out by ``plan`` (docs/memory.md), on GPUs of
     ``gpu_memory_gib`` (default ``parallelism.gpu_memory_gib``)."""
     p = cfg.parallelism
     gpu_gib = p.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
@@ -663,7 +326,7 @@ def checkpoint_bytes(cfg: "RunConfig") -> Dict[str, float]:
     LoRA) and a critic's weights and optimizer (PPO)."""
     a, t = cfg.model.arch, cfg.trainer
     pc = param_count(a)
-    n, compute = pc.total, _bytes(cfg.model.dtype)
+    n, compute = pc.total, dtype_bytes(cfg.model.dtype)
     lora = t.lora.rank > 0
     trains = lora_params(cfg) if lora else n
     kl = bool(cfg.algo.kl_coef or cfg.algo.kl_loss_coef) and not lora

@@ -57,9 +57,8 @@ class ResourcePlan:
     @property
     def engine_kv_cap(self) -> Optional[int]:
         """The KV tokens an engine on a GPU shared with a trainer is held to: the memory estimate's. SGLang sizes its
-        pool from the memory free as it starts, which a trainer building or warming up beside it still moves (a pool
-        grew past the plan so on an H200: bench/measured/h200_compiled_head.md). None: engines on GPUs of their own,
-        or no estimate."""
+        pool from the memory free as it starts, which a trainer building or warming up beside it still moves, so
+        the pool could grow past the plan. None: engines on GPUs of their own, or no estimate."""
         return self.memory.kv_cache_tokens if self.colocate and self.memory is not None else None
 
     def node_of(self, bundle: int) -> int:
@@ -67,17 +66,12 @@ class ResourcePlan:
 
     def describe(self) -> str:
         unit = "GPU" if self.device == "cuda" else "slot"
-        mode = (
-            "colocated: trainers and engines share the same bundles"
-            if self.colocate
-            else "split: engines on their own bundles"
-        )
+        mode = "colocated: trainers and engines share the same bundles" if self.colocate else \
+            "split: engines on their own bundles"
         res = ", ".join(f"{k}: {v:g}" for k, v in self.bundles[0].items()) if self.bundles else "-"
-        lines = [
-            f"Resource plan ({self.device}, {mode})",
-            f"  one placement group (PACK) of {len(self.bundles)} bundles of {{{res}}}",
-            f"  {'bundle':>6}  {'node':>4}  {unit:>4}  actors",
-        ]
+        lines = [f"Resource plan ({self.device}, {mode})",
+                 f"  one placement group (PACK) of {len(self.bundles)} bundles of {{{res}}}",
+                 f"  {'bundle':>6}  {'node':>4}  {unit:>4}  actors"]
         for b in range(len(self.bundles)):
             who = [f"trainer {t.rank} ({TRAINER_SHARE:g})" for t in self.trainers if t.bundle == b]
             for e in self.engines:
@@ -121,36 +115,25 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
     offset = 0 if colocate else p.trainer_gpus
     bundle = {"GPU": 1.0, "CPU": 1.0} if p.device == "cuda" else {"CPU": 1.0}
     trainers = [TrainerSlot(rank=r, bundle=r) for r in range(p.trainer_gpus)]
-    engines = [
-        EngineSlot(rank=i, bundles=list(range(offset + i * p.gpus_per_engine, offset + (i + 1) * p.gpus_per_engine)))
-        for i in range(p.rollout_gpus // p.gpus_per_engine)
-    ]
+    engines = [EngineSlot(rank=i, bundles=list(range(offset + i * p.gpus_per_engine,
+                                                     offset + (i + 1) * p.gpus_per_engine)))
+               for i in range(p.rollout_gpus // p.gpus_per_engine)]
     mp = {"tp": p.tensor_parallel, "pp": p.pipeline_parallel, "cp": p.context_parallel}
     if p.expert_parallel > 1:  # the experts' own grid: EP x expert TP (x PP), the rest is expert data parallel
         mp.update(ep=p.expert_parallel, etp=p.expert_tensor_parallel or p.tensor_parallel)
     dp = p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
     r, t = cfg.rollout, cfg.trainer
-    notes = [
-        f"batch: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = {r.batch_size * r.n_samples_per_prompt} "
-        f"per rollout = {t.num_steps_per_rollout} optimiser step(s) of {t.global_batch_size}",
-        f"weight sync: {cfg.sync.transport} ({'nccl' if p.device == 'cuda' else 'gloo'} for distributed), "
-        f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
-        f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}"
-        + ("; the trainers' warm-up pass runs while the engines start" if t.warm_up is True else ""),
-    ]
-    plan = ResourcePlan(
-        device=p.device,
-        colocate=colocate,
-        gpus_per_node=p.gpus_per_node,
-        bundles=[dict(bundle) for _ in range(n_bundles)],
-        trainers=trainers,
-        engines=engines,
-        engine_kind=r.engine,
-        data_parallel=dp,
-        model_parallel=mp,
-        notes=notes,
-        engine_batch=engine_batch(cfg, len(engines)),
-    )
+    notes = [f"batch: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = "
+             f"{r.batch_size * r.n_samples_per_prompt} per rollout = {t.num_steps_per_rollout} optimiser step(s) of "
+             f"{t.global_batch_size}",
+             f"weight sync: {cfg.sync.transport} ({'nccl' if p.device == 'cuda' else 'gloo'} for distributed), "
+             f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
+             f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}"
+             + ("; the trainers' warm-up pass runs while the engines start" if t.warm_up is True else "")]
+    plan = ResourcePlan(device=p.device, colocate=colocate, gpus_per_node=p.gpus_per_node,
+                        bundles=[dict(bundle) for _ in range(n_bundles)], trainers=trainers, engines=engines,
+                        engine_kind=r.engine, data_parallel=dp, model_parallel=mp, notes=notes,
+                        engine_batch=engine_batch(cfg, len(engines)))
     if p.device == "cuda" and t.backend in TRAINER_MEMORY:
         plan.memory = estimate(cfg, plan)
         if colocate:

@@ -2,34 +2,20 @@
 
 ``REWARD_TYPES`` is the one list of reward types (``reward.type``, a sample's ``metadata["rm_type"]``,
 an eval dataset's ``reward``): each maps to an async ``f(cfg: RewardConfig, sample) -> float | dict``
-that :func:`slime_hydra.rewards.hub.compute_reward` dispatches to. A new type is that function plus
-its line here. Nothing is imported until it is used, so config validation reads the names cheaply
-(the remote reward alone imports httpx).
+that :func:`slime_hydra.rewards.hub.compute_reward` dispatches to. A new type is that function in ``hub``
+plus its name here. Nothing is imported until it is used, so config validation reads the names cheaply.
 """
 
 from slime_hydra.utils.registry import LazyRegistry, lazy_attributes
 
-REWARD_TYPES = LazyRegistry("reward type", {
-    "exact": "slime_hydra.rewards.hub:exact",
-    "math": "slime_hydra.rewards.hub:math",
-    "f1": "slime_hydra.rewards.hub:f1",
-    "remote": "slime_hydra.rewards.hub:remote",
-    "custom": "slime_hydra.rewards.hub:custom",
-})
+REWARD_TYPES = LazyRegistry("reward type", {name: f"slime_hydra.rewards.hub:{name}"
+                                            for name in ("exact", "math", "f1", "remote", "custom")})
 
 __getattr__ = lazy_attributes(__name__, {
-    "compute_group_reward": "hub",
-    "compute_reward": "hub",
-    "drain_counters": "hub",
-    "reward_type": "hub",
-    "extract_answer": "math_answer",
-    "math_equal": "math_answer",
-    "math_reward": "math_answer",
-    "RewardError": "remote",
-    "aclose_shared_client": "remote",
-    "remote_reward": "remote",
-    "exact_reward": "text",
-    "f1_reward": "text",
+    "compute_group_reward": "hub", "compute_reward": "hub", "drain_counters": "hub", "reward_type": "hub",
+    "extract_answer": "math_answer", "math_equal": "math_answer", "math_reward": "math_answer",
+    "RewardError": "remote", "aclose_shared_client": "remote", "remote_reward": "remote",
+    "exact_reward": "text", "f1_reward": "text",
 })
 
 __all__ = [

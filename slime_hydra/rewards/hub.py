@@ -6,15 +6,11 @@ with ``cfg`` the RewardConfig: ``exact``, ``math``, ``f1`` (built in, pure), ``r
 server) and ``custom`` (``reward.custom``: a hook ``rm(cfg, sample)``, or ``rm(cfg, samples) -> list``
 when ``reward.group``; sync or async).
 
-Failures: raise or count, never a silent default
--------------------------------------------------
-This is the rule for rewards and for the samples of a rollout. A failure either raises with the
-sample's identity (``Sample.identity()``: group, index, the prompt's start), or is counted in the
-metric ``rollout/<what>_count`` and logged at WARNING on its first occurrence
-(:mod:`slime_hydra.rewards.counters`; the rollout manager adds ``drain_counters()`` to each rollout's
-metrics). It raises when the failure means a broken hook, config or protocol: it would recur on every
-sample, and a count would only delay the news while the run trains on garbage. It is counted when one
-sample's content caused it and the run is right to go on.
+Failures: raise or count, never a silent default (the rule for rewards and for a rollout's samples).
+A failure raises with the sample's identity (``Sample.identity()``) when it means a broken hook, config
+or protocol: it would recur on every sample. It is counted in ``rollout/<what>_count`` and logged at
+WARNING on its first occurrence (:mod:`slime_hydra.rewards.counters`) when one sample's content caused
+it and the run is right to go on.
 
 - A custom or remote reward that raises, or returns None, NaN, or anything but a number or a dict;
   a group reward with the wrong number of values: raise, naming the function and the sample.
@@ -24,7 +20,7 @@ sample's content caused it and the run is right to go on.
   (``reward_verifier_error``, ``reward_verifier_timeout``): sympy raises on odd answers the model
   wrote. A verifier that cannot check ``1/2 == 0.5`` (an API change) raises at its first use.
 - An engine answer whose finish reason is missing or not one of SGLang's (stop, length, abort):
-  raise (``slime_hydra.data.sample.finish_type``): it is a protocol change and every sample would have it.
+  raise (``data.sample.finish_type``): it is a protocol change and every sample would have it.
 - A sample a generate function marks ``Status.FAILED`` (its environment or tool broke): kept out of
   the loss and counted (``rollout/failed_count``) by the conversion to training data.
 """
@@ -136,15 +132,11 @@ def _custom_hook(cfg: Any) -> Callable:
 
 
 def _spec_key(spec: Any) -> Any:
+    from omegaconf import OmegaConf
+
     if isinstance(spec, str):
         return spec
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(spec):
-            spec = OmegaConf.to_container(spec, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    spec = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
     return json.dumps(spec, sort_keys=True, default=repr)
 
 

@@ -9,12 +9,9 @@ math_verify bounds parsing and comparison with ``signal.alarm``, which only work
 (elsewhere it raises). So the timeouts are passed only there and are None (no limit) in other threads;
 the async reward runs this in worker processes, whose main thread keeps the limit (``math_pool``).
 
-Failures (the rule is in :mod:`slime_hydra.rewards.hub`): math_verify is called with
-``raise_on_error=True``, so its errors and timeouts reach us instead of its DEBUG log. An answer it
-raises on or runs out of time on scores 0 and is counted (``rollout/reward_verifier_error_count``,
-``rollout/reward_verifier_timeout_count``; sympy raises on odd answers, and one such answer must not
-stop a run). A verifier that cannot check ``1/2 == 0.5`` (an API change, a broken install) raises at
-its first use in each process instead: it would score every answer 0.
+Failures (the rule is in :mod:`slime_hydra.rewards.hub`): math_verify runs with ``raise_on_error=True``;
+an answer it raises on or runs out of time on scores 0 and is counted. A verifier that cannot check
+``1/2 == 0.5`` raises at its first use in each process: it would score every answer 0.
 """
 
 from __future__ import annotations
@@ -128,40 +125,40 @@ def check_verifier() -> None:
 Failure = Optional[Tuple[str, str]]  # (counter name, what happened), None when the check ran
 
 
+def _judge(answer: str, label: Any, timeout_s: Optional[int], who: str, what: str) -> Tuple[bool, Failure]:
+    """(whether ``answer`` equals ``label``, the failure if the verifier raised or ran out of time)."""
+    from math_verify.errors import TimeoutException
+
+    check_verifier()
+    try:
+        return _equal(answer, label, _signal_timeout(timeout_s)), None
+    except TimeoutException:
+        return False, ("reward_verifier_timeout", f"{who}: math_verify ran over {timeout_s}s on {what}")
+    except Exception as e:  # noqa: BLE001 - sympy can raise nearly anything on odd input
+        return False, ("reward_verifier_error", f"{who}: math_verify raised {type(e).__name__}: {str(e)[:200]} "
+                                                f"on {what}")
+
+
 def math_verdict(response: str, label: Any, timeout_s: Optional[int] = 5) -> Tuple[float, Failure]:
     """(1.0 when the extracted answer equals the label mathematically else 0.0, the failure if the
     verifier raised or ran out of time). ``timeout_s`` (whole seconds) bounds each parse and
     comparison when called in the main thread. Counts nothing: the caller does, where it knows the sample."""
-    from math_verify.errors import TimeoutException
-
     check_verifier()
     answer = extract_answer(response)
     if answer is None:
         return 0.0, None
     what = f"answer {answer[:200]!r}, label {str(label)[:200]!r}"
-    try:
-        return (1.0 if _equal(answer, label, _signal_timeout(timeout_s)) else 0.0), None
-    except TimeoutException:
-        return 0.0, ("reward_verifier_timeout", f"math reward: math_verify ran over {timeout_s}s on {what}; scored 0")
-    except Exception as e:  # noqa: BLE001 - sympy can raise nearly anything on odd input
-        return 0.0, ("reward_verifier_error", f"math reward: math_verify raised {type(e).__name__}: {str(e)[:200]} "
-                                              f"on {what}; scored 0")
+    ok, failure = _judge(answer, label, timeout_s, "math reward", what)
+    return float(ok), failure and (failure[0], failure[1] + "; scored 0")
 
 
 def math_equal(answer: str, label: Any, timeout_s: Optional[int] = 5) -> bool:
     """Is ``answer`` (already extracted) mathematically equal to ``label``? A verifier error or
     timeout counts as unequal and is counted (see the module docstring)."""
-    from math_verify.errors import TimeoutException
-
-    check_verifier()
-    try:
-        return _equal(answer, label, _signal_timeout(timeout_s))
-    except TimeoutException:
-        counters.count("reward_verifier_timeout", f"math_equal: math_verify ran over {timeout_s}s on {answer[:200]!r}")
-    except Exception as e:  # noqa: BLE001
-        counters.count("reward_verifier_error", f"math_equal: math_verify raised {type(e).__name__}: {str(e)[:200]} "
-                                                f"on {answer[:200]!r}")
-    return False
+    ok, failure = _judge(answer, label, timeout_s, "math_equal", f"{answer[:200]!r}")
+    if failure is not None:
+        counters.count(*failure)
+    return ok
 
 
 def math_reward(response: str, label: Any, timeout_s: Optional[int] = 5) -> float:

@@ -38,10 +38,6 @@ async def aclose_shared_client() -> None:
         await client.aclose()
 
 
-def _retryable(status: int) -> bool:
-    return status >= 500 or status in (408, 429)
-
-
 async def remote_reward(url: str, payload: Dict[str, Any], *, timeout_s: float, max_retries: int,
                         backoff_s: Optional[float] = None) -> Union[float, Dict[str, Any]]:
     """POST ``payload`` to ``url``; the JSON answer is a number (returned as float) or an object.
@@ -58,7 +54,7 @@ async def remote_reward(url: str, payload: Dict[str, Any], *, timeout_s: float, 
             continue
         except TypeError as e:  # the payload is not JSON-serialisable
             raise RewardError(f"remote reward {url}: cannot send the sample as JSON: {e}") from e
-        if _retryable(r.status_code):
+        if r.status_code >= 500 or r.status_code in (408, 429):
             last = f"HTTP {r.status_code}: {r.text[:200]}"
             continue
         if r.status_code >= 400:

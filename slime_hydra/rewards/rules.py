@@ -8,6 +8,7 @@ from typing import List
 from slime_hydra.config.rules import choice, loads
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.rewards import REWARD_TYPES
+from slime_hydra.utils.hooks import load_hook
 
 
 def check(cfg: RunConfig) -> List[str]:
@@ -22,7 +23,5 @@ def check(cfg: RunConfig) -> List[str]:
     if rw.type == "custom" and rw.custom is None:
         errs.append("reward.custom: required for reward.type=custom (a _target_ node or a dotted path)")
     if rw.custom is not None:
-        from slime_hydra.utils.hooks import load_hook
-
         loads(errs, "reward.custom", lambda: load_hook(rw.custom))
     return errs

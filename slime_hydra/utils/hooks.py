@@ -62,11 +62,13 @@ def _instantiate(spec: Any) -> Any:
 
 def load_hook(spec: Any) -> Callable:
     """``spec`` (dotted path, ``_target_`` dict / DictConfig, or callable) -> a callable."""
+    from omegaconf import OmegaConf
+
     if spec is None:
         raise HookError("hook spec is None")
     if isinstance(spec, str):
         fn = _import_dotted(spec.strip())
-    elif isinstance(spec, Mapping) or _is_dictconfig(spec):
+    elif isinstance(spec, Mapping) or OmegaConf.is_dict(spec):
         if "_target_" not in spec:
             raise HookError(f"hook {dict(spec)!r}: a mapping needs a '_target_' key")
         fn = _instantiate(spec)
@@ -78,14 +80,6 @@ def load_hook(spec: Any) -> Callable:
     if not callable(fn):
         raise HookError(f"hook {spec!r}: resolves to a {type(fn).__name__}, which is not callable")
     return fn
-
-
-def _is_dictconfig(x: Any) -> bool:
-    try:
-        from omegaconf import DictConfig
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return False
-    return isinstance(x, DictConfig)
 
 
 async def call_maybe_async(fn: Callable, *args: Any, **kw: Any) -> Any:

@@ -3,6 +3,7 @@ networking helpers."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -19,11 +20,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent: Optional[int] = None) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere the owner's finally-blocks and
-    ``kill_tree`` still stop it); precisely, when the parent's thread that started this process exits. A parent
-    killed outright (``ray.kill`` of the actor that owns a server) runs no clean-up, so each process of a server's
-    tree asks this of its own parent. ``parent``: the pid the parent had; if it died before this was asked, this
-    process was handed to another and dies now."""
+    """Have the kernel SIGKILL this process when its parent's starting thread exits (Linux): a parent killed
+    outright (``ray.kill``) runs no clean-up, so each process of a server's tree asks this of its own parent.
+    ``parent``: the pid the parent had; if it already died, this process was handed to another and dies now."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
@@ -66,10 +65,8 @@ def _wait_group(proc: subprocess.Popen, timeout: float) -> None:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _group_running(pgid: int) -> bool:

@@ -46,7 +46,8 @@ def test_seed_experiment_validates_on_megatron_and_sglang(experiment):
     assert est is not None and est.backend == "megatron"
     assert 0 < est.peak <= cfg.parallelism.gpu_memory_gib
     # the trainer's state is sharded: far below the 18 bytes a parameter of an unsharded megatron rank
-    from slime_hydra.plan.memory import GIB, param_count
+    from slime_hydra.plan.memory import GIB
+    from slime_hydra.plan.params import param_count
 
     state = sum(est.trainer[k] for k in ("weights", "grads", "adam"))
     assert state < 18 * param_count(cfg.model.arch).total / GIB / 2
@@ -71,7 +72,8 @@ def test_dry_run_prints_the_plan(experiment):
 def test_qwen3_4b_fits_with_room_and_its_estimate_is_the_closed_form():
     """TP 2: each rank holds half of Qwen3-4B (its tied embedding whole: PP 1) in bf16, float32 gradients,
     and a quarter (data parallel 4) of the float32 main weights and Adam moments."""
-    from slime_hydra.plan.memory import GIB, param_count
+    from slime_hydra.plan.memory import GIB
+    from slime_hydra.plan.params import param_count
 
     cfg = _cfg("qwen3_4b_grpo_math")
     est = make_plan(cfg).memory

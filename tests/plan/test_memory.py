@@ -1,4 +1,4 @@
-"""The memory estimate of the plan (slime_hydra/plan/memory.py): parameter counts against the
+"""The memory estimate of the plan (slime_hydra/plan/params.py, activations.py, memory.py): parameter counts against the
 Hugging Face models, activation bytes against saved-tensor measurements, the whole trainer against
 a measured H200 run, and the layouts it refuses or lets through."""
 
@@ -13,7 +13,7 @@ import torch
 
 from conftest import resolved
 from slime_hydra.model.hf import hf_config
-from slime_hydra.plan import memory as M
+from slime_hydra.plan import activations as A, memory as M, params as P
 from slime_hydra.plan.resources import make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def hf_counts(model):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_param_count_equals_the_hugging_face_model_of_each_preset(preset):
     arch = resolved([f"model={preset}"]).model.arch
-    n = M.param_count(arch)
+    n = P.param_count(arch)
     assert (n.total, n.experts, n.lm_head) == hf_counts(hf_model(arch))
 
 
@@ -54,7 +54,7 @@ def test_param_count_follows_biases_tying_and_experts(kind, changes):
     arch.type = kind
     for k, v in changes.items():
         setattr(arch, k, v)
-    n = M.param_count(arch)
+    n = P.param_count(arch)
     assert (n.total, n.experts, n.lm_head) == hf_counts(hf_model(arch))
 
 
@@ -114,10 +114,10 @@ def test_activation_bytes_per_layer_match_what_autograd_saves(kind):
     extra = {"n_group": 1, "topk_group": 1} if kind == "deepseek_v3" else {}
     moe = bool(arch.num_experts)
     measured = saved_bytes_per_token_per_layer(arch, autocast=True, **extra)
-    assert sum(M._layer_act_bytes(arch, M.ACT_AUTOCAST, moe)) == pytest.approx(measured, rel=0.1)
+    assert sum(A.layer_act_bytes(arch, A.ACT_AUTOCAST, moe)) == pytest.approx(measured, rel=0.1)
     if kind in ("qwen3", "llama"):
         fp32 = saved_bytes_per_token_per_layer(arch, autocast=False)
-        assert sum(M._layer_act_bytes(arch, M.ACT_FP32, moe)) == pytest.approx(fp32, rel=0.1)
+        assert sum(A.layer_act_bytes(arch, A.ACT_FP32, moe)) == pytest.approx(fp32, rel=0.1)
 
 
 @pytest.mark.slow  # about a minute of compiling on two CPU cores
@@ -128,9 +128,9 @@ def test_compiled_activation_bytes_per_layer_are_what_the_compiled_layer_saves(k
     rotary, SiLU) in the backward; the compiled tables are its count, to the byte (4,976 bytes a token for this
     Qwen3 layer under autocast, against 8,816 eager)."""
     arch = small_arch(kind)
-    table = M.ACT_COMPILED_AUTOCAST if autocast else M.ACT_COMPILED_FP32
+    table = A.ACT_COMPILED_AUTOCAST if autocast else A.ACT_COMPILED_FP32
     measured = saved_bytes_per_token_per_layer(arch, autocast=autocast, compiled=True)
-    assert sum(M._layer_act_bytes(arch, table, False)) == measured
+    assert sum(A.layer_act_bytes(arch, table, False)) == measured
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -144,13 +144,13 @@ def test_gradient_checkpointing_keeps_each_layers_float32_input(compiled):
 def test_logprob_chunk_is_the_trainers():
     from slime_hydra.train.batch import response_log_probs
 
-    assert inspect.signature(response_log_probs).parameters["chunk"].default == M.LOGPROB_CHUNK
+    assert inspect.signature(response_log_probs).parameters["chunk"].default == A.LOGPROB_CHUNK
 
 
 def test_head_chunk_is_the_trainers():
     from slime_hydra.train import logprobs
 
-    assert logprobs.HEAD_CHUNK_ROWS == M.HEAD_CHUNK_ROWS
+    assert logprobs.HEAD_CHUNK_ROWS == A.HEAD_CHUNK_ROWS
 
 
 def test_trainer_estimate_is_within_10_percent_of_the_measured_h200_run():
@@ -189,8 +189,8 @@ def test_trainer_compile_estimate_is_within_15_percent_of_the_measured_h200_runs
     assert compiled.trainer_total == pytest.approx(measured, rel=0.15)
     assert eager.trainer_total > measured * 1.15  # eager activations do not fit the compiled run
     arch = cfg.model.arch
-    per_token = {k: sum(M._layer_act_bytes(arch, t, False)) * arch.num_layers * 64 * 256 / M.GIB
-                 for k, t in (("compiled", M.ACT_COMPILED_AUTOCAST), ("eager", M.ACT_AUTOCAST))}
+    per_token = {k: sum(A.layer_act_bytes(arch, t, False)) * arch.num_layers * 64 * 256 / M.GIB
+                 for k, t in (("compiled", A.ACT_COMPILED_AUTOCAST), ("eager", A.ACT_AUTOCAST))}
     assert eager.trainer["activations"] - compiled.trainer["activations"] == \
         pytest.approx(per_token["eager"] - per_token["compiled"])  # only the layers change
 
@@ -223,7 +223,7 @@ def test_torch_backend_refuses_big_models_on_colocate_8gpu_with_the_numbers(mode
         "weights, gradients and optimizer state"
     assert f"the {what} alone take {state_gib} GiB" in training
     assert "> parallelism.gpu_memory_gib=140" in training and "replicates them on every GPU" in training
-    n = M.param_count(cfg.model.arch).total
+    n = P.param_count(cfg.model.arch).total
     assert f"weights {4 * n / M.GIB:.1f}, grads {4 * n / M.GIB:.1f}, Adam {8 * n / M.GIB:.1f}" in training
 
 
@@ -367,7 +367,7 @@ def test_megatron_shards_weights_by_model_parallel_and_the_optimizer_over_data_p
                     "parallelism.gpus_per_engine=16", "parallelism.tensor_parallel=4",
                     "parallelism.pipeline_parallel=4", "parallelism.expert_parallel=4",
                     "parallelism.sequence_parallel=true", "+trainer.megatron.num_layers_in_last_pipeline_stage=13"])
-    a, n = cfg.model.arch, M.param_count(cfg.model.arch)
+    a, n = cfg.model.arch, P.param_count(cfg.model.arch)
     est = M.estimate(cfg, make_plan(cfg))
     # the largest stage: 16 of the 61 layers (16 + 16 + 16 + 13), 16 of the 58 MoE layers, one vocabulary matrix
     vocab = a.vocab_size * a.hidden_size
@@ -420,7 +420,7 @@ def test_a_run_checkpoint_and_the_save_gather_are_counted():
     of the 64 GiB disk."""
     cfg = resolved(MEGATRON_4B)
     est = M.estimate(cfg, make_plan(cfg))
-    n = M.param_count(cfg.model.arch).total
+    n = P.param_count(cfg.model.arch).total
     assert sum(est.checkpoint.values()) == pytest.approx(16 * n / M.GIB)  # hf/ and megatron's weights, 12 B Adam
     assert est.host_per_node["checkpoint_gather"] == pytest.approx(est.trainer["adam"])
     assert "a run checkpoint on disk: 59.9" in est.describe()

@@ -1,5 +1,5 @@
 """The memory plan of the torch backend's FSDP2 strategy and LoRA (slime_hydra/plan/memory.py,
-``torch_fsdp_lora_memory``): sharded state, gather buffers, adapter counts checked against PEFT, what
+``torch_trainer_memory``): sharded state, gather buffers, adapter counts checked against PEFT, what
 ``dry_run`` prints, and the DDP refusal naming the ones that would fit."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from test_memory import ROOT, hf_model, small_arch
 
 from conftest import resolved
-from slime_hydra.plan import memory as M
+from slime_hydra.plan import memory as M, params as P
 from slime_hydra.plan.resources import make_plan
 
 JSONL = [f"data.path={ROOT / 'tests/fixtures/tiny.jsonl'}", "data=jsonl", "eval.datasets=[]", "rollout=sglang",
@@ -32,13 +32,13 @@ def test_lora_parameter_count_is_pefts(kind):
     cfg.model.arch = small_arch(kind)
     model = get_peft_model(hf_model(cfg.model.arch), LoraConfig(r=8, target_modules=LORA_TARGET_MODULES[kind]))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert M.lora_params(cfg) == trainable > 0
+    assert P.lora_params(cfg) == trainable > 0
 
 
 def test_fsdp_shards_weights_grads_and_adam_over_the_data_parallel_ranks():
     ddp, _ = est("model=qwen3_8b", "parallelism=colocate_8gpu")
     fsdp, cfg = est("model=qwen3_8b", "parallelism=colocate_8gpu", "trainer.strategy=fsdp")
-    n = M.param_count(cfg.model.arch).total
+    n = P.param_count(cfg.model.arch).total
     assert fsdp.backend == "torch (fsdp)"
     for part, per_param in (("weights", 4), ("grads", 4), ("adam", 8)):
         assert fsdp.trainer[part] == pytest.approx(per_param * n / 8 / M.GIB)
@@ -66,7 +66,7 @@ def test_fsdp_cpu_offload_keeps_the_state_on_the_host():
 
 def test_lora_keeps_the_base_in_model_dtype_and_trains_the_adapters_in_float32():
     lora, cfg = est("model=qwen3_4b", "parallelism=1gpu", "trainer.lora.rank=16", "algo.kl_loss_coef=0.01")
-    n, adapters = M.param_count(cfg.model.arch).total, M.lora_params(cfg)
+    n, adapters = P.param_count(cfg.model.arch).total, P.lora_params(cfg)
     assert adapters == 16 * 36 * (2 * (2560 + 4096) + 2 * (2560 + 1024) + 3 * (2560 + 9728))  # per-layer shapes
     assert lora.trainer["weights"] == pytest.approx((2 * n + 4 * adapters) / M.GIB)
     assert lora.trainer["grads"] == pytest.approx(4 * adapters / M.GIB)

@@ -146,11 +146,11 @@ def test_tiny_lora_count_matches_the_backend(tiny_ckpt):
     """The estimate's adapter count is what the backend trains on the tiny model."""
     from tiny_trainer import backend
 
-    from slime_hydra.plan import memory as M
+    from slime_hydra.plan.params import lora_params
 
     cfg = resolved(["trainer.lora.rank=4", "trainer.num_rollout=10"])
     be = backend(cfg, tiny_ckpt)
-    assert M.lora_params(cfg) == sum(p.numel() for p in be.model.parameters() if p.requires_grad)
+    assert lora_params(cfg) == sum(p.numel() for p in be.model.parameters() if p.requires_grad)
     assert all(p.dtype == torch.float32 for p in be.model.parameters() if p.requires_grad)
 
 
