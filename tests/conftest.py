@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 from typing import List
+from unittest import mock
 
 import pytest
 
@@ -17,8 +18,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
-# Fixtures that start a server process: a test that uses one is in the integration tier.
-PROCESS_FIXTURES = {"engine_url"}
+# Fixtures that start a process (a server, sglang's parser): a test that uses one is in the integration tier.
+PROCESS_FIXTURES = {"engine_url", "sglang"}
+# Kept in `make test` although they start processes: the one short real learning run.
+UNIT_TIER_RUNS = {"test_embedded_default_learns"}
 
 
 def pytest_collection_modifyitems(items):
@@ -27,19 +30,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(autouse=True)
-def _unit_tests_start_no_process(request, monkeypatch):
-    """The unit tier (`make test`) starts no process, no Ray cluster and no server: a test that does is marked
-    ``integration`` (or ``slow``), and an unmarked one that tries fails here, saying so."""
-    if any(request.node.get_closest_marker(m) for m in ("integration", "slow")):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The unit tier (`make test`) starts no process, no Ray cluster and no server, in a test or in its fixtures:
+    a test that does is marked ``integration`` (or ``slow``), and an unmarked one that tries fails, saying so."""
+    if item.originalname in UNIT_TIER_RUNS or any(item.get_closest_marker(m) for m in ("integration", "slow")):
+        yield
         return
 
     def refuse(*args, **kwargs):
-        raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.integration "
+        raise RuntimeError(f"{item.nodeid} starts a process: mark it @pytest.mark.integration "
                            "(make test runs the unit tier: no Ray, no subprocess)")
 
-    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)
-    monkeypatch.setattr(os, "fork", refuse)
+    with mock.patch.object(_posixsubprocess, "fork_exec", refuse), mock.patch.object(os, "fork", refuse):
+        yield
 
 
 def running(pid: int) -> bool:

@@ -86,6 +86,7 @@ def test_numbers_of_a_fabricated_run(tmp_path):
     assert lines[0].startswith("| run | start_s | step_s") and lines[-1].startswith("| trl | - | 12.08")
 
 
+@pytest.mark.integration
 def test_dry_run_prints_each_run_and_runs_nothing(capsys):
     assert bench.main(["anchor_fast_start", "--dry-run", "--", "seed=3"]) == 0
     out = capsys.readouterr().out.splitlines()

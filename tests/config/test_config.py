@@ -240,6 +240,7 @@ def test_dry_run_is_fast_and_starts_nothing():
     assert cpu < 3.0, f"dry run took {cpu:.2f} CPU seconds"
 
 
+@pytest.mark.integration
 def test_dry_run_imports_no_torch():
     """Validation reads the registries' names without importing what they name (torch alone takes over a second)."""
     code = ("import runpy, sys\n"

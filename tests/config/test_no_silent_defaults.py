@@ -83,6 +83,7 @@ def test_a_verifier_that_cannot_check_one_half_raises_at_first_use(monkeypatch):
         math_answer.math_reward(r"\boxed{7}", "7")
 
 
+@pytest.mark.integration
 def test_a_killed_verifier_is_counted_as_a_timeout(monkeypatch):
     async def main():
         monkeypatch.setattr(math_pool, "MATH_TIMEOUT_S", 30)

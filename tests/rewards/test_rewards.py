@@ -97,6 +97,7 @@ def test_math_in_a_thread():
     assert out == [1.0]
 
 
+@pytest.mark.integration
 def test_math_async_in_worker_processes_with_limits(monkeypatch):
     async def main():
         cfg = RewardConfig(type="math")

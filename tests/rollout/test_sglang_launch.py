@@ -104,6 +104,7 @@ def test_preload_leaves_modules_that_initialise_cuda_to_the_worker(tmp_path, mon
     assert torch._C._cuda_init is init and torch.cuda.get_device_capability is capability and calls == []
 
 
+@pytest.mark.integration
 def test_the_probe_reports_a_child_that_cannot_initialise_cuda(monkeypatch):
     """The forked child initialises CUDA as a worker would: on this machine's CPU build of torch that fails
     (it has no CUDA), which is what a forkserver whose imports touched the CUDA driver looks like; the GPU

@@ -205,6 +205,7 @@ def _ddp_worker(rank, world, port, ckpt, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_ddp_critic_matches_one_rank(tiny_ckpt, tmp_path):
     """Two gloo ranks with half the rollout each take the same critic (and actor) step as one rank
     with all of it (sample_mean: the reducer's step totals are all-reduced)."""

@@ -107,6 +107,7 @@ def ckpt(tmp_path_factory):
 @pytest.mark.parametrize("family, distributed_optimizer", [("qwen3", True), ("qwen3", False), ("llama", True),
                                                            ("glm4", True), ("qwen3_moe", True),
                                                            ("deepseek_v3", True)])
+@pytest.mark.integration
 def test_resume_restores_every_tensor(tmp_path_factory, tmp_path, family, distributed_optimizer):
     ckpt = _tiny_checkpoint(tmp_path_factory, family)
     cfg = _cfg(f"trainer.use_distributed_optimizer={str(distributed_optimizer).lower()}")
@@ -138,6 +139,7 @@ def test_resume_restores_every_tensor(tmp_path_factory, tmp_path, family, distri
         assert torch.equal(a, b)
 
 
+@pytest.mark.integration
 def test_resume_with_more_rollouts_runs_at_the_new_schedules_rate(ckpt, tmp_path):
     """Saved at step 2 of a 2-rollout cosine decay, resumed with trainer.num_rollout=4 (the driver's
     set_num_rollout comes before load): the rate is the 4-step schedule's at step 2, not the old end (min_lr)."""
@@ -190,6 +192,7 @@ def _save_on_two_ranks(rank: int, port: int, overrides, path: str, out: str, dat
 
 @pytest.mark.parametrize("layout", ["parallelism.tensor_parallel=2", "parallelism.pipeline_parallel=2",
                                     "parallelism.tensor_parallel=1"])  # the last: DP = 2
+@pytest.mark.integration
 def test_resharded_resume_gives_the_same_log_probs(ckpt, tmp_path, layout):
     import torch.multiprocessing as mp
 
@@ -227,6 +230,7 @@ def _save_scaled_on_two_ranks(rank: int, port: int, overrides, path: str, out: s
         dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_expert_parallel_checkpoint_resumes_without_it(tmp_path_factory, tmp_path):
     """EP = 2 -> EP = 1 for a Qwen3-MoE model, compared on the exported weights (expert parallelism does
     not run a forward pass on gloo: the token dispatcher's all-to-all)."""

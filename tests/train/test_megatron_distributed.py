@@ -118,6 +118,7 @@ def _hf_response_log_probs(model, seqs, resp) -> torch.Tensor:
     return torch.cat(out)
 
 
+@pytest.mark.integration
 def test_two_ranks(tmp_path):
     pytest.importorskip("megatron.core")
     import torch.multiprocessing as mp

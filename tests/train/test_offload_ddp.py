@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from tiny_trainer import config, fake_rollout, rl_trainer, train
 
@@ -46,6 +47,7 @@ def _worker(rank, port, ckpt, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_ddp_all_reduces_again_after_an_onload(tiny_ckpt, tmp_path):
     import torch.multiprocessing as mp
 
