@@ -1,6 +1,6 @@
 """Does ``trainer.warm_up`` leave step 1 nothing to compile? Each trainer with ``trainer.compile=true`` on the anchor
 workload's shape (64 samples of 64 prompt + 256 response tokens, one micro-batch), no SGLang: the warm-up pass as
-the driver runs it (``launch.driver.warm_up_shape``), then training steps as run.py runs them. Printed and written
+the driver runs it (``launch.parts.warm_up_shape``), then training steps as run.py runs them. Printed and written
 (``warm_up_gpu.json``): the warm-up's seconds, each step's seconds, and how many graphs torch.compile made in the
 warm-up and in each step (0 after the warm-up: step 1 is a steady step). How a GPU run is set up: bench/README.md.
 
@@ -38,7 +38,7 @@ def graphs() -> int:
 def run_trainer(name: str, path: str, args) -> Dict[str, Any]:
     from torch._dynamo.utils import counters
 
-    from slime_hydra.launch.driver import warm_up_shape
+    from slime_hydra.launch.parts import warm_up_shape
 
     tokens = args.batch * (args.prompt + args.resp)
     torch._dynamo.reset()

@@ -67,14 +67,14 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     started = time.time()
     label = shown_overrides(sweep_config, overrides)
     write_status(job_dir, idx, label, "running", started=started)
-    from slime_hydra.launch import driver
+    from slime_hydra.launch import loop
 
     hooks = []
     if prune:
         from slime_hydra.sweep.prune import pruning_hook
 
         hooks.append(pruning_hook(prune, idx, sweep_config.trainer.num_rollout))
-    driver.EVAL_HOOKS.extend(hooks)
+    loop.EVAL_HOOKS.extend(hooks)
     saved = _redirect(os.path.join(job_dir, "console.log"))
     try:
         ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
@@ -86,7 +86,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     finally:
         _restore(saved)
         for hook in hooks:
-            driver.EVAL_HOOKS.remove(hook)
+            loop.EVAL_HOOKS.remove(hook)
     if ret.status == JobStatus.COMPLETED:
         write_status(job_dir, idx, label, "ok", started=started)
     else:

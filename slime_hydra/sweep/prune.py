@@ -21,7 +21,7 @@ def storage_of(url: Optional[str]):
 
 
 def pruning_hook(prune: Dict[str, Any], number: int, last_step: Optional[int] = None):
-    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/driver.py) for trial ``number``. The eval
+    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/loop.py) for trial ``number``. The eval
     of ``last_step`` is reported but prunes nothing: the trial is done anyway, and its final value counts."""
     import optuna
     from hydra.utils import instantiate

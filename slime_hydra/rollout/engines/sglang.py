@@ -40,8 +40,9 @@ import os
 import re
 import sys
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from slime_hydra.config.deferred import defer
 from slime_hydra.rollout.engines.base import Engine, to_flags
 
 if TYPE_CHECKING:
@@ -217,9 +218,8 @@ class SglangEngine(Engine):
         errs += [f"rollout.server_args.{key}: set by slime_hydra from {MANAGED_SERVER_ARGS[key]}; remove it"
                  for key in args if key in MANAGED_SERVER_ARGS]
         if args and importlib.util.find_spec("sglang") is not None:
-            if _deferred is not None and "sglang.srt.server_args" not in sys.modules:
-                _deferred.append(ServerArgsCheck(dict(args)))  # answered later (deferred_server_args_checks)
-                return errs
+            if "sglang.srt.server_args" not in sys.modules and defer(lambda: ServerArgsCheck(dict(args))):
+                return errs  # answered while the run starts (config/deferred.py)
             try:
                 errs += [f"rollout.server_args.{key}: {problem}" for key, problem in check_server_args(dict(args))]
             except Exception as e:  # noqa: BLE001 - an sglang that does not import: the server will say more
@@ -340,7 +340,6 @@ def check_with_sglang(argv: List[str]) -> Optional[str]:
     Face hub for it: validation failed offline with "couldn't connect to huggingface.co"), so those
     rules are left to the server's start."""
     import argparse
-    import contextlib
     import io
 
     parser = sglang_parser()
@@ -497,24 +496,6 @@ class ServerArgsCheck:
             logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not "
                                                 "import (%s)", e)
             return []
-
-
-# set by deferred_server_args_checks: SglangEngine.check starts its parser check and leaves it running
-_deferred: Optional[List[ServerArgsCheck]] = None
-
-
-@contextlib.contextmanager
-def deferred_server_args_checks() -> Iterator[List[ServerArgsCheck]]:
-    """Within, validation starts sglang's parser check of ``rollout.server_args`` in a child process and
-    goes on without its answer (appended to the yielded list): the run starts Ray, its placement group and
-    its engines meanwhile (SGLang's own parser fails later than this check: after its imports), and takes the
-    answers (``ServerArgsCheck.problems``) before a trainer starts."""
-    global _deferred
-    outer, _deferred = _deferred, []
-    try:
-        yield _deferred
-    finally:
-        _deferred = outer
 
 
 def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
