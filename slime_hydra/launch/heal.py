@@ -8,8 +8,9 @@ checkpoints, so it rebuilds the rest:
   the newest complete checkpoint (or the run's initial weights) with its data position, the rows after it
   are dropped and the loop goes on from there, as ``trainer.resume=auto`` does across processes;
 - the rollout manager (its engines and router die with it): a new one gets the data position after the
-  rollout the trainers trained on last and their weights, and the call goes again. An asynchronous run
-  rewinds to the checkpoint instead (its next rollout was already under way).
+  rollout the trainers trained on last and their weights, and the step goes on: from its rollout, or, once
+  it is trained, with the call that failed. An asynchronous run rewinds to the checkpoint instead (its next
+  rollout was already under way).
 
 Each rebuild counts against ``trainer.max_restarts_per_hour``, is written to ``<run dir>/heal.jsonl`` and
 counted in the next row (``heal/*``)."""
@@ -32,11 +33,13 @@ log = logging.getLogger("slime_hydra")
 WINDOW_S = 3600.0  # trainer.max_restarts_per_hour counts rebuilds within this window
 
 
-class Rewound(Exception):
-    """The run went back to a checkpoint: the loop starts over from there."""
+class StartOver(Exception):
+    """The loop starts over from the last step done (after a rewind, or a rebuild before the step was trained)."""
 
 
 class Healing(Parts):
+    """The run's parts, each call of the loop healed."""
+
     fault_tolerance = True
 
     def __init__(self, *args, **kwargs):
@@ -49,7 +52,7 @@ class Healing(Parts):
         while True:
             try:
                 return loop(self)
-            except Rewound:
+            except StartOver:
                 continue
 
     def start(self) -> None:
@@ -98,18 +101,17 @@ class Healing(Parts):
         self.counts["heal/push_retries"] = self.counts.get("heal/push_retries", 0.0) + 1
 
     def _healed(self, call, *args):
-        """``call(*args)``; after a death, the part rebuilt, the weights pushed again and the call made again
-        (or, after a rewind, ``Rewound``)."""
+        """``call(*args)``; after a death, the part is rebuilt and the loop starts over from the last step done
+        (``StartOver``), or, once the step in progress is trained, the weights are pushed and the call made again."""
         death = None
         while True:
             try:
                 if death is not None:
                     self._heal(death)
                     death = None
-                    if call.__name__ != "prepare":
-                        Parts.prepare(self)
+                    Parts.prepare(self)
                 return call(*args)
-            except Rewound:
+            except StartOver:
                 raise
             except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
                 death = self._death(err)
@@ -124,14 +126,15 @@ class Healing(Parts):
         t0, step, moment = time.perf_counter(), self.done + 1, self.moment
         self.rewind_due = self.rewind_due or death.part == "trainer" or self.is_async
         self._rebuild(death)
-        if not self.rewind_due:  # the trainers hold their weights: the position after the rollout they trained on
+        redone = 0
+        if self.rewind_due:
+            redone = self._rewind()
+            self.rewind_due = False
+        else:  # the trainers hold their weights: the position after the rollout they trained on
             ray.get(self.manager.load_state_dict.remote(self.positions[self.trained]))
-            self._record(death, step, moment, time.perf_counter() - t0, 0)
-            return
-        redone = self._rewind()
-        self.rewind_due = False
         self._record(death, step, moment, time.perf_counter() - t0, redone)
-        raise Rewound
+        if self.trained == self.done:  # the step in progress is not trained: it starts again from its rollout
+            raise StartOver
 
     def _rebuild(self, death: PartDied) -> None:
         now = time.monotonic()

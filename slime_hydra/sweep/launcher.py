@@ -1,13 +1,8 @@
 """``hydra/launcher=slime``: hydra-joblib-launcher's process pool, with every job on one Ray cluster.
 
-Each job runs in a loky worker process (joblib), ``sweep.max_concurrent`` at once, and is a Ray driver
-of its own that joins the sweep's cluster (cluster.py). Per job, the worker also
-- writes ``sweep_job.json`` (running, then ok / failed / pruned with the error's tail) for the report;
-- sends the job's console (its log lines, prints, progress bar) to ``<job dir>/console.log``, so the
-  sweep's console shows one status line per job instead of N interleaved logs;
-- names the job's wandb run by its overrides in a group named after the sweep;
-- with Optuna pruning configured, reports each eval to the study (optuna.py).
-"""
+Each job runs in a loky worker process, ``sweep.max_concurrent`` at once, as a Ray driver of its own joined
+to the sweep's cluster (cluster.py). Around each job the worker writes ``sweep_job.json``, sends the job's
+console to ``<job dir>/console.log``, names its wandb run by its overrides, and installs the pruning hook."""
 
 from __future__ import annotations
 
