@@ -55,8 +55,6 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
         need = len(plan.bundles) + 2
         num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, need)
         gpus = sum(b.get("GPU", 0) for b in plan.bundles) if plan.device == "cuda" else 0
-        # one machine: Ray, the engines, the router and the weight-update groups all on the loopback
-        # address (utils.proc.node_ip reads Ray's node address), reachable from no other host
         # address="local": a cluster of its own, never one that RAY_ADDRESS or an earlier `ray start` names
         ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard,
                        log_to_driver=False, logging_level=logging.WARNING, runtime_env={"env_vars": env},

@@ -17,7 +17,7 @@ request with the same ``sampling_seed``: nothing is generated twice into a sampl
 A restarted engine runs the initial checkpoint, so it takes no traffic until the driver has pushed
 the current weights to it (``awaiting_weights`` -> the trainers reconnect and push ->
 ``weights_pushed`` registers it). The driver does that at its next weight push, or at once in a
-synchronous run whose trainers are idle while the rollout waits (see ``launch/driver.py``). A
+synchronous run whose trainers are idle while the rollout waits (see ``sync/push.py``). A
 restart budget per engine turns a crash loop into an error naming the engine and its log's tail.
 
 A fleet can also be built from engines that something else started (``EngineFleet([EngineHandle(0, url)])``,
