@@ -219,8 +219,7 @@ class WeightSender:
     def _flush_caches(self, timeout_s: float = 60.0) -> None:
         """Empty every engine's prefix cache before the weights change: its KV was computed with the old
         weights (slime flushes here too). An engine refuses while a request still runs on it, so ask
-        again until it agrees; one that does not answer at all is dead or hung, and the push fails at once
-        (asking a dead engine again for a minute made every engine death inside a push cost that minute)."""
+        again until it agrees; one that does not answer at all is dead or hung, and the push fails at once."""
         deadline = time.monotonic() + timeout_s
         for e in self.endpoints:
             while True:
