@@ -57,13 +57,13 @@ def canvas(w: float, h: float, size: Tuple[float, float]):
 # ------------------------------------------------------------------------------------------ figures
 def step_dataflow(out: Path) -> None:
     fig, ax = canvas(16, 9.4, (13, 7.6))
-    ax.text(0.2, 9.2, "Once per run (launch/main.py run, launch/loop.py)", fontsize=11, weight="bold", va="top")
+    ax.text(0.2, 9.2, "Once per run (launch/main.py run, launch/loop.py train)", fontsize=11, weight="bold", va="top")
     setup = [
         ("config", "conf/ + config/schema.py\nlaunch/validate.py check()"),
         ("plan", "plan/resources.py\nmake_plan() -> ResourcePlan"),
         ("placement group", "launch/cluster.py\ncreate_placement_group()"),
         ("actors", "RolloutManager (no GPU)\nTrainerGroup -> TrainerActor"),
-        ("first weight push", "sync/push.py\nversion 0"),
+        ("first weight push", "sync/push.py\npush_weights(v0)"),
     ]
     for i, (title, sub) in enumerate(setup):
         x = 0.2 + i * 3.2
@@ -71,7 +71,7 @@ def step_dataflow(out: Path) -> None:
         if i:
             arrow(ax, (x - 0.4, 7.9), (x, 7.9))
 
-    ax.text(0.2, 6.6, "Every step (launch/loop.py)", fontsize=11, weight="bold", va="top")
+    ax.text(0.2, 6.6, "Every step (launch/loop.py steps)", fontsize=11, weight="bold", va="top")
     top, low, h = 3.9, 0.5, 2.0
     box(ax, 0.2, top, 3.6, h, "RolloutManager.generate", "rollout/manager.py\nrollout_fn.py default_rollout\n"
         "data source, filters", ROLLOUT)

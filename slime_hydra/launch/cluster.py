@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
@@ -14,10 +15,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.launch.heal import wait_all
 from slime_hydra.launch.lease import TOKEN_ENV
 from slime_hydra.plan.resources import TRAINER_SHARE, ResourcePlan
-from slime_hydra.utils.proc import HOST_ENV
+from slime_hydra.utils.proc import HOST_ENV, tail
 
 if TYPE_CHECKING:
     from slime_hydra.train.backend import WarmUpShape
@@ -55,8 +55,6 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
         need = len(plan.bundles) + 2
         num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, need)
         gpus = sum(b.get("GPU", 0) for b in plan.bundles) if plan.device == "cuda" else 0
-        # one machine: Ray, the engines, the router and the weight-update groups all on the loopback
-        # address (utils.proc.node_ip reads Ray's node address), reachable from no other host
         # address="local": a cluster of its own, never one that RAY_ADDRESS or an earlier `ray start` names
         ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=cfg.cluster.include_dashboard,
                        log_to_driver=False, logging_level=logging.WARNING, runtime_env={"env_vars": env},
@@ -146,9 +144,59 @@ def route(data_refs: List[Any], dp_ranks: List[int]) -> List[Any]:
     return [data_refs[d] for d in dp_ranks]
 
 
+class PartDied(RuntimeError):
+    """A part of the run that the driver rebuilds died or hung: ``part`` is "trainer" or "manager"."""
+
+    def __init__(self, part: str, reason: str, rank: Optional[int] = None):
+        super().__init__(reason)
+        self.part, self.reason, self.rank = part, reason, rank
+
+
+def actor_log_tail(err: BaseException) -> str:
+    """The last lines of a dead Ray actor's worker output (``worker-<id>-<job>-<pid>.err`` in this cluster's
+    session directory; Ray names the pid in the error)."""
+    m = re.search(r"\bpid[:=] ?(\d+)", str(err))
+    if not m:
+        return "(Ray did not name its process)"
+    try:
+        session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public way
+        logs = os.path.join(session, "logs")
+        for name in sorted(os.listdir(logs)):
+            if name.startswith("worker-") and name.endswith(f"-{m[1]}.err"):
+                return tail(os.path.join(logs, name), 20)
+    except Exception as e:  # noqa: BLE001 - best effort, for an error message
+        return f"(its log could not be read: {e!r})"
+    return f"(no worker log of pid {m[1]} found)"
+
+
+def wait_all(refs: List[Any], timeout_s: Optional[float], what: str) -> List[Any]:
+    """``ray.get(refs)`` for one call fanned out over the trainer ranks, but a rank that died is reported as
+    soon as Ray knows (the others may hang in a collective with it), and ranks still busy after ``timeout_s``
+    count as hung: both raise :class:`PartDied`. Other errors are raised as they are."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                rank = refs.index(ref)
+                raise PartDied("trainer", f"trainer rank {rank} died during {what} ({type(e).__name__}); "
+                               f"last lines of its output:\n{actor_log_tail(e)}", rank) from e
+            except Exception:  # noqa: BLE001 - a rank's own error: raised below, after the others answer
+                pass
+        if deadline is not None and time.monotonic() >= deadline and pending:
+            ranks = [refs.index(r) for r in pending]
+            raise PartDied("trainer", f"trainer rank(s) {ranks} did not finish {what} within "
+                           f"trainer.hang_timeout_s={timeout_s:g}s (a hung collective?)", ranks[0])
+    return ray.get(refs)
+
+
 class TrainerGroup:
     """Driver-side handle on all trainer ranks; each call fans out and waits. A rank that dies fails the
-    call at once with ``PartDied`` (launch/heal.py), naming the rank; with fault tolerance a call that
+    call at once with ``PartDied``, naming the rank; with fault tolerance a call that
     takes longer than ``trainer.hang_timeout_s`` (a push: ``sync.push_timeout_s``) counts as a hung rank."""
 
     def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
@@ -180,7 +228,7 @@ class TrainerGroup:
             raise
 
     def _wait(self, refs: List[Any], what: str, timeout_s: Optional[float] = None) -> List[Any]:
-        return wait_all(refs, self.actors, timeout_s or self.timeout_s, what)
+        return wait_all(refs, timeout_s or self.timeout_s, what)
 
     def _all(self, method: str, *args) -> List[Any]:
         return self._wait([getattr(a, method).remote(*args) for a in self.actors], method)

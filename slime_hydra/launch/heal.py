@@ -1,21 +1,19 @@
-"""Healing a run in its own process (``rollout.fault_tolerance``; docs/faults.md).
+"""The healing layer (``rollout.fault_tolerance``; docs/faults.md): the loop's calls, and a part that dies
+in one is rebuilt in this process.
 
-The driver is the one supervisor: it knows the step, the weight version, the data position and the
-newest checkpoint, so it decides what to rebuild. The engine fleet heals engines and the router by
-itself (``rollout/fleet.py``); what dies under the driver's feet comes here as :class:`PartDied`:
+The fleet heals engines and the router (rollout/fleet.py); the driver knows the step, the weights and the
+checkpoints, so it rebuilds the rest:
 
-- a trainer rank (its actor died, or a call missed ``trainer.hang_timeout_s``): the trainer group is
-  torn down and built again, the newest complete checkpoint is loaded (the run's initial weights if
-  there is none yet) with its data position, the metrics rows after it are dropped, and the run goes
-  on from there: what ``trainer.resume=auto`` does across processes, in this one;
-- the rollout manager actor (with its engines and router, which die with it): a new one is built,
-  given the data position after the last rollout the trainers trained on, and the trainers' current
-  weights; the step in progress goes on (its rollout is generated again if it was not trained yet).
-  An asynchronous run rewinds to the checkpoint instead (its next rollout was already under way).
+- a trainer rank (its actor died, or a call missed ``trainer.hang_timeout_s``): a new trainer group loads
+  the newest complete checkpoint (or the run's initial weights) with its data position, the rows after it
+  are dropped and the loop goes on from there, as ``trainer.resume=auto`` does across processes;
+- the rollout manager (its engines and router die with it): a new one gets the data position after the
+  rollout the trainers trained on last and their weights, and the step goes on: from its rollout, or, once
+  it is trained, with the call that failed. An asynchronous run rewinds to the checkpoint instead (its next
+  rollout was already under way).
 
-Each healing is counted against a budget (``trainer.max_restarts_per_hour``; the fleet has its own
-per engine), written to ``<run dir>/heal.jsonl`` (what died, when, at which moment, seconds, steps
-redone) and counted in the next metrics row (``heal/*``)."""
+Each rebuild counts against ``trainer.max_restarts_per_hour``, is written to ``<run dir>/heal.jsonl`` and
+counted in the next row (``heal/*``)."""
 
 from __future__ import annotations
 
@@ -23,110 +21,162 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Dict, List
 
 import ray
 
-from slime_hydra.utils.proc import tail
+from slime_hydra.checkpoint.ckpt import find_checkpoint
+from slime_hydra.launch.cluster import PartDied
+from slime_hydra.launch.parts import Parts
 
 log = logging.getLogger("slime_hydra")
 WINDOW_S = 3600.0  # trainer.max_restarts_per_hour counts rebuilds within this window
 
 
-class PartDied(RuntimeError):
-    """A part of the run that the driver rebuilds died or hung: ``part`` is "trainer" or "manager"."""
-
-    def __init__(self, part: str, reason: str, rank: Optional[int] = None):
-        super().__init__(reason)
-        self.part, self.reason, self.rank = part, reason, rank
+class StartOver(Exception):
+    """The loop starts over from the last step done (after a rewind, or a rebuild before the step was trained)."""
 
 
-def actor_log_tail(err: BaseException) -> str:
-    """The last lines of a dead Ray actor's worker output: Ray names its pid in the error, and the worker's
-    output is in this cluster's session directory (``worker-<id>-<job>-<pid>.err``)."""
-    import re
+class Healing(Parts):
+    """The run's parts, each call of the loop healed."""
 
-    m = re.search(r"\bpid[:=] ?(\d+)", str(err))
-    if not m:
-        return "(Ray did not name its process)"
-    try:
-        session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - no public way
-        logs = os.path.join(session, "logs")
-        for name in sorted(os.listdir(logs)):
-            if name.startswith("worker-") and name.endswith(f"-{m[1]}.err"):
-                return tail(os.path.join(logs, name), 20)
-    except Exception as e:  # noqa: BLE001 - best effort, for an error message
-        return f"(its log could not be read: {e!r})"
-    return f"(no worker log of pid {m[1]} found)"
+    fault_tolerance = True
 
+    def __init__(self, *args, **kwargs):
+        self.rebuilds: List[float] = []
+        self.counts: Dict[str, float] = {}  # heal/* metrics for the next row
+        self.rewind_due = False  # until a healing that must go back to the checkpoint has (a death may interrupt it)
+        super().__init__(*args, **kwargs)
 
-class Healer:
-    """Budgets, counters and the record of healings of one run (the driver does the rebuilding)."""
+    def drive(self, loop) -> None:
+        while True:
+            try:
+                return loop(self)
+            except StartOver:
+                continue
 
-    def __init__(self, cfg, run_dir: str):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.enabled = bool(cfg.rollout.fault_tolerance)
-        self.budget = cfg.trainer.max_restarts_per_hour
-        self.times: List[float] = []
-        self.pending: Dict[str, float] = {}  # heal/* metrics for the next row
-        self.path = os.path.join(run_dir, "heal.jsonl")
+    def start(self) -> None:
+        """The start-up, begun again after each death in it; a death costs from then to the start-up's end."""
+        deaths, due = [], None
+        while True:
+            try:
+                if due is not None:
+                    self._rebuild(due)
+                    due = None
+                super().start()
+                break
+            except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
+                due = self._death(err)
+                deaths.append((due, time.perf_counter()))
+        for death, t0 in deaths:
+            self._record(death, self.start_step + 1, "start-up", time.perf_counter() - t0, 0)
 
-    def charge(self, death: PartDied) -> None:
-        """Count a rebuild; past the budget, stop the run with the reason (rank, log tail)."""
+    def prepare(self):
+        return self._healed(super().prepare)
+
+    def rollout(self, step):
+        return self._healed(super().rollout, step)
+
+    def offload(self):
+        return self._healed(super().offload)
+
+    def train(self, step, data):
+        return self._healed(super().train, step, data)
+
+    def push(self, step):
+        return self._healed(super().push, step)
+
+    def eval(self, step):
+        return self._healed(super().eval, step)
+
+    def save(self, step):
+        return self._healed(super().save, step)
+
+    def log(self, step, metrics):
+        metrics.update(self.counts)
+        self.counts = {}
+        super().log(step, metrics)
+
+    def on_push_retry(self) -> None:
+        self.counts["heal/push_retries"] = self.counts.get("heal/push_retries", 0.0) + 1
+
+    def _healed(self, call, *args):
+        """``call(*args)``; after a death, the part is rebuilt and the loop starts over from the last step done
+        (``StartOver``), or, once the step in progress is trained, the weights are pushed and the call made again."""
+        death = None
+        while True:
+            try:
+                if death is not None:
+                    self._heal(death)
+                    death = None
+                    Parts.prepare(self)
+                return call(*args)
+            except StartOver:
+                raise
+            except Exception as err:  # noqa: BLE001 - a death is healed, anything else raised
+                death = self._death(err)
+
+    def _death(self, err: Exception) -> PartDied:
+        death = self.died(err)
+        if death is None:
+            raise err
+        return death
+
+    def _heal(self, death: PartDied) -> None:
+        t0, step, moment = time.perf_counter(), self.done + 1, self.moment
+        self.rewind_due = self.rewind_due or death.part == "trainer" or self.is_async
+        self._rebuild(death)
+        redone = 0
+        if self.rewind_due:
+            redone = self._rewind()
+            self.rewind_due = False
+        else:  # the trainers hold their weights: the position after the rollout they trained on
+            ray.get(self.manager.load_state_dict.remote(self.positions[self.trained]))
+        self._record(death, step, moment, time.perf_counter() - t0, redone)
+        if self.trained == self.done:  # the step in progress is not trained: it starts again from its rollout
+            raise StartOver
+
+    def _rebuild(self, death: PartDied) -> None:
         now = time.monotonic()
-        self.times = [t for t in self.times if now - t < WINDOW_S] + [now]
-        if len(self.times) > self.budget:
-            raise RuntimeError(f"{len(self.times)} rebuilds of the run's parts within an hour, more than "
-                               f"trainer.max_restarts_per_hour={self.budget}; the last one: {death.reason}") from death
+        self.rebuilds = [t for t in self.rebuilds if now - t < WINDOW_S] + [now]
+        budget = self.cfg.trainer.max_restarts_per_hour
+        if len(self.rebuilds) > budget:
+            raise RuntimeError(f"{len(self.rebuilds)} rebuilds of the run's parts within an hour, more than "
+                               f"trainer.max_restarts_per_hour={budget}; the last one: {death.reason}") from death
+        log.warning("%s; rebuilding the %s", death.reason, "trainer group" if death.part == "trainer" else
+                    "rollout manager with its engines and router")
+        self.next_rollout = None
+        if death.part == "manager":
+            ray.kill(self.manager)
+            self.manager = self.new_manager()
+        else:
+            self.trainers = self.new_trainers()
 
-    def record(self, death: PartDied, step: int, moment: str, seconds: float, steps_redone: int,
-               resumed_at: int) -> None:
-        self.pending[f"heal/{death.part}_restarts"] = self.pending.get(f"heal/{death.part}_restarts", 0.0) + 1
-        self.pending["heal/seconds"] = self.pending.get("heal/seconds", 0.0) + seconds
-        self.pending["heal/steps_redone"] = self.pending.get("heal/steps_redone", 0.0) + steps_redone
+    def _rewind(self) -> int:
+        """In-process ``trainer.resume=auto``: the newest complete checkpoint (or the run's start), its data
+        position and the rows up to it. Returns how many done steps are done again."""
+        ckpt = find_checkpoint("auto", self.run_dir) or self.base_ckpt
+        if ckpt:
+            step, position = self.load(ckpt)
+        else:
+            if not self.fresh_trainers:
+                self.trainers = self.new_trainers()
+            step, position = self.start_step, self.positions[self.start_step]
+            ray.get(self.manager.load_state_dict.remote(position))
+        redone = self.done - step
+        self.logger.rewind(step)
+        self.done = self.trained = step
+        self.positions[step] = position
+        return redone
+
+    def _record(self, death: PartDied, step: int, moment: str, seconds: float, steps_redone: int) -> None:
+        for key, n in ((f"{death.part}_restarts", 1), ("seconds", seconds), ("steps_redone", steps_redone)):
+            self.counts[f"heal/{key}"] = self.counts.get(f"heal/{key}", 0.0) + n
         row = {"time": time.time(), "part": death.part, "rank": death.rank, "step": step, "moment": moment,
-               "seconds": round(seconds, 3), "steps_redone": steps_redone, "resumed_at": resumed_at,
+               "seconds": round(seconds, 3), "steps_redone": steps_redone, "resumed_at": self.done,
                "reason": death.reason.splitlines()[0][:300]}
-        with open(self.path, "a") as f:
+        with open(os.path.join(self.run_dir, "heal.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
         log.warning("healed: %s%s died during the %s of step %d; %.1fs, %d step(s) redone, going on after step %d",
                     death.part, "" if death.rank is None else f" rank {death.rank}", moment, step, seconds,
-                    steps_redone, resumed_at)
-
-    def count(self, key: str, n: float = 1.0) -> None:
-        self.pending[f"heal/{key}"] = self.pending.get(f"heal/{key}", 0.0) + n
-
-    def take(self) -> Dict[str, float]:
-        out, self.pending = self.pending, {}
-        return out
-
-
-def manager_died(err: BaseException, manager) -> bool:
-    """Whether ``err`` says that the rollout manager actor is gone."""
-    return isinstance(err, ray.exceptions.RayActorError) and getattr(err, "actor_id", None) == manager._actor_id.hex()
-
-
-def wait_all(refs: List[Any], actors: List[Any], timeout_s: Optional[float], what: str) -> List[Any]:
-    """``ray.get(refs)`` for one call fanned out over the trainer ranks, but a rank that died is
-    reported as soon as Ray knows (the others may hang in a collective with it), and ranks still busy
-    after ``timeout_s`` count as hung: both raise :class:`PartDied`. Other errors are raised as they are."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    pending = list(refs)
-    while pending:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, left) if left is not None
-                                  else 1.0)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                rank = refs.index(ref)
-                raise PartDied("trainer", f"trainer rank {rank} died during {what} ({type(e).__name__}); "
-                               f"last lines of its output:\n{actor_log_tail(e)}", rank) from e
-            except Exception:  # noqa: BLE001 - a rank's own error: raised below, after the others answer
-                pass
-        if deadline is not None and time.monotonic() >= deadline and pending:
-            ranks = [refs.index(r) for r in pending]
-            raise PartDied("trainer", f"trainer rank(s) {ranks} did not finish {what} within "
-                           f"trainer.hang_timeout_s={timeout_s:g}s (a hung collective?)", ranks[0])
-    return ray.get(refs)
+                    steps_redone, self.done)

@@ -1,18 +1,11 @@
 """One driver per run directory, and no processes left over from a driver that was killed.
 
-A SIGKILLed driver cannot clean up. Most of what it started dies with it (Ray's local cluster shares
-its fate, the engine servers and the router die with their Ray actors), but not all: Ray 2.60
-leaves its dashboard and runtime-env agents running after the driver and raylet are gone. So the
-driver marks every process of its run: it puts a fresh token in its own environment (inherited by
-the local Ray cluster, the router and the engine servers) and in the Ray runtime environment (for
-workers on other nodes), and records the token with its pid in ``<run dir>/driver.json``, then the
-local Ray cluster's session directory: Ray's agents rename themselves (setproctitle), which can wipe
-the environment the kernel shows for them, but they keep their log files open in that directory. The
-next start in that run directory (a resume) kills whatever still carries the token, or holds a file of
-that session directory open, on this machine.
-A driver still alive there is an error: two drivers must not write one run directory. A driver
-that ends normally kills what of its run is still running after Ray's shutdown.
-"""
+The driver puts a fresh token in its environment (inherited by the local Ray cluster, the router and the
+engines) and in Ray's runtime environment, and records it with its pid in ``<run dir>/driver.json``, then
+the Ray session directory (Ray's agents rename themselves, which can wipe the environment the kernel shows,
+but keep their logs open there). The next start in that directory kills whatever still carries the token or
+holds a file of that session open; a driver still alive there is an error. A driver that ends normally
+kills what of its run outlived Ray's shutdown."""
 
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import ConfigError
+from slime_hydra.config.deferred import deferred_checks
 from slime_hydra.launch.validate import check
 from slime_hydra.plan.memory import GIB, machine_problems
 from slime_hydra.plan.resources import make_plan
 from slime_hydra.rollout.engines import engine_class
-from slime_hydra.rollout.engines.sglang.args import deferred_server_args_checks
 
 log = logging.getLogger("slime_hydra")
 _first_run = True  # the first run of this process counts its start-up from the process's start (python run.py)
@@ -30,18 +30,15 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     clock = StartupClock(process_started() if _first_run else time.time())
     _first_run = False
     choices: list = []
-    pending: list = []
+    deferred: list = []  # checks still running after validation, answered while the run starts (loop.train)
     try:
-        # sglang's parser check of rollout.server_args (10-25 s: it imports sglang) runs on in a child process
-        # while Ray and the engines start; the driver takes its answer before a trainer starts (launch/driver.py)
         dcfg.output_dir = output_dir  # validation reads trainer.resume=auto's checkpoint there
-        with deferred_server_args_checks() as pending:
+        with deferred_checks() as deferred:
             cfg = check(dcfg, notes=choices)
-        late = [c.problems for c in pending]
-        if cfg.dry_run and (problems := [p for problems in late for p in problems()]):
+        if cfg.dry_run and (problems := [p for c in deferred for p in c.problems()]):
             raise ConfigError(problems)
     except ConfigError as e:
-        for c in pending:
+        for c in deferred:
             c.kill()
         log.error("%s", e)
         sys.exit(2)
@@ -56,7 +53,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
         for w in warnings:
             log.warning("%s", w)
         if problems:
-            for c in pending:
+            for c in deferred:
                 c.kill()
             log.error("%s", ConfigError(problems))
             sys.exit(2)
@@ -67,11 +64,11 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     os.replace(os.path.join(output_dir, "config.yaml.tmp"), os.path.join(output_dir, "config.yaml"))
     log.info("run directory: %s", output_dir)
     log.info("%s", plan.describe())
-    from slime_hydra.launch.driver import train
+    from slime_hydra.launch.loop import train
 
     try:
-        summary = train(cfg, plan, clock, late)
-    except ConfigError as e:  # a late check's problems, before a trainer started
+        summary = train(cfg, plan, clock, deferred)
+    except ConfigError as e:  # a deferred check's problems, before a trainer started
         log.error("%s", e)
         sys.exit(2)
     log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],

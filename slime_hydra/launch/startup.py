@@ -1,15 +1,7 @@
-"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go.
-
-The driver times its own parts (``StartupClock.part``: the initial checkpoint, Ray, the placement group,
-the trainer group, the wait for the rollout side, the first weight push, the eval before training, the
-first step); the rollout manager and its engines report theirs (``RolloutManager.startup_report``: each
-server's start to its first answer and, where the engine's log tells, that start's own parts: SGLang's
-imports, weights, KV cache, CUDA graphs, HTTP server). After the first step the driver logs them in one
-line and writes them to that step's metrics row and to summary.json (``startup/*``, seconds).
-
-While it starts, ``StartupWatch`` says every ``STARTUP_REPORT_S`` on the console what the run waits for
-(the trainers, each engine with the last line of its log): the actors log to their own files, and an
-engine's start can take minutes.
+"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go. It observes
+the run: the driver's parts are timed as they happen (``StartupClock.part``), the rollout side reports its
+own (``RolloutManager.startup_report``), and the first step's row carries them all (``startup/*``, seconds),
+also written to the console and summary.json. ``StartupWatch`` says on the console what the start-up waits for.
 """
 
 from __future__ import annotations
@@ -25,12 +17,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 log = logging.getLogger("slime_hydra")
 STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
-# an engine's log standing this long on SGLang's first CUDA-graph capture gets a word on why: on a machine's first
-# start its JIT kernels compile there (64.5 s of a 111.2 s start on an H200; 3.3 s of 44.9 s with the caches carried
-# over, bench/measured/h200_rollout_cpu.md; 10.4 s of 55.8 s with them built beside the start, sglang_kernels.py)
-CAPTURE_NOTE_S = 20.0
-# where those kernels are cached (docs/gpu.md: how to keep them in an image or share them between machines)
-KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")
+CAPTURE_NOTE_S = 20.0  # an engine's log standing this long on SGLang's CUDA-graph capture gets a word on why
+KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")  # where SGLang's JIT kernels are kept
 # how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
@@ -58,12 +46,13 @@ class StartupClock:
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
-        """Time the block as ``name`` (a part timed again, e.g. after a healing, adds up)."""
+        """Time the block as ``name`` until the start-up is over (a part timed again adds up)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - t0)
+            if self.done_at is None:
+                self.add(name, time.perf_counter() - t0)
 
     def add(self, name: str, seconds: float) -> None:
         self.parts[name] = self.parts.get(name, 0.0) + seconds
@@ -87,11 +76,20 @@ class StartupClock:
                 e["engine_actor"] = max(x["started"] for x in engines) - report["launched"]
             e["engine_server"] = slowest["ready"] - slowest["started"]
             e.update({f"engine_{k.removesuffix('_s')}": v for k, v in (slowest.get("parts") or {}).items()})
-            # the kernels built beside the servers (sglang_kernels): one engine's a node, the others find them claimed
+            # the kernels built beside the servers: one engine's per node
             built = [x["prebuild"]["seconds"] for x in engines if (x.get("prebuild") or {}).get("kernels")]
             if built:
                 e["engine_prebuild"] = max(built)
         self.engines = e
+
+    def first_row(self, metrics: Dict[str, Any]) -> None:
+        """A step's row: the first one ends the start-up, and its parts go to the console and to this row."""
+        if self.done_at is not None:
+            return
+        self.add("first_step", metrics["perf/step_time"])
+        self.done_at = time.time()
+        metrics.update(self.metrics())
+        log.info("%s", self.line())
 
     def total(self) -> float:
         return (self.done_at or time.time()) - self.launched
@@ -139,8 +137,8 @@ def engine_log_status(log_dir: str) -> List[str]:
 
 
 class StartupWatch:
-    """While the run starts: every ``interval`` s, one console line with the seconds since launch and
-    what it waits for (``waiting()``: e.g. "the trainers, the rollout side"), then each engine's log."""
+    """Until the first step is done: every ``interval`` s, one console line with the seconds since launch and
+    what it waits for (``waiting()``), then each engine's log."""
 
     def __init__(self, clock: StartupClock, waiting: Callable[[], str], log_dir: str,
                  interval: float = STARTUP_REPORT_S):
@@ -158,7 +156,7 @@ class StartupWatch:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.interval) and self.clock.done_at is None:
             try:
                 what = self.waiting()
                 engines = engine_log_status(self.log_dir) if "rollout side" in what or "engine" in what else []

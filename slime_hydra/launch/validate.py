@@ -1,10 +1,6 @@
-"""One validate step, run before Ray or any model starts: every component's config rules, collected.
-
-Each component owns its rules, beside the code they guard: ``check(cfg) -> list of problems``, each
-``<dotted.path>: <what is wrong>``. ``validate`` runs them all, in a fixed order, on a resolved config
-and returns every problem; ``check`` (load + resolve + validate) raises one ``ConfigError`` listing
-them. The collector sits in ``launch`` because it imports every component, and ``config`` imports none.
-"""
+"""One validate step, run before Ray or any model starts: every component's config rules
+(``check(cfg) -> ["<dotted.path>: <what is wrong>", ...]``), collected in a fixed order. It sits in
+``launch`` because it imports every component, and ``config`` imports none."""
 
 from __future__ import annotations
 

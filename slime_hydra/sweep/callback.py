@@ -1,8 +1,6 @@
-"""A sweep job's ``sweep_job.json`` under any Hydra launcher. The slime launcher (launcher.py) writes it around the
-job itself; the others (``hydra/launcher=basic``, ``hydra/launcher=slurm``'s submitit) run the job through Hydra's
-``run_job`` only, which calls this callback (``hydra.callbacks.sweep_status`` in conf/config.yaml) in the process
-that runs the job, on whatever node that is. Without it their sweeps reported no job, and a resumed sweep ran
-finished jobs again."""
+"""A sweep job's ``sweep_job.json`` under any Hydra launcher: the slime launcher (launcher.py) writes it around
+the job itself; the others (basic, submitit) run the job through Hydra's ``run_job``, which calls this callback
+(``hydra.callbacks.sweep_status`` in conf/config.yaml) in the job's process, on whatever node that is."""
 
 from __future__ import annotations
 

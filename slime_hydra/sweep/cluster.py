@@ -1,17 +1,9 @@
 """The sweep's one Ray cluster, and nothing left running when the sweep dies.
 
-Each job is its own Ray driver (a process of the launcher) that joins this cluster
-(``SWEEP_CLUSTER_ENV``) and reserves its placement group there: Ray queues a group until an earlier
-job's bundles are free, so concurrent jobs never oversubscribe CPUs or GPUs. The cluster is started
-once, by the sweep's process, with ``ray.init(address="local")`` (a cluster of its own, on the loopback
-address); with ``cluster.address`` set, the jobs join that cluster instead and nothing is started.
-
-A SIGKILLed sweep cannot clean up, so a watchdog process (its own session: a Ctrl-C or a kill of the
-sweep's process group leaves it alone) waits for the sweep's process to end and then kills what the
-sweep started: every process carrying the sweep's run token (its Ray cluster, the job processes) or
-holding a file of its Ray session open, and every job's processes by the job's own run token (the
-``driver.json`` that launch/lease.py writes in each job directory).
-"""
+Each job joins this cluster (``SWEEP_CLUSTER_ENV``) and reserves its placement group there, so Ray queues
+jobs until resources free; with ``cluster.address`` the jobs join that cluster and nothing is started. A
+watchdog process in its own session kills what a SIGKILLed sweep started: processes carrying the sweep's
+or a job's run token (launch/lease.py), or holding a file of its Ray session open."""
 
 from __future__ import annotations
 

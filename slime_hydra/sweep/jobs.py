@@ -112,8 +112,7 @@ def read_status(job_dir: str) -> Optional[Dict[str, Any]]:
 def job_dirs(sweep_dir: str) -> List[str]:
     """The sweep's job directories (those with a status file), in job order.
 
-    Found at any depth: a job directory is one folder (``safe_dirname``), but a sweep run before that, or
-    a ``hydra.sweep.subdir`` of the user's with a ``/``, nests them. A job directory is not searched
+    Found at any depth (a ``hydra.sweep.subdir`` of the user's with a ``/`` nests them). A job directory is not searched
     further (its checkpoints and logs hold no jobs), nor is another run's (``.hydra`` but no status
     file), a hidden folder or a link."""
     found: List[str] = []

@@ -1,13 +1,8 @@
 """``hydra/launcher=slime``: hydra-joblib-launcher's process pool, with every job on one Ray cluster.
 
-Each job runs in a loky worker process (joblib), ``sweep.max_concurrent`` at once, and is a Ray driver
-of its own that joins the sweep's cluster (cluster.py). Per job, the worker also
-- writes ``sweep_job.json`` (running, then ok / failed / pruned with the error's tail) for the report;
-- sends the job's console (its log lines, prints, progress bar) to ``<job dir>/console.log``, so the
-  sweep's console shows one status line per job instead of N interleaved logs;
-- names the job's wandb run by its overrides in a group named after the sweep;
-- with Optuna pruning configured, reports each eval to the study (optuna.py).
-"""
+Each job runs in a loky worker process, ``sweep.max_concurrent`` at once, as a Ray driver of its own joined
+to the sweep's cluster (cluster.py). Around each job the worker writes ``sweep_job.json``, sends the job's
+console to ``<job dir>/console.log``, names its wandb run by its overrides, and installs the pruning hook."""
 
 from __future__ import annotations
 
@@ -67,14 +62,14 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     started = time.time()
     label = shown_overrides(sweep_config, overrides)
     write_status(job_dir, idx, label, "running", started=started)
-    from slime_hydra.launch import driver
+    from slime_hydra.launch import loop
 
     hooks = []
     if prune:
         from slime_hydra.sweep.prune import pruning_hook
 
         hooks.append(pruning_hook(prune, idx, sweep_config.trainer.num_rollout))
-    driver.EVAL_HOOKS.extend(hooks)
+    loop.EVAL_HOOKS.extend(hooks)
     saved = _redirect(os.path.join(job_dir, "console.log"))
     try:
         ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
@@ -86,7 +81,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     finally:
         _restore(saved)
         for hook in hooks:
-            driver.EVAL_HOOKS.remove(hook)
+            loop.EVAL_HOOKS.remove(hook)
     if ret.status == JobStatus.COMPLETED:
         write_status(job_dir, idx, label, "ok", started=started)
     else:

@@ -1,26 +1,11 @@
-"""``hparams_search=...`` / ``hydra/sweeper=slime_optuna``: hydra-optuna-sweeper's search, made a sweep
-like the others (validated first, concurrent on one cluster, reported, resumable) and with pruning.
+"""``hparams_search=...`` / ``hydra/sweeper=slime_optuna``: hydra-optuna-sweeper's search made a sweep like
+the others (validated first, concurrent on one cluster, reported, resumable), with pruning.
 
-hydra-optuna-sweeper asks Optuna for a batch of trials, launches them and tells Optuna each job's return
-value (``sweep.optimized_metric`` of its summary). This subclass keeps its search space, samplers and
-study handling, and changes its loop:
-- before the first trial, the corners of the search space (each parameter's low and high, each choice)
-  are composed and validated like a grid sweep's jobs, and a dry run prints their plans;
-- trials are validated before they launch (an invalid one is told FAIL, not run); a search whose
-  objective cannot exist (a held-out reward, with no eval set) is refused before the first trial;
-- a trial whose objective is not a number (NaN, missing) is told FAIL, not the search's end; failed trials
-  count against ``max_failure_rate``: past it, no new trial starts (those running end), and the search
-  exits 1 after its report;
-- the study lives in sqlite in the sweep directory: the same command continues it, counting the trials
-  already done towards ``n_trials`` (trials left running by a killed search are told FAIL);
-- ``pruner`` (an Optuna pruner, e.g. MedianPruner): each trial's job reports its held-out reward to the
-  study at every eval and stops when the pruner says so (``pruning_hook``); the trial is told PRUNED,
-  its Ray resources go back to the cluster, and the report marks it ``pruned``. The plugin has no
-  pruning hook of its own, so the job reaches the study itself (storage, study name and trial number).
-- up to ``n_jobs`` trials run at once (= ``sweep.max_concurrent`` in the presets); the next trial is
-  asked for as soon as any trial ends (the plugin asks for a batch and waits for all of it), so the
-  bundles of a pruned trial go to a new trial at once.
-"""
+It keeps the plugin's search space, samplers and study, and changes its loop: the corners of the search
+space are validated before the first trial, and each trial before it launches (an invalid one is told
+FAIL); a trial without a numeric objective is told FAIL and counts against ``max_failure_rate``; the study
+lives in sqlite in the sweep directory, so the same command continues it; a pruned trial's job stops at
+its eval (prune.py); and a new trial is asked for as soon as any trial ends (``n_jobs`` at once)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The job side of pruning: a trial's job reports its held-out reward to the Optuna study at every eval
-and stops when the study's pruner says so. hydra-optuna-sweeper has no pruning hook, so the job reaches
-the study itself: the launcher hands it the storage, the study name and the pruner, and the job number
-is the trial number (optuna.py launches trial n as job n)."""
+"""The job side of pruning: a trial's job reports its held-out reward to the Optuna study at every eval and
+stops when the pruner says so. The launcher hands it the storage, the study name and the pruner; the job
+number is the trial number."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ def storage_of(url: Optional[str]):
 
 
 def pruning_hook(prune: Dict[str, Any], number: int, last_step: Optional[int] = None):
-    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/driver.py) for trial ``number``. The eval
+    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/loop.py) for trial ``number``. The eval
     of ``last_step`` is reported but prunes nothing: the trial is done anyway, and its final value counts."""
     import optuna
     from hydra.utils import instantiate

@@ -1,6 +1,6 @@
-"""Weight sync: the trainers' push to the engines (``sender``), the transports, and the error the driver catches."""
+"""Weight sync: the push as the loop makes it (``push``), the trainer's sender (``sender``), the transports."""
 
 
 class WeightSyncError(RuntimeError):
-    """A weight push that did not reach every engine (raised by ``sender``; the driver heals or stops). Defined
-    here, not in ``sender``, so that the driver catches it without importing torch before Ray starts."""
+    """A weight push that did not reach every engine. Defined here, not in ``sender``, so that ``push`` catches
+    it without importing torch before Ray starts."""

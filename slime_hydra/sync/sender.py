@@ -4,7 +4,7 @@ One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause 
 engines' prefix caches, send the Hugging Face-named tensors in buckets, check every engine reports the
 new weight version, continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
 than train against a stale policy, unless fault tolerance is on: then the driver has the dead engines restarted and
-pushes again to the live ones (``launch/heal.py``). Every blocking part of a push (each HTTP call, the weight-update
+pushes again to the live ones (``push.py``). Every blocking part of a push (each HTTP call, the weight-update
 group's collectives) ends at ``timeout_s`` (``sync.push_timeout_s``), so a hung engine fails the push instead of
 hanging it.
 
@@ -113,7 +113,7 @@ class WeightSender:
 
     def _all(self, path: str, payload_for) -> list:
         """POST to every engine at once; ``payload_for(i)`` builds engine i's body. A single engine is
-        called from this thread: the hop to a pool thread and back cost 0.2 ms a call (measured)."""
+        called from this thread (no hop to a pool thread and back)."""
         if len(self.endpoints) == 1:
             return [control(self.endpoints[0].url, path, payload_for(0), timeout=self.timeout_s)]
         futs = [self.pool.submit(control, e.url, path, payload_for(i), timeout=self.timeout_s)
@@ -219,8 +219,7 @@ class WeightSender:
     def _flush_caches(self, timeout_s: float = 60.0) -> None:
         """Empty every engine's prefix cache before the weights change: its KV was computed with the old
         weights (slime flushes here too). An engine refuses while a request still runs on it, so ask
-        again until it agrees; one that does not answer at all is dead or hung, and the push fails at once
-        (asking a dead engine again for a minute made every engine death inside a push cost that minute)."""
+        again until it agrees; one that does not answer at all is dead or hung, and the push fails at once."""
         deadline = time.monotonic() + timeout_s
         for e in self.endpoints:
             while True:

@@ -314,7 +314,7 @@ def test_warm_up_runs_the_steps_shape():
     two short rows), and the plan already counts this much beside the engines."""
     from types import SimpleNamespace
 
-    from slime_hydra.launch.driver import warm_up_shape
+    from slime_hydra.launch.parts import warm_up_shape
     from slime_hydra.train.backend import WarmUpShape
 
     cfg = resolved(["parallelism=1gpu", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",

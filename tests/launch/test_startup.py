@@ -164,14 +164,14 @@ def test_engine_batch(overrides, batch):
     assert make_plan(cfg).engine_batch == batch
 
 
-def test_late_checks_stop_the_run_before_a_trainer(tmp_path):
-    """A late check (sglang's parser, still running after validation) is answered while the rollout side
-    starts (its engines take the longest), and one that finds a problem stops the run with ConfigError before
-    a trainer starts."""
+def test_deferred_checks_stop_the_run_before_a_trainer(tmp_path):
+    """A deferred check (config/deferred.py: sglang's parser, still running after validation) is answered while
+    the rollout side starts (its engines take the longest), and one that finds a problem stops the run with
+    ConfigError before a trainer starts."""
     import ray
 
     from slime_hydra.config import ConfigError
-    from slime_hydra.launch.driver import train
+    from slime_hydra.launch.loop import train
 
     cfg = resolved(["trainer.num_rollout=1", "logging.progress=false"])
     cfg.output_dir = str(tmp_path / "run")
@@ -179,30 +179,34 @@ def test_late_checks_stop_the_run_before_a_trainer(tmp_path):
     logs = tmp_path / "run" / "logs"
     asked = []
 
-    def late() -> list:
-        # the rollout manager was started before the check was answered: its log appears meanwhile
-        deadline = time.time() + 120
-        while not (logs / "rollout_manager.log").exists() and time.time() < deadline:
-            time.sleep(0.1)
-        asked.append((ray.is_initialized(), (logs / "rollout_manager.log").exists()))
-        return ["rollout.server_args.no_such_option: not a ServerArgs option of sglang 0.5.17"]
+    class Late:
+        def kill(self) -> None:
+            pass
+
+        def problems(self) -> list:
+            # the rollout manager was started before the check was answered: its log appears meanwhile
+            deadline = time.time() + 120
+            while not (logs / "rollout_manager.log").exists() and time.time() < deadline:
+                time.sleep(0.1)
+            asked.append((ray.is_initialized(), (logs / "rollout_manager.log").exists()))
+            return ["rollout.server_args.no_such_option: not a ServerArgs option of sglang 0.5.17"]
 
     clock = StartupClock()
     with pytest.raises(ConfigError, match="no_such_option"):
-        train(cfg, make_plan(cfg), clock, [late])
+        train(cfg, make_plan(cfg), clock, [Late()])
     assert asked == [(True, True)] and not ray.is_initialized()
     assert "late_checks" in clock.parts and "trainers" not in clock.parts  # no trainer group was built
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_the_driver_starts_ray_before_it_imports_torch():
-    """``python run.py`` reaches Ray's start (launch/driver.py) without importing torch or transformers: on a GPU
-    machine their import takes seconds, and everything before Ray's start delays the engines' start. The initial
-    checkpoint, which needs them when it builds one, imports them in its own thread while Ray starts."""
+    """``python run.py`` reaches Ray's start (launch/loop.py) without importing torch or transformers: everything
+    before Ray's start delays the engines' start. The initial checkpoint, which needs them when it builds one,
+    imports them in its own thread while Ray starts."""
     import subprocess
     import sys
 
-    code = ("import sys; import slime_hydra.launch.main, slime_hydra.launch.driver; "
+    code = ("import sys; import slime_hydra.launch.main, slime_hydra.launch.loop; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -100,9 +100,9 @@ def test_dotted_names_exist():
     assert not missing, f"the docs name functions, classes or modules that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("dotted, ok", [("slime_hydra.launch.validate.check", True),
+@pytest.mark.parametrize("dotted, ok", [("slime_hydra.sync.push.push_weights", True),
                                         ("slime_hydra.rollout.fleet.EngineFleet.start", True),
-                                        ("slime_hydra.launch.validate.no_such_function", False),
+                                        ("slime_hydra.sync.push.no_such_function", False),
                                         ("slime_hydra.no_such_package", False)])
 def test_dotted_name_check_itself(dotted, ok):
     assert resolves(dotted) is ok

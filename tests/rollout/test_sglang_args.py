@@ -349,15 +349,15 @@ def test_memory_saver_cuda_graph_is_off(monkeypatch):
 
 def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
     """In a run (launch/main.py), validation leaves sglang's parser check running in its child process
-    (deferred_server_args_checks) and the driver takes its answer while Ray starts: the same problems. The
+    (config/deferred.py) and the driver takes its answer while Ray starts: the same problems. The
     answer is kept for the next run with the same arguments and the same sglang."""
+    from slime_hydra.config.deferred import deferred_checks
     from slime_hydra.launch.validate import validate
-    from slime_hydra.rollout.engines.sglang.args import deferred_server_args_checks
 
     monkeypatch.syspath_prepend(str(sglang.site))
     monkeypatch.setenv("SLIME_HYDRA_CACHE", str(tmp_path))
     overrides = ["rollout=sglang", "parallelism=1gpu", "model=qwen3_4b", "rollout.server_args.mem_fraction_static=abc"]
-    with deferred_server_args_checks() as pending:
+    with deferred_checks() as pending:
         errs = validate(resolved(overrides))
     assert not [e for e in errs if e.startswith("rollout.server_args")] and len(pending) == 1
     assert pending[0].proc is not None  # the parser ran in a child
@@ -366,19 +366,19 @@ def test_the_driver_takes_the_parser_check_later(sglang, monkeypatch, tmp_path):
     assert pending[0].problems() == [problem]
     assert "sglang" not in sys.modules
     # the next run with the same arguments and the same sglang takes the kept answer: no child, nothing to wait for
-    with deferred_server_args_checks() as again:
+    with deferred_checks() as again:
         validate(resolved(overrides))
     assert again[0].proc is None and again[0].problems() == [problem]
-    with deferred_server_args_checks() as off:  # rollout.sglang_fast_start=false: answered within validation
+    with deferred_checks() as off:  # rollout.sglang_fast_start=false: answered within validation
         errs = validate(resolved([*overrides, "rollout.sglang_fast_start=false"]))
     assert off == [] and problem in errs
-    with deferred_server_args_checks() as other:  # other arguments: the parser again
+    with deferred_checks() as other:  # other arguments: the parser again
         validate(resolved([*overrides[:-1], "rollout.server_args.mem_fraction_static=0.5"]))
     assert other[0].proc is not None and other[0].problems() == []
     source = sglang.site / "sglang" / "srt" / "server_args.py"  # another sglang (here: the file changed)
     os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1))
     try:
-        with deferred_server_args_checks() as newer:
+        with deferred_checks() as newer:
             validate(resolved(overrides))
         assert newer[0].proc is not None and newer[0].problems() == [problem]
     finally:

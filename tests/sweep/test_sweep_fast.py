@@ -72,7 +72,7 @@ def test_slurm_launcher_composes():
 
 
 def test_optimized_metric_is_a_summary_value():
-    from slime_hydra.launch.driver import summarize
+    from slime_hydra.launch.loop import summarize
     from slime_hydra.launch.rules import SUMMARY_METRICS
 
     assert set(SUMMARY_METRICS) <= set(summarize([], 0, 0.0, "x"))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from slime_hydra.config.deferred import defer as defer_check
 from slime_hydra.rollout.engines.base import to_flags
 from slime_hydra.rollout.engines.sglang.fast_start import ServerArgsCheck
 
@@ -95,7 +96,7 @@ def check_server_args(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
 def server_args_problems(server_args: Dict[str, Any], defer: bool = False) -> List[str]:
     """Validation's problems with ``rollout.server_args``: keys slime_hydra sets itself, and where sglang is
     installed, what its own parser refuses. With ``defer`` (``rollout.sglang_fast_start``) inside
-    ``deferred_server_args_checks``, the parser's check runs on in a child process and is answered later."""
+    ``config.deferred.deferred_checks``, the parser's check runs on in a child process and is answered later."""
     import importlib.util
     import logging
 
@@ -103,8 +104,7 @@ def server_args_problems(server_args: Dict[str, Any], defer: bool = False) -> Li
             for key in server_args if key in MANAGED_SERVER_ARGS]
     if not server_args or importlib.util.find_spec("sglang") is None:
         return errs
-    if defer and _deferred is not None and "sglang.srt.server_args" not in sys.modules:
-        _deferred.append(ServerArgsCheck(server_args))
+    if defer and "sglang.srt.server_args" not in sys.modules and defer_check(lambda: ServerArgsCheck(server_args)):
         return errs
     try:
         errs += [f"rollout.server_args.{key}: {problem}" for key, problem in check_server_args(server_args)]
@@ -112,24 +112,6 @@ def server_args_problems(server_args: Dict[str, Any], defer: bool = False) -> Li
         logging.getLogger(__name__).warning("rollout.server_args not checked: sglang's ServerArgs did not "
                                             "import (%s: %s)", type(e).__name__, e)
     return errs
-
-
-# set by deferred_server_args_checks: server_args_problems starts its parser check and leaves it running
-_deferred: Optional[List[ServerArgsCheck]] = None
-
-
-@contextlib.contextmanager
-def deferred_server_args_checks() -> Iterator[List[ServerArgsCheck]]:
-    """Within, validation (with ``rollout.sglang_fast_start``) starts sglang's parser check of
-    ``rollout.server_args`` in a child process and goes on without its answer (appended to the yielded list):
-    the run starts Ray, its placement group and its engines meanwhile, and takes the answers
-    (``ServerArgsCheck.problems``) before a trainer starts."""
-    global _deferred
-    outer, _deferred = _deferred, []
-    try:
-        yield _deferred
-    finally:
-        _deferred = outer
 
 
 def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:

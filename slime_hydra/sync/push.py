@@ -1,0 +1,112 @@
+"""The weight push as the step loop makes it: who takes turns on a colocated GPU around it (``Offload``), the
+push to the engines running now, and the waits that keep weights from changing under a rollout.
+
+Engines that offload release their memory while the trainer trains and take back their weights, then
+their KV cache, around the push; a trainer that offloads moves its state to the host for the push and
+the rollout. Without offload nothing moves: the push reads the trainer's GPU tensors."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import ray
+
+from slime_hydra.sync import WeightSyncError
+
+log = logging.getLogger("slime_hydra")
+
+
+@dataclass(frozen=True)
+class Offload:
+    """What takes turns on colocated GPUs (``parallelism.offload_train`` / ``offload_rollout``), and whether
+    the push reads the trainer's weights before they go to the host (``push_before_offload``)."""
+
+    trainer: bool = False
+    engines: bool = False
+    push_first: bool = False
+
+    @classmethod
+    def from_config(cls, cfg) -> "Offload":
+        p = cfg.parallelism
+        trainer = bool(p.colocate and p.offload_train)
+        return cls(trainer=trainer, engines=bool(p.colocate and p.offload_rollout),
+                   push_first=trainer and bool(p.push_before_offload))
+
+
+def push_weights(manager, trainers, version: int, offload: Offload = Offload(), fault_tolerance: bool = False,
+                 on_retry: Optional[Callable[[], None]] = None, reconnect: bool = False) -> Dict[str, float]:
+    """Trainer -> engines, weight version ``version``, so that two copies of the weights plus a KV cache
+    never share a GPU: the trainer offloads (``push_first``: all but its weights) or frees its cache, the
+    engines take back memory for their weights, the push, then the trainer's weights go and the engines
+    take back their KV cache.
+
+    With fault tolerance the push goes to the engines running now (the trainers reconnect when that set
+    changed: a weight-update group has fixed members), and a push that fails (an engine died or hung
+    past ``sync.push_timeout_s``) goes again once the fleet has restarted the engines that did not answer."""
+    if offload.trainer:
+        trainers.offload(keep_weights=offload.push_first)
+    elif offload.engines:  # the trainer stays: its allocator gives back what training freed
+        trainers.free_cache()
+    if offload.engines:
+        ray.get(manager.onload_weights.remote())
+    tries = 0
+    while True:
+        try:
+            if fault_tolerance:
+                endpoints = ray.get(manager.weight_endpoints.remote(tries > 0))  # after a failure: probe them too
+                if reconnect or tries > 0 or [e["url"] for e in endpoints] != trainers.connected:
+                    trainers.reconnect(endpoints)
+            sync = trainers.update_weights(version)
+            break
+        except WeightSyncError as e:
+            tries += 1
+            if not fault_tolerance or tries > len(trainers.connected) + 2:
+                raise
+            log.warning("%s\n-> checking the engines, restarting those that failed, and pushing again",
+                        getattr(e, "cause", e))  # the trainer's error, without Ray's traceback
+            if on_retry is not None:
+                on_retry()
+    if offload.trainer and offload.push_first:
+        trainers.offload()
+    if offload.engines:
+        ray.get(manager.onload_kv.remote())
+    if fault_tolerance:
+        ray.get(manager.weights_pushed.remote(version))
+    return sync
+
+
+def wait_rollout(rollout, manager, trainers, version: int, restore_engines: bool):
+    """The rollout's result. ``restore_engines`` (fault tolerance in a synchronous run, whose trainers are
+    idle meanwhile and hold the rollout's weights): an engine restarted during the rollout gets those
+    weights at once and serves the rest of it, so a rollout whose every engine failed still finishes."""
+    if not restore_engines:
+        return ray.get(rollout)
+    while True:
+        ready, _ = ray.wait([rollout], timeout=1.0)
+        if ready:
+            return ray.get(rollout)
+        endpoints = ray.get(manager.awaiting_weights.remote())
+        if endpoints:
+            try:
+                trainers.reconnect(endpoints)
+                trainers.update_weights(version)
+            except WeightSyncError as e:  # an engine failed again: the fleet restarts it, and we come back here
+                log.warning("%s; pushing again once the engines are checked", getattr(e, "cause", e))
+                continue
+            joined = ray.get(manager.weights_pushed.remote(version))
+            log.warning("engine(s) %s restarted mid-rollout, got weights v%d and serve again", joined, version)
+
+
+def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:
+    """Until the rollout is done, or (fault tolerance) it cannot go on without a weight push: every engine
+    failed and the restarted ones wait for weights; the push brings them, and the manager generates the
+    rollout again with them."""
+    if not fault_tolerance:
+        ray.wait([rollout])
+        return
+    while not ray.wait([rollout], timeout=1.0)[0]:
+        if ray.get(manager.stalled.remote()):
+            log.warning("every engine failed during the rollout; pushing the new weights to the restarted ones")
+            return
