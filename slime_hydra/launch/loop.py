@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from slime_hydra.checkpoint.ckpt import remove_partial, resumes_in_run_dir
-from slime_hydra.model.hf import initial_checkpoint
 from slime_hydra.config import ConfigError
 from slime_hydra.config.deferred import DeferredCheck
 from slime_hydra.config.schema import RunConfig
@@ -22,6 +21,7 @@ from slime_hydra.launch.heal import Healing
 from slime_hydra.launch.lease import RunLease
 from slime_hydra.launch.parts import Parts
 from slime_hydra.launch.startup import StartupClock, StartupWatch
+from slime_hydra.model.hf import initial_checkpoint
 from slime_hydra.plan.resources import ResourcePlan
 
 log = logging.getLogger("slime_hydra")
