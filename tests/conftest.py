@@ -20,8 +20,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # Fixtures that start a process (a server, sglang's parser): a test that uses one is in the integration tier.
 PROCESS_FIXTURES = {"engine_url", "sglang"}
-# Kept in `make test` although they start processes: the one short real learning run.
-UNIT_TIER_RUNS = {"test_embedded_default_learns"}
 
 
 def pytest_collection_modifyitems(items):
@@ -34,7 +32,7 @@ def pytest_collection_modifyitems(items):
 def pytest_runtest_protocol(item, nextitem):
     """The unit tier (`make test`) starts no process, no Ray cluster and no server, in a test or in its fixtures:
     a test that does is marked ``integration`` (or ``slow``), and an unmarked one that tries fails, saying so."""
-    if item.originalname in UNIT_TIER_RUNS or any(item.get_closest_marker(m) for m in ("integration", "slow")):
+    if any(item.get_closest_marker(m) for m in ("integration", "slow", "learning_run")):
         yield
         return
 

@@ -10,8 +10,8 @@ import functools
 from types import SimpleNamespace
 
 import pytest
-from test_e2e import metrics, run
 
+from runs import metrics, run
 from slime_hydra.data.sample import Sample
 from slime_hydra.rollout.generate import GenerateContext, generate, sampling_seed, seeded
 

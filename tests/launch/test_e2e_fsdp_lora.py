@@ -4,7 +4,8 @@ loop (Ray, the embedded engine behind sglang-router, weight pushes), short runs 
 from __future__ import annotations
 
 import pytest
-from test_e2e import FAST, leftover_processes, metrics, run
+
+from runs import FAST, leftover_processes, metrics, run
 
 pytestmark = pytest.mark.integration
 

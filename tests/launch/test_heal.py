@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_e2e import ENV
 
 from bench.chaos import ARGS, Chaos, check, comparable, metrics, pids_of
 from conftest import ROOT
+from runs import ENV
 
 pytestmark = pytest.mark.integration
 STEPS = 8

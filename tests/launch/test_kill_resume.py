@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_e2e import ENV, leftover_processes, metrics, run
 
 from conftest import ROOT
+from runs import ENV, leftover_processes, metrics, run
 from slime_hydra.launch.lease import processes_of_run
 
 pytestmark = pytest.mark.integration

@@ -4,8 +4,8 @@ tokens) are written nowhere in the run directory: config.yaml, logs, wandb's fil
 from __future__ import annotations
 
 import pytest
-from test_e2e import ENV, run
 
+from runs import ENV, run
 from slime_hydra.logging.secrets import REDACTED, redact, redact_argv, secret_values
 
 SECRETS = {"HF_TOKEN": "hf_not_a_real_token_9f8e7d", "MY_SERVICE_API_KEY": "sk-not-a-real-key-123456",

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_e2e import ENV, TAG, metrics
 
 from conftest import ROOT
+from runs import ENV, TAG, metrics
 
 pytestmark = pytest.mark.integration
 BATCH, N, STEPS = 8, 8, 4
