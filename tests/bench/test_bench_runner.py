@@ -90,6 +90,6 @@ def test_numbers_of_a_fabricated_run(tmp_path):
 def test_dry_run_prints_each_run_and_runs_nothing(capsys):
     assert bench.main(["anchor_fast_start", "--dry-run", "--", "seed=3"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in out] == ["run", "spawned_workers", "no_prebuild"]
+    assert [line.split(":")[0] for line in out] == ["run", "no_fast_start"]
     assert all("seed=3" in line for line in out)
     assert "rollout.sglang_fork_workers=false" in out[1]

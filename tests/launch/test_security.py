@@ -34,7 +34,7 @@ def test_secret_names_values_and_flags_are_redacted(monkeypatch):
 def test_a_run_writes_no_secret_and_binds_loopback(tmp_path, monkeypatch):
     d = tmp_path / "run"
     env = {**ENV, **SECRETS}
-    monkeypatch.setattr("test_e2e.ENV", env)
+    monkeypatch.setattr("runs.ENV", env)
     run(d, "trainer.num_rollout=1", "rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "eval.interval=0",
         "eval.before_train=false", "logging.progress=false", "logging.wandb_mode=offline",
         "+cluster.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}",
