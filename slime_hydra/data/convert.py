@@ -72,22 +72,12 @@ def detect_format(path: str) -> str:
     return ext
 
 
-def _text(path: str, kind: str) -> str:
-    """The file's text; not UTF-8 is an error naming the file, the line and the byte."""
-    try:
-        return read_text(path, kind)
-    except DataError as e:
-        raise ConvertError(str(e)) from None
-
-
 class _Lines:
     """The lines of a text, counted, with the raw lines of the record being read (for error messages)."""
 
     def __init__(self, text: str):
         self._it = iter(io.StringIO(text, newline=""))  # the line breaks the csv module counts
-        self.chars = len(text)
-        self.count = 0
-        self.record: List[str] = []
+        self.chars, self.count, self.record = len(text), 0, []
 
     def __iter__(self) -> "_Lines":
         return self
@@ -144,7 +134,7 @@ def _read_delimited(path: str, delimiter: str) -> Records:
     """Rows of a CSV / TSV file, strict about quotes: a stray '"' would swallow every following line, so an
     unclosed or misplaced quote is an error naming the line where its field opens. csv.field_size_limit()
     is raised to the file's length while it is read: a long prompt may pass the default."""
-    lines = _Lines(_text(path, "CSV and TSV files"))
+    lines = _Lines(read_text(path, "CSV and TSV files"))
     reader = csv.reader(lines, delimiter=delimiter, strict=True)
 
     def next_row() -> Optional[Tuple[int, List[str]]]:
@@ -196,12 +186,9 @@ def _read_json_lines(text: str) -> List[Tuple[str, Any]]:
 
 
 def _read_json(path: str) -> Records:
-    text = _text(path, "JSON and JSONL files")
+    text = read_text(path, "JSON and JSONL files")
     if text.lstrip().startswith("["):
-        try:
-            recs = [(f"item {i}", x) for i, x in enumerate(json_loads(text, path, whole=True))]
-        except DataError as e:
-            raise ConvertError(str(e)) from None
+        recs = [(f"item {i}", x) for i, x in enumerate(json_loads(text, path, whole=True))]
     else:
         recs = _read_json_lines(text)
     if recs and not any(isinstance(r, dict) for _, r in recs):  # say why, not "no column 'prompt'"
@@ -256,10 +243,13 @@ def read_records(path: str, fmt: Optional[str] = None, split: Optional[str] = No
     fmt = fmt or detect_format(path)
     if split is not None and fmt != "hf":
         raise ConvertError("--split is only for a saved datasets directory")
-    if fmt in ("csv", "tsv"):
-        return _read_delimited(path, "," if fmt == "csv" else "\t")
-    if fmt in ("json", "jsonl"):
-        return _read_json(path)
+    try:
+        if fmt in ("csv", "tsv"):
+            return _read_delimited(path, "," if fmt == "csv" else "\t")
+        if fmt in ("json", "jsonl"):
+            return _read_json(path)
+    except DataError as e:  # not UTF-8, bad JSON: named with the file and line
+        raise ConvertError(str(e)) from None
     if fmt == "parquet":
         return _read_parquet(path)
     return _read_hf(path, split)

@@ -22,14 +22,10 @@ CALC_CHAT_TEMPLATE = (
     "{%- elif m['role'] == 'user' -%}<user>{{ m['content'] }}"
     "{%- elif m['role'] == 'assistant' -%}<assistant>{{ m['content'] or '' }}"
     "{%- for c in (m['tool_calls'] or []) -%}<call>{{ c['function']['arguments']['expression'] or '' }}{%- endfor -%}"
-    "<eos>"
-    "{%- elif m['role'] == 'tool' -%}"
+    "<eos>{%- elif m['role'] == 'tool' -%}"
     "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}<tool>{%- else -%},{%- endif -%}"
     "{{ m['content'] }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<assistant>{%- endif -%}"
-)
+    "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<assistant>{%- endif -%}")
 CHAT_TEMPLATES = {"builtin:digits": CHAT_TEMPLATE, "builtin:calc": CALC_CHAT_TEMPLATE}
 
 

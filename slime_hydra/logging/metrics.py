@@ -27,12 +27,6 @@ def write_json_atomic(path: str, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2))
 
 
-def wandb_mode(setting: str) -> Optional[str]:
-    if setting == "auto":
-        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    return None if setting == "disabled" else setting
-
-
 def wandb_run_id(run_dir: str, resuming: bool) -> "tuple[str, Optional[str]]":
     """(run id, wandb's resume mode): a resumed run continues the wandb run whose id the run directory keeps."""
     path = os.path.join(run_dir, "wandb_run_id")
@@ -58,8 +52,10 @@ class RunLogger:
             self.history = [r for r in rows if keep_until is not None and r.get("step", -1) <= keep_until]
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
         self.file, self.wandb = open(self.path, "a"), None
-        mode = wandb_mode(cfg.logging.wandb_mode) if cfg.logging.wandb else None
-        if mode:
+        mode = cfg.logging.wandb_mode if cfg.logging.wandb else "disabled"
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        if mode != "disabled":
             import wandb
 
             from slime_hydra.logging.secrets import redacted_config
@@ -93,10 +89,8 @@ class RunLogger:
         self.bar.refresh()
 
     def progress(self, metrics: Dict[str, Any]) -> None:
-        post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time")}
-        evals = [v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")]
-        if evals:
-            post["eval"] = evals[0]
+        post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time"),
+                "eval": next((v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")), None)}
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=False)
         self.bar.update(1)
 

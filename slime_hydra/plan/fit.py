@@ -6,6 +6,7 @@ that does not. On CPU (no estimate) ``auto`` takes ``CPU_DEFAULTS``.
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from slime_hydra.plan.activations import rank_step_samples
@@ -115,7 +116,7 @@ def suggestion(cfg: "RunConfig") -> Optional[str]:
         return None
     keys = ["trainer.mode", *(f"trainer.{k}" for k in CPU_DEFAULTS), "parallelism.offload_train",
             "parallelism.offload_rollout"]
-    changed = [f"{k}={_get(trial, k)}" for k in keys if _get(trial, k) != _get(cfg, k)]
+    changed = [f"{k}={attrgetter(k)(trial)}" for k in keys if attrgetter(k)(trial) != attrgetter(k)(cfg)]
     why = "" if trial.trainer.mode == cfg.trainer.mode else "; async on colocated GPUs keeps trainer and engine " \
         "resident together"
     return (f"{' '.join(changed)} fits (~{_peak(trial):.0f} GiB{why}; or leave them unset/auto for the plan to "
@@ -128,12 +129,6 @@ def _limit(cfg: "RunConfig") -> float:
 
 def _peak(cfg: "RunConfig") -> float:
     return estimate(cfg, make_plan(cfg)).peak
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
 
 
 def _set(cfg: "RunConfig", knobs: Dict[str, Any]) -> None:
@@ -161,11 +156,8 @@ def _seq_len(cfg: "RunConfig") -> int:
 
 def _sizes(cfg: "RunConfig") -> List[int]:
     """Micro-batch sizes to try, largest first, in samples: the rank's whole step, then halves."""
-    n, out = _rank_samples(cfg), []
-    while n >= 1:
-        out.append(n)
-        n //= 2
-    return out
+    n = _rank_samples(cfg)
+    return [n >> i for i in range(n.bit_length())]
 
 
 def _target_index(cfg: "RunConfig") -> int:

@@ -31,6 +31,11 @@ AUTO_OFFLOAD_HEADROOM = 0.1
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
 # parallelism.push_before_offload's phase: the trainer's weights beside the engine's, and the push's buckets
 PUSH_PHASE = "colocated GPU, push"
+TRANSIENT = ("autocast_copies", "activations", "gather_buffers")  # parts held only during a training step
+PART_NAMES = {"adam": "Adam", "ddp_buckets": "DDP buckets", "kv_cache": "KV cache"}
+HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
+FSDP_LORA_RANK = 16  # the LoRA rank the DDP refusal tries
+KV_MARGIN = 2.0  # kv_cache_hint sizes SGLang's KV pool at this many times the tokens a rollout keeps in flight
 
 
 @dataclass
@@ -42,8 +47,6 @@ class TrainerMemory:
     host: Dict[str, float] = field(default_factory=dict)
     micro_batch: Optional["MicroBatchShape"] = None  # the largest one a rank runs (None: micro_batch_shape's)
 
-
-TRANSIENT = ("autocast_copies", "activations", "gather_buffers")
 
 
 def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
@@ -250,8 +253,6 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-PART_NAMES = {"adam": "Adam", "ddp_buckets": "DDP buckets", "kv_cache": "KV cache"}
-
 
 def _parts(d: Dict[str, float]) -> str:
     return ", ".join(f"{PART_NAMES.get(k, k.replace('_', ' '))} {v:.1f}" for k, v in d.items() if v)
@@ -319,8 +320,6 @@ def saves(cfg: "RunConfig") -> bool:
     t = cfg.trainer
     return t.save_last or (t.save_interval > 0 and (t.num_rollout is None or t.save_interval <= t.num_rollout))
 
-
-HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
 
 
 def machine_problems(plan: "Plan", host_gib: Optional[float], disk_free_gib: float) -> Tuple[List[str], List[str]]:
@@ -428,8 +427,6 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     return "; " + (" or ".join(tips) if tips else "shorten rollout.max_response_len")
 
 
-FSDP_LORA_RANK = 16  # the LoRA rank the DDP refusal tries
-
 
 def _fsdp_lora_hint(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> str:
     """A full-weight DDP trainer that does not fit: which of FSDP2 and LoRA would (re-estimated with each)."""
@@ -490,8 +487,6 @@ def colocated_peaks(cfg: "RunConfig", plan: "Plan") -> Dict[Tuple[bool, bool], f
         cfg.parallelism, offload_train=train, offload_rollout=rollout)), plan).peak
         for train, rollout in OFFLOAD_CHOICES}
 
-
-KV_MARGIN = 2.0  # kv_cache_hint sizes SGLang's KV pool at this many times the tokens a rollout keeps in flight
 
 
 def kv_cache_hint(cfg: "RunConfig", plan: "Plan") -> Optional[str]:

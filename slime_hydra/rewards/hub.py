@@ -60,8 +60,7 @@ async def math(cfg: Any, sample: Sample) -> Reward:
 async def remote(cfg: Any, sample: Sample) -> Reward:
     if not cfg.url:
         raise RewardError("reward type 'remote' needs reward.url")
-    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
-               "metadata": sample.metadata}
+    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label, "metadata": sample.metadata}
     try:
         value = await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
     except RewardError as e:
@@ -102,24 +101,18 @@ async def _call(who: str, sample: Sample, hook: Callable, *args: Any) -> Any:
 
 def _custom_hook(cfg: Any) -> Callable:
     """``reward.custom`` loaded once per distinct spec."""
+    from omegaconf import OmegaConf
+
     spec = cfg.custom
     if spec is None:
         raise RewardError("reward type 'custom' needs reward.custom (a dotted path or a _target_ node)")
     if callable(spec):
         return spec
-    key = _spec_key(spec)
+    plain = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
+    key = spec if isinstance(spec, str) else json.dumps(plain, sort_keys=True, default=repr)
     if key not in _hooks:
         _hooks[key] = load_hook(spec)
     return _hooks[key]
-
-
-def _spec_key(spec: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    if isinstance(spec, str):
-        return spec
-    spec = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
-    return json.dumps(spec, sort_keys=True, default=repr)
 
 
 def spec_name(spec: Any) -> str:

@@ -18,6 +18,8 @@ MAX_ANSWER_CHARS = 1000  # sympy on a huge expression can take minutes; such ans
 _NUMBER = re.compile(r"(?:(?<![\w)}])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|\.\d+)")
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_verifier_checked = False  # check_verifier passed in this process
+Failure = Optional[Tuple[str, str]]  # (counter name, what happened), None when the check ran
 
 
 def last_boxed(text: str) -> Optional[str]:
@@ -91,8 +93,6 @@ def _equal(answer: str, label: Any, timeout: Optional[int]) -> bool:
     return bool(verify(gold, pred, timeout_seconds=timeout, raise_on_error=True))
 
 
-_verifier_checked = False
-
 
 def check_verifier() -> None:
     """Raise unless math_verify finds ``1/2 == 0.5`` and ``1/2 != 0.6`` (once per process)."""
@@ -112,8 +112,6 @@ def check_verifier() -> None:
                            "API or install is broken, and every math reward would be 0")
     _verifier_checked = True
 
-
-Failure = Optional[Tuple[str, str]]  # (counter name, what happened), None when the check ran
 
 
 def _judge(answer: str, label: Any, timeout_s: Optional[int], who: str, what: str) -> Tuple[bool, Failure]:

@@ -17,6 +17,9 @@ from typing import Dict, List, Optional
 import httpx
 
 _PR_SET_PDEATHSIG = 1
+HOST_ENV = "SLIME_HYDRA_HOST"  # set by launch.cluster for a one-machine cluster: 127.0.0.1
+_PICK = random.SystemRandom()  # not the run's seeded generator: seeded processes would all pick the same port
+LOWEST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
 
 
 def die_with_parent(parent: Optional[int] = None) -> None:
@@ -89,10 +92,6 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
-_PICK = random.SystemRandom()  # not the run's seeded generator: seeded processes would all pick the same port
-LOWEST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
-
-
 def _ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -116,8 +115,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         return s.getsockname()[1]
 
-
-HOST_ENV = "SLIME_HYDRA_HOST"  # set by launch.cluster for a one-machine cluster: 127.0.0.1
 
 
 def node_ip() -> str:

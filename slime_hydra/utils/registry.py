@@ -9,12 +9,6 @@ import importlib
 from typing import Any, Callable, Dict, Iterator, Mapping
 
 
-def import_target(target: str) -> Any:
-    """``"package.module:attribute"`` -> the attribute."""
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
 class LazyRegistry(Mapping[str, Any]):
     """A read-only mapping ``name -> object``; iterating and ``in`` import nothing."""
 
@@ -34,7 +28,8 @@ class LazyRegistry(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._loaded:
-            self._loaded[name] = import_target(self.target(name))
+            module, _, attribute = self.target(name).partition(":")
+            self._loaded[name] = getattr(importlib.import_module(module), attribute)
         return self._loaded[name]
 
     def __contains__(self, name: object) -> bool:
