@@ -28,8 +28,7 @@ def check(cfg: RunConfig) -> List[str]:
 
 
 def _check_tokenizer(cfg: RunConfig) -> List[str]:
-    errs: List[str] = []
-    m, tok = cfg.model, cfg.model.tokenizer
+    errs, m, tok = [], cfg.model, cfg.model.tokenizer
     if m.path is None and tok is None:
         errs.append("model.tokenizer: required when model.path is null (the model is built from model.arch)")
     if tok is not None and tok.startswith("builtin:"):

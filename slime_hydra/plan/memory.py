@@ -48,7 +48,6 @@ class TrainerMemory:
     micro_batch: Optional["MicroBatchShape"] = None  # the largest one a rank runs (None: micro_batch_shape's)
 
 
-
 def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     """The torch backend: DDP, FSDP2 and/or LoRA (docs/memory.md)."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
@@ -253,7 +252,6 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-
 def _parts(d: Dict[str, float]) -> str:
     return ", ".join(f"{PART_NAMES.get(k, k.replace('_', ' '))} {v:.1f}" for k, v in d.items() if v)
 
@@ -319,7 +317,6 @@ def saves(cfg: "RunConfig") -> bool:
     """Whether the run writes a checkpoint (``trainer.save_last`` or ``save_interval``)."""
     t = cfg.trainer
     return t.save_last or (t.save_interval > 0 and (t.num_rollout is None or t.save_interval <= t.num_rollout))
-
 
 
 def machine_problems(plan: "Plan", host_gib: Optional[float], disk_free_gib: float) -> Tuple[List[str], List[str]]:
@@ -427,7 +424,6 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     return "; " + (" or ".join(tips) if tips else "shorten rollout.max_response_len")
 
 
-
 def _fsdp_lora_hint(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> str:
     """A full-weight DDP trainer that does not fit: which of FSDP2 and LoRA would (re-estimated with each)."""
     t = cfg.trainer
@@ -486,7 +482,6 @@ def colocated_peaks(cfg: "RunConfig", plan: "Plan") -> Dict[Tuple[bool, bool], f
     return {(train, rollout): estimate(replace(cfg, parallelism=replace(
         cfg.parallelism, offload_train=train, offload_rollout=rollout)), plan).peak
         for train, rollout in OFFLOAD_CHOICES}
-
 
 
 def kv_cache_hint(cfg: "RunConfig", plan: "Plan") -> Optional[str]:

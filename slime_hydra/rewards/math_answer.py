@@ -93,7 +93,6 @@ def _equal(answer: str, label: Any, timeout: Optional[int]) -> bool:
     return bool(verify(gold, pred, timeout_seconds=timeout, raise_on_error=True))
 
 
-
 def check_verifier() -> None:
     """Raise unless math_verify finds ``1/2 == 0.5`` and ``1/2 != 0.6`` (once per process)."""
     global _verifier_checked
@@ -111,7 +110,6 @@ def check_verifier() -> None:
         raise RuntimeError(f"math reward: math_verify {version('math-verify')} cannot check 1/2 == 0.5 ({why}); its "
                            "API or install is broken, and every math reward would be 0")
     _verifier_checked = True
-
 
 
 def _judge(answer: str, label: Any, timeout_s: Optional[int], who: str, what: str) -> Tuple[bool, Failure]:

@@ -116,7 +116,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-
 def node_ip() -> str:
     """The address this node's servers bind and others reach them at: ``$SLIME_HYDRA_HOST``, else Ray's."""
     if os.environ.get(HOST_ENV):
