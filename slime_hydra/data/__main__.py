@@ -1,6 +1,5 @@
-"""``python -m slime_hydra.data convert IN OUT ...`` (see ``convert``) and
-``python -m slime_hydra.data check FILE[@[a:b]] [--input-key K --label-key K]`` (validate a dataset
-the way training will read it)."""
+"""``python -m slime_hydra.data convert IN OUT ...`` (see ``convert``) and ``python -m slime_hydra.data check
+FILE[@[a:b]] [--input-key K --label-key K]`` (validate a dataset as training reads it)."""
 
 from __future__ import annotations
 

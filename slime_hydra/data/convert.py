@@ -3,13 +3,10 @@
     slime-hydra-convert IN OUT [--input-col question] [--label-col answer] [--metadata-cols a,b]
                         [--chat] [--system-prompt "..."] [--split train] [--limit N] [--overwrite]
 
-IN is CSV, TSV, JSON (a list of objects, or JSON lines), JSONL, parquet, or a directory saved with
-``datasets``' ``save_to_disk`` (a DatasetDict needs ``--split``). Bad rows (empty prompt, missing
-label, ...) are skipped and listed with their line (text formats) or row (parquet, datasets; 0-based);
-a bad file or a missing column stops the conversion: text that is not UTF-8, or a CSV / TSV quote
-left open (named with the line where its field opens; the csv module would read the rest of the
-file as one field). OUT appears only when complete (written to a temporary file next to it, then
-renamed; a missing folder is created, as ``mkdir -p``) and an existing OUT is kept unless ``--overwrite``.
+IN is CSV, TSV, JSON (a list of objects, or JSON lines), JSONL, parquet, or a ``save_to_disk`` directory
+(a DatasetDict needs ``--split``). Bad rows are skipped and listed with their line or (0-based) row; a bad
+file (not UTF-8, a CSV quote left open) or a missing column stops the conversion. OUT appears only when
+complete (a missing folder is created) and an existing OUT is kept unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from slime_hydra.data.dataset import DataError, check_prompt, read_text
+from slime_hydra.data.dataset import DataError, check_prompt, json_loads, read_text
 
 FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "hf")
 MAX_LISTED = 20  # rejected rows (and notes) printed in the summary
@@ -62,7 +59,6 @@ class Summary:
         return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------ readers
 Records = Tuple[List[str], Iterator[Tuple[str, Any]]]  # (columns, (location, record or Reject))
 
 
@@ -76,22 +72,12 @@ def detect_format(path: str) -> str:
     return ext
 
 
-def _text(path: str, kind: str) -> str:
-    """The file's text; not UTF-8 is an error naming the file, the line and the byte."""
-    try:
-        return read_text(path, kind)
-    except DataError as e:
-        raise ConvertError(str(e)) from None
-
-
 class _Lines:
     """The lines of a text, counted, with the raw lines of the record being read (for error messages)."""
 
     def __init__(self, text: str):
         self._it = iter(io.StringIO(text, newline=""))  # the line breaks the csv module counts
-        self.chars = len(text)
-        self.count = 0
-        self.record: List[str] = []
+        self.chars, self.count, self.record = len(text), 0, []
 
     def __iter__(self) -> "_Lines":
         return self
@@ -104,9 +90,8 @@ class _Lines:
 
 
 def _quoted_fields(lines: List[str], delimiter: str, first: int) -> List[Tuple[int, Optional[int]]]:
-    """(line it opens on, line it closes on or None) of each quoted field in a record's raw lines,
-    scanned the way the csv module reads them (a field is quoted when it starts with '"'; '""' inside
-    is a quote)."""
+    """(line it opens on, line it closes on or None) of each quoted field in a record's raw lines, scanned
+    as the csv module reads them."""
     spans: List[Tuple[int, Optional[int]]] = []
     opened, in_quotes, at_start = first, False, True
     for n, line in enumerate(lines, first):
@@ -146,15 +131,10 @@ def _csv_error(path: str, e: csv.Error, lines: _Lines, first: int, delimiter: st
 
 
 def _read_delimited(path: str, delimiter: str) -> Records:
-    """Rows of a CSV / TSV file. The reader is strict about quotes: a stray '"' opens a quoted field that
-    would otherwise swallow every following line (the csv module's default reads on to the end of the
-    file and returns it all as one field), so an unclosed or misplaced quote is an error naming the line
-    where the field opens. A record spanning more than LONG_RECORD lines is noted in the summary.
-
-    The csv module refuses a field over csv.field_size_limit() (131072 characters by default); a
-    long-context prompt can be longer, and no field is longer than the file, whose text is already in
-    memory, so the limit is raised to the file's length while this file is read (and put back)."""
-    lines = _Lines(_text(path, "CSV and TSV files"))
+    """Rows of a CSV / TSV file, strict about quotes: a stray '"' would swallow every following line, so an
+    unclosed or misplaced quote is an error naming the line where its field opens. csv.field_size_limit()
+    is raised to the file's length while it is read: a long prompt may pass the default."""
+    lines = _Lines(read_text(path, "CSV and TSV files"))
     reader = csv.reader(lines, delimiter=delimiter, strict=True)
 
     def next_row() -> Optional[Tuple[int, List[str]]]:
@@ -196,29 +176,19 @@ def _read_delimited(path: str, delimiter: str) -> Records:
 
 def _read_json_lines(text: str) -> List[Tuple[str, Any]]:
     out = []
-    # lines as a text file splits them, as training reads them (str.splitlines would also split at
-    # U+2028 / U+2029 inside a JSON string, which our own output writes unescaped)
-    for i, line in enumerate(io.StringIO(text, newline=None), 1):
+    for i, line in enumerate(io.StringIO(text, newline=None), 1):  # as training splits them (not at U+2028)
         if line.strip():
             try:
-                out.append((f"line {i}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                out.append((f"line {i}", Reject(f"invalid JSON ({e.msg} at column {e.colno})")))
-            except RecursionError:
-                out.append((f"line {i}", Reject("JSON nested too deeply to read")))
+                out.append((f"line {i}", json_loads(line, "")))
+            except DataError as e:
+                out.append((f"line {i}", Reject(str(e).lstrip(": "))))
     return out
 
 
 def _read_json(path: str) -> Records:
-    text = _text(path, "JSON and JSONL files")
+    text = read_text(path, "JSON and JSONL files")
     if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConvertError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:
-            raise ConvertError(f"{path}: JSON nested too deeply to read") from None
-        recs = [(f"item {i}", x) for i, x in enumerate(data)]
+        recs = [(f"item {i}", x) for i, x in enumerate(json_loads(text, path, whole=True))]
     else:
         recs = _read_json_lines(text)
     if recs and not any(isinstance(r, dict) for _, r in recs):  # say why, not "no column 'prompt'"
@@ -227,8 +197,8 @@ def _read_json(path: str) -> Records:
         except (ValueError, RecursionError):
             whole = None
         if isinstance(whole, dict):
-            raise ConvertError(f"{path}: one JSON object; expected a JSON list of objects, or JSON lines "
-                               f"(one object per line)")
+            raise ConvertError(f"{path}: one JSON object; expected a JSON list of objects, or JSON lines (one "
+                               "object per line)")
         loc, r = recs[0]
         why = r if isinstance(r, Reject) else f"expected an object, got {type(r).__name__}"
         raise ConvertError(f"{path}: no JSON objects to read ({loc}: {why})")
@@ -273,16 +243,18 @@ def read_records(path: str, fmt: Optional[str] = None, split: Optional[str] = No
     fmt = fmt or detect_format(path)
     if split is not None and fmt != "hf":
         raise ConvertError("--split is only for a saved datasets directory")
-    if fmt in ("csv", "tsv"):
-        return _read_delimited(path, "," if fmt == "csv" else "\t")
-    if fmt in ("json", "jsonl"):
-        return _read_json(path)
+    try:
+        if fmt in ("csv", "tsv"):
+            return _read_delimited(path, "," if fmt == "csv" else "\t")
+        if fmt in ("json", "jsonl"):
+            return _read_json(path)
+    except DataError as e:  # not UTF-8, bad JSON: named with the file and line
+        raise ConvertError(str(e)) from None
     if fmt == "parquet":
         return _read_parquet(path)
     return _read_hf(path, split)
 
 
-# ---------------------------------------------------------------------------------- one record
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
 
@@ -327,14 +299,12 @@ def convert_record(rec: Any, *, input_col: str, label_col: Optional[str], metada
     return out
 
 
-# -------------------------------------------------------------------------------------- driver
 def convert(src: str, dst: str, *, input_col: str = "prompt", label_col: Optional[str] = "label",
             metadata_cols: Sequence[str] = (), chat: bool = False, system_prompt: Optional[str] = None,
             overwrite: bool = False, limit: Optional[int] = None, split: Optional[str] = None,
             fmt: Optional[str] = None) -> Summary:
     """Convert ``src`` to JSONL at ``dst``; raises ConvertError when nothing sensible can be written."""
-    problem = _output_problem(dst)
-    if problem:
+    if problem := _output_problem(dst):
         raise ConvertError(f"{dst}: {problem}")
     if os.path.exists(dst) and not overwrite:
         raise ConvertError(f"{dst}: exists; pass --overwrite to replace it")
@@ -344,9 +314,7 @@ def convert(src: str, dst: str, *, input_col: str = "prompt", label_col: Optiona
     if limit is not None and limit < 1:
         raise ConvertError(f"--limit must be >= 1, got {limit}")
     columns, records = read_records(src, fmt, split)
-    needed = [c for c in (input_col, label_col, *metadata_cols) if c is not None]
-    absent = [c for c in needed if c not in columns]
-    if absent:
+    if absent := [c for c in (input_col, label_col, *metadata_cols) if c is not None and c not in columns]:
         raise ConvertError(f"{src}: no column {', '.join(map(repr, absent))} (columns: {', '.join(columns) or 'none'})")
     summary, rows = Summary(), []
     for loc, rec in records:
@@ -369,8 +337,7 @@ def convert(src: str, dst: str, *, input_col: str = "prompt", label_col: Optiona
 
 
 def _output_problem(dst: str) -> Optional[str]:
-    """Why ``dst`` cannot be written, checked before any work: a folder, or a folder to create under a
-    file or where we may not write."""
+    """Why ``dst`` cannot be written (checked before any work), or None."""
     if os.path.isdir(dst):
         return "is a folder; expected the path of the JSONL file to write"
     folder = os.path.dirname(os.path.abspath(dst))
@@ -393,8 +360,8 @@ def _missing_folders(folder: str) -> List[str]:
 
 
 def write_jsonl_atomic(path: str, rows: List[Dict[str, Any]]) -> None:
-    """Write to a temporary file in the same folder, then rename: OUT is complete or absent. A missing
-    folder is created with its parents (as ``mkdir -p``), and removed again if the write fails."""
+    """Write a temporary file, then rename: OUT is complete or absent. A missing folder is created (as
+    ``mkdir -p``) and removed again if the write fails."""
     directory = os.path.dirname(os.path.abspath(path))
     created = _missing_folders(directory)
     tmp = None
@@ -445,9 +412,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "slime-hydra-convert"
                           metadata_cols=[c.strip() for c in args.metadata_cols.split(",") if c.strip()],
                           chat=args.chat, system_prompt=args.system_prompt, overwrite=args.overwrite,
                           limit=args.limit, split=args.split, fmt=args.format)
-    # the readers turn bad input into ConvertError naming the file and line; the rest is a safety net
-    # so that bad input never ends in a traceback
-    except (ConvertError, DataError, OSError, UnicodeDecodeError) as e:
+    except (ConvertError, DataError, OSError, UnicodeDecodeError) as e:  # no traceback for bad input
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (csv.Error, RecursionError) as e:

@@ -1,13 +1,8 @@
-"""Reading prompt datasets (JSONL / JSON / parquet) into validated ``Row``s and rendering prompts.
+"""Reading prompt datasets (JSONL / JSON / parquet) into validated ``Row``s, and rendering prompts.
 
-A dataset row is an object with a prompt (``input_key``: a string or a list of chat messages), a
-label, optional metadata (a dict, e.g. ``{"rm_type": "math"}``) and optional tools (for chat
-templates with tool use). Everything is validated at load time, and every ``DataError`` names the
-file and line (JSONL / JSON lines), or the file and row index (parquet, JSON list: ``data.parquet[5]``)
-and what was expected, so a bad row is found before a run spends GPU time on it.
-
-``path@[start:end]`` selects rows with Python slice semantics (either bound optional, negatives
-allowed); rows outside the slice are not parsed.
+A row has a prompt (a string or chat messages), a label, optional metadata and tools. All is validated at
+load time; a ``DataError`` names the file and line or row (``data.parquet[5]``) and what was expected.
+``path@[start:end]`` selects rows with Python slice semantics; rows outside the slice are not parsed.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ class Row:
     source: str  # "file:line" (JSONL) or "file[row]" (parquet, JSON list)
 
 
-# ------------------------------------------------------------------------------------ reading
 def split_slice(spec: str) -> Tuple[str, slice]:
     """``"data.jsonl@[10:-5]"`` -> ``("data.jsonl", slice(10, -5))``; no suffix -> ``slice(None)``;
     ``~`` in the path is expanded."""
@@ -50,9 +44,8 @@ def split_slice(spec: str) -> Tuple[str, slice]:
 
 
 def read_text(path: str, kind: str = "JSON and JSONL datasets") -> str:
-    """A JSON / JSONL file's text; one that is not UTF-8 (a binary file, a latin-1 export) is a DataError
-    naming the file, the line and the byte, instead of a bare UnicodeDecodeError. ``kind`` names the
-    files in the message (the converter reads CSV with it too)."""
+    """A file's text; one that is not UTF-8 is a DataError naming the line and the byte (``kind``: what
+    the message calls such files)."""
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -64,19 +57,23 @@ def read_text(path: str, kind: str = "JSON and JSONL datasets") -> str:
                         "with iconv, or save it as parquet)") from None
 
 
+def json_loads(text: str, loc: str, whole: bool = False) -> Any:
+    """``json.loads``; bad JSON is a DataError at ``loc`` (``whole``: a file, the error's line is added)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{loc}{f':{e.lineno}' if whole else ''}: invalid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{loc}: JSON nested too deeply to read") from None
+
+
 def _jsonl_records(path: str, sl: slice, text: Optional[str] = None) -> Iterable[Tuple[str, Any]]:
     """(location, parsed object) for the selected non-blank lines of a JSON-lines file."""
     text = read_text(path) if text is None else text
     # lines as a text file splits them (str.splitlines would also split at U+2028 inside a JSON string)
     lines = [(i, line) for i, line in enumerate(io.StringIO(text, newline=None), 1) if line.strip()]
     for lineno, line in lines[sl]:
-        loc = f"{path}:{lineno}"
-        try:
-            yield loc, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{loc}: invalid JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:
-            raise DataError(f"{loc}: JSON nested too deeply to read") from None
+        yield f"{path}:{lineno}", json_loads(line, f"{path}:{lineno}")
 
 
 def _json_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
@@ -85,12 +82,7 @@ def _json_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
     if not text.lstrip().startswith("["):
         yield from _jsonl_records(path, sl, text)
         return
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-    except RecursionError:
-        raise DataError(f"{path}: JSON nested too deeply to read") from None
+    data = json_loads(text, path, whole=True)
     for i in range(len(data))[sl]:
         yield f"{path}[{i}]", data[i]
 
@@ -108,8 +100,7 @@ def _parquet_records(path: str, sl: slice) -> Iterable[Tuple[str, Any]]:
 
 
 def _drop_none_struct_fields(rec: Dict[str, Any]) -> Dict[str, Any]:
-    """Parquet structs give every message every field (``tool_calls: None`` on a user turn); chat
-    templates test ``is defined``, so drop the None fields of messages (not role / content)."""
+    """Drop the None fields parquet structs give every message (chat templates test ``is defined``)."""
     for k, v in rec.items():
         if isinstance(v, list) and v and all(isinstance(m, dict) and "role" in m for m in v):
             rec[k] = [{f: x for f, x in m.items() if x is not None or f in ("role", "content")} for m in v]
@@ -141,7 +132,6 @@ def rows_from_dicts(records: Sequence[Dict[str, Any]], source: str, **keys: Any)
     return [parse_row(r, f"{source}[{i}]", **keys) for i, r in enumerate(records)]
 
 
-# --------------------------------------------------------------------------------- validation
 def _type_name(x: Any) -> str:
     return "null" if x is None else type(x).__name__
 
@@ -158,7 +148,6 @@ def parse_row(obj: Any, loc: str, *, input_key: str = "prompt", label_key: Optio
     if input_key not in obj:
         raise missing(input_key)
     prompt = check_prompt(obj[input_key], loc, input_key)
-
     label = None
     if label_key is not None:
         if label_key not in obj:
@@ -168,13 +157,11 @@ def parse_row(obj: Any, loc: str, *, input_key: str = "prompt", label_key: Optio
             raise DataError(f"{loc}: {label_key} must be a string or number, got {_type_name(label)}")
         if isinstance(label, float) and math.isnan(label):
             raise DataError(f"{loc}: {label_key} is NaN (a missing value?)")
-
     metadata: Dict[str, Any] = {}
     if metadata_key is not None and obj.get(metadata_key) is not None:
         metadata = _maybe_json(obj[metadata_key], loc, metadata_key)
         if not isinstance(metadata, dict):
             raise DataError(f"{loc}: {metadata_key} must be an object, got {_type_name(metadata)}")
-
     tools = None
     if tools_key is not None and obj.get(tools_key) is not None:
         tools = _maybe_json(obj[tools_key], loc, tools_key)
@@ -218,17 +205,15 @@ def check_prompt(prompt: Any, loc: str, key: str) -> Union[str, List[Dict[str, A
     return prompt
 
 
-# ---------------------------------------------------------------------------------- rendering
 def render_prompt(row: Row, tokenizer: Any, *, apply_chat_template: bool,
                   chat_template_kwargs: Optional[Dict[str, Any]] = None,
                   system_prompt: Optional[str] = None) -> str:
-    """The text sent to the engine. A string prompt stays as is unless ``apply_chat_template`` (then
-    it is one user message, after the optional system message); a chat prompt needs the template.
-    ``system_prompt`` is prepended unless the conversation already starts with a system message."""
+    """The text sent to the engine. A string prompt stays as is unless ``apply_chat_template`` (then it is one
+    user message); a chat prompt needs the template. ``system_prompt`` is prepended unless one starts it."""
     if not apply_chat_template:
         if not isinstance(row.prompt, str):
-            raise DataError(f"{row.source}: the prompt is a list of chat messages; "
-                            f"set data.apply_chat_template=true to render it")
+            raise DataError(f"{row.source}: the prompt is a list of chat messages; set data.apply_chat_template=true "
+                            "to render it")
         if system_prompt is not None:
             raise DataError(f"{row.source}: data.system_prompt needs data.apply_chat_template=true")
         return row.prompt
@@ -248,8 +233,8 @@ def render_prompt(row: Row, tokenizer: Any, *, apply_chat_template: bool,
 
 
 def filter_long_prompts(prompts: List[str], tokenizer: Any, max_len: Optional[int]) -> Tuple[List[int], int]:
-    """Indices of the prompts of at most ``max_len`` tokens (no special tokens added: the engine
-    gets ``encode(prompt, add_special_tokens=False)``), and how many were dropped."""
+    """Indices of the prompts of at most ``max_len`` tokens (without special tokens, as the engine gets them),
+    and how many were dropped."""
     if max_len is None or not prompts:
         return list(range(len(prompts))), 0
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]

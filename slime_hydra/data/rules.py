@@ -1,9 +1,6 @@
-"""Config rules of the data: the prompt source (``data.*``: the built-in task or your files), the
-tokenizer that renders it (``model.tokenizer``), the eval datasets, and the buffer hook.
-
-Dataset files are parsed here with the rollout manager's own reader (every row: JSON, keys, types), so
-a bad row fails before Ray starts; rendering the chat template is left to the manager (it needs the
-tokenizer). The default (built-in task) reads no file.
+"""Config rules of the data (``data.*``), the tokenizer (``model.tokenizer``), the eval datasets and the
+buffer hook. Dataset files are parsed with the rollout manager's own reader, so a bad row fails before Ray
+starts; rendering the chat template is left to the manager (it needs the tokenizer).
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ def check(cfg: RunConfig) -> List[str]:
 
 
 def _check_tokenizer(cfg: RunConfig) -> List[str]:
-    errs: List[str] = []
-    m, tok = cfg.model, cfg.model.tokenizer
+    errs, m, tok = [], cfg.model, cfg.model.tokenizer
     if m.path is None and tok is None:
         errs.append("model.tokenizer: required when model.path is null (the model is built from model.arch)")
     if tok is not None and tok.startswith("builtin:"):
@@ -46,8 +42,7 @@ def _check_tokenizer(cfg: RunConfig) -> List[str]:
 
 
 def _check_source(cfg: RunConfig) -> List[str]:
-    errs: List[str] = []
-    d = cfg.data
+    errs, d = [], cfg.data
     if d.num_epoch is not None and d.num_epoch < 1:
         errs.append(f"data.num_epoch: must be >= 1, got {d.num_epoch}")
     if not choice(errs, "data.source", d.source, SOURCES):
@@ -87,8 +82,7 @@ def _check_rendering(errs: List[str], d, rows) -> None:
 
 
 def _check_eval(cfg: RunConfig) -> List[str]:
-    errs: List[str] = []
-    d = cfg.data
+    errs, d = [], cfg.data
     for i, ds in enumerate(cfg.eval.datasets):
         where = f"eval.datasets[{i}]"
         if ds.path is None and d.source != "builtin":

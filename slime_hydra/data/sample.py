@@ -1,11 +1,6 @@
-"""``Sample``: one prompt and one response, everything the rollout side knows about it.
-
-It lives in ``data`` because the data source makes samples, the rewards score them and the rollout
-fills them in: all three import it from here, and none of them imports another for it.
-
-Field names follow slime's ``Sample`` where they mean the same thing. ``tokens`` is prompt + response;
-``loss_mask``, ``rollout_log_probs`` are aligned to the response tokens only. A group is a list of the
-``n_samples_per_prompt`` samples of one prompt.
+"""``Sample``: one prompt and one response, everything the rollout side knows about it (the data source
+makes samples, the rewards score them, the rollout fills them in). Field names follow slime's ``Sample``;
+``tokens`` is prompt + response, ``loss_mask`` and ``rollout_log_probs`` cover the response only.
 """
 
 from __future__ import annotations
@@ -23,14 +18,12 @@ class Status(str, enum.Enum):
     FAILED = "failed"
 
 
-# SGLang's finish reasons (a matched stop token or string, max_new_tokens, an abort): the only three
-# its /generate answers with, and the embedded engine speaks the same protocol.
+# the finish reasons SGLang's /generate (and the embedded engine) answers with
 FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
 class FinishReasonError(ValueError):
-    """An engine answer without one of SGLang's finish reasons: the protocol changed or an engine
-    speaks another one. Every sample would be affected, so it is raised, not counted."""
+    """An engine answer without one of SGLang's finish reasons: a protocol change, raised, not counted."""
 
 
 @dataclass
@@ -56,8 +49,7 @@ class Sample:
 
     def append_response(self, tokens: List[int], log_probs: Optional[List[float]] = None, trainable: bool = True,
                         text: str = "") -> None:
-        """Append tokens to the response: model tokens (trainable, with log-probs) or tool / environment
-        tokens (masked out of the loss, log-prob 0)."""
+        """Append model tokens (trainable, with log-probs) or tool / environment tokens (masked, log-prob 0)."""
         if trainable and log_probs is None:
             raise ValueError("model tokens need their log-probs")
         if log_probs is not None and len(log_probs) != len(tokens):
@@ -111,8 +103,8 @@ class Sample:
 
 
 def finish_type(meta: Dict[str, Any], sample: Sample) -> str:
-    """The ``meta_info.finish_reason.type`` of an engine's /generate answer for ``sample``: stop,
-    length or abort. A missing or other finish reason raises FinishReasonError naming the sample."""
+    """The ``meta_info.finish_reason.type`` of an engine's answer for ``sample``: stop, length or abort;
+    else FinishReasonError."""
     reason = meta.get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else None
     if kind not in FINISH_TO_STATUS:

@@ -1,11 +1,8 @@
 """The rollout manager's prompt source: a dataset walked in seeded per-epoch order, plus a buffer.
 
-``get_samples(n)`` hands out ``n`` groups (``n_samples_per_prompt`` fresh ``Sample``s of one prompt
-each): first groups pushed back with ``add_samples`` (e.g. aborted partial rollouts, or over-sampled
-groups not used), picked by ``buffer_filter(buffer, n)`` (FIFO by default), then new prompts from the
-dataset. The order of epoch ``e`` is a permutation seeded with ``seed + e``, so it is reproducible and
-a restart from ``state_dict()`` continues exactly where the run stopped (no prompt skipped or
-repeated). The builders at the end turn a ``DataConfig`` into rows, rendered prompts and a source.
+``get_samples(n)`` hands out ``n`` groups (``n_samples_per_prompt`` samples of one prompt): first groups
+pushed back with ``add_samples``, picked by ``buffer_filter(buffer, n)`` (FIFO by default), then new prompts.
+Epoch ``e``'s order is seeded with ``seed + e``, so a restart from ``state_dict()`` continues exactly.
 """
 
 from __future__ import annotations
@@ -40,15 +37,12 @@ class DataSource:
             raise ValueError("DataSource: the dataset is empty (were all prompts filtered out as too long?)")
         if n_samples_per_prompt < 1:
             raise ValueError(f"DataSource: n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
-        self.rows, self.prompts = rows, prompts
-        self.n_samples_per_prompt = n_samples_per_prompt
+        self.rows, self.prompts, self.n_samples_per_prompt = rows, prompts, n_samples_per_prompt
         self.shuffle, self.seed = shuffle, seed
         self.buffer_filter = buffer_filter or pop_first
         self.buffer: List[Group] = []
-        self.epoch = 0
-        self.offset = 0  # prompts of the current epoch already handed out
-        self.next_group_index = 0
-        self.next_index = 0
+        self.epoch, self.offset = 0, 0  # offset: prompts of the current epoch already handed out
+        self.next_group_index, self.next_index = 0, 0
         self._order = self._permutation(0)
 
     def __len__(self) -> int:
@@ -60,7 +54,6 @@ class DataSource:
             random.Random(self.seed + epoch).shuffle(order)
         return order
 
-    # ------------------------------------------------------------------------------ serving
     def get_samples(self, n_prompts: int) -> List[Group]:
         """``n_prompts`` groups: buffered ones first, then new prompts (wrapping into the next epoch)."""
         groups = self._from_buffer(n_prompts) if self.buffer else []
@@ -107,7 +100,6 @@ class DataSource:
                                  f"expected n_samples_per_prompt={self.n_samples_per_prompt}")
         self.buffer.extend(groups)
 
-    # -------------------------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:
         """JSON-serialisable position and buffer."""
         return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index,
@@ -129,7 +121,6 @@ class DataSource:
         self._order = self._permutation(self.epoch)
 
 
-# ------------------------------------------------------------------------------------ builders
 def load_rows(cfg: Any, *, split: str = "train", path: Optional[str] = None, input_key: Optional[str] = None,
               label_key: Optional[str] = None) -> List[Row]:
     """The rows of a ``DataConfig``: the built-in task's ``split`` ("train" | "eval"), or a file.
@@ -152,20 +143,16 @@ def load_rows(cfg: Any, *, split: str = "train", path: Optional[str] = None, inp
 def prepare_prompts(rows: List[Row], tokenizer: Any, cfg: Any, max_prompt_len: Optional[int] = None, *,
                     what: str = "data") -> Tuple[List[Row], List[str]]:
     """Render every row (``cfg``: a DataConfig) and drop the prompts over ``max_prompt_len`` tokens."""
-    prompts = [render_prompt(r, tokenizer, apply_chat_template=cfg.apply_chat_template,
-                             chat_template_kwargs=_plain(cfg.chat_template_kwargs), system_prompt=cfg.system_prompt)
-               for r in rows]
+    from omegaconf import OmegaConf
+
+    kwargs = cfg.chat_template_kwargs  # plain dicts for jinja
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
+    prompts = [render_prompt(r, tokenizer, apply_chat_template=cfg.apply_chat_template, chat_template_kwargs=kwargs,
+                             system_prompt=cfg.system_prompt) for r in rows]
     kept, dropped = filter_long_prompts(prompts, tokenizer, max_prompt_len)
     if dropped:
         log.warning("%s: dropped %d of %d prompts longer than %d tokens", what, dropped, len(prompts), max_prompt_len)
     return [rows[i] for i in kept], [prompts[i] for i in kept]
-
-
-def _plain(x: Any) -> Dict[str, Any]:
-    """A DictConfig (possibly nested) -> plain dicts, for jinja."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else dict(x or {})
 
 
 def build_data_source(cfg: Any, tokenizer: Any, *, n_samples_per_prompt: int, max_prompt_len: Optional[int] = None,
@@ -178,8 +165,8 @@ def build_data_source(cfg: Any, tokenizer: Any, *, n_samples_per_prompt: int, ma
 
 def load_eval_dataset(ecfg: Any, dcfg: Any, tokenizer: Any,
                       max_prompt_len: Optional[int] = None) -> Tuple[List[Row], List[str]]:
-    """An ``EvalDatasetConfig`` -> (rows, prompts), in file order, at most ``max_prompts``.
-    ``ecfg.reward`` becomes each row's ``metadata["rm_type"]`` unless the row sets its own."""
+    """An ``EvalDatasetConfig`` -> (rows, prompts), in file order, at most ``max_prompts``; ``ecfg.reward`` is
+    each row's ``metadata["rm_type"]`` unless the row sets its own."""
     rows = load_rows(dcfg, split="eval", path=ecfg.path, input_key=ecfg.input_key, label_key=ecfg.label_key)
     if ecfg.max_prompts is not None:
         rows = rows[: ecfg.max_prompts]

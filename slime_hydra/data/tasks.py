@@ -1,15 +1,9 @@
-"""Built-in tasks with a verifiable answer, for the embedded default.
+"""Built-in tasks with a verifiable answer, for the embedded default (light: config validation imports it).
 
-A good task for a tiny random-init model under RL has a rule readable from the prompt, a large
-prompt space (so held-out prompts test the rule, not memory) and a short answer (so random sampling
-sometimes hits it). ``max_digit``: the prompt is four digits and ``=``, the answer the largest digit
-("3815=" -> "8"); the tiny model learns the skewed answers (9 is the most common) from the top down.
-
-``calc``: a tool-use task for the multi-turn example (``examples/calculator``, tokenizer
-``builtin:calc``). The prompt is an expression whose value is one digit but which the tiny model
-cannot evaluate ("37*48-1772" -> "4"); an agent calls a calculator tool and copies its result.
-
-This module is light (no torch, no tokenizers) so that config validation can import it.
+``max_digit``: four digits and ``=``, the answer the largest digit ("3815=" -> "8"): a rule readable from the
+prompt, a large prompt space and a short answer, so a tiny random-init model learns it under RL.
+``calc`` (``examples/calculator``): an expression with a one-digit value ("37*48-1772" -> "4") that an agent
+gets by calling a calculator tool.
 """
 
 from __future__ import annotations
@@ -37,10 +31,8 @@ def _calc(rng: random.Random, code: int) -> Tuple[str, str]:
 
 
 # name -> (size of the prompt space, code -> (prompt, label))
-TASKS: Dict[str, Tuple[int, Callable[[random.Random, int], Tuple[str, str]]]] = {
-    "max_digit": (10**4, _max_digit),
-    "calc": (90 * 90 * 10, _calc),
-}
+TASKS: Dict[str, Tuple[int, Callable[[random.Random, int], Tuple[str, str]]]] = {"max_digit": (10**4, _max_digit),
+                                                                                "calc": (90 * 90 * 10, _calc)}
 # the tokenizer whose vocabulary can express each task (prompts, answers and, for calc, tool calls)
 TASK_TOKENIZERS: Dict[str, str] = {"max_digit": "builtin:digits", "calc": "builtin:calc"}
 

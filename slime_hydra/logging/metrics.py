@@ -1,6 +1,5 @@
-"""Where metrics go: ``metrics.jsonl`` (one JSON object per step), wandb (offline unless an API key
-is set), a tqdm progress bar with the live reward, and at the end ``summary.json`` and
-``reward_curve.png``."""
+"""Where metrics go: ``metrics.jsonl`` (a JSON object per step), wandb, a tqdm progress bar, and at the end
+``summary.json`` and ``reward_curve.png``."""
 
 from __future__ import annotations
 
@@ -28,15 +27,8 @@ def write_json_atomic(path: str, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2))
 
 
-def wandb_mode(setting: str) -> Optional[str]:
-    if setting == "auto":
-        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    return None if setting == "disabled" else setting
-
-
 def wandb_run_id(run_dir: str, resuming: bool) -> "tuple[str, Optional[str]]":
-    """(run id, wandb's resume mode): a resumed run reuses the id stored in the run directory
-    (``resume="allow"``: continue that wandb run); a new run makes and stores a new id."""
+    """(run id, wandb's resume mode): a resumed run continues the wandb run whose id the run directory keeps."""
     path = os.path.join(run_dir, "wandb_run_id")
     if resuming and os.path.exists(path):
         with open(path) as f:
@@ -47,10 +39,8 @@ def wandb_run_id(run_dir: str, resuming: bool) -> "tuple[str, Optional[str]]":
 
 
 class RunLogger:
-    """``keep_until``: resuming from the checkpoint of that step, so the rows of metrics.jsonl after
-    it (written by the run that was stopped or killed after the checkpoint) are dropped and will be
-    written again; None: a new run, any old rows are dropped. The wandb run id is kept in the run
-    directory (``wandb_run_id``), so a resumed run continues the same wandb run."""
+    """``keep_until``: resuming from the checkpoint of that step, the rows of metrics.jsonl after it are
+    dropped (they will be written again); None: a new run, all old rows are dropped."""
 
     def __init__(self, cfg, total_steps: int, start_step: int = 0, keep_until: Optional[int] = None):
         self.cfg, self.dir = cfg, cfg.output_dir
@@ -61,10 +51,11 @@ class RunLogger:
                 rows = [json.loads(line) for line in f if line.strip()]
             self.history = [r for r in rows if keep_until is not None and r.get("step", -1) <= keep_until]
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
-        self.file = open(self.path, "a")
-        self.wandb = None
-        mode = wandb_mode(cfg.logging.wandb_mode) if cfg.logging.wandb else None
-        if mode:
+        self.file, self.wandb = open(self.path, "a"), None
+        mode = cfg.logging.wandb_mode if cfg.logging.wandb else "disabled"
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        if mode != "disabled":
             import wandb
 
             from slime_hydra.logging.secrets import redacted_config
@@ -88,9 +79,8 @@ class RunLogger:
             self.wandb.log(row, step=step)
 
     def rewind(self, step: int) -> None:
-        """The run goes back to the checkpoint of ``step`` in this process (fault tolerance: a trainer
-        group rebuilt from it): the rows after it are dropped and will be written again. wandb keeps the
-        rows it has (it takes no step twice); the redone steps' rows are the same (same seed, same rows)."""
+        """The run goes back to the checkpoint of ``step`` (healing): the rows after it are dropped and will be
+        written again (wandb keeps its own: it takes no step twice)."""
         self.history = [r for r in self.history if r.get("step", -1) <= step]
         self.file.close()
         write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
@@ -99,10 +89,8 @@ class RunLogger:
         self.bar.refresh()
 
     def progress(self, metrics: Dict[str, Any]) -> None:
-        post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time")}
-        evals = [v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")]
-        if evals:
-            post["eval"] = evals[0]
+        post = {"reward": metrics.get("rollout/reward_mean"), "step_s": metrics.get("perf/step_time"),
+                "eval": next((v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/reward")), None)}
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=False)
         self.bar.update(1)
 
@@ -146,9 +134,7 @@ def plot_rewards(history: List[Dict[str, Any]], path: str, title: str) -> None:
     for key in sorted({k for r in history for k in r if k.startswith("eval/") and k.endswith("/reward")}):
         pts = [(r["step"], r[key]) for r in history if key in r and not math.isnan(r[key])]
         ax.plot(*zip(*pts), "o-", label=key.removeprefix("eval/").removesuffix("/reward") + " (eval)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title(title)
+    ax.set(xlabel="step", ylabel="reward", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -7,7 +7,7 @@ from typing import List
 from slime_hydra.config.rules import choice
 from slime_hydra.config.schema import RunConfig
 
-# auto: online with a WANDB_API_KEY, else offline (logging.metrics.wandb_mode)
+# auto: online with a WANDB_API_KEY, else offline (logging.metrics.RunLogger)
 WANDB_MODES = ["auto", "online", "offline", "disabled"]
 
 

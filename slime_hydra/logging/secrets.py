@@ -1,9 +1,6 @@
-"""Keep secrets out of what a run writes (config.yaml, wandb's config, logs of command lines).
-
-A secret is a value under a key named like one (``WANDB_API_KEY``, ``HF_TOKEN``, ``api_key``,
-``*_SECRET``, ``*_PASSWORD``), or any string that holds the value of such an environment variable
-(``cluster.env_vars: {HF_TOKEN: ${oc.env:HF_TOKEN}}`` resolves to the token itself). Pass secrets
-through the environment: Hydra records literal command-line overrides in ``.hydra/overrides.yaml``.
+"""Keep secrets out of what a run writes (config.yaml, wandb's config, logs of command lines): a value under
+a key named like one (``HF_TOKEN``, ``api_key``, ``*_PASSWORD``), or any string holding the value of such an
+environment variable. Pass secrets through the environment (Hydra records command-line overrides).
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def redact(obj: Any, values: Iterable[str] = None) -> Any:
 
 
 def redact_argv(cmd: List[str]) -> List[str]:
-    """A command line with the value after a secret-named flag (``--api-key X``) and secret
-    environment values redacted, for logs."""
+    """A command line with the value of a secret-named flag (``--api-key X``) and secret values redacted."""
     out: List[str] = []
     hide_next = False
     for arg in cmd:

@@ -8,17 +8,16 @@ import sys
 
 
 def setup_actor_logging(cfg, name: str) -> None:
-    os.makedirs(os.path.join(cfg.output_dir, "logs"), exist_ok=True)
+    logs = os.path.join(cfg.output_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(cfg.logging.level)
     fmt = logging.Formatter(f"%(asctime)s %(levelname)-5s [{name}] %(message)s", "%H:%M:%S")
-    file = logging.FileHandler(os.path.join(cfg.output_dir, "logs", f"{name}.log"))
-    file.setFormatter(fmt)
-    err = logging.StreamHandler(sys.stderr)
+    file, err = logging.FileHandler(os.path.join(logs, f"{name}.log")), logging.StreamHandler(sys.stderr)
     err.setLevel(logging.WARNING)
-    err.setFormatter(fmt)
-    root.addHandler(file)
-    root.addHandler(err)
+    for handler in (file, err):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -31,9 +31,8 @@ ACT_BASE = 8  # per hidden unit, outside the layers (embedding output, final nor
 
 
 def layer_act_bytes(a: "ArchConfig", table: Dict[str, float], moe: bool) -> Tuple[float, float]:
-    """Bytes one token keeps for the backward pass in one decoder layer (docs/memory.md),
-    as (per-hidden-unit part, the rest): tensor parallelism splits the rest, and the first part only
-    with sequence parallelism."""
+    """Bytes one token keeps for the backward pass in one decoder layer, as (per-hidden-unit part, the rest):
+    tensor parallelism splits the rest, and the first part only with sequence parallelism."""
     h, nh = a.hidden_size, a.num_heads
     if is_mla(a):
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
@@ -75,29 +74,23 @@ def rank_step_samples(cfg: "RunConfig", data_parallel: int) -> int:
 
 
 def micro_batch_shape(cfg: "RunConfig", data_parallel: int) -> MicroBatchShape:
-    """The largest micro-batch a trainer rank runs: its share of an optimiser step, at most
-    ``trainer.micro_batch_size`` samples, each padded to a full-length sequence."""
+    """The largest micro-batch a trainer rank runs: at most ``trainer.micro_batch_size`` full-length samples."""
     r = cfg.rollout
     return MicroBatchShape(min(cfg.trainer.micro_batch_size, rank_step_samples(cfg, data_parallel)),
                            r.max_prompt_len or 0, r.max_response_len)
 
 
-def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool,
-                     residual_bytes: int, checkpointing: bool, tensor_parallel: int = 1,
-                     sequence_parallel: bool = False, layers_held: float = 1.0,
-                     vocab_parallel_head: bool = False, fused_head: bool = False,
+def activation_bytes(a: "ArchConfig", mb: MicroBatchShape, *, compute_bytes: int, autocast: bool, residual_bytes: int,
+                     checkpointing: bool, tensor_parallel: int = 1, sequence_parallel: bool = False,
+                     layers_held: float = 1.0, vocab_parallel_head: bool = False, fused_head: bool = False,
                      compiled: bool = False) -> Dict[str, float]:
-    """Peak activation bytes of one micro-batch's forward and backward (docs/memory.md): the decoder layers
-    (with the embedding output and final norm) and the log-prob head. ``layers_held``: the layer stack's
-    activations are held this many times (a pipeline stage's micro-batches in flight x its share of the
-    layers). The head is the torch backend's, ``fused_head`` its ``trainer.fused_logprobs``, or with
-    ``vocab_parallel_head`` the megatron backend's. ``compiled``: ``trainer.compile``'s tables (MLA keeps
-    the eager ones)."""
+    """Peak activation bytes of one micro-batch's forward and backward: the decoder layers and the log-prob
+    head. ``layers_held``: how many times the layer stack's activations are held (pipeline stages). The head
+    is the torch backend's (``fused_head``: fused_logprobs) or the megatron one's (``vocab_parallel_head``)."""
     compiled = compiled and not is_mla(a)
     autocast_table, fp32_table = (ACT_COMPILED_AUTOCAST, ACT_COMPILED_FP32) if compiled else (ACT_AUTOCAST, ACT_FP32)
     table = autocast_table if autocast else {k: v * compute_bytes / 4 for k, v in fp32_table.items()}
-    tp = tensor_parallel
-    h_split = tp if sequence_parallel else 1
+    tp, h_split = tensor_parallel, tensor_parallel if sequence_parallel else 1
 
     def per_layer(moe: bool) -> float:
         hidden, rest = layer_act_bytes(a, table, moe)

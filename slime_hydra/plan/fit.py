@@ -1,12 +1,12 @@
-"""Choices the plan makes so that a run fits its GPUs, where the config leaves them to it: what colocated
-GPUs offload, the micro-batch and activation recompute, in that order (docs/memory.md says why). A value
-the config sets is kept; :func:`suggestion` names settings that fit a config that does not. On CPU (no
-estimate) ``auto`` takes ``CPU_DEFAULTS``.
+"""Choices the plan makes so that a run fits its GPUs, where the config leaves them to it: what colocated GPUs
+offload, the micro-batch and recompute (docs/memory.md). :func:`suggestion` names settings that fit a config
+that does not. On CPU (no estimate) ``auto`` takes ``CPU_DEFAULTS``.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from slime_hydra.plan.activations import rank_step_samples
@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from slime_hydra.config.schema import RunConfig
 
 AUTO = "auto"
-# tokens a micro-batch should hold before recompute is worth avoiding: below this a GPU's matmuls run short
-# of work
+# tokens a micro-batch should hold before recompute is worth avoiding (fewer leave a GPU's matmuls short of work)
 AUTO_TARGET_TOKENS = 4096
 # what ``auto`` means where nothing is estimated (CPU, or a backend without a memory function)
 CPU_DEFAULTS = {"micro_batch_size": 64, "gradient_checkpointing": False, "max_tokens_per_micro_batch": 16384,
@@ -34,8 +33,7 @@ CPU_DEFAULTS = {"micro_batch_size": 64, "gradient_checkpointing": False, "max_to
 
 
 def fit(cfg: "RunConfig") -> List[str]:
-    """Fill every choice ``cfg`` leaves to the plan (``auto`` micro-batch and recompute, unset offload of
-    colocated GPUs), in place. Returns one line per choice made, for the plan's print-out."""
+    """Fill every choice ``cfg`` leaves to the plan, in place; one line per choice made, for the print-out."""
     t = cfg.trainer
     estimated = cfg.parallelism.device == "cuda" and t.backend in TRAINER_MEMORY
     knobs = [k for k in _knob_keys(cfg) if getattr(t, k) == AUTO] if estimated else []
@@ -55,18 +53,15 @@ def fit(cfg: "RunConfig") -> List[str]:
 
 
 def resolve_warm_up(cfg: "RunConfig") -> None:
-    """``trainer.warm_up=auto``: on where a trainer's first step pays for CUDA's set-up and compiles (GPUs),
-    unless the GPU is colocated with offload. There the start-up already holds the trainer's weights beside the
-    whole engine, and the warm-up's gradients (as large as the trainable weights, for a moment) are memory the
-    plan did not count at that time."""
+    """``trainer.warm_up=auto``: on GPUs, unless colocated with offload (there the warm-up's gradients, beside
+    the whole engine at start-up, are memory the plan does not count)."""
     t, p = cfg.trainer, cfg.parallelism
     if t.warm_up == AUTO:
         t.warm_up = p.device == "cuda" and not (p.colocate and (p.offload_train or p.offload_rollout))
 
 
 def resolve_offload(cfg: "RunConfig") -> "RunConfig":
-    """Fill the offload of colocated GPUs that ``config.resolve`` leaves unset (``choose_offload``: it
-    needs the resolved config and the plan, which ``config`` may not import). In place; returns ``cfg``."""
+    """Fill the offload that ``config.resolve`` leaves unset (it needs the plan), in place; returns ``cfg``."""
     p = cfg.parallelism
     if None in (p.offload_train, p.offload_rollout):
         p.offload_train, p.offload_rollout = choose_offload(cfg)
@@ -76,9 +71,8 @@ def resolve_offload(cfg: "RunConfig") -> "RunConfig":
 
 
 def choose_push_before_offload(cfg: "RunConfig") -> bool:
-    """With ``offload_train``: push from the trainer's GPU weights (faster than from the host) where the estimate
-    of that phase (the trainer's weights beside the engine's, the optimizer state already on the host) leaves
-    ``AUTO_OFFLOAD_HEADROOM`` of the GPU free."""
+    """With ``offload_train``: push from the trainer's GPU weights (faster than from the host) where that phase
+    leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU free."""
     p = cfg.parallelism
     if not (p.colocate and p.offload_train):
         return False
@@ -92,8 +86,7 @@ def choose_push_before_offload(cfg: "RunConfig") -> bool:
 
 def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
     """(offload_train, offload_rollout) for colocated GPUs, keeping a value the config sets: the first of
-    ``OFFLOAD_CHOICES`` whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU free, else the most offload.
-    With nothing offloaded, a step moves no memory and the weight push reads the trainer's GPU tensors."""
+    ``OFFLOAD_CHOICES`` whose peak leaves ``AUTO_OFFLOAD_HEADROOM`` of the GPU free, else the most offload."""
     p = cfg.parallelism
     fixed = (p.offload_train, p.offload_rollout)
     if resident(cfg):  # nothing takes turns (config.resolve fills these first; suggestion's trials come here)
@@ -107,10 +100,8 @@ def choose_offload(cfg: "RunConfig") -> Tuple[bool, bool]:
 
 
 def suggestion(cfg: "RunConfig") -> Optional[str]:
-    """For a config whose estimate does not fit: the micro-batch, recompute and offload the plan would
-    choose, when they fit (None when nothing does, or when they are what the config already has). An async
-    run on colocated GPUs may not offload: its micro-batch and recompute first, then the sync loop (which
-    may offload) with what that would choose."""
+    """For a config that does not fit: the micro-batch, recompute and offload the plan would choose, when they
+    fit and differ from the config's (else None). Async on colocated GPUs tries the sync loop second."""
     for mode in (cfg.trainer.mode, "sync") if resident(cfg) else (cfg.trainer.mode,):
         trial = replace(cfg, trainer=replace(cfg.trainer, mode=mode), parallelism=replace(cfg.parallelism))
         for k in CPU_DEFAULTS:
@@ -125,14 +116,13 @@ def suggestion(cfg: "RunConfig") -> Optional[str]:
         return None
     keys = ["trainer.mode", *(f"trainer.{k}" for k in CPU_DEFAULTS), "parallelism.offload_train",
             "parallelism.offload_rollout"]
-    changed = [f"{k}={_get(trial, k)}" for k in keys if _get(trial, k) != _get(cfg, k)]
+    changed = [f"{k}={attrgetter(k)(trial)}" for k in keys if attrgetter(k)(trial) != attrgetter(k)(cfg)]
     why = "" if trial.trainer.mode == cfg.trainer.mode else "; async on colocated GPUs keeps trainer and engine " \
         "resident together"
     return (f"{' '.join(changed)} fits (~{_peak(trial):.0f} GiB{why}; or leave them unset/auto for the plan to "
             "choose)" if changed else None)
 
 
-# ---------------------------------------------------------------------------------------- inside
 def _limit(cfg: "RunConfig") -> float:
     return (1 - AUTO_OFFLOAD_HEADROOM) * cfg.parallelism.gpu_memory_gib
 
@@ -141,25 +131,16 @@ def _peak(cfg: "RunConfig") -> float:
     return estimate(cfg, make_plan(cfg)).peak
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def _set(cfg: "RunConfig", knobs: Dict[str, Any]) -> None:
     for k, v in knobs.items():
         setattr(cfg.trainer, k, v)
 
 
-def _packed(cfg: "RunConfig") -> bool:
-    return cfg.trainer.backend == "megatron" and cfg.trainer.max_tokens_per_micro_batch is not None
-
-
 def _knob_keys(cfg: "RunConfig") -> Tuple[str, str]:
     """The (size, recompute) keys of this backend."""
     if cfg.trainer.backend == "megatron":
-        return ("max_tokens_per_micro_batch" if _packed(cfg) else "micro_batch_size", "recompute")
+        packed = cfg.trainer.max_tokens_per_micro_batch is not None
+        return ("max_tokens_per_micro_batch" if packed else "micro_batch_size", "recompute")
     return ("micro_batch_size", "gradient_checkpointing")
 
 
@@ -175,11 +156,8 @@ def _seq_len(cfg: "RunConfig") -> int:
 
 def _sizes(cfg: "RunConfig") -> List[int]:
     """Micro-batch sizes to try, largest first, in samples: the rank's whole step, then halves."""
-    n, out = _rank_samples(cfg), []
-    while n >= 1:
-        out.append(n)
-        n //= 2
-    return out
+    n = _rank_samples(cfg)
+    return [n >> i for i in range(n.bit_length())]
 
 
 def _target_index(cfg: "RunConfig") -> int:
@@ -191,8 +169,7 @@ def _target_index(cfg: "RunConfig") -> int:
 def _knobs(cfg: "RunConfig", index: int, recompute: bool, auto: Set[str]) -> Dict[str, Any]:
     """The trainer settings of candidate ``index`` of :func:`_sizes` for the keys in ``auto``."""
     size_key, rec_key = _knob_keys(cfg)
-    n = _sizes(cfg)[index]
-    size = n
+    n = size = _sizes(cfg)[index]
     if size_key == "max_tokens_per_micro_batch":  # unbounded prompts (max_prompt_len unset) need room beyond
         size = max(n * _seq_len(cfg), AUTO_TARGET_TOKENS if cfg.rollout.max_prompt_len is None else 0)
     rec = ("full" if recompute else "none") if rec_key == "recompute" else recompute
@@ -200,10 +177,9 @@ def _knobs(cfg: "RunConfig", index: int, recompute: bool, auto: Set[str]) -> Dic
 
 
 def _choose_micro_batch(cfg: "RunConfig", auto: Set[str]) -> str:
-    """Set the size and recompute keys of ``cfg``'s backend named in ``auto`` (docs/memory.md);
-    the line that says what was chosen and why."""
+    """Set the size and recompute keys named in ``auto`` (docs/memory.md); the line that says what and why."""
     size_key, rec_key = _knob_keys(cfg)
-    t = cfg.trainer
+    t, seq = cfg.trainer, _seq_len(cfg)
     tried: Dict[Tuple[int, bool], float] = {}
 
     def peak(i: int, rec: bool) -> float:
@@ -219,9 +195,7 @@ def _choose_micro_batch(cfg: "RunConfig", auto: Set[str]) -> str:
         return next((i for i in range(len(_sizes(cfg))) if peak(i, rec) <= _limit(cfg)), None)
 
     recs = [False, True] if rec_key in auto else [getattr(t, rec_key) not in (False, "none")]
-    best = largest(recs[0])
-    rec = recs[0]
-    seq = _seq_len(cfg)
+    best, rec = largest(recs[0]), recs[0]
     if len(recs) == 2 and (best is None or _sizes(cfg)[best] * seq < min(AUTO_TARGET_TOKENS, _sizes(cfg)[0] * seq)):
         with_rec = largest(True)
         if with_rec is not None and (best is None or with_rec < best):

@@ -1,8 +1,6 @@
-"""Memory per GPU of a run, estimated from the config before anything starts (docs/memory.md).
-
-``estimate(cfg, plan)`` adds up what the trainer and the rollout engine hold on one GPU;
-``memory_problems(cfg, plan, gpu_memory_gib)`` turns an estimate that cannot fit into validation
-errors that carry the numbers. ``dry_run=true`` prints the estimate with the resource plan.
+"""Memory per GPU of a run, estimated from the config before anything starts (docs/memory.md):
+``estimate`` adds up what the trainer and the engine hold on one GPU, ``memory_problems`` turns an estimate
+that cannot fit into validation errors with the numbers.
 """
 
 from __future__ import annotations
@@ -27,21 +25,22 @@ class Plan(Protocol):
 GIB = 2 ** 30
 KV_CACHE_DTYPE_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1, "fp4_e2m1": 0.5, "bfloat16": 2, "float16": 2, "float32": 4}
 SGLANG_MEM_FRACTION_DEFAULT = 0.9
-# the share of a GPU that choose_offload leaves free when it keeps trainer and engine together: what the
-# estimate does not count (CUDA contexts, SGLang's CUDA graphs and activations, fragmentation)
+# the share of a GPU choose_offload leaves free for what the estimate does not count (CUDA contexts, graphs)
 AUTO_OFFLOAD_HEADROOM = 0.1
 # (offload_train, offload_rollout) in the order choose_offload tries them, least memory moved first
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
-# the colocated phase of parallelism.push_before_offload: the trainer's weights (its optimizer state on the host)
-# beside the engine's weights, and the push's buckets
+# parallelism.push_before_offload's phase: the trainer's weights beside the engine's, and the push's buckets
 PUSH_PHASE = "colocated GPU, push"
+TRANSIENT = ("autocast_copies", "activations", "gather_buffers")  # parts held only during a training step
+PART_NAMES = {"adam": "Adam", "ddp_buckets": "DDP buckets", "kv_cache": "KV cache"}
+HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
+FSDP_LORA_RANK = 16  # the LoRA rank the DDP refusal tries
+KV_MARGIN = 2.0  # kv_cache_hint sizes SGLang's KV pool at this many times the tokens a rollout keeps in flight
 
 
-# ------------------------------------------------------------------------------------ trainers
 @dataclass
 class TrainerMemory:
-    """Bytes per trainer GPU by part, what ``offload_train`` moves off the GPU while engines generate,
-    and host memory per trainer rank by part. ``TRANSIENT`` parts exist only during a training step."""
+    """Bytes per trainer GPU by part, the parts ``offload_train`` moves off it, host bytes per trainer rank."""
 
     gpu: Dict[str, float]
     offloaded: Tuple[str, ...] = ()
@@ -49,15 +48,11 @@ class TrainerMemory:
     micro_batch: Optional["MicroBatchShape"] = None  # the largest one a rank runs (None: micro_batch_shape's)
 
 
-TRANSIENT = ("autocast_copies", "activations", "gather_buffers")
-
-
 def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     """The torch backend: DDP, FSDP2 and/or LoRA (docs/memory.md)."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     pc = param_count(a)
-    n = pc.total
-    gpu = p.device == "cuda"
+    n, gpu = pc.total, p.device == "cuda"
     compute = dtype_bytes(cfg.model.dtype)
     master = 4 if gpu else compute  # float32 master weights on GPUs; model.dtype throughout on CPU
     fsdp, lora = t.strategy == "fsdp", t.lora.rank > 0
@@ -100,17 +95,14 @@ def torch_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
 
 
 def torch_trainer_label(cfg: "RunConfig") -> str:
-    """How ``describe`` names the torch trainer: its strategy and LoRA."""
     t = cfg.trainer
-    parts = [t.strategy] + (["CPU offload"] if t.fsdp_cpu_offload else []) + \
-        ([f"LoRA rank {t.lora.rank}"] if t.lora.rank else [])
+    parts = [t.strategy] + ["CPU offload"] * t.fsdp_cpu_offload + [f"LoRA rank {t.lora.rank}"] * bool(t.lora.rank)
     return "torch" if parts == ["ddp"] else f"torch ({', '.join(parts)})"
 
 
 def stage_layers(num_layers: int, pipeline_parallel: int, megatron: Optional[Dict] = None) -> List[int]:
-    """Decoder layers per pipeline stage, as Megatron splits them: evenly, or with
-    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` (``trainer.megatron``)
-    and the rest evenly over the middle stages (rounded down: the rules refuse a remainder)."""
+    """Decoder layers per pipeline stage, as Megatron splits them: evenly, or the first / last stage's
+    from ``trainer.megatron`` and the rest evenly over the middle stages (rounded down)."""
     pp, m = pipeline_parallel, megatron or {}
     if pp <= 1:
         return [num_layers]
@@ -126,7 +118,7 @@ def stage_layers(num_layers: int, pipeline_parallel: int, megatron: Optional[Dic
 
 
 def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
-    """A Megatron-core trainer (docs/memory.md); colocated, slime releases all of it."""
+    """A Megatron-core trainer (docs/memory.md)."""
     a, p, t = cfg.model.arch, cfg.parallelism, cfg.trainer
     n = param_count(a)
     tp, pp, cp, ep = p.tensor_parallel, p.pipeline_parallel, p.context_parallel, p.expert_parallel
@@ -145,8 +137,7 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     critic = (n.total - n.lm_head) / n.total if cfg.algo.advantage_estimator == "ppo" else 0.0
     mb = micro_batch_shape(cfg, plan.data_parallel)
     budget = t.max_tokens_per_micro_batch
-    if budget is not None:  # packed micro-batches: as many full-length samples as the token budget holds, up to
-        # the rank's whole step; trainer.micro_batch_size does not cap them (the backend packs by tokens alone)
+    if budget is not None:  # packed: the full-length samples the budget holds, up to the rank's step
         mb = MicroBatchShape(min(rank_step_samples(cfg, plan.data_parallel),
                                  max(1, budget // max(1, mb.prompt_len + mb.response_len))),
                              mb.prompt_len, mb.response_len)
@@ -160,8 +151,7 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
     host = {}
     if p.colocate and p.offload_train and p.device == "cuda":
         host["offloaded_state"] = (1 + critic) * (state["weights"] + state["adam"])  # gradients are freed
-    if sharded and p.device == "cuda" and saves(cfg):  # a save gathers each data-parallel group's optimizer state
-        # on its first rank, in host memory (_OPTIMIZER_SHARDING in the backend): on average a rank's own share
+    if sharded and p.device == "cuda" and saves(cfg):  # a save gathers the sharded optimizer state in host memory
         host["checkpoint_gather"] = (1 + critic) * state["adam"]
     if cfg.algo.kl_coef or cfg.algo.kl_loss_coef:
         host["reference_copy"] = 2 * state["weights"]  # the reference's shards and a staging copy
@@ -171,17 +161,13 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
 
 
 # trainer.backend -> its memory per GPU; a new backend adds its function here
-TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "Plan"], TrainerMemory]] = {
-    "torch": torch_trainer_memory,
-    "megatron": megatron_trainer_memory,
-}
+TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "Plan"], TrainerMemory]] = {"torch": torch_trainer_memory,
+                                                                            "megatron": megatron_trainer_memory}
 
 
-# ------------------------------------------------------------------------------------ engines
 def kv_bytes_per_token(a: "ArchConfig", elem_bytes: float, *, sglang: bool, tp: int = 1) -> float:
-    """KV cache bytes one token takes on one GPU. SGLang keeps MLA's compressed latent (whole on every
-    GPU) and splits key/value heads over its tensor parallel ranks (at least one head each); Hugging
-    Face's cache (the embedded engine) keeps MLA's full per-head keys and values."""
+    """KV cache bytes of one token on one GPU: SGLang keeps MLA's latent and splits heads over its TP ranks;
+    Hugging Face's cache (the embedded engine) keeps MLA's full per-head keys and values."""
     if is_mla(a):
         width = (a.kv_lora_rank + a.qk_rope_head_dim) if sglang else \
             a.num_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim)
@@ -191,8 +177,7 @@ def kv_bytes_per_token(a: "ArchConfig", elem_bytes: float, *, sglang: bool, tp: 
 
 
 def mem_fraction_static(cfg: "RunConfig") -> Optional[float]:
-    """``rollout.server_args.mem_fraction_static`` (the default when unset); None when it is not a
-    number (``memory_problems`` reports it; SGLang's own parser rejects it too)."""
+    """``rollout.server_args.mem_fraction_static`` (the default when unset); None when it is not a number."""
     value = (cfg.rollout.server_args or {}).get("mem_fraction_static")
     if value is None:
         return SGLANG_MEM_FRACTION_DEFAULT
@@ -219,11 +204,10 @@ def engine_memory(cfg: "RunConfig", gpu_bytes: float) -> Tuple[Dict[str, float],
     return {"weights": weights, "kv_cache": kv, "logits": r.embedded_max_batch * a.vocab_size * 4}, None
 
 
-# ------------------------------------------------------------------------------------ the estimate
 @dataclass
 class MemoryEstimate:
-    """GiB per GPU: what the trainer and the engine each hold on one of their GPUs, and the peak of
-    each kind of GPU (split: trainer and engine GPUs; colocated: one kind, in each phase)."""
+    """GiB per GPU: what the trainer and the engine each hold on one of their GPUs, and the peak of each kind
+    of GPU (colocated: in each phase)."""
 
     backend: str
     engine_kind: str
@@ -259,17 +243,13 @@ class MemoryEstimate:
                  f"  {self.engine_kind} engine: {self.engine_total:.1f} = {_parts(self.engine)}{kv}"]
         for k, v in self.gpus.items():
             lines.append(f"  {k}: {v:.1f}" + ("  DOES NOT FIT" if v > self.gpu_memory_gib else ""))
-        if self.host_per_node:
-            host = self.host_per_node
+        if host := self.host_per_node:
             lines.append(f"  host memory per node: {sum(host.values()):.1f} = {_parts(host)}")
         if self.checkpoint:
             lines.append(f"  a run checkpoint on disk: {sum(self.checkpoint.values()):.1f} = {_parts(self.checkpoint)} "
                          f"(the newest {self.keep_checkpoints} kept, one more while the next is written)")
         lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-PART_NAMES = {"adam": "Adam", "ddp_buckets": "DDP buckets", "kv_cache": "KV cache"}
 
 
 def _parts(d: Dict[str, float]) -> str:
@@ -320,14 +300,10 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
 
 
 def checkpoint_bytes(cfg: "RunConfig") -> Dict[str, float]:
-    """Bytes one run checkpoint writes, all ranks together, by part (checkpoint/ckpt.py, the backends' ``save``):
-    ``hf/`` in ``model.dtype`` (LoRA: only with ``trainer.lora.save_merged``), the optimizer (float32 master weights
-    and AdamW's two moments of what trains), megatron's own copy of the weights, the reference (a KL term, not
-    LoRA) and a critic's weights and optimizer (PPO)."""
-    a, t = cfg.model.arch, cfg.trainer
-    pc = param_count(a)
-    n, compute = pc.total, dtype_bytes(cfg.model.dtype)
-    lora = t.lora.rank > 0
+    """Bytes one run checkpoint writes, all ranks together, by part: ``hf/`` (LoRA: if ``save_merged``), the
+    optimizer (float32 master weights and Adam's moments), megatron's weights, the reference, a critic."""
+    t, pc = cfg.trainer, param_count(cfg.model.arch)
+    n, compute, lora = pc.total, dtype_bytes(cfg.model.dtype), t.lora.rank > 0
     trains = lora_params(cfg) if lora else n
     kl = bool(cfg.algo.kl_coef or cfg.algo.kl_loss_coef) and not lora
     return {"hf": compute * n if not lora or t.lora.save_merged else 0.0,
@@ -338,21 +314,15 @@ def checkpoint_bytes(cfg: "RunConfig") -> Dict[str, float]:
 
 
 def saves(cfg: "RunConfig") -> bool:
-    """Whether the run writes a checkpoint: its last step (``trainer.save_last``) or every ``save_interval``."""
+    """Whether the run writes a checkpoint (``trainer.save_last`` or ``save_interval``)."""
     t = cfg.trainer
     return t.save_last or (t.save_interval > 0 and (t.num_rollout is None or t.save_interval <= t.num_rollout))
 
 
-HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
-
-
 def machine_problems(plan: "Plan", host_gib: Optional[float], disk_free_gib: float) -> Tuple[List[str], List[str]]:
-    """(problems, warnings) of a run about to start on this machine: the trainers' host memory against
-    ``host_gib`` (None: the trainers run on other nodes, not checked) and a run checkpoint against the free disk
-    of the run directory (when the run saves one), from the plan's memory estimate."""
-    est = plan.memory
-    problems: List[str] = []
-    warnings: List[str] = []
+    """(problems, warnings) of a run about to start here: the trainers' host memory against ``host_gib`` (None:
+    not checked) and a run checkpoint against the free disk of the run directory."""
+    est, problems, warnings = plan.memory, [], []
     ckpt = sum(est.checkpoint.values())
     if ckpt > disk_free_gib:
         problems.append(f"output_dir: a run checkpoint is ~{ckpt:.0f} GiB ({_parts(est.checkpoint)}) and the run "
@@ -379,14 +349,12 @@ def machine_problems(plan: "Plan", host_gib: Optional[float], disk_free_gib: flo
 
 
 def memory_problems(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> List[str]:
-    """Why ``cfg`` cannot fit on GPUs of ``gpu_memory_gib`` GiB, with the numbers; empty when it fits
-    (and on CPU, where nothing is estimated against a limit)."""
+    """Why ``cfg`` cannot fit on GPUs of ``gpu_memory_gib`` GiB, with the numbers; empty when it fits (or on CPU)."""
     if cfg.parallelism.device != "cuda":
         return []
     if gpu_memory_gib <= 0:
         return [f"parallelism.gpu_memory_gib: must be > 0, got {gpu_memory_gib:g}"]
-    est = estimate(cfg, plan, gpu_memory_gib)
-    out: List[str] = []
+    est, out = estimate(cfg, plan, gpu_memory_gib), []
     limit = f"> parallelism.gpu_memory_gib={gpu_memory_gib:g}"
     eng = f"{est.engine_kind} engine {est.engine_total:.1f}"
     for where, need in est.gpus.items():
@@ -456,9 +424,6 @@ def _trainer_hint(cfg: "RunConfig", est: MemoryEstimate) -> str:
     return "; " + (" or ".join(tips) if tips else "shorten rollout.max_response_len")
 
 
-FSDP_LORA_RANK = 16  # the LoRA rank the DDP refusal tries
-
-
 def _fsdp_lora_hint(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> str:
     """A full-weight DDP trainer that does not fit: which of FSDP2 and LoRA would (re-estimated with each)."""
     t = cfg.trainer
@@ -490,7 +455,7 @@ def _fsdp_lora_hint(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> st
 
 
 def _room_hint(cfg: "RunConfig", est: MemoryEstimate, trainer_gib: float, offload_key: str) -> str:
-    """Colocated without offload: how to leave ``trainer_gib`` of the GPU to the trainer beside the engine."""
+    """Colocated: how to leave ``trainer_gib`` of the GPU to the trainer beside the engine."""
     why = {"offload_rollout": "the engine releases its memory while the trainer trains",
            "offload_train": "the trainer's state goes to the host while the engines generate"}[offload_key]
     tips = [f"set trainer.mode=sync (async trains while the next rollout generates, so nothing can be offloaded; "
@@ -507,10 +472,8 @@ def _room_hint(cfg: "RunConfig", est: MemoryEstimate, trainer_gib: float, offloa
     return "; " + " or ".join(tips)
 
 
-# ------------------------------------------------------------------------------------ offload
 def resident(cfg: "RunConfig") -> bool:
-    """Async on colocated GPUs: the next rollout generates while the trainer trains, so both stay resident and
-    nothing is offloaded (``launch/rules.py``; the training phase, with the engine's whole footprint, is the peak)."""
+    """Async on colocated GPUs: the next rollout generates while the trainer trains, so nothing is offloaded."""
     return cfg.trainer.mode == "async" and cfg.parallelism.colocate
 
 
@@ -521,14 +484,9 @@ def colocated_peaks(cfg: "RunConfig", plan: "Plan") -> Dict[Tuple[bool, bool], f
         for train, rollout in OFFLOAD_CHOICES}
 
 
-KV_MARGIN = 2.0  # kv_cache_hint sizes SGLang's KV pool at this many times the tokens a rollout keeps in flight
-
-
 def kv_cache_hint(cfg: "RunConfig", plan: "Plan") -> Optional[str]:
-    """Colocated SGLang whose KV pool is far larger than the run can fill, where that pool is why the trainer's
-    state goes to the host: the ``mem_fraction_static`` that keeps it on the GPU (no ``offload_train``: nothing of
-    the trainer moves between rollout and training). None when prompts are unbounded (``rollout.max_prompt_len``
-    unset) or no smaller pool helps."""
+    """Colocated SGLang whose KV pool, far larger than the run fills, sends the trainer's state to the host:
+    the ``mem_fraction_static`` that keeps it on the GPU. None with unbounded prompts or when that does not help."""
     p, r = cfg.parallelism, cfg.rollout
     if r.engine != "sglang" or not p.colocate or not p.offload_train or r.max_prompt_len is None \
             or plan.engine_batch is None or mem_fraction_static(cfg) is None:

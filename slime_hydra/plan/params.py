@@ -67,9 +67,7 @@ def _attention_params(a: "ArchConfig") -> int:
 
 
 def moe_layers(a: "ArchConfig") -> int:
-    if not a.num_experts:
-        return 0
-    return a.num_layers - (a.first_k_dense_layers if a.type == "deepseek_v3" else 0)
+    return a.num_layers - (a.first_k_dense_layers if a.type == "deepseek_v3" else 0) if a.num_experts else 0
 
 
 def param_count(a: "ArchConfig") -> ParamCount:
@@ -87,8 +85,8 @@ def param_count(a: "ArchConfig") -> ParamCount:
 
 
 def linear_shapes(a: "ArchConfig") -> Dict[str, Tuple[int, int, int]]:
-    """Hugging Face linear-layer name -> (in, out, how many in the model) of ``a``'s decoder layers: what
-    LoRA can adapt. MLP names count the dense layers only (MoE experts are fused, not linear layers)."""
+    """Hugging Face linear-layer name -> (in, out, how many in the model): what LoRA can adapt (MLPs: the dense
+    layers only, MoE experts are fused)."""
     h, f, dense = a.hidden_size, a.intermediate_size, a.num_layers - moe_layers(a)
     mlp = {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h), "gate_up_proj": (h, 2 * f)}
     return {**{k: (i, o, a.num_layers) for k, (i, o) in _attention_shapes(a).items()},

@@ -1,9 +1,7 @@
-"""The resource plan: which actor sits on which bundle of the one placement group.
+"""The resource plan: which actor sits on which bundle of the one placement group, computed without Ray.
 
-Pure data, computed from the config without Ray, so ``dry_run=true`` can print it and tests can
-check it. The layout is slime's: bundles of one accelerator each (``{"GPU": 1, "CPU": 1}``, or a
-CPU "slot" ``{"CPU": 1}`` on CPU); colocated runs put trainers and engines on the same bundles
-(trainers 0.4 of a bundle, engines 0.2), split runs put the engines after the trainers.
+Bundles hold one accelerator each (or a CPU "slot"); colocated runs put trainers and engines on the same
+bundles (trainers 0.4 of a bundle, engines 0.2), split runs put the engines after the trainers.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from typing import Dict, List, Optional
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.plan.memory import TRAINER_MEMORY, MemoryEstimate, estimate, kv_cache_hint, offload_summary
 
-TRAINER_SHARE = 0.4
-ENGINE_SHARE = 0.2
+TRAINER_SHARE, ENGINE_SHARE = 0.4, 0.2
 
 
 @dataclass
@@ -56,9 +53,8 @@ class ResourcePlan:
 
     @property
     def engine_kv_cap(self) -> Optional[int]:
-        """The KV tokens an engine on a GPU shared with a trainer is held to: the memory estimate's. SGLang sizes its
-        pool from the memory free as it starts, which a trainer building or warming up beside it still moves, so
-        the pool could grow past the plan. None: engines on GPUs of their own, or no estimate."""
+        """The KV tokens an engine on a GPU shared with a trainer is held to (the estimate's: SGLang sizes its
+        pool from the memory free as it starts, which the trainer still moves). None: not colocated, no estimate."""
         return self.memory.kv_cache_tokens if self.colocate and self.memory is not None else None
 
     def node_of(self, bundle: int) -> int:
@@ -92,12 +88,9 @@ class ResourcePlan:
 
 
 def engine_batch(cfg: RunConfig, engines: int) -> Optional[int]:
-    """The most sequences one engine decodes at once in a training rollout; None where the run decides
-    it in its own code (``rollout.rollout_function``). The groups a rollout has in flight (its batch;
-    with a dynamic filter, up to one over-sampling refill more, pulled while fewer than the batch are
-    kept or in flight) go round robin to the engines, at most ``rollout.concurrency`` requests each, and
-    a request carries a group (the default generate function; a per-sample one sends fewer at once).
-    Evals send their own batches: more than this decode without the engine's largest CUDA graphs."""
+    """The most sequences one engine decodes at once in a training rollout (None with a
+    ``rollout.rollout_function``): the groups in flight (the batch, with a dynamic filter up to one refill
+    more) go round robin to the engines, at most ``rollout.concurrency`` requests of a group each."""
     r = cfg.rollout
     if r.rollout_function is not None or engines < 1:
         return None
@@ -109,7 +102,7 @@ def engine_batch(cfg: RunConfig, engines: int) -> Optional[int]:
 
 def make_plan(cfg: RunConfig) -> ResourcePlan:
     """``cfg`` must be resolved and valid."""
-    p = cfg.parallelism
+    p, r, t = cfg.parallelism, cfg.rollout, cfg.trainer
     colocate = p.colocate
     n_bundles = max(p.trainer_gpus, p.rollout_gpus) if colocate else p.trainer_gpus + p.rollout_gpus
     offset = 0 if colocate else p.trainer_gpus
@@ -122,7 +115,6 @@ def make_plan(cfg: RunConfig) -> ResourcePlan:
     if p.expert_parallel > 1:  # the experts' own grid: EP x expert TP (x PP), the rest is expert data parallel
         mp.update(ep=p.expert_parallel, etp=p.expert_tensor_parallel or p.tensor_parallel)
     dp = p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
-    r, t = cfg.rollout, cfg.trainer
     notes = [f"batch: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = "
              f"{r.batch_size * r.n_samples_per_prompt} per rollout = {t.num_steps_per_rollout} optimiser step(s) of "
              f"{t.global_batch_size}",

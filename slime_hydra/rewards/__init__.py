@@ -1,9 +1,7 @@
 """Rewards: built-in verifiers (exact, math, f1), a remote reward server, and custom hooks.
 
-``REWARD_TYPES`` is the one list of reward types (``reward.type``, a sample's ``metadata["rm_type"]``,
-an eval dataset's ``reward``): each maps to an async ``f(cfg: RewardConfig, sample) -> float | dict``
-that :func:`slime_hydra.rewards.hub.compute_reward` dispatches to. A new type is that function in ``hub``
-plus its name here. Nothing is imported until it is used, so config validation reads the names cheaply.
+``REWARD_TYPES`` is the one list of reward types: each maps to an async ``f(cfg, sample) -> float | dict`` in
+``hub`` (a new type is that function plus its name here). Nothing is imported until used.
 """
 
 from slime_hydra.utils.registry import LazyRegistry, lazy_attributes
@@ -18,7 +16,6 @@ __getattr__ = lazy_attributes(__name__, {
     "exact_reward": "text", "f1_reward": "text",
 })
 
-__all__ = [
-    "REWARD_TYPES", "RewardError", "aclose_shared_client", "compute_group_reward", "compute_reward", "drain_counters",
-    "exact_reward", "extract_answer", "f1_reward", "math_equal", "math_reward", "remote_reward", "reward_type",
-]
+__all__ = ["REWARD_TYPES", "RewardError", "aclose_shared_client", "compute_group_reward", "compute_reward",
+           "drain_counters", "exact_reward", "extract_answer", "f1_reward", "math_equal", "math_reward",
+           "remote_reward", "reward_type"]

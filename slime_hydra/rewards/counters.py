@@ -1,7 +1,5 @@
-"""Failures a rollout survives, counted: each ``count(what, ...)`` adds one to the metric
-``rollout/<what>_count`` (per rollout: the rollout manager drains the counts into its metrics) and
-logs the first occurrence in this process at WARNING (later ones at DEBUG). Which failures are
-counted and which raise is decided in one place: the rule in :mod:`slime_hydra.rewards.hub`."""
+"""Failures a rollout survives, counted in the metric ``rollout/<what>_count`` (drained per rollout); the first
+in a process is logged at WARNING. Which failures are counted is the rule in :mod:`slime_hydra.rewards.hub`."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
-"""Reward dispatch: ``sample.metadata["rm_type"]`` first (one dataset may mix tasks), then
-``reward.type``. Rewards are returned, not stored: the caller sets ``sample.reward``.
+"""Reward dispatch: ``sample.metadata["rm_type"]`` first, then ``reward.type``; one async ``(cfg, sample) ->
+reward`` per entry of :data:`slime_hydra.rewards.REWARD_TYPES`. The caller sets ``sample.reward``.
 
-One function per entry of :data:`slime_hydra.rewards.REWARD_TYPES`, each ``(cfg, sample) -> reward``
-with ``cfg`` the RewardConfig: ``exact``, ``math``, ``f1`` (built in, pure), ``remote`` (HTTP reward
-server) and ``custom`` (``reward.custom``: a hook ``rm(cfg, sample)``, or ``rm(cfg, samples) -> list``
-when ``reward.group``; sync or async).
-
-Failures: raise or count, never a silent default (the rule for rewards and for a rollout's samples).
-A failure raises with the sample's identity (``Sample.identity()``) when it means a broken hook, config
-or protocol: it would recur on every sample. It is counted in ``rollout/<what>_count`` and logged at
-WARNING on its first occurrence (:mod:`slime_hydra.rewards.counters`) when one sample's content caused
-it and the run is right to go on.
-
-- A custom or remote reward that raises, or returns None, NaN, or anything but a number or a dict;
-  a group reward with the wrong number of values: raise, naming the function and the sample.
-- A sample that reaches training without a reward, or whose dict reward lacks ``reward.key``:
-  raise (``Sample.reward_value``).
-- math_verify raising or running out of time on an answer: reward 0, counted
-  (``reward_verifier_error``, ``reward_verifier_timeout``): sympy raises on odd answers the model
-  wrote. A verifier that cannot check ``1/2 == 0.5`` (an API change) raises at its first use.
-- An engine answer whose finish reason is missing or not one of SGLang's (stop, length, abort):
-  raise (``data.sample.finish_type``): it is a protocol change and every sample would have it.
-- A sample a generate function marks ``Status.FAILED`` (its environment or tool broke): kept out of
-  the loss and counted (``rollout/failed_count``) by the conversion to training data.
+Failures raise or are counted, never a silent default. A broken hook, config or protocol (it would recur on
+every sample) raises with the sample's identity: a custom or remote reward that raises or returns anything but
+a finite number or a dict, a group reward of the wrong length, a missing reward or ``reward.key``
+(``Sample.reward_value``), an unknown finish reason (``data.sample.finish_type``), a verifier that cannot
+check ``1/2 == 0.5``. One sample's content is counted in ``rollout/<what>_count`` (:mod:`.counters`): math_verify
+raising or timing out on an answer (reward 0), a sample marked ``Status.FAILED`` (kept out of the loss).
 """
 
 from __future__ import annotations
@@ -58,7 +42,6 @@ async def compute_reward(cfg: Any, sample: Sample) -> Reward:
     return await REWARD_TYPES[kind](cfg, sample)
 
 
-# ------------------------------------------------------------------------------- the reward types
 async def exact(cfg: Any, sample: Sample) -> Reward:
     return exact_reward(sample.response, sample.label)
 
@@ -77,8 +60,7 @@ async def math(cfg: Any, sample: Sample) -> Reward:
 async def remote(cfg: Any, sample: Sample) -> Reward:
     if not cfg.url:
         raise RewardError("reward type 'remote' needs reward.url")
-    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
-               "metadata": sample.metadata}
+    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label, "metadata": sample.metadata}
     try:
         value = await remote_reward(cfg.url, payload, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
     except RewardError as e:
@@ -93,7 +75,6 @@ async def custom(cfg: Any, sample: Sample) -> Reward:
     return _check(await _call(who, sample, _custom_hook(cfg), cfg, sample), who, sample)
 
 
-# ---------------------------------------------------------------------------------------- groups
 async def compute_group_reward(cfg: Any, samples: List[Sample]) -> List[Reward]:
     """The rewards of a group: one call of the group hook when ``reward.group`` and every sample is
     ``custom``, else ``compute_reward`` on each sample concurrently."""
@@ -120,24 +101,18 @@ async def _call(who: str, sample: Sample, hook: Callable, *args: Any) -> Any:
 
 def _custom_hook(cfg: Any) -> Callable:
     """``reward.custom`` loaded once per distinct spec."""
+    from omegaconf import OmegaConf
+
     spec = cfg.custom
     if spec is None:
         raise RewardError("reward type 'custom' needs reward.custom (a dotted path or a _target_ node)")
     if callable(spec):
         return spec
-    key = _spec_key(spec)
+    plain = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
+    key = spec if isinstance(spec, str) else json.dumps(plain, sort_keys=True, default=repr)
     if key not in _hooks:
         _hooks[key] = load_hook(spec)
     return _hooks[key]
-
-
-def _spec_key(spec: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    if isinstance(spec, str):
-        return spec
-    spec = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else spec
-    return json.dumps(spec, sort_keys=True, default=repr)
 
 
 def spec_name(spec: Any) -> str:

@@ -1,17 +1,8 @@
-"""Math answer reward: extract the final answer of a response and compare it with the label by
-mathematical equivalence (math_verify: ``\\frac{1}{2}`` == ``0.5``, ``5\\text{ cm}`` == ``5``, ...).
-
-Extraction: the text after the last ``</think>`` (a response that opens ``<think>`` and never closes
-it has no answer), then the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (braces balanced),
-else the last number, or the ``$...$`` span around it when the last number sits inside one.
-
-math_verify bounds parsing and comparison with ``signal.alarm``, which only works in the main thread
-(elsewhere it raises). So the timeouts are passed only there and are None (no limit) in other threads;
-the async reward runs this in worker processes, whose main thread keeps the limit (``math_pool``).
-
-Failures (the rule is in :mod:`slime_hydra.rewards.hub`): math_verify runs with ``raise_on_error=True``;
-an answer it raises on or runs out of time on scores 0 and is counted. A verifier that cannot check
-``1/2 == 0.5`` raises at its first use in each process: it would score every answer 0.
+"""Math answer reward: the final answer of a response (after the last ``</think>``: the last ``\\boxed{...}``,
+else the last number or the ``$...$`` span around it) compared with the label by mathematical equivalence
+(math_verify: ``\\frac{1}{2}`` == ``0.5``). math_verify's ``signal.alarm`` timeouts work only in the main
+thread, so they are passed only there (``math_pool`` runs checks in worker processes). Failures follow the
+rule in :mod:`slime_hydra.rewards.hub`.
 """
 
 from __future__ import annotations
@@ -27,6 +18,8 @@ MAX_ANSWER_CHARS = 1000  # sympy on a huge expression can take minutes; such ans
 _NUMBER = re.compile(r"(?:(?<![\w)}])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|\.\d+)")
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_verifier_checked = False  # check_verifier passed in this process
+Failure = Optional[Tuple[str, str]]  # (counter name, what happened), None when the check ran
 
 
 def last_boxed(text: str) -> Optional[str]:
@@ -100,9 +93,6 @@ def _equal(answer: str, label: Any, timeout: Optional[int]) -> bool:
     return bool(verify(gold, pred, timeout_seconds=timeout, raise_on_error=True))
 
 
-_verifier_checked = False
-
-
 def check_verifier() -> None:
     """Raise unless math_verify finds ``1/2 == 0.5`` and ``1/2 != 0.6`` (once per process)."""
     global _verifier_checked
@@ -122,9 +112,6 @@ def check_verifier() -> None:
     _verifier_checked = True
 
 
-Failure = Optional[Tuple[str, str]]  # (counter name, what happened), None when the check ran
-
-
 def _judge(answer: str, label: Any, timeout_s: Optional[int], who: str, what: str) -> Tuple[bool, Failure]:
     """(whether ``answer`` equals ``label``, the failure if the verifier raised or ran out of time)."""
     from math_verify.errors import TimeoutException
@@ -140,9 +127,8 @@ def _judge(answer: str, label: Any, timeout_s: Optional[int], who: str, what: st
 
 
 def math_verdict(response: str, label: Any, timeout_s: Optional[int] = 5) -> Tuple[float, Failure]:
-    """(1.0 when the extracted answer equals the label mathematically else 0.0, the failure if the
-    verifier raised or ran out of time). ``timeout_s`` (whole seconds) bounds each parse and
-    comparison when called in the main thread. Counts nothing: the caller does, where it knows the sample."""
+    """(1.0 when the extracted answer equals the label mathematically else 0.0, the failure if the verifier
+    raised or ran out of time). ``timeout_s`` (whole seconds) holds in the main thread. Counts nothing."""
     check_verifier()
     answer = extract_answer(response)
     if answer is None:
@@ -153,8 +139,7 @@ def math_verdict(response: str, label: Any, timeout_s: Optional[int] = 5) -> Tup
 
 
 def math_equal(answer: str, label: Any, timeout_s: Optional[int] = 5) -> bool:
-    """Is ``answer`` (already extracted) mathematically equal to ``label``? A verifier error or
-    timeout counts as unequal and is counted (see the module docstring)."""
+    """Is ``answer`` (already extracted) mathematically equal to ``label``? A verifier failure is counted."""
     ok, failure = _judge(answer, label, timeout_s, "math_equal", f"{answer[:200]!r}")
     if failure is not None:
         counters.count(*failure)
@@ -162,8 +147,7 @@ def math_equal(answer: str, label: Any, timeout_s: Optional[int] = 5) -> bool:
 
 
 def math_reward(response: str, label: Any, timeout_s: Optional[int] = 5) -> float:
-    """1.0 when the extracted answer equals the label mathematically, else 0.0 (see ``math_verdict``);
-    a verifier failure is counted here."""
+    """``math_verdict``'s score; a verifier failure is counted here."""
     score, failure = math_verdict(response, label, timeout_s)
     if failure is not None:
         counters.count(*failure)

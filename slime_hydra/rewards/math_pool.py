@@ -1,13 +1,7 @@
-"""Run math rewards off the event loop, in worker processes.
-
-sympy can spin for minutes on a hostile answer (``9^{9^{9^9}}``). A thread cannot be interrupted, and
-a spinning thread would also hold the GIL against the rollout loop. In a worker process the check runs
-in that process's main thread, where math_verify's ``signal.alarm`` limits work; a worker that still
-overruns the backstop is killed and the pool replaced. Where processes cannot be started (e.g. inside a
-daemonic process) the check falls back to a thread, without a limit.
-
-Results come back as ``math_verdict``'s (reward, failure): the worker cannot count for the rollout
-manager, so the caller counts (a killed check is a ``reward_verifier_timeout``).
+"""Math rewards off the event loop, in worker processes: sympy can spin for minutes on a hostile answer, and a
+thread can be neither interrupted nor kept off the GIL. A worker's main thread has math_verify's time limit; a
+worker past the backstop is killed. Where processes cannot start, checks run in threads, without a limit.
+Results are ``math_verdict``'s (reward, failure): the caller counts.
 """
 
 from __future__ import annotations
@@ -63,8 +57,7 @@ def shutdown() -> None:
 
 
 async def math_verdict_async(response: str, label: Any) -> Tuple[float, Failure]:
-    """``math_verdict`` in a worker process. At most WORKERS checks are submitted at once, so the
-    backstop counts running time, not time queued behind other answers."""
+    """``math_verdict`` in a worker process; at most WORKERS are submitted at once (the backstop times runs)."""
     loop = asyncio.get_running_loop()
     slots = _slots.get(loop) or _slots.setdefault(loop, asyncio.Semaphore(max(WORKERS, 1)))
     async with slots:

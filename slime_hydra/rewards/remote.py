@@ -1,8 +1,5 @@
-"""Remote reward: POST the sample to a reward server, with retries and exponential backoff.
-
-One ``httpx.AsyncClient`` is shared per event loop (a client is bound to the loop that opened its
-connections, and tests or tools may run several loops one after the other).
-"""
+"""Remote reward: POST the sample to a reward server, with retries and exponential backoff. One
+``httpx.AsyncClient`` per event loop (a client is bound to the loop that opened its connections)."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ class RewardError(RuntimeError):
 
 
 def shared_client() -> httpx.AsyncClient:
-    """The running loop's client (created on first use)."""
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None or client.is_closed:

@@ -12,8 +12,7 @@ from slime_hydra.utils.hooks import load_hook
 
 
 def check(cfg: RunConfig) -> List[str]:
-    errs: List[str] = []
-    rw = cfg.reward
+    errs, rw = [], cfg.reward
     choice(errs, "reward.type", rw.type, REWARD_TYPES)
     for i, ds in enumerate(cfg.eval.datasets):
         if ds.reward != rw.type:  # set on the dataset itself (resolve fills the others with reward.type)

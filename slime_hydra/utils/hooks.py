@@ -1,9 +1,6 @@
-"""The one place that turns a user hook into a callable.
-
-Every hook in the config (reward.custom, data.buffer_filter, rollout.generate, ...) is either a
-dotted path ``"pkg.mod.fn"``, a Hydra node ``{_target_: pkg.mod.fn, **kwargs}`` (the extra keys are
-bound as keyword arguments), or already a callable. Errors name the spec, so a typo in a config is
-reported as such and not as a bare ``ModuleNotFoundError`` deep inside a rollout.
+"""The one place that turns a user hook into a callable: a dotted path ``"pkg.mod.fn"``, a Hydra node
+``{_target_: pkg.mod.fn, **kwargs}`` (the extra keys bound as keyword arguments), or a callable. Errors
+name the spec, so a typo in a config is reported as such.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ class HookError(ValueError):
 
 
 def _import_dotted(spec: str) -> Any:
-    """Import the longest importable module prefix of ``spec`` and walk the rest as attributes
-    (so ``pkg.mod.Class.method`` works as well as ``pkg.mod.fn``)."""
+    """Import the longest importable module prefix of ``spec`` and walk the rest as attributes."""
     parts = spec.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise HookError(f"hook {spec!r}: expected a dotted path like 'package.module.function'")
@@ -30,8 +26,7 @@ def _import_dotted(spec: str) -> Any:
             module, n_mod = importlib.import_module(name), n
             break
         except ModuleNotFoundError as e:
-            # Only "this very module (or a parent) is missing" means "try a shorter prefix";
-            # a missing import *inside* the user's module is their bug, reported as is.
+            # this very module (or a parent) missing means "try a shorter prefix"; one it imports is a bug
             if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
                 raise HookError(f"hook {spec!r}: importing {name!r} failed: {e}") from e
     if module is None:
@@ -50,14 +45,12 @@ def _instantiate(spec: Any) -> Any:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    target = spec.get("_target_")
-    # plain dicts / lists for the bound kwargs (not DictConfig), unless the node says otherwise
-    extra = {} if "_convert_" in spec else {"_convert_": "all"}
+    extra = {} if "_convert_" in spec else {"_convert_": "all"}  # plain dicts for the bound kwargs
     try:
         return instantiate(spec, _partial_=True, **extra)
     except Exception as e:  # hydra wraps import errors in its own exception types
         detail = OmegaConf.to_container(spec) if OmegaConf.is_config(spec) else dict(spec)
-        raise HookError(f"hook {detail!r}: cannot instantiate {target!r}: {e}") from e
+        raise HookError(f"hook {detail!r}: cannot instantiate {spec.get('_target_')!r}: {e}") from e
 
 
 def load_hook(spec: Any) -> Callable:
@@ -83,8 +76,7 @@ def load_hook(spec: Any) -> Callable:
 
 
 async def call_maybe_async(fn: Callable, *args: Any, **kw: Any) -> Any:
-    """Call ``fn``; await the result if it is awaitable (async functions, partials of them, or sync
-    functions returning a coroutine). Sync functions run directly in the caller's thread."""
+    """Call ``fn`` (sync ones in the caller's thread); await the result if it is awaitable."""
     result = fn(*args, **kw)
     if inspect.isawaitable(result):
         result = await result

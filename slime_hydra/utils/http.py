@@ -1,6 +1,5 @@
-"""Control calls to SGLang-protocol servers (SGLang, the embedded engine, sglang-router): synchronous
-requests, few per step (flush, abort, memory, weight updates), for the rollout side and the
-trainer's weight sender alike. ``/generate`` has its own async client (``rollout.client``)."""
+"""Control calls to SGLang-protocol servers (flush, abort, memory, weight updates): synchronous, few per
+step. ``/generate`` has its own async client (``rollout.client``)."""
 
 from __future__ import annotations
 
@@ -22,19 +21,16 @@ _pool: Optional[urllib3.PoolManager] = None
 
 
 def _client() -> urllib3.PoolManager:
-    """One connection pool per process for control calls, urllib3's: it sends a request's headers
-    and body in one write, where httpx's two writes wake the server twice."""
+    """One urllib3 pool per process: it sends headers and body in one write (httpx's two wake the server twice)."""
     global _pool
     if _pool is None:
         _pool = urllib3.PoolManager(maxsize=16, retries=False)
     return _pool
 
 
-def control(
-    url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, method: str = "POST", timeout: float = 600.0
-) -> Any:
-    """One control call; raises EngineError on a non-2xx status or success=false, EngineUnreachable on a
-    transport error."""
+def control(url: str, path: str, payload: Optional[Dict[str, Any]] = None, *, method: str = "POST",
+            timeout: float = 600.0) -> Any:
+    """One control call; EngineError on a non-2xx status or success=false, EngineUnreachable on no answer."""
     body = json.dumps(payload).encode() if payload is not None and method != "GET" else None
     headers = {"Content-Type": "application/json"} if body is not None else None
     try:
@@ -53,6 +49,5 @@ def control(
 
 
 def weight_version(url: str, timeout: float = 30.0) -> str:
-    """The weight version the server runs (SGLang 0.5.17 reports it in ``/model_info``; its older
-    ``/get_weight_version`` answers 404 there)."""
+    """The weight version the server runs (``/model_info``'s; SGLang's ``/get_weight_version`` is gone)."""
     return str(control(url, "/model_info", method="GET", timeout=timeout)["weight_version"])

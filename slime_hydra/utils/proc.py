@@ -17,12 +17,14 @@ from typing import Dict, List, Optional
 import httpx
 
 _PR_SET_PDEATHSIG = 1
+HOST_ENV = "SLIME_HYDRA_HOST"  # set by launch.cluster for a one-machine cluster: 127.0.0.1
+_PICK = random.SystemRandom()  # not the run's seeded generator: seeded processes would all pick the same port
+LOWEST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
 
 
 def die_with_parent(parent: Optional[int] = None) -> None:
-    """Have the kernel SIGKILL this process when its parent's starting thread exits (Linux): a parent killed
-    outright (``ray.kill``) runs no clean-up, so each process of a server's tree asks this of its own parent.
-    ``parent``: the pid the parent had; if it already died, this process was handed to another and dies now."""
+    """Have the kernel SIGKILL this process when its parent's starting thread exits (a parent killed outright
+    runs no clean-up). ``parent``: the pid the parent had; if it already died, this process dies now."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
@@ -46,9 +48,8 @@ def spawn(cmd: List[str], log_path: str, env: Optional[Dict[str, str]] = None) -
 
 
 def kill_tree(proc: Optional[subprocess.Popen], timeout: float = 5.0) -> None:
-    """SIGTERM the child's process group (``spawn`` makes it a group leader), give the group up to
-    ``timeout`` to exit, then SIGKILL whatever is left of it, whether or not the child itself has
-    exited: its own children can outlive it."""
+    """SIGTERM the child's process group (``spawn`` makes it a leader), wait up to ``timeout``, then SIGKILL
+    what is left of it, even when the child itself has exited: its own children can outlive it."""
     if proc is None:
         return
     _kill_group(proc.pid, signal.SIGTERM)
@@ -70,8 +71,7 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 
 def _group_running(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies do not count: orphans are not always
-    reaped, e.g. when PID 1 is not an init)."""
+    """Whether a process of group ``pgid`` still runs (zombies do not count: orphans are not always reaped)."""
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except FileNotFoundError:  # no procfs: ask the kernel, which counts zombies too
@@ -92,10 +92,6 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
-_PICK = random.SystemRandom()  # not the run's seeded generator: seeded processes would all pick the same port
-LOWEST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
-
-
 def _ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -104,10 +100,8 @@ def _ephemeral_low() -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing on ``host`` is bound to now, for a server started next. It comes from below the kernel's
-    ephemeral range when there is room: the kernel gives ports of that range to every outgoing connection (Ray
-    opens many), so one of those could take a port picked there before the server binds it ("Address already in
-    use"); below it, only another explicit bind can."""
+    """A port nothing on ``host`` is bound to now, for a server started next; from below the kernel's ephemeral
+    range when there is room, where an outgoing connection cannot take it before the server binds it."""
     low = _ephemeral_low()
     for _ in range(64 if low > LOWEST_PORT else 0):
         port = _PICK.randrange(LOWEST_PORT, low)
@@ -122,12 +116,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-HOST_ENV = "SLIME_HYDRA_HOST"  # set by launch.cluster for a one-machine cluster: 127.0.0.1
-
-
 def node_ip() -> str:
-    """The address this node's servers bind and others reach them at: ``$SLIME_HYDRA_HOST`` (the
-    loopback address on a one-machine cluster), else this node's address as Ray sees it."""
+    """The address this node's servers bind and others reach them at: ``$SLIME_HYDRA_HOST``, else Ray's."""
     if os.environ.get(HOST_ENV):
         return os.environ[HOST_ENV]
     try:
@@ -153,8 +143,7 @@ def tail(path: str, n: int = 30) -> str:
 def wait_http(url: str, proc: Optional[subprocess.Popen], timeout: float, log_path: str = "",
               interval: float = 0.2) -> None:
     """Poll ``url`` until it answers 200; fail early (with the log's tail) if ``proc`` exits."""
-    deadline = time.monotonic() + timeout
-    last = ""
+    deadline, last = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with code {proc.returncode} before {url} was ready; "

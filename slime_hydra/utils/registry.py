@@ -1,22 +1,12 @@
-"""Name tables whose entries are imported only when used.
-
-A ``LazyRegistry`` maps a config name to ``"package.module:attribute"``. Its keys are the one list
-of allowed names: config validation reads them without importing the modules behind them (torch,
-httpx and math_verify take seconds, and ``dry_run=true`` must stay fast); the first lookup of a
-name imports its entry (verl's rollout registry works the same way). ``lazy_attributes`` gives a
-package the same laziness for its re-exported functions.
+"""Name tables whose entries are imported only when used: a ``LazyRegistry`` maps a config name to
+``"package.module:attribute"``, so validation reads the allowed names without importing torch and the like.
+``lazy_attributes`` gives a package the same laziness for its re-exported functions.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable, Dict, Iterator, Mapping
-
-
-def import_target(target: str) -> Any:
-    """``"package.module:attribute"`` -> the attribute."""
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 class LazyRegistry(Mapping[str, Any]):
@@ -38,7 +28,8 @@ class LazyRegistry(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._loaded:
-            self._loaded[name] = import_target(self.target(name))
+            module, _, attribute = self.target(name).partition(":")
+            self._loaded[name] = getattr(importlib.import_module(module), attribute)
         return self._loaded[name]
 
     def __contains__(self, name: object) -> bool:
@@ -55,9 +46,8 @@ class LazyRegistry(Mapping[str, Any]):
 
 
 def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module-level ``__getattr__`` (PEP 562) for ``package``: attribute ``name`` is imported from
-    ``package.<modules[name]>`` on first access, so ``from package import name`` keeps working while
-    importing the package itself stays cheap."""
+    """A module-level ``__getattr__`` (PEP 562) for ``package``: ``name`` is imported from
+    ``package.<modules[name]>`` on first access."""
 
     def __getattr__(name: str) -> Any:
         if name not in modules:

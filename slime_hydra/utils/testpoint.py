@@ -1,10 +1,8 @@
-"""Test hook: hold a run at a named moment, so that a fault test can kill a part exactly there (a weight
-push is too short for a kill at a random time to land inside one).
+"""Test hook: hold a run at a named moment so that a fault test can kill a part exactly there.
 
-``SLIME_HYDRA_TEST_HOLD="push:3,push:5"`` and ``SLIME_HYDRA_TEST_HOLD_DIR=<dir>``: the first process to
-reach moment ``push`` of step 3 creates ``<dir>/push_3`` and waits until ``<dir>/push_3.go`` exists (at
-most ``WAIT_S``). A moment is held once, so a step redone after healing runs through. Moments: ``push``
-(the pushing trainer rank, engines paused for that weight version, before the weights go)."""
+``SLIME_HYDRA_TEST_HOLD="push:3,push:5"``, ``SLIME_HYDRA_TEST_HOLD_DIR=<dir>``: the first process to reach
+moment ``push`` of step 3 creates ``<dir>/push_3`` and waits until ``<dir>/push_3.go`` exists (at most
+``WAIT_S``), once. Moments: ``push`` (the pushing trainer rank, engines paused, before the weights go)."""
 
 from __future__ import annotations
 
