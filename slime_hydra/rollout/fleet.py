@@ -235,28 +235,23 @@ class EngineFleet(FleetHealth):
                     raise
                 log.warning("%s; the engine is checked (and restarted if it died) before the weight push", err)
 
-    def offload(self) -> None:
-        """Release the engines' memory (after flushing their cache) while the trainer trains. Each memory move is a
-        no-op in the state it leads to."""
+    def _move_memory(self, since: Tuple[str, ...], to: str, *calls: Tuple[str, Optional[Dict[str, Any]]]) -> None:
+        """From a memory state of ``since`` to ``to``; a no-op in any other state (a healed run asks again)."""
         with self._lock:
-            if self.memory == "released":
-                return
-            self._each(("/flush_cache", None), ("/release_memory_occupation", {"tags": None}))
-            self.memory = "released"
+            if self.memory in since:
+                self._each(*calls)
+                self.memory = to
+
+    def offload(self) -> None:
+        """Release the engines' memory (after flushing their cache) while the trainer trains."""
+        self._move_memory(("awake", "weights"), "released", ("/flush_cache", None),
+                          ("/release_memory_occupation", {"tags": None}))
 
     def onload_weights(self) -> None:
-        with self._lock:
-            if self.memory != "released":
-                return
-            self._each(("/resume_memory_occupation", {"tags": ["weights"]}))
-            self.memory = "weights"
+        self._move_memory(("released",), "weights", ("/resume_memory_occupation", {"tags": ["weights"]}))
 
     def onload_kv(self) -> None:
-        with self._lock:
-            if self.memory != "weights":
-                return
-            self._each(("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}))
-            self.memory = "awake"
+        self._move_memory(("weights",), "awake", ("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}))
 
     def shutdown(self) -> None:
         import ray

@@ -85,8 +85,7 @@ def seeded(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any]
 
 def _request_params(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any],
                     evaluation: bool) -> Optional[Dict[str, Any]]:
-    """The sample's ``sampling_params`` for its next request (its seed, the budget left); None, and the sample
-    TRUNCATED, when none is left."""
+    """The sample's next request's ``sampling_params`` (seed, budget left); None (TRUNCATED) when none is left."""
     if not sample.tokens:
         sample.tokens = ctx.encode(sample.prompt) if isinstance(sample.prompt, str) else list(sample.prompt)
     remaining = sampling_params["max_new_tokens"] - sample.response_length

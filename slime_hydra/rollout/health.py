@@ -58,8 +58,7 @@ class FaultTolerance:
 
 @dataclass
 class EngineHandle:
-    """One running engine: its URL (node 0's server), its GPU count, and, when this fleet started
-    it, its Ray actors (one per node it spans) with their server logs."""
+    """One running engine: its URL (node 0's server), GPUs, and its Ray actors (one per node) with their logs."""
 
     rank: int
     url: str
@@ -243,8 +242,7 @@ class FleetHealth:
             raise self.fatal
 
     def _restart_router(self) -> None:
-        """A new router on the dead one's port (the clients keep its URL), the serving engines registered again;
-        the requests on the old one are re-queued."""
+        """A new router on the dead one's port, the serving engines registered again."""
         from slime_hydra.rollout.router import Router
 
         self._taking_out += 1

@@ -104,8 +104,7 @@ class RolloutManager:
 
     @ray.method(concurrency_group=FLEET_GROUP)
     def weight_endpoints(self, probe: bool = False) -> List[Dict[str, Any]]:
-        """Before a weight push: the engines running now, those that died (with ``probe``, or fail their health
-        check) taken out and restarted first."""
+        """Before a weight push: the running engines, the dead (with ``probe``, the unhealthy) restarted first."""
         self._run(self.fleet.check(probe))
         return self.fleet.endpoints()
 

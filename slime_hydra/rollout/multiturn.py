@@ -55,8 +55,7 @@ def render(tokenizer: Any, messages: List[Message], *, tools: Optional[List[Dict
 def template_delta(tokenizer: Any, before: List[Message], after: List[Message], *,
                    tools: Optional[List[Dict[str, Any]]] = None, add_generation_prompt: bool = True,
                    chat_template_kwargs: Optional[Dict[str, Any]] = None) -> str:
-    """The text the template adds for ``after[len(before):]``: ``render(after)`` minus
-    ``render(before)`` (``before`` without a generation prompt, ``after`` with one by default)."""
+    """The text the template adds for ``after[len(before):]`` (``after`` with a generation prompt by default)."""
     if after[: len(before)] != before:
         raise TemplateError("template_delta: `after` must extend `before`")
     kw = dict(tools=tools, chat_template_kwargs=chat_template_kwargs)
@@ -70,8 +69,7 @@ def template_delta(tokenizer: Any, before: List[Message], after: List[Message], 
 
 
 def initial_messages(sample: Sample) -> List[Message]:
-    """The conversation a sample starts from: its prompt as one user message, or the prompt's messages (raw
-    prompts: ``data.apply_chat_template=false``)."""
+    """A sample's prompt as one user message, or the prompt's messages (``data.apply_chat_template=false``)."""
     if isinstance(sample.prompt, list):
         return copy.deepcopy(sample.prompt)
     return [{"role": "user", "content": sample.prompt}]

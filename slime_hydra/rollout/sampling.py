@@ -96,8 +96,7 @@ class GroupSampler:
 
     async def group(self, group: Group, sp: Dict[str, Any], evaluation: bool = False, *,
                     rollout_id: Optional[int] = None, weight_version: Optional[str] = None) -> Group:
-        """Every sample of ``group`` (:meth:`sample`: in one request with the default generate function, else
-        concurrently), then the group reward."""
+        """Every sample of ``group`` (in one request with the default generate function), then the group reward."""
         from slime_hydra.rewards import compute_group_reward
 
         if self.generate_fn is default_generate:

@@ -187,8 +187,7 @@ class EmbeddedModel:
     def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
                                 group_name: str, version: Optional[str] = None,
                                 load_format: Optional[str] = None) -> None:
-        """One bucket broadcast by the trainer: tensor by tensor, or with ``load_format="flattened_bucket"``
-        (as SGLang) one buffer of one dtype that holds them all."""
+        """One bucket broadcast by the trainer, tensor by tensor or one flattened buffer (``load_format``)."""
         if load_format not in (None, "flattened_bucket"):
             raise ValueError(f"unknown load_format {load_format!r} (None or 'flattened_bucket')")
         group = self.groups.get(group_name)
@@ -229,16 +228,14 @@ class EmbeddedModel:
         self.released -= tags
 
     def _uniforms(self, streams: List[Optional[torch.Generator]]) -> torch.Tensor:
-        """One float64 uniform in [0, 1) per row: a seeded request's from its own stream, the others' from the
-        engine's generator."""
+        """One float64 uniform in [0, 1) per row, a seeded request's from its own stream."""
         n_free = sum(g is None for g in streams)
         free = iter(torch.rand(n_free, dtype=torch.float64, generator=self.cpu_generator).tolist())
         return torch.tensor([next(free) if g is None else torch.rand(1, dtype=torch.float64, generator=g).item()
                              for g in streams], dtype=torch.float64)
 
     def _sample(self, logits: torch.Tensor, reqs: List[Request], streams: List[Optional[torch.Generator]]) -> tuple:
-        """One token per row (each row's CDF inverted at a uniform) and its log-prob under softmax(logits / T)
-        before top-k / top-p / min-p filtering, as SGLang (what the trainer recomputes)."""
+        """One token per row and its log-prob under softmax(logits / T) before top-k / top-p / min-p, as SGLang."""
         logits = logits.float()
         temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
         greedy = temps == 0
@@ -269,8 +266,7 @@ class EmbeddedModel:
 
     @staticmethod
     def _stream(r: Request) -> Optional[torch.Generator]:
-        """The request's own random stream when it carries ``sampling_seed``, mixed with the prompt length so that
-        the turns of one conversation that reuse a seed do not draw the same numbers."""
+        """A seeded request's own random stream, mixed with the prompt length (a conversation's turns differ)."""
         if r.params.sampling_seed is None or r.params.temperature == 0:
             return None
         mixed = (int(r.params.sampling_seed) * 1_000_003 + len(r.input_ids)) % (1 << 63)

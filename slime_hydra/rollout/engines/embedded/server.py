@@ -42,10 +42,7 @@ class Worker:
     # A batch starts once no request came for batch_wait_s (or after max_wait_s, or at max_batch); requests
     # that arrive while it decodes form the next batch (static batching).
     def __init__(self, engine: EmbeddedModel, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.5):
-        self.engine = engine
-        self.max_batch = max_batch
-        self.batch_wait_s = batch_wait_s
-        self.max_wait_s = max_wait_s
+        self.engine, self.max_batch, self.batch_wait_s, self.max_wait_s = engine, max_batch, batch_wait_s, max_wait_s
         self.jobs: "queue.Queue[tuple]" = queue.Queue()
         self.running: Dict[str, Request] = {}
         self.pending_reqs: Dict[int, Request] = {}  # every /generate request not answered yet

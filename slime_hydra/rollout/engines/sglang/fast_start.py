@@ -39,8 +39,7 @@ def cache_dir() -> str:
 
 
 def _answer_path(sglang_dirs: List[str], server_args: Dict[str, Any]) -> Optional[str]:
-    """The parser's cached answer for these arguments, this sglang and ``args.py``; None: sglang's
-    ``server_args.py`` is not a file (nothing is cached)."""
+    """The parser's cached answer for these arguments, sglang and ``args.py``; None without sglang's file."""
     import hashlib
 
     found = (f for d in sglang_dirs if os.path.isfile(f := os.path.join(d, "sglang", "srt", "server_args.py")))
@@ -171,8 +170,7 @@ def _forkserver_alive() -> bool:
 
 
 class WorkerProcess(multiprocessing.context.ForkServerProcess):
-    """A process forked from the forkserver (spawned where the forkserver says it may not fork) that runs in its
-    parent's environment as it was at ``start``, as a spawned process would, not the forkserver's."""
+    """Forked from the forkserver (spawned where it may not fork), in its parent's environment at ``start``."""
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
@@ -221,8 +219,7 @@ def memory_saver_preload(argv: List[str]) -> Dict[str, str]:
 
 
 def start_forkserver(argv: List[str], worker_modules: Sequence[str], status_path: str) -> None:
-    """multiprocessing's forkserver, started now: it imports ``worker_modules`` (``preload``) in the background
-    and writes its answer to ``status_path``."""
+    """The forkserver, started now: it imports ``worker_modules`` and writes its answer to ``status_path``."""
     multiprocessing.set_forkserver_preload([MODULE])
     _forkserver_env.clear()
     _forkserver_env.update({**memory_saver_preload(argv), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
@@ -596,8 +593,8 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
 
 
 def claim(kernels: Sequence[Kernel], caps: Sequence[Tuple[int, int]]) -> Optional[IO[str]]:
-    """An exclusive lock (in ``cache_dir()``) on building these kernels for these GPUs here, held while the returned
-    file is open; None when another process holds it: the engines of a node run one prebuild between them."""
+    """A lock (in ``cache_dir()``) on building these kernels for these GPUs here, so a node runs one prebuild; the
+    open file holds it, None when another process does."""
     import fcntl
     import hashlib
 

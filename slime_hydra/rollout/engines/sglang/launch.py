@@ -21,8 +21,7 @@ SGLANG_DEFAULT_DECODE_MAX_BS = 256
 
 
 def decode_graph_sizes(max_bs: int) -> List[int]:
-    """The decode batch sizes sglang 0.5.17 captures for ``cuda_graph_max_bs_decode=max_bs``
-    (``ServerArgs._generate_decode_cuda_graph_batch_sizes``, no speculative decoding, with padding)."""
+    """The decode batch sizes sglang 0.5.17 captures for ``cuda_graph_max_bs_decode=max_bs``."""
     grid = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     sizes = [b for b in grid if b <= max_bs]
     return sizes if max_bs in sizes else [*sizes, max_bs]
