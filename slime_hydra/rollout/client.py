@@ -27,14 +27,11 @@ def is_batch(payload: Dict[str, Any]) -> bool:
 
 class GenerateClient:
     """POST /generate with retries on transport errors and 5xx (not on 4xx, nor on a read timeout).
-
-    ``engine_url`` (async) names the engine for a batched /generate (:func:`is_batch`), asked again at every
-    attempt but when a pooled connection closes unanswered: that request goes again to the same server on a
-    new connection, so that one whose engine died is refused there and asked about (``requeue``)."""
+    ``engine_url`` (async) names the engine for a batched /generate (:func:`is_batch`), asked at every attempt
+    but after a pooled connection closed unanswered (then the same server again, on a new connection)."""
 
     def __init__(self, base_url: str, concurrency: int, retries: int = 60, retry_interval: float = 1.0,
-                 read_timeout: float = READ_TIMEOUT_S,
-                 requeue: Optional[Callable[[float], Awaitable[bool]]] = None,
+                 read_timeout: float = READ_TIMEOUT_S, requeue: Optional[Callable[[float], Awaitable[bool]]] = None,
                  engine_url: Optional[Callable[[], Awaitable[str]]] = None):
         import aiohttp
 

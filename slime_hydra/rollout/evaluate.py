@@ -4,6 +4,7 @@ response length, truncated ratio, pass@k, turns and tool calls, and a few exampl
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
@@ -46,10 +47,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``c`` passing samples out of ``n`` (Chen et al., 2021)."""
     if n - c < k:
         return 1.0
-    p = 1.0
-    for i in range(n - c + 1, n + 1):
-        p *= 1.0 - k / i
-    return 1.0 - p
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 class Evaluator:

@@ -8,6 +8,7 @@ wraps engines started elsewhere (no Ray, no actors to watch).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -260,14 +261,10 @@ class EngineFleet(FleetHealth):
             task.get_loop().call_soon_threadsafe(task.cancel)
         if self.router is not None:
             for u in self.urls:
-                try:
+                with contextlib.suppress(Exception):  # shutting down anyway
                     self.router.remove_worker(u)
-                except Exception:  # noqa: BLE001 - shutting down anyway
-                    pass
             self.router.stop()
         actors = [a for e in self.engines for a in e.actors]
         if actors:
-            try:
+            with contextlib.suppress(ray.exceptions.RayActorError):
                 ray.get([a.stop.remote() for a in actors])
-            except ray.exceptions.RayActorError:
-                pass

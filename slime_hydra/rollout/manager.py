@@ -7,6 +7,7 @@ the driver. Its async work runs on one event loop in a background thread; the me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -174,10 +175,8 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         self.fleet.shutdown()
-        try:
+        with contextlib.suppress(Exception):
             self._run(self.client.aclose())
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def staleness_metrics(samples: List[Any], trainer_version: int) -> Dict[str, float]:

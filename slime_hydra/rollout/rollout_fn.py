@@ -133,9 +133,7 @@ async def default_rollout(ctx: RolloutContext, rollout_id: int, weight_version: 
     accepted: List[Group] = []
     rejected: List[Group] = []  # only needed to fill the batch when the cap is hit
     surplus: List[Group] = []  # finished after the batch was full
-    drops: Counter = Counter()
-    n = Counter()
-    pending: set = set()
+    drops, n, pending = Counter(), Counter(), set()
     next_log = time.monotonic() + PROGRESS_LOG_S
     try:
         while len(accepted) < target:

@@ -89,11 +89,8 @@ class EngineActor:
             parts = make_engine(self.spec).startup_parts(text[since:], self.started, self.ready)
         report = {"rank": self.rank, "started": self.started, "ready": self.ready, "parts": parts}
         if self.prebuild is not None and self.prebuild.poll() is not None:
-            try:
-                with open(self.prebuild_report) as f:
-                    report["prebuild"] = json.load(f)
-            except (OSError, ValueError):
-                pass
+            with contextlib.suppress(OSError, ValueError), open(self.prebuild_report) as f:
+                report["prebuild"] = json.load(f)
         return report
 
     def command(self, host: Optional[str] = None, port: int = 0):

@@ -279,14 +279,12 @@ class EmbeddedModel:
         if "weights" in self.released:
             raise MemoryReleased("the engine's memory is released; resume it (and update weights) before generating")
         n = len(reqs)
-        out_ids: List[List[int]] = [[] for _ in range(n)]
-        out_lps: List[List[float]] = [[] for _ in range(n)]
-        finish: List[Optional[Dict[str, Any]]] = [None] * n
         if n == 0:
             return []
-        for i, r in enumerate(reqs):
-            if r.params.max_new_tokens == 0:
-                finish[i] = {"type": "length", "length": 0}
+        out_ids: List[List[int]] = [[] for _ in range(n)]
+        out_lps: List[List[float]] = [[] for _ in range(n)]
+        finish: List[Optional[Dict[str, Any]]] = [{"type": "length", "length": 0} if r.params.max_new_tokens == 0
+                                                  else None for r in reqs]
         prompts = [list(r.input_ids) for r in reqs]
         lens = torch.tensor([max(len(p), 1) for p in prompts], device=self.device)
         width = max(len(p) for p in prompts)
@@ -343,11 +341,10 @@ class EmbeddedModel:
 
     def _output(self, r: Request, ids: List[int], lps: List[float], finish: Dict[str, Any]) -> Dict[str, Any]:
         p = r.params
-        shown = ids
-        if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), int):
-            shown = ids[:-1]
+        trim = not p.no_stop_trim and finish["type"] == "stop"
+        shown = ids[:-1] if trim and isinstance(finish.get("matched"), int) else ids
         text = self.tokenizer.decode(shown, skip_special_tokens=p.skip_special_tokens)
-        if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
+        if trim and isinstance(finish.get("matched"), str):
             text = text[: len(text) - len(finish["matched"])] if text.endswith(finish["matched"]) else text
         meta: Dict[str, Any] = {  # SGLang 0.5.17's meta_info without its timings
             "id": r.rid, "finish_reason": finish, "prompt_tokens": len(r.input_ids),

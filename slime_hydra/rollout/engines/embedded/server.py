@@ -365,8 +365,7 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
 
 
 class GenerateFirst:
-    """/generate straight on ASGI (Starlette's layers cost much on small requests), everything else through
-    Starlette."""
+    """/generate straight on ASGI (Starlette's layers cost much on small requests), the rest through Starlette."""
 
     def __init__(self, app: Starlette, generate: Callable[[Any], Awaitable[Tuple[int, Any]]]):
         self.app, self.generate, self.state = app, generate, app.state

@@ -50,9 +50,8 @@ def sglang_parser() -> "argparse.ArgumentParser":
 
 
 def check_with_sglang(argv: List[str]) -> Optional[str]:
-    """Parse a server command line (without ``python -m sglang.launch_server``) with sglang's own parser: None,
-    or its error message; ImportError without sglang. Only the parser runs (the ServerArgs constructor reads the
-    model's config from the hub, so its cross-field rules are left to the server's start)."""
+    """A server command line (without ``python -m sglang.launch_server``) parsed by sglang's own parser: None, or
+    its error; ImportError without sglang. The ServerArgs constructor's cross-field rules are left to the server."""
     import argparse
     import io
 
@@ -70,9 +69,8 @@ def check_with_sglang(argv: List[str]) -> Optional[str]:
 
 
 def check_server_args(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
-    """``rollout.server_args`` checked one key at a time by sglang's own parser, as ``to_flags`` passes it:
-    [(key, problem)] (MANAGED_SERVER_ARGS left out); ImportError without sglang. A process that has not imported
-    sglang checks in a child process: importing it sets variables that Ray workers would inherit."""
+    """``rollout.server_args`` checked key by key by sglang's parser, as ``to_flags`` passes it: [(key, problem)];
+    ImportError without sglang. Without sglang imported, in a child process (its import sets inherited variables)."""
     if "sglang.srt.server_args" in sys.modules:
         return _check_server_args_here(server_args)
     return ServerArgsCheck(server_args).result()
@@ -118,21 +116,16 @@ def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]
             close = difflib.get_close_matches(key, names, n=3, cutoff=0.75)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             problems.append((key, f"not a ServerArgs option of sglang {version} (no {flag}){hint}"))
-            continue
-        if action.dest in MANAGED_SERVER_ARGS:
+        elif action.dest in MANAGED_SERVER_ARGS:
             problems.append((key, f"{flag} is sglang's alias of {action.dest}, set by slime_hydra from "
                                   f"{MANAGED_SERVER_ARGS[action.dest]}; remove it"))
-            continue
-        if value is False and action.nargs != 0:
+        elif value is False and action.nargs != 0:
             problems.append((key, f"false is left off the command line, and {flag} takes a value; "
                                   "give one or remove the key"))
-            continue
-        if value is False and isinstance(action, argparse.BooleanOptionalAction) and action.default is not False:
+        elif value is False and isinstance(action, argparse.BooleanOptionalAction) and action.default is not False:
             problems.append((key, "false is left off the command line, which keeps sglang's default "
                                   f"({action.default}); write no_{key}: true for --no-{flag[2:]}"))
-            continue
-        err = check_with_sglang(["--model-path", "model", *to_flags({key: value})])
-        if err is not None:
+        elif (err := check_with_sglang(["--model-path", "model", *to_flags({key: value})])) is not None:
             problems.append((key, f"{err} (sglang {version})"))
     return problems
 

@@ -100,11 +100,9 @@ class SglangEngine(Engine):
             for name, pattern in SGLANG_MILESTONES:
                 if pattern in m.group(2) and (name not in marks or name == "graphs"):
                     marks[name] = t  # the first of each, the last graph captured
-            e = SGLANG_CAPTURE.search(m.group(2))
-            if e:
+            if e := SGLANG_CAPTURE.search(m.group(2)):
                 captured += float(e.group(1))
-            k = SGLANG_KV_TOKENS.search(m.group(2))
-            if k:
+            if k := SGLANG_KV_TOKENS.search(m.group(2)):
                 kv_tokens = int(k.group(1))
         order = [("start", started), *[(n, marks[n]) for n, _ in SGLANG_MILESTONES if n in marks], ("ready", ready)]
         parts = {f"{SGLANG_PARTS[(a, b)]}_s": round(tb - ta, 2) for (a, ta), (b, tb) in zip(order, order[1:])

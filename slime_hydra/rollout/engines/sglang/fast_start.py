@@ -63,14 +63,12 @@ def _read_answer(path: Optional[str]) -> Optional[List[Tuple[str, str]]]:
 def _write_answer(path: Optional[str], answer: List[Tuple[str, str]]) -> None:
     if path is None:
         return
-    try:
+    with contextlib.suppress(OSError):  # a read-only home: the next run asks the parser again
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(answer, f)
         os.replace(tmp, path)
-    except OSError:  # a read-only home: the next run asks the parser again
-        pass
 
 
 class ServerArgsCheck:
@@ -636,10 +634,8 @@ def prebuild_main(argv: List[str]) -> int:
         report = prebuild(a.model_path, a.dtype, a.tp, a.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - a model config or NVML that does not answer: the server builds
         report = {"kernels": [], "skipped": f"{type(e).__name__}: {e}"[:300]}
-    if report.get("skipped"):
-        print(f"no kernels built: {report['skipped']}", flush=True)
-    else:
-        print(f"done in {report['seconds']:.2f} s", flush=True)
+    print(f"no kernels built: {report['skipped']}" if report.get("skipped") else f"done in {report['seconds']:.2f} s",
+          flush=True)
     write_json_atomic(a.report, report)
     return 0
 
