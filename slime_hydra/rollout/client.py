@@ -1,12 +1,6 @@
-"""``/generate`` calls to SGLang-protocol servers (SGLang itself, the embedded engine, sglang-router)
-through one shared aiohttp session with retries, like slime's http_utils.
-
-SGLang's batched form of ``/generate`` (a list of prompts, with lists of ``sampling_params`` and
-``rid``: one request per group of samples) goes straight to an engine, not through sglang-router:
-the router parses ``/generate`` into a typed request with one ``sampling_params`` object, one ``rid``
-string and one ``text`` string (sglang-router 0.3.2, the installed one, and ``GenerateRequest`` in
-sgl-model-gateway/src/protocols/generate.rs today), answers 422 to the batched form, and drops
-sampling parameters it does not know when it forwards a single one.
+"""``/generate`` calls to SGLang-protocol servers (SGLang, the embedded engine, sglang-router) through one
+shared aiohttp session with retries, like slime's http_utils. SGLang's batched ``/generate`` (one request per
+group) goes straight to an engine: sglang-router answers 422 to it.
 """
 
 from __future__ import annotations
@@ -20,10 +14,7 @@ from slime_hydra.utils.http import EngineError
 
 log = logging.getLogger(__name__)
 
-
-# /generate timeouts. A reply (the whole response: it is not streamed) may take hours under load, so
-# the read timeout only catches an engine that hangs (the manager's watchdog catches a dead one within
-# seconds); the manager passes rollout.router.request_timeout_secs, when the router gives up too.
+# a reply (not streamed) may take hours under load: the read timeout only catches an engine that hangs
 READ_TIMEOUT_S = 14400.0
 CONNECT_TIMEOUT_S = 30.0  # a server that is up accepts in milliseconds
 
@@ -35,35 +26,23 @@ def is_batch(payload: Dict[str, Any]) -> bool:
 
 
 class GenerateClient:
-    """POST /generate with retries on transport errors and 5xx (not on 4xx: those are our bugs, nor
-    on a read timeout: the engine may still be working on it).
-
-    ``engine_url`` (async) names the engine for a batched /generate (:func:`is_batch`), asked again at
-    every attempt but one (a failed engine's request goes to another); None: ``base_url``. The one: a
-    request whose pooled connection closes unanswered goes again at once, to the same server on a new
-    connection, so that one whose engine died with it is refused there and asked about (``requeue``).
-
-    aiohttp, not httpx: with hundreds of concurrent requests httpx's connection pool dominates a rollout."""
+    """POST /generate with retries on transport errors and 5xx (not on 4xx, nor on a read timeout).
+    ``engine_url`` (async) names the engine for a batched /generate (:func:`is_batch`), asked at every attempt
+    but after a pooled connection closed unanswered (then the same server again, on a new connection)."""
 
     def __init__(self, base_url: str, concurrency: int, retries: int = 60, retry_interval: float = 1.0,
-                 read_timeout: float = READ_TIMEOUT_S,
-                 requeue: Optional[Callable[[float], Awaitable[bool]]] = None,
+                 read_timeout: float = READ_TIMEOUT_S, requeue: Optional[Callable[[float], Awaitable[bool]]] = None,
                  engine_url: Optional[Callable[[], Awaitable[str]]] = None):
         import aiohttp
 
         self.base_url = base_url.rstrip("/")
         self.sem = asyncio.Semaphore(concurrency)
-        self.retries = retries
-        self.retry_interval = retry_interval
-        self.read_timeout = read_timeout
-        # fault tolerance (EngineFleet.requeue): asked about a failed request (with the monotonic time
-        # it was sent); True: its engine failed, it is sent again once an engine serves (not a retry)
-        self.requeue = requeue
-        self.engine_url = engine_url
+        self.retries, self.retry_interval, self.read_timeout = retries, retry_interval, read_timeout
+        # EngineFleet.requeue(sent_at): True when a failed request's engine failed (sent again, not a retry)
+        self.requeue, self.engine_url = requeue, engine_url
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read_timeout)
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency), timeout=timeout)
-        # a request whose pooled connection the server had closed goes again on a new connection: from the pool
-        # it could take another connection that is about to be closed
+        # for a request whose pooled connection the server had closed (the pool could give another such one)
         self.fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, force_close=True),
                                            timeout=timeout)
 
@@ -91,9 +70,7 @@ class GenerateClient:
                     raise EngineError(f"POST {base}{path}: no reply within {self.read_timeout:g}s ({e!r})") from e
                 except aiohttp.ServerDisconnectedError as e:
                     last = repr(e)
-                    if session is self.http:  # a pooled connection the server had closed while idle: again, at once
-                        # to the same server, sent when it was: one that died with the request (an engine the
-                        # fleet killed) refuses the new connection, and the request is asked about below
+                    if session is self.http:  # a pooled connection closed while idle: again, to the same server
                         log.debug("POST %s%s: the connection closed unanswered (%s); again on a new one", base, path,
                                   last)
                         session, again = self.fresh, True

@@ -1,9 +1,5 @@
-"""The data position a checkpoint saves: the data source's state as it was when each rollout started.
-
-Training step ``s`` trains on rollout ``s - 1``. An async run has already started rollout ``s`` when
-it saves the checkpoint of step ``s``; the checkpoint must hold the position after rollouts
-``< s``, i.e. the state recorded when rollout ``s`` started, else a resumed run would skip that
-rollout's prompts.
+"""The data position a checkpoint saves: the data source's state when each rollout started (an async run has
+started rollout ``s`` when it saves step ``s``, whose checkpoint must hold the position after rollouts ``< s``).
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ class DataState:
         self._at = {rollout_id: self.source.state_dict()}
 
     def state_dict(self, rollout_id: Optional[int] = None) -> Dict[str, Any]:
-        """The data position after rollouts ``< rollout_id``: the state recorded when rollout
-        ``rollout_id`` started if it has, else the current one."""
+        """The data position after rollouts ``< rollout_id`` (recorded when it started), else the current one."""
         state = self._at.get(rollout_id) if rollout_id is not None else None
         return state if state is not None else self.source.state_dict()
 

@@ -1,11 +1,10 @@
-"""Evaluation on the named eval datasets (``eval.datasets``): every dataset concurrently, each with
-its own sampling (``n_samples_per_prompt``, temperature, top_p, response budget), reported as
-``eval/<name>/reward`` (mean), response length, truncated ratio, pass@k when a prompt is sampled
-several times, turns and tool calls of multi-turn samples, and a few examples."""
+"""Evaluation on ``eval.datasets``, all concurrently, each with its own sampling: ``eval/<name>/reward``,
+response length, truncated ratio, pass@k, turns and tool calls, and a few examples."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
@@ -41,26 +40,18 @@ def load_eval_sets(datasets: Sequence["EvalDatasetConfig"], data: "DataConfig", 
     """``eval.datasets`` read and rendered as ``data`` renders prompts, by name."""
     from slime_hydra.data.source import load_eval_dataset
 
-    sets = {}
-    for ds in datasets:
-        rows, prompts = load_eval_dataset(ds, data, tokenizer, max_prompt_len)
-        sets[ds.name] = EvalSet(ds, rows, prompts)
-    return sets
+    return {ds.name: EvalSet(ds, *load_eval_dataset(ds, data, tokenizer, max_prompt_len)) for ds in datasets}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``c`` passing samples out of ``n`` (Chen et al., 2021)."""
     if n - c < k:
         return 1.0
-    p = 1.0
-    for i in range(n - c + 1, n + 1):
-        p *= 1.0 - k / i
-    return 1.0 - p
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 class Evaluator:
-    """``sets`` sampled through ``sampler`` with ``rollout``'s sampling parameters overridden per
-    dataset; ``reward_key`` picks a dict reward's field; ``log_samples`` examples per dataset."""
+    """``sets`` sampled through ``sampler`` with ``rollout``'s sampling parameters overridden per dataset."""
 
     def __init__(self, sets: Dict[str, EvalSet], sampler: GroupSampler, rollout: "RolloutConfig",
                  reward_key: Optional[str] = None, log_samples: int = 0):
@@ -68,13 +59,11 @@ class Evaluator:
         self.reward_key, self.log_samples = reward_key, log_samples
 
     async def run(self) -> Dict[str, Any]:
-        """Every eval dataset, concurrently."""
         parts = await asyncio.gather(*(self.dataset(name) for name in self.sets))
         return {k: v for part in parts for k, v in part.items()}
 
     async def dataset(self, name: str) -> Dict[str, Any]:
-        """One dataset's metrics. pass@k for k = 1, 2, 4, ... and n_samples_per_prompt (unbiased
-        estimator; a sample passes with reward > 0) when a prompt is sampled several times."""
+        """One dataset's metrics; pass@k for k = 1, 2, 4, ... and n_samples_per_prompt (a pass: reward > 0)."""
         es = self.sets[name]
         k = es.cfg.n_samples_per_prompt
         sp = sampling_params(self.rollout, es.cfg)
@@ -85,8 +74,7 @@ class Evaluator:
         out: Dict[str, Any] = {
             f"eval/{name}/reward": sum(flat) / len(flat),
             f"eval/{name}/response_len": sum(s.response_length for s in samples) / len(flat),
-            f"eval/{name}/truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(flat),
-        }
+            f"eval/{name}/truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(flat)}
         if k > 1:
             for kk in sorted({2 ** i for i in range(k.bit_length()) if 2 ** i <= k} | {k}):
                 passed = [pass_at_k(k, sum(r > 0 for r in g), kk) for g in rewards]

@@ -5,14 +5,10 @@ as keyword arguments) with slime's signature::
 
     def my_filter(cfg: RunConfig, group: list[Sample], **kwargs) -> DynamicFilterOutput | bool
 
-It runs on every finished group (rewards set) inside the rollout manager's over-sampling loop; it
-may be async. A dropped group is replaced by pulling more prompts from the data source, so a
-rollout always trains on ``rollout.batch_size`` kept groups. ``reason`` names the drop in the
-metrics (``rollout/dynamic_filter/drop_<reason>``). ``keep_when_insufficient=True`` keeps a
-rejected group when dropping it would need another sampling round (slime's ``_with_fallback``).
-
-``algo.dynamic_sampling=true`` (the ``dapo`` preset) means :func:`nonzero_reward_std` unless
-``rollout.dynamic_filter`` names another filter: :func:`dynamic_filter_spec`.
+It runs (maybe async) on every finished group; a dropped group is replaced by pulling more prompts.
+``reason`` names the drop in the metrics (``rollout/dynamic_filter/drop_<reason>``); ``keep_when_insufficient``
+keeps a rejected group when dropping it would need another sampling round (slime's ``_with_fallback``).
+``algo.dynamic_sampling=true`` means :func:`nonzero_reward_std` unless ``rollout.dynamic_filter`` is set.
 """
 
 from __future__ import annotations
@@ -33,10 +29,6 @@ class DynamicFilterOutput:
     keep_when_insufficient: bool = False  # keep it anyway rather than sample another round
 
 
-def _reward_key(cfg: Any) -> Optional[str]:
-    return getattr(getattr(cfg, "reward", None), "key", None)
-
-
 def zero_std(rewards: Sequence[float], threshold: float = 1e-6) -> bool:
     """The rewards of a group are all equal: their (sample) standard deviation is at most ``threshold``."""
     if len(rewards) < 2:
@@ -46,35 +38,31 @@ def zero_std(rewards: Sequence[float], threshold: float = 1e-6) -> bool:
 
 
 def nonzero_reward_std(cfg: Any, group: List[Sample], threshold: float = 1e-6) -> DynamicFilterOutput:
-    """Keep a group only if its rewards are not all equal (slime's ``check_reward_nonzero_std``):
-    with group-normalised advantages a group of equal rewards has zero advantage everywhere, so it
-    adds no gradient but dilutes the batch. Dropped groups are counted as ``zero_std_<reward>``
-    (e.g. ``zero_std_0.0``: all wrong, ``zero_std_1.0``: all right)."""
-    rewards = [s.reward_value(_reward_key(cfg)) for s in group]
+    """Keep a group only if its rewards are not all equal (slime's ``check_reward_nonzero_std``): equal rewards
+    give zero advantage. Dropped groups count as ``zero_std_<reward>`` (e.g. ``zero_std_0.0``: all wrong)."""
+    rewards = [s.reward_value(getattr(getattr(cfg, "reward", None), "key", None)) for s in group]
     if not zero_std(rewards, threshold):
         return DynamicFilterOutput(keep=True)
     return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1)}")
 
 
 def nonzero_reward_std_with_fallback(cfg: Any, group: List[Sample], threshold: float = 1e-6) -> DynamicFilterOutput:
-    """:func:`nonzero_reward_std`, but a zero-std group is kept when the rollout would otherwise
-    need another sampling round (bounded latency, at the cost of some zero-advantage groups)."""
+    """:func:`nonzero_reward_std`, but a zero-std group is kept when the rollout would otherwise need another
+    sampling round."""
     out = nonzero_reward_std(cfg, group, threshold)
     out.keep_when_insufficient = True
     return out
 
 
 def dynamic_filter_spec(cfg: Any) -> Any:
-    """The filter a run uses: ``rollout.dynamic_filter`` if set, else :func:`nonzero_reward_std`
-    when ``algo.dynamic_sampling`` is on, else None (keep every group)."""
+    """``rollout.dynamic_filter``, else :func:`nonzero_reward_std` with ``algo.dynamic_sampling``, else None."""
     if cfg.rollout.dynamic_filter is not None:
         return cfg.rollout.dynamic_filter
     return NONZERO_REWARD_STD if getattr(cfg.algo, "dynamic_sampling", False) else None
 
 
 def as_filter_output(out: Any, where: str = "rollout.dynamic_filter") -> DynamicFilterOutput:
-    """A filter's return value -> DynamicFilterOutput; anything but a bool or an object with a
-    ``keep`` attribute (ours, or slime's DynamicFilterOutput) is an error naming the hook."""
+    """A filter's return value (a bool, or an object with a ``keep``) -> DynamicFilterOutput; else a TypeError."""
     if isinstance(out, DynamicFilterOutput):
         return out
     if _is_bool(out):
@@ -88,8 +76,6 @@ def as_filter_output(out: Any, where: str = "rollout.dynamic_filter") -> Dynamic
 
 def _is_bool(x: Any) -> bool:
     """bool, numpy.bool_, or a one-element boolean tensor (``std() > eps`` in slime's filters)."""
-    if isinstance(x, bool):
-        return True
-    if type(x).__name__ == "bool_":  # numpy
+    if isinstance(x, bool) or type(x).__name__ == "bool_":
         return True
     return type(x).__name__ == "Tensor" and x.numel() == 1 and str(x.dtype) == "torch.bool"

@@ -1,18 +1,14 @@
-"""The engine fleet: the rollout engines of a run and everything done to all of them at once.
-
-It starts the engines through their Ray actors and sglang-router at once (``EngineFleet.launch``;
-``wait_up`` waits for them while the caller loads its data), registers the engines with the router,
-aborts their requests, releases and resumes their memory (colocated runs), and names their URLs for
-the trainer's weight push (``endpoints``). Watching their health and restarting them is
-:class:`slime_hydra.rollout.health.FleetHealth`'s part.
-
-A fleet can also be built from engines that something else started (``EngineFleet([EngineHandle(0, url)])``,
-no Ray): then it has no actors to watch, and the HTTP calls work as in a run.
+"""The engine fleet: the rollout engines of a run and everything done to all of them at once: starting them
+and sglang-router through Ray actors (``launch``, then ``wait_up``), registering them with the router, aborts,
+memory release and resume (colocated runs), and their URLs for the weight push (``endpoints``). Health and
+restarts are :class:`slime_hydra.rollout.health.FleetHealth`'s part. ``EngineFleet([EngineHandle(0, url)])``
+wraps engines started elsewhere (no Ray, no actors to watch).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -44,8 +40,8 @@ def engine_specs(cfg: "RunConfig", plan: "ResourcePlan", model_path: str) -> Lis
                       dtype=cfg.model.dtype, device=plan.device, gpus=p.gpus_per_engine, seed=cfg.rollout.seed,
                       trust_remote_code=cfg.model.trust_remote_code, memory_saver=bool(p.offload_rollout),
                       max_batch=cfg.rollout.embedded_max_batch, decode_batch=plan.engine_batch,
-                      kv_tokens=plan.engine_kv_cap,
-                      server_args=dict(cfg.rollout.server_args), fast_start=cfg.rollout.sglang_fast_start,
+                      kv_tokens=plan.engine_kv_cap, server_args=dict(cfg.rollout.server_args),
+                      fast_start=cfg.rollout.sglang_fast_start,
                       num_threads=p.cpu_threads if plan.device == "cpu" else None, nnodes=nnodes)
     return [[replace(base, seed=cfg.rollout.seed + slot.rank, node_rank=n) for n in range(nnodes)]
             for slot in plan.engines]
@@ -79,9 +75,8 @@ class EngineFleet(FleetHealth):
     def launch(cls, specs: List[List[ServerSpec]], plan: "ResourcePlan", pg: Any, log_dir: str,
                startup_timeout_s: float, router: "RouterConfig",
                fault_tolerance: Optional[FaultTolerance] = None) -> "EngineFleet":
-        """Start the router (``router.enabled``) and one engine per entry of ``specs`` (its specs per
-        node) on the plan's engine slots of placement group ``pg``, all at once, without waiting for
-        them: the caller does meanwhile what needs no engine, then ``wait_up`` (or ``kill``)."""
+        """Start the router (``router.enabled``) and one engine per entry of ``specs`` (its specs per node) on the
+        plan's engine slots of placement group ``pg``, without waiting: then ``wait_up`` (or ``kill``)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -121,8 +116,8 @@ class EngineFleet(FleetHealth):
         return fleet
 
     def wait_up(self) -> "EngineFleet":
-        """After ``launch``: wait until every engine serves (an engine that fails raises with its log's
-        tail) and the router answers, and register the engines with it. On failure, ``kill``."""
+        """After ``launch``: wait until every engine serves (else raise with its log's tail) and the router
+        answers, and register the engines with it. On failure, ``kill``."""
         import ray
 
         try:
@@ -154,15 +149,13 @@ class EngineFleet(FleetHealth):
         return self
 
     def _report_startup(self, e: "EngineHandle") -> None:
-        """While an engine starts (SGLang: loading weights, capturing CUDA graphs, a minute or more): what
-        it is doing, from the last line of its log, with the seconds since the launch."""
+        """What a starting engine is doing, from the last line of its log."""
         last = next((line.strip() for line in reversed(tail(e.logs[0], 5).splitlines()) if line.strip()), "")
         log.info("waiting for %s engine %d (%.0fs): %s", self._kind, e.rank, time.perf_counter() - self._started,
                  last[-160:] or "starting")
 
     def kill(self) -> None:
-        """After a failed start: the router stops, the engine actors (some may still be starting: they
-        would answer ``stop`` only then) are killed at once, and their servers die with them."""
+        """After a failed start: stop the router, kill the engine actors at once (their servers die with them)."""
         import ray
 
         if self.router is not None:
@@ -182,9 +175,7 @@ class EngineFleet(FleetHealth):
         from slime_hydra.utils.proc import node_ip
 
         if self.ft is not None:
-            # the requests of a failed engine come back to the client, which re-queues (and counts)
-            # them once an engine serves; the router's own retries would resend them unseen, or
-            # to the same dead worker while it is still registered
+            # the client re-queues a failed engine's requests; the router's retries would resend them unseen
             cfg = replace(cfg, args={"disable_retries": True, **cfg.args})
         self.router = Router(cfg, node_ip(), log_path, wait=False)
         self._router_cfg, self._router_log = cfg, log_path
@@ -195,7 +186,6 @@ class EngineFleet(FleetHealth):
             self.router.add_worker(url)
         log.info("%d engine(s) registered with the router in %.1fs", len(self.urls), time.perf_counter() - t0)
 
-    # ------------------------------------------------------------------------------- addresses
     @property
     def urls(self) -> List[str]:
         """The engines that take requests."""
@@ -203,16 +193,12 @@ class EngineFleet(FleetHealth):
 
     @property
     def base_url(self) -> str:
-        """Where /generate goes: the router, or the one engine of a run without one (validation
-        allows that only with exactly one engine)."""
+        """Where /generate goes: the router, or the one engine of a run without one."""
         return self.router.url if self.router is not None else self.engines[0].url
 
     async def engine_url(self) -> str:
-        """A serving engine for a request the router cannot forward (SGLang's batched /generate: one
-        request per group, see ``rollout.client``), round robin; waits while none serves (fault
-        tolerance is restarting them). Restarted engines serve only once they run the current weights;
-        if those are newer than the running rollout's (an async run whose engines all failed), the
-        rollout starts again (``WeightsChanged``), as :meth:`requeue` decides for a re-queued request."""
+        """A serving engine, round robin, for a request the router cannot forward (SGLang's batched /generate);
+        waits while none serves; raises ``WeightsChanged`` as :meth:`requeue` does."""
         while not self.urls:
             if self.fatal is not None:
                 raise self.fatal
@@ -225,28 +211,23 @@ class EngineFleet(FleetHealth):
         return urls[self._turn % len(urls)]
 
     def endpoints(self) -> List[Dict[str, Any]]:
-        """Where the trainer pushes weights: each running engine's URL, GPU count and first GPU (serving,
-        or restarted and waiting for the weights)."""
+        """Where the trainer pushes weights: each running engine's URL, GPU count and first GPU."""
         return [{"url": e.url, "gpus": e.gpus, "first_gpu": e.first_gpu} for e in self.engines
                 if e.state in (SERVING, AWAITING_WEIGHTS)]
 
-    # ------------------------------------------------------------------------ requests, memory
     async def abort(self) -> None:
-        """Abort every request in flight on every engine (once: see ``GroupSampler.abort_and_drain``).
-        With fault tolerance, an engine that cannot answer is the monitor's business, not the abort's."""
+        """Abort every request in flight on every engine (with fault tolerance, an engine that cannot answer is
+        the monitor's business)."""
         results = await asyncio.gather(*(asyncio.to_thread(control, u, "/abort_request", {"abort_all": True})
                                          for u in self.urls), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and self.ft is None:
             raise errors[0]
 
-    def _running_urls(self) -> List[str]:
-        return [e.url for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)]
-
     def _each(self, *calls: Tuple[str, Optional[Dict[str, Any]]]) -> None:
-        """Control calls to every running engine. With fault tolerance an engine that cannot answer is
-        left to the next check (before the weight push), which restarts it; without, the error stops the run."""
-        for u in self._running_urls():
+        """Control calls to every running engine; with fault tolerance, an engine that cannot answer is left to
+        the next check."""
+        for u in (e["url"] for e in self.endpoints()):
             try:
                 for path, payload in calls:
                     control(u, path, payload)
@@ -255,28 +236,23 @@ class EngineFleet(FleetHealth):
                     raise
                 log.warning("%s; the engine is checked (and restarted if it died) before the weight push", err)
 
-    def offload(self) -> None:
-        """Release the engines' memory (after flushing their cache) while the trainer trains. Each of these
-        memory moves is a no-op in the state it leads to (a run healed after a trainer died asks again)."""
+    def _move_memory(self, since: Tuple[str, ...], to: str, *calls: Tuple[str, Optional[Dict[str, Any]]]) -> None:
+        """From a memory state of ``since`` to ``to``; a no-op in any other state (a healed run asks again)."""
         with self._lock:
-            if self.memory == "released":
-                return
-            self._each(("/flush_cache", None), ("/release_memory_occupation", {"tags": None}))
-            self.memory = "released"
+            if self.memory in since:
+                self._each(*calls)
+                self.memory = to
+
+    def offload(self) -> None:
+        """Release the engines' memory (after flushing their cache) while the trainer trains."""
+        self._move_memory(("awake", "weights"), "released", ("/flush_cache", None),
+                          ("/release_memory_occupation", {"tags": None}))
 
     def onload_weights(self) -> None:
-        with self._lock:
-            if self.memory != "released":
-                return
-            self._each(("/resume_memory_occupation", {"tags": ["weights"]}))
-            self.memory = "weights"
+        self._move_memory(("released",), "weights", ("/resume_memory_occupation", {"tags": ["weights"]}))
 
     def onload_kv(self) -> None:
-        with self._lock:
-            if self.memory != "weights":
-                return
-            self._each(("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}))
-            self.memory = "awake"
+        self._move_memory(("weights",), "awake", ("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}))
 
     def shutdown(self) -> None:
         import ray
@@ -285,14 +261,10 @@ class EngineFleet(FleetHealth):
             task.get_loop().call_soon_threadsafe(task.cancel)
         if self.router is not None:
             for u in self.urls:
-                try:
+                with contextlib.suppress(Exception):  # shutting down anyway
                     self.router.remove_worker(u)
-                except Exception:  # noqa: BLE001 - shutting down anyway
-                    pass
             self.router.stop()
         actors = [a for e in self.engines for a in e.actors]
         if actors:
-            try:
+            with contextlib.suppress(ray.exceptions.RayActorError):
                 ray.get([a.stop.remote() for a in actors])
-            except ray.exceptions.RayActorError:
-                pass

@@ -1,27 +1,16 @@
-"""The default generate function, and the context every generate function receives.
-
-A custom generate function (``rollout.generate``: a ``_target_`` node or a dotted path) has the
-same signature as :func:`generate`::
+"""The default generate function, and the context every generate function receives. A custom one
+(``rollout.generate``: a ``_target_`` node or a dotted path) has the signature of :func:`generate`::
 
     async def generate(ctx: GenerateContext, sample: Sample, sampling_params: dict, evaluation: bool) -> Sample
 
-It returns the same or a new ``Sample`` (not a list: a group keeps its ``n_samples_per_prompt``
-samples) with ``tokens`` = prompt + response, ``status`` set from the engine's finish reason, and
-every response token's log-prob. It may call the engines several times (multi-turn, tools) through
-``ctx.post("/generate", ...)``, appending model tokens with their log-probs and tool tokens masked
-out (``Sample.append_response``); :mod:`slime_hydra.rollout.multiturn` does that against the chat
-template. ``ctx.cfg`` is the RunConfig, ``ctx.tokenizer`` the model's tokenizer.
+It returns a ``Sample`` (not a list) with ``tokens`` = prompt + response, ``status`` from the engine's finish
+reason, and every response token's log-prob; it may call ``ctx.post("/generate", ...)`` several times
+(multi-turn, tools: :mod:`slime_hydra.rollout.multiturn`), appending tokens with ``Sample.append_response``.
 
-Aborts (dynamic sampling has enough groups): the engines answer in-flight requests with
-``finish_reason.type == "abort"`` and the tokens made so far, and while the manager is aborting,
-``ctx.post("/generate")`` answers at once in the same way without calling an engine. A generate
-function must then stop and return the sample with ``status = ABORTED``; with
-``rollout.partial_rollout`` it is called again with that sample in a later rollout and continues
-from ``sample.tokens`` with the budget left (``max_new_tokens - response_length``).
-
-With the default generate function the sampler sends each group in one request instead
-(:func:`generate_group`, SGLang's batched ``/generate``); every sample keeps its own
-``sampling_seed`` and budget, so the samples are those :func:`generate` would make.
+Aborts: in-flight requests are answered with ``finish_reason.type == "abort"`` and the tokens so far (and,
+while the manager aborts, ``ctx.post`` answers so at once). The function must then return the sample
+``ABORTED``; with ``rollout.partial_rollout`` it continues from ``sample.tokens`` in a later rollout.
+With the default generate function a group goes in one batched request (:func:`generate_group`).
 """
 
 from __future__ import annotations
@@ -56,15 +45,8 @@ class GenerateContext:
 
 def aborted_output(payload: Dict[str, Any]) -> Any:
     """What an engine answers for a request aborted before its first token (one per prompt)."""
-    one = {
-        "text": "",
-        "output_ids": [],
-        "meta_info": {
-            "finish_reason": {"type": "abort", "message": "rollout aborted"},
-            "output_token_logprobs": [],
-            "completion_tokens": 0,
-        },
-    }
+    one = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "rollout aborted"},
+                                                       "output_token_logprobs": [], "completion_tokens": 0}}
     ids = payload.get("input_ids")
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         return [dict(one) for _ in ids]
@@ -86,17 +68,15 @@ def apply_output(sample: Sample, out: Dict[str, Any]) -> Sample:
 
 
 def sampling_seed(run_seed: int, rollout_id: Any, index: int) -> int:
-    """The ``sampling_seed`` of one sample: a hash of the run's seed, the rollout that first sampled
-    it and its index, below 2**31 (SGLang's older samplers hold seeds as int32)."""
+    """The ``sampling_seed`` of one sample: a hash of the run's seed, the rollout that first sampled it and its
+    index, below 2**31 (SGLang's older samplers hold seeds as int32)."""
     key = f"{run_seed}:{rollout_id}:{index}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") >> 1
 
 
 def seeded(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool) -> Dict[str, Any]:
-    """``sampling_params`` with this sample's ``sampling_seed`` (unless it has one, or is greedy), so
-    that what the engine samples depends on the run seed and the sample, not on batching or timing.
-    SGLang honours it with ``--enable-deterministic-inference``; the embedded engine always. A
-    context without a run config (no run seed) leaves the engine to its own generator."""
+    """``sampling_params`` with this sample's ``sampling_seed`` (unless it has one, is greedy, or there is no run
+    config). SGLang honours it with ``--enable-deterministic-inference``; the embedded engine always."""
     if ctx.cfg is None or "sampling_seed" in sampling_params or sampling_params.get("temperature", 1.0) == 0:
         return sampling_params
     rollout_id = "eval" if evaluation else sample.metadata.get("start_rollout_id")
@@ -105,8 +85,7 @@ def seeded(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any]
 
 def _request_params(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any],
                     evaluation: bool) -> Optional[Dict[str, Any]]:
-    """The sample's ``sampling_params`` for its next request: its seed and the budget left (a partial
-    response continues from ``sample.tokens``). None, and the sample TRUNCATED, when none is left."""
+    """The sample's next request's ``sampling_params`` (seed, budget left); None (TRUNCATED) when none is left."""
     if not sample.tokens:
         sample.tokens = ctx.encode(sample.prompt) if isinstance(sample.prompt, str) else list(sample.prompt)
     remaining = sampling_params["max_new_tokens"] - sample.response_length
@@ -116,9 +95,8 @@ def _request_params(ctx: GenerateContext, sample: Sample, sampling_params: Dict[
     return {**seeded(ctx, sample, sampling_params, evaluation), "max_new_tokens": remaining}
 
 
-async def generate(
-    ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False
-) -> Sample:
+async def generate(ctx: GenerateContext, sample: Sample, sampling_params: Dict[str, Any],
+                   evaluation: bool = False) -> Sample:
     """One completion for ``sample.prompt``; continues a partial response (aborted earlier)."""
     params = _request_params(ctx, sample, sampling_params, evaluation)
     if params is None:
@@ -127,26 +105,18 @@ async def generate(
     return apply_output(sample, out)
 
 
-async def generate_group(
-    ctx: GenerateContext, samples: List[Sample], sampling_params: Dict[str, Any], evaluation: bool = False
-) -> List[Sample]:
-    """:func:`generate` for every sample of ``samples`` in ONE /generate request, SGLang's batched form
-    (sglang/srt/managers/io_struct.py, ``GenerateReqInput.normalize_batch_and_arguments``: ``input_ids``
-    a list of token-id lists, ``sampling_params`` a list with one dict per prompt, ``rid`` a list of
-    unique strings, one bool ``return_logprob`` for all; the answer is a list of the single form's
-    outputs, in order). Each sample keeps its own ``sampling_seed``, budget and ``rid`` (so
-    ``/abort_request`` can cut one off), and the engine decodes them together. A rollout then costs
-    one HTTP request per group instead of one per sample."""
+async def generate_group(ctx: GenerateContext, samples: List[Sample], sampling_params: Dict[str, Any],
+                         evaluation: bool = False) -> List[Sample]:
+    """:func:`generate` for every sample of ``samples`` in ONE /generate request, SGLang's batched form (lists of
+    ``input_ids``, ``sampling_params`` and ``rid``; a list of outputs in order). Each sample keeps its own
+    ``sampling_seed``, budget and ``rid``."""
     todo = [(s, p) for s in samples if (p := _request_params(ctx, s, sampling_params, evaluation)) is not None]
     if not todo:
         return samples
     batch = uuid.uuid4().hex[:16]
-    outs = await ctx.post("/generate", {
-        "input_ids": [s.tokens for s, _ in todo],
-        "sampling_params": [p for _, p in todo],
-        "rid": [f"{batch}-{i}" for i in range(len(todo))],
-        "return_logprob": True,
-    })
+    outs = await ctx.post("/generate", {"input_ids": [s.tokens for s, _ in todo], "return_logprob": True,
+                                        "sampling_params": [p for _, p in todo],
+                                        "rid": [f"{batch}-{i}" for i in range(len(todo))]})
     if not isinstance(outs, list) or len(outs) != len(todo):
         got = f"{len(outs)} outputs" if isinstance(outs, list) else type(outs).__name__
         raise EngineError(f"a batched /generate of {len(todo)} prompts was answered with {got}; expected a list "

@@ -1,17 +1,11 @@
 """The engines' health and restarts (``rollout.fault_tolerance``), mixed into ``EngineFleet``.
 
-Without fault tolerance an engine that dies fails the rollout within ``ENGINE_POLL_S``. With it
-(:class:`FaultTolerance`), while a rollout or an eval runs (when the engines are awake), an engine whose
-process exits or whose ``/health_generate`` gets no answer within the deadline is taken out: removed from
-the router, its process group SIGKILLed (a frozen process ignores anything else), and restarted in the
-background on the same GPUs by its Ray actor (a new actor on the same bundles if the actor died). Its
-requests fail (at the router, or at the engine itself for the group requests sent straight to one); the
-generate client asks :meth:`FleetHealth.requeue` and sends them again once an engine serves (the same
-request with the same ``sampling_seed``: nothing is generated twice into a sample, nothing lost). A
-restarted engine runs the initial checkpoint, so it takes no traffic until the driver has pushed the
-current weights to it (``awaiting_weights`` -> the trainers reconnect and push -> ``weights_pushed``
-registers it). A dead router is started again on the same port. A restart budget per engine and for the
-router turns a crash loop into an error naming what failed and its log's tail.
+Without fault tolerance an engine that dies fails the rollout within ``ENGINE_POLL_S``. With it, while a
+rollout or an eval runs, an engine whose process exits or whose ``/health_generate`` misses its deadline is
+removed from the router, SIGKILLed and restarted on the same GPUs; its failed requests are re-queued
+(:meth:`FleetHealth.requeue`) and sent again once an engine serves. A restarted engine takes no traffic until
+the driver has pushed it the current weights (``awaiting_weights`` -> push -> ``weights_pushed``). A dead
+router is restarted on the same port. A restart budget turns a crash loop into an error naming what failed.
 """
 
 from __future__ import annotations
@@ -34,14 +28,12 @@ log = logging.getLogger(__name__)
 ENGINE_POLL_S = 1.0  # how often rollouts and evals check that every engine still runs
 SERVING, RESTARTING, AWAITING_WEIGHTS = "serving", "restarting", "awaiting_weights"
 RESTART_WINDOW_S = 3600.0  # rollout.max_engine_restarts_per_hour counts restarts within this window
-# how long a failed request's question waits for its engine's exit to show: a killed process closes
-# its sockets before it counts as exited (seconds before each look)
+# pauses before each look for a failed request's engine exit (a killed process closes its sockets first)
 EXIT_CHECK_PAUSES_S = (0.0, 0.1, 0.4)
 
 
 class WeightsChanged(RuntimeError):
-    """Every engine failed during a rollout and came back with newer weights (an async run, whose
-    trainers had moved on): the rollout is generated again from its start with ``version``."""
+    """Every engine failed during a rollout and came back with newer weights: the rollout starts again."""
 
     def __init__(self, version: int):
         super().__init__(f"the engines now run weights v{version}")
@@ -66,8 +58,7 @@ class FaultTolerance:
 
 @dataclass
 class EngineHandle:
-    """One running engine: its URL (node 0's server), its GPU count, and, when this fleet started
-    it, its Ray actors (one per node it spans) with their server logs."""
+    """One running engine: its URL (node 0's server), GPUs, and its Ray actors (one per node) with their logs."""
 
     rank: int
     url: str
@@ -78,7 +69,6 @@ class EngineHandle:
     state: str = SERVING
     restarts: List[float] = field(default_factory=list)  # monotonic times of its restarts (the budget)
     startup: Dict[str, Any] = field(default_factory=dict)  # its first start (EngineActor.startup_report)
-
 
 
 class FleetHealth:
@@ -101,8 +91,7 @@ class FleetHealth:
         self._router_restarts: List[float] = []  # monotonic times (the budget)
 
     def _restart_at_startup(self, e: EngineHandle, err: Exception) -> None:
-        """Fault tolerance: an engine that died while it started is started again (it runs the initial
-        weights, as the others do, so it serves at once); each try counts against the restart budget."""
+        """An engine that died while it started is started again, each try within the restart budget."""
         import ray
 
         while True:
@@ -126,8 +115,7 @@ class FleetHealth:
         return [reason for _, reason in self._exited()]
 
     def _exited(self) -> List[Tuple[EngineHandle, str]]:
-        """The running engines (serving, or restarted and waiting for weights) whose server process or
-        Ray actor has ended, with how."""
+        """The running engines whose server process or Ray actor has ended, with how."""
         import ray
 
         watched = [(e, a, log_path) for e in self.engines if e.state in (SERVING, AWAITING_WEIGHTS)
@@ -169,9 +157,8 @@ class FleetHealth:
         return [(e, r) for e, r in zip(serving, reasons) if r]
 
     async def watched(self, coro):
-        """Await ``coro`` while watching the engines: if one dies, fail within ``ENGINE_POLL_S``
-        with its log's tail (its requests would otherwise retry for a minute, or hang); with fault
-        tolerance, take it out and restart it instead (and check health every interval)."""
+        """Await ``coro`` while watching the engines: if one dies, fail within ``ENGINE_POLL_S`` with its
+        log's tail; with fault tolerance, take it out and restart it instead (and check health every interval)."""
         work = asyncio.ensure_future(coro)
         if not any(e.actors for e in self.engines):
             return await work
@@ -194,7 +181,6 @@ class FleetHealth:
                 raise EngineError("\n".join(dead))
 
     async def _monitor(self) -> None:
-        """Fault tolerance: process exits every ENGINE_POLL_S, /health_generate every interval."""
         next_probe = time.monotonic() + self.ft.health_check_interval_s
         while True:
             await asyncio.sleep(ENGINE_POLL_S)
@@ -204,9 +190,9 @@ class FleetHealth:
                 next_probe = time.monotonic() + self.ft.health_check_interval_s
 
     async def check(self, probe: bool = False, since: float = -math.inf) -> None:
-        """Take out (and restart) every serving engine that has exited, or with ``probe`` that fails
-        its health check. Concurrent callers share one check, if it started at ``since`` (monotonic)
-        or later. Raises once the restart budget is spent."""
+        """Take out (and restart) every serving engine that has exited, or with ``probe`` fails its health
+        check. Concurrent callers share a check started at ``since`` (monotonic) or later. Raises once the
+        restart budget is spent."""
         if self.fatal is not None:
             raise self.fatal
         if self._check is not None and not self._check.done() and self._check_started < since:
@@ -242,11 +228,10 @@ class FleetHealth:
         self._restarting[e.rank] = asyncio.ensure_future(self._restart(e))
 
     def _charge_restart(self, e: EngineHandle, reason: str) -> None:
-        """Count a restart of ``e`` against rollout.max_engine_restarts_per_hour; past it, fail the run."""
         self._charge(e.restarts, f"engine {e.rank}", reason)
 
     def _charge(self, restarts: List[float], what: str, reason: str) -> None:
-        """Add a restart now to ``restarts`` (monotonic times, kept within the window); past the budget, fail."""
+        """Add a restart now to ``restarts`` (monotonic times within the window); past the budget, fail the run."""
         now = time.monotonic()
         restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
         if len(restarts) > self.ft.max_restarts_per_hour:
@@ -257,9 +242,7 @@ class FleetHealth:
             raise self.fatal
 
     def _restart_router(self) -> None:
-        """Fault tolerance: the router died. A new one on the same port (the clients keep its URL),
-        with the serving engines registered again; the requests that were on the old one fail and are
-        re-queued (``requeue`` counts its death as a failure)."""
+        """A new router on the dead one's port, the serving engines registered again."""
         from slime_hydra.rollout.router import Router
 
         self._taking_out += 1
@@ -312,7 +295,7 @@ class FleetHealth:
             e.actors = []
 
     async def _restart(self, e: EngineHandle) -> None:
-        """Start ``e`` again (a failed start counts against the budget too) until it runs or the budget is spent."""
+        """Start ``e`` again until it runs or the budget is spent."""
         while True:
             try:
                 await asyncio.to_thread(self._start_again, e)
@@ -347,14 +330,12 @@ class FleetHealth:
         log.warning("engine %d restarted at %s in %.1fs; it takes requests once the current weights are pushed",
                     e.rank, url, time.perf_counter() - t0)
 
-    # ------------------------------------------------------------------- restarted engines, requeue
     def awaiting_weights(self) -> bool:
         """Some restarted engine waits for the current weights (the driver then pushes them)."""
         return any(e.state == AWAITING_WEIGHTS for e in self.engines)
 
     def weights_pushed(self, version: int) -> List[int]:
-        """After a weight push of ``version``: the restarted engines that now run it join the router
-        and take requests. Returns their ranks."""
+        """After a push of ``version``: the restarted engines that run it join the router. Returns their ranks."""
         import httpx
 
         joined = []
@@ -376,8 +357,7 @@ class FleetHealth:
         return joined
 
     async def rejoined(self, version: int) -> List[int]:
-        """``weights_pushed`` on the fleet's event loop (where the requests wait for an engine); a router that
-        died meanwhile is restarted first (chaos: the engines could not rejoin a dead router)."""
+        """``weights_pushed`` on the fleet's event loop; a router that died meanwhile is restarted first."""
         if self.ft is not None:
             await self.check()
         joined = await asyncio.to_thread(self.weights_pushed, version)
@@ -390,17 +370,15 @@ class FleetHealth:
         return not any(e.state == SERVING for e in self.engines) and self.awaiting_weights()
 
     async def requeue(self, sent_at: float) -> bool:
-        """The generate client's question about a request sent at ``sent_at`` (monotonic) that
-        failed: was it on an engine that failed since, or is no engine serving? Then wait until
-        one serves, and the client sends it again (True). False: a plain failure, retried as usual."""
+        """A request sent at ``sent_at`` (monotonic) failed: if an engine failed since or none serves, wait
+        until one serves and return True (the client sends it again); False: a plain failure."""
         if self.ft is None:
             return False
         for pause in EXIT_CHECK_PAUSES_S:
             if self._failed_since(sent_at):
                 break
-            # an engine killed a moment ago: its requests fail before the monitor looks, or while it
-            # looks (a group's request is the only one on its engine: no later request sees the death),
-            # and its connections close a moment before its process counts as exited
+            # an engine killed a moment ago: its requests fail before the monitor looks, and its
+            # connections close a moment before its process counts as exited
             await asyncio.sleep(pause)
             await self.check(since=time.monotonic())
         if not self._failed_since(sent_at) and self._serving.is_set():
@@ -414,8 +392,7 @@ class FleetHealth:
         return True
 
     def _check_weights(self) -> None:
-        """Raise WeightsChanged if the serving engines run newer weights than the running rollout asked for
-        (every engine failed and came back after a push): the rollout is generated again."""
+        """Raise WeightsChanged if the serving engines run other weights than the running rollout asked for."""
         if None not in (self.version, self.rollout_version) and self.version != self.rollout_version:
             raise WeightsChanged(self.version)
 

@@ -1,21 +1,13 @@
-"""The rollout manager: a Ray actor (no GPU) that holds the rollout side's parts and answers the
-driver. The parts are plain objects, each usable without Ray:
-
-- the engine fleet (``fleet.py``): engines, router, health, aborts, memory, weight-update URLs;
-- the rollout function (``rollout_fn.py``, ``rollout.rollout_function``) with its context: the
-  data source, the generate function and rewards (``sampling.py``), the dynamic filter;
-- the conversion to training data and its split across data-parallel ranks (``train_data.py``);
-- evaluation (``evaluate.py``) and the data position for checkpoints (``data_state.py``).
-
-Its async work (hundreds of concurrent /generate calls) runs on one event loop in a background
-thread; the actor's methods are plain synchronous calls for the driver. The methods of concurrency
-group "fleet" (``FLEET_GROUP``) answer while a rollout runs: the driver asks whether a restarted
-engine waits for weights (fault tolerance) and tells when it has pushed them.
+"""The rollout manager: a Ray actor (no GPU) that holds the rollout side's parts (the engine fleet, the rollout
+function and its context, training data, evaluation, the data position; each usable without Ray) and answers
+the driver. Its async work runs on one event loop in a background thread; the methods of concurrency group
+``FLEET_GROUP`` answer while a rollout runs (fault tolerance: restarted engines waiting for weights).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -53,9 +45,8 @@ class RolloutManager:
         threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True).start()
         r = cfg.rollout
         t0 = time.perf_counter()
-        # start-up times (time.time()), for the driver's start-up report (``startup_report``)
-        self.startup: Dict[str, Any] = {"created": time.time()}
-        # the engines and the router start in the background while the data loads (none of it needs them)
+        self.startup: Dict[str, Any] = {"created": time.time()}  # time.time() stamps (startup_report)
+        # the engines and the router start in the background while the data loads
         self.fleet = EngineFleet.launch(engine_specs(cfg, plan, model_path), plan, pg,
                                         os.path.join(cfg.output_dir, "logs"), r.startup_timeout_s, r.router,
                                         FaultTolerance.from_config(r))
@@ -72,10 +63,9 @@ class RolloutManager:
         log.info("rollout side up in %.1fs", time.perf_counter() - t0)
 
     def _load(self, model_path: str) -> None:
-        """The tokenizer, the data, the eval sets, the rollout function and the generate client: all that
-        needs no running engine."""
+        """All that needs no running engine: tokenizer, data, eval sets, rollout function, client."""
         t0 = time.perf_counter()
-        from slime_hydra.data.tokenizer import load_tokenizer  # imports transformers: seconds
+        from slime_hydra.data.tokenizer import load_tokenizer
 
         cfg, r = self.cfg, self.cfg.rollout
         # no reply within the router's request timeout: the engine hangs (a dead one is caught sooner)
@@ -95,18 +85,14 @@ class RolloutManager:
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    # ------------------------------------------------------------------------------- info
     def startup_report(self) -> Dict[str, Any]:
-        """How this rollout side started (``time.time()`` stamps): the actor's constructor began
-        (``created``), the engines and router were launched, the data was ready (``data_s`` after the
-        launch), everything was up; and each engine's own report (``EngineActor.startup_report``)."""
+        """How this rollout side started (``time.time()`` stamps: created, launched, up; ``data_s`` after the
+        launch) and each engine's own report (``EngineActor.startup_report``)."""
         return {**self.startup, "engines": [e.startup for e in self.fleet.engines]}
 
     def endpoints(self) -> List[Dict[str, Any]]:
-        """Where the trainer pushes weights: each running engine's URL and GPU count."""
         return self.fleet.endpoints()
 
-    # ------------------------------------------------------------- fault tolerance (any time)
     @ray.method(concurrency_group=FLEET_GROUP)
     def awaiting_weights(self) -> Optional[List[Dict[str, Any]]]:
         """None, or (an engine restarted and waits for the current weights) the endpoints to push to."""
@@ -119,9 +105,7 @@ class RolloutManager:
 
     @ray.method(concurrency_group=FLEET_GROUP)
     def weight_endpoints(self, probe: bool = False) -> List[Dict[str, Any]]:
-        """Before a weight push: the engines running now (those that died since the last rollout
-        are taken out, and restart, first; with ``probe``, after a failed push, also those that do
-        not answer /health_generate)."""
+        """Before a weight push: the running engines, the dead (with ``probe``, the unhealthy) restarted first."""
         self._run(self.fleet.check(probe))
         return self.fleet.endpoints()
 
@@ -133,7 +117,6 @@ class RolloutManager:
     def num_train_prompts(self) -> int:
         return len(self.ctx.source)
 
-    # ------------------------------------------------------------------------- generation
     def generate(self, rollout_id: int, weight_version: int) -> Tuple[List[Any], Dict[str, float]]:
         """One rollout -> (one object ref of training data per data-parallel rank, metrics)."""
         from slime_hydra.rewards.hub import spec_name
@@ -174,9 +157,7 @@ class RolloutManager:
         out.update({k.replace("rollout/", "eval/", 1): v for k, v in drain_counters().items()})
         return out
 
-    # ---------------------------------------------------------------- colocated memory, state
     def offload(self) -> None:
-        """Release the engines' memory (after flushing their cache) while the trainer trains."""
         self.fleet.offload()
 
     def onload_weights(self) -> None:
@@ -194,17 +175,13 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         self.fleet.shutdown()
-        try:
+        with contextlib.suppress(Exception):
             self._run(self.client.aclose())
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def staleness_metrics(samples: List[Any], trainer_version: int) -> Dict[str, float]:
-    """How many training steps each sample's weights lag the trainer that trains on it: rollout
-    ``r`` is trained by the trainer of version ``r`` (``r`` steps done). A sample made by several
-    weight versions (partial rollouts) counts its oldest. 0 in a synchronous run; 1 in an
-    asynchronous one (one step off-policy), more with ``update_weights_interval`` > 1."""
+    """How many training steps each sample's (oldest) weights lag the trainer of version ``trainer_version`` that
+    trains on it: 0 in a synchronous run, 1 in an asynchronous one, more with ``update_weights_interval`` > 1."""
     lags = []
     for s in samples:
         versions = [int(v) for v in s.weight_versions if str(v).lstrip("-").isdigit()]
@@ -217,5 +194,5 @@ def staleness_metrics(samples: List[Any], trainer_version: int) -> Dict[str, flo
 
 async def _make_client(base: str, concurrency: int, read_timeout: float, requeue=None,
                        engine_url=None) -> GenerateClient:
-    """On the manager's loop: the client's aiohttp session belongs to the loop it was made on."""
+    """On the manager's loop, which the client's aiohttp session belongs to."""
     return GenerateClient(base, concurrency, read_timeout=read_timeout, requeue=requeue, engine_url=engine_url)

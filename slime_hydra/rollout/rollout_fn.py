@@ -1,21 +1,15 @@
-"""The rollout function: one training rollout's groups of samples, from the data source through
-the engines. The default is :func:`default_rollout`, slime's over-sampling loop with dynamic
-filtering, aborts and partial rollout. ``rollout.rollout_function`` (a dotted path or a
-``_target_`` node, like slime's ``--rollout-function-path``) replaces it::
+"""The rollout function: one training rollout's groups of samples. The default is :func:`default_rollout`
+(slime's over-sampling loop with dynamic filtering, aborts and partial rollout); ``rollout.rollout_function``
+(a dotted path or a ``_target_`` node, like slime's ``--rollout-function-path``) replaces it::
 
     async def my_rollout(ctx: RolloutContext, rollout_id: int, weight_version: Optional[str] = None
                          ) -> Tuple[List[List[Sample]], Dict[str, float]]
 
-It returns ``ctx.cfg.rollout.batch_size`` groups of ``n_samples_per_prompt`` rewarded samples each
-(in data order, for reproducible training) and its metrics (named ``rollout/...``). The pieces it
-works with are on ``ctx``: ``ctx.source.get_samples(n)`` / ``ctx.source.add_samples(groups)``
-(the data source and its buffer), ``await ctx.sampler.group(group, ctx.sampling_params,
-rollout_id=..., weight_version=...)`` (generate and reward one group; passing ``weight_version``
-makes it check that the engines ran those weights), ``await ctx.keep(group)`` (the dynamic filter's
-verdict), ``await ctx.sampler.abort_and_drain(pending)`` (cut in-flight groups off) and ``ctx.cfg``
-(the RunConfig, for a function's own settings). The manager runs it on its event loop while
-watching the engines, then turns the samples into training data
-(:mod:`slime_hydra.rollout.train_data`).
+It returns ``ctx.cfg.rollout.batch_size`` groups of ``n_samples_per_prompt`` rewarded samples (in data order)
+and its ``rollout/...`` metrics, working with ``ctx.source.get_samples(n)`` / ``add_samples(groups)``,
+``await ctx.sampler.group(group, ctx.sampling_params, rollout_id=..., weight_version=...)`` (generate and reward
+one group, checking the engines ran ``weight_version``), ``await ctx.keep(group)`` (the dynamic filter),
+``await ctx.sampler.abort_and_drain(pending)`` and ``ctx.cfg``.
 """
 
 from __future__ import annotations
@@ -72,10 +66,8 @@ class RolloutContext:
 
 def build_rollout_context(cfg: "RunConfig", tokenizer: Any, client: "GenerateClient",
                           abort_engines: Optional[Callable[[], Awaitable[None]]] = None) -> RolloutContext:
-    """The data source (``data``, with ``data.buffer_filter``), the generate function
-    (``rollout.generate``), the dynamic filter (``rollout.dynamic_filter``, or DAPO's
-    ``nonzero_reward_std`` with ``algo.dynamic_sampling``) and the sampler, requests going to
-    ``client`` and aborts to ``abort_engines``."""
+    """The data source, the generate function, the dynamic filter and the sampler, requests going to ``client``
+    and aborts to ``abort_engines``."""
     from slime_hydra.data.source import build_data_source
     from slime_hydra.rollout.filters import dynamic_filter_spec
     from slime_hydra.rollout.generate import GenerateContext, generate as default_generate
@@ -101,8 +93,7 @@ def load_rollout_function(spec: Any) -> RolloutFunction:
 
 
 def check_rollout_output(out: Any, batch_size: int, n_samples_per_prompt: int, where: str) -> RolloutOutput:
-    """A rollout function's return value, checked: (groups, metrics) with ``batch_size`` groups of
-    ``n_samples_per_prompt`` samples."""
+    """A rollout function's return value, checked: (groups, metrics), ``batch_size`` groups of n samples."""
     expected = (f"expected (groups, metrics) with rollout.batch_size={batch_size} groups of "
                 f"rollout.n_samples_per_prompt={n_samples_per_prompt} Samples")
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], list) and isinstance(out[1], dict)):
@@ -128,14 +119,11 @@ def _zero_std(group: Group, key: Optional[str]) -> bool:
 async def default_rollout(ctx: RolloutContext, rollout_id: int, weight_version: Optional[str] = None) -> RolloutOutput:
     """Generate until ``rollout.batch_size`` groups pass the dynamic filter (slime's over-sampling loop).
 
-    While the kept plus in-flight groups are fewer than the batch, ``over_sampling_batch_size``
-    more prompts are pulled from the data source (buffered partial groups first). Each finished
-    group is judged by the filter as it completes. Once the batch is full, the groups still in
-    flight are aborted; with ``rollout.partial_rollout`` they go back to the buffer and are
-    continued in the next rollout (as in slime, groups that finish after the batch is full are not
-    kept: they would be trained a step later, entirely off-policy). After
-    ``rollout.max_sampled_groups`` groups, no more prompts are pulled, and if too few groups
-    passed, rejected ones fill the batch. Kept groups are returned in data order."""
+    While kept plus in-flight groups are fewer than the batch, ``over_sampling_batch_size`` more prompts are
+    pulled (buffered partial groups first), each finished group judged as it completes. Once the batch is full,
+    the groups in flight are aborted (with ``rollout.partial_rollout`` they go back to the buffer; groups that
+    finish after that are not kept). After ``rollout.max_sampled_groups`` groups no more prompts are pulled, and
+    rejected groups fill a short batch. Kept groups are returned in data order."""
     r = ctx.cfg.rollout
     reward_key = ctx.cfg.reward.key
     target = r.batch_size
@@ -145,9 +133,7 @@ async def default_rollout(ctx: RolloutContext, rollout_id: int, weight_version: 
     accepted: List[Group] = []
     rejected: List[Group] = []  # only needed to fill the batch when the cap is hit
     surplus: List[Group] = []  # finished after the batch was full
-    drops: Counter = Counter()
-    n = Counter()
-    pending: set = set()
+    drops, n, pending = Counter(), Counter(), set()
     next_log = time.monotonic() + PROGRESS_LOG_S
     try:
         while len(accepted) < target:
@@ -193,12 +179,9 @@ async def default_rollout(ctx: RolloutContext, rollout_id: int, weight_version: 
     if r.partial_rollout and aborted:
         ctx.source.add_samples(aborted)
     accepted.sort(key=lambda g: g[0].group_index)
-    metrics = {
-        "rollout/sampled_groups": float(n["sampled"]),
-        "rollout/aborted_groups": float(len(aborted)),
-        "rollout/unused_groups": float(len(surplus)),
-        "rollout/generated_zero_std_ratio": n["zero_std"] / max(n["finished"], 1),
-    }
+    metrics = {"rollout/sampled_groups": float(n["sampled"]), "rollout/aborted_groups": float(len(aborted)),
+               "rollout/unused_groups": float(len(surplus)),
+               "rollout/generated_zero_std_ratio": n["zero_std"] / max(n["finished"], 1)}
     if r.partial_rollout:
         metrics["rollout/recycled_groups"] = float(len(aborted))
         metrics["rollout/resumed_samples"] = float(sum(s.metadata.get("start_rollout_id") != rollout_id

@@ -1,8 +1,6 @@
-"""The real sglang-router (a Rust binary from the ``sglang-router`` package), run as a child
-process of the rollout manager; it comes up in the background while the engines start. Engines
-register with ``POST /workers`` after they are healthy and are removed with ``DELETE /workers/<id>``.
-As in slime, the router's own health checks and circuit breaker are off: the manager checks engine
-health itself."""
+"""sglang-router (a Rust binary), a child process of the rollout manager that comes up while the engines start.
+Engines register with ``POST /workers`` once healthy; its own health checks and circuit breaker are off (as in
+slime: the manager checks engine health)."""
 
 from __future__ import annotations
 
@@ -21,17 +19,10 @@ log = logging.getLogger(__name__)
 
 
 def router_command(host: str, port: int, cfg: RouterConfig) -> List[str]:
-    args: Dict[str, Any] = {
-        "policy": cfg.policy,
-        "request-timeout-secs": cfg.request_timeout_secs,
-        "prometheus-port": free_port(host),
-        "prometheus-host": host,
-        "log-level": "warn",
-        "max-concurrent-requests": -1,
-        "disable-circuit-breaker": True,
-        "disable-health-check": True,
-        **{k.replace("_", "-"): v for k, v in cfg.args.items()},
-    }
+    args: Dict[str, Any] = {"policy": cfg.policy, "request-timeout-secs": cfg.request_timeout_secs,
+                            "prometheus-port": free_port(host), "prometheus-host": host, "log-level": "warn",
+                            "max-concurrent-requests": -1, "disable-circuit-breaker": True,
+                            "disable-health-check": True, **{k.replace("_", "-"): v for k, v in cfg.args.items()}}
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port)]
     for key, value in args.items():
         if value is True:
@@ -44,13 +35,11 @@ def router_command(host: str, port: int, cfg: RouterConfig) -> List[str]:
 class Router:
     def __init__(self, cfg: RouterConfig, host: str, log_path: str, startup_timeout: float = 60.0,
                  wait: bool = True, port: Optional[int] = None):
-        """Spawn sglang-router and, with ``wait``, return once it answers; else it comes up in the
-        background (a thread waits for its /health and logs how long it took) and ``wait_ready`` waits.
-        ``port``: a given one (a restarted router keeps its predecessor's URL); None: a free one."""
+        """Spawn sglang-router on ``port`` (None: a free one); with ``wait``, return once it answers, else
+        ``wait_ready`` waits."""
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        self.log_path = log_path
-        self.policy = cfg.policy
+        self.log_path, self.policy = log_path, cfg.policy
         self.proc = spawn(router_command(host, self.port, cfg), log_path)
         pool = ThreadPoolExecutor(1, thread_name_prefix="router-start")
         self._up = pool.submit(self._wait_healthy, startup_timeout, time.perf_counter())

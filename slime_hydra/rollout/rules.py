@@ -42,9 +42,7 @@ def _check_sampling(cfg: RunConfig) -> List[str]:
         errs.append(f"rollout.temperature: must be > 0 for training rollouts, got {r.temperature}")
     if not 0 < r.top_p <= 1:
         errs.append(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
-    # The engines sample from the truncated distribution but return (and the trainer recomputes) log-probs of the
-    # whole one, so ratios, TIS and the log-prob gap check would all be of a policy that did not sample. slime
-    # replays the nucleus with a patched SGLang; the released one cannot return it.
+    # the engines return (and the trainer recomputes) log-probs of the whole distribution, not the truncated one
     truncated = ("the trainer scores the whole distribution at rollout.temperature, so it would train on samples "
                  "of another policy; lower rollout.temperature instead (eval datasets may keep their own top_p)")
     if 0 < r.top_p < 1:
@@ -78,8 +76,7 @@ def _check_sampling(cfg: RunConfig) -> List[str]:
 
 
 def _check_hooks(cfg: RunConfig) -> List[str]:
-    """Import the rollout hooks as the rollout manager will (``utils.hooks.load_hook``), so a typo in a dotted
-    path or ``_target_`` fails here, with its config key, and not after Ray has started."""
+    """Import the rollout hooks as the manager will, so a typo fails here with its config key."""
     from slime_hydra.utils.hooks import load_hook
 
     errs: List[str] = []

@@ -1,7 +1,5 @@
-"""A rollout's samples -> the trainer's data, and its split across data-parallel ranks.
-
-Pure functions (no Ray): the manager puts each rank's part into the object store. The data is a
-dict of per-sample lists in sample order; its per-token lists cover the response tokens only.
+"""A rollout's samples -> the trainer's data (a dict of per-sample lists; per-token lists cover the response
+only), and its split across data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -22,15 +20,11 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
                ) -> Tuple[TrainData, Dict[str, float]]:
     """``samples`` (whole groups of ``n_samples_per_prompt``, in order) -> (data, metrics).
 
-    - ``rewards``: the raw rewards (``reward_key`` picks a dict reward's field), plus DAPO's overlong
-      penalty when ``algo.overlong_buffer_len`` (``max_response_len`` is then required), post-processed
-      for ``algo`` by ``rewards_for_estimator``: normalised per group (mean, and std with
-      ``algo.normalize_std``) for group estimators with ``algo.normalize_rewards``, else raw;
-    - ``loss_masks``: the sample's mask, all ones when it has none, all zeros for a
-      ``remove_sample`` (kept for the group's statistics, not trained on) and for a sample its generate
-      function marked ``Status.FAILED`` (counted in ``rollout/failed_count``, WARNING once);
-    - ``rollout_log_probs``: the engine's, one per response token; a sample with response tokens and
-      none raises (the log-prob gap guard, TIS and ``use_rollout_logprobs`` read them), naming it."""
+    - ``rewards``: the raw rewards plus DAPO's overlong penalty (``algo.overlong_buffer_len``; needs
+      ``max_response_len``), post-processed for ``algo`` by ``rewards_for_estimator``;
+    - ``loss_masks``: the sample's mask (ones when it has none), zeros for a ``remove_sample`` and for a sample
+      marked ``Status.FAILED`` (counted in ``rollout/failed_count``);
+    - ``rollout_log_probs``: the engine's, one per response token (a sample without them raises)."""
     import torch
 
     from slime_hydra.rewards import counters
@@ -50,8 +44,7 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
     if algo.overlong_buffer_len:
         if max_response_len is None:
             raise ValueError("algo.overlong_buffer_len needs max_response_len")
-        penalty = overlong_penalty(algo, torch.tensor(lens), max_response_len)
-        shaped = raw + penalty
+        shaped = raw + (penalty := overlong_penalty(algo, torch.tensor(lens), max_response_len))
     rewards = rewards_for_estimator(algo, shaped, n)
     data = {
         "tokens": [s.tokens for s in samples],
@@ -81,9 +74,8 @@ def train_data(samples: Sequence[Sample], algo: "AlgoConfig", n_samples_per_prom
 
 
 def rank_rows(n_samples: int, data_parallel: int, global_batch_size: int) -> List[List[int]]:
-    """The sample rows of each data-parallel rank: per optimiser step (``global_batch_size``
-    consecutive samples), rank ``r`` gets the ``r``-th of ``data_parallel`` equal consecutive slices,
-    so that every rank holds ``global_batch_size / data_parallel`` samples of each step, in order."""
+    """The sample rows of each data-parallel rank: of each optimiser step (``global_batch_size`` consecutive
+    samples), rank ``r`` gets the ``r``-th of ``data_parallel`` equal consecutive slices."""
     if n_samples % global_batch_size:  # validation makes rollout_batch_size x n_samples_per_prompt a multiple of it
         raise RuntimeError(f"{n_samples} training samples do not fill whole optimiser steps of "
                            f"trainer.global_batch_size={global_batch_size}")

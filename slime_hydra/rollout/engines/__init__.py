@@ -1,8 +1,6 @@
-"""Rollout engines, by ``rollout.engine``: ``ENGINES`` names each one's ``Engine`` subclass
-(``slime_hydra.rollout.engines.base``), imported only when a run uses it.
-
-A new engine: a module or package here with an ``Engine`` subclass, its line in ``ENGINES``, and a
-preset in ``conf/rollout/``.
+"""Rollout engines, by ``rollout.engine``: ``ENGINES`` names each one's ``Engine`` subclass, imported only when
+a run uses it. A new engine: a module here with an ``Engine`` subclass, its line in ``ENGINES``, a preset in
+``conf/rollout/``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ ENGINES = LazyRegistry("engine", {
 
 
 def engine_class(name: str) -> Type[Engine]:
-    """The engine class registered as ``name`` (imported now)."""
     if name not in ENGINES:
         raise ValueError(f"rollout.engine: {name!r} is not one of {sorted(ENGINES)}")
     return ENGINES[name]

@@ -1,8 +1,6 @@
-"""A rollout engine as a Ray actor: it holds the engine's GPUs in the placement group and owns the
-server process, which dies with it. The engine's kind (``slime_hydra.rollout.engines``: embedded,
-sglang, ...) gives the command line and environment; everything else talks to the server over HTTP
-(``slime_hydra.rollout.client``). An engine that spans several nodes has one actor per node; node 0
-serves HTTP, the others join it through ``dist_init_addr``."""
+"""A rollout engine as a Ray actor: it holds the engine's GPUs in the placement group and owns the server
+process, which dies with it; the engine's kind gives the command line and environment. An engine that spans
+several nodes has one actor per node; node 0 serves HTTP, the others join it through ``dist_init_addr``."""
 
 from __future__ import annotations
 
@@ -35,7 +33,7 @@ class EngineActor:
         self.base_gpu = 0
         self.started: Optional[float] = None  # time.time() of the server's last start, and when it answered
         self.ready: Optional[float] = None
-        self.prebuild = None  # what runs beside the server's first start (Engine.prebuild_command): its log, report
+        self.prebuild = None  # Engine.prebuild_command's process, beside the server's first start; its log, report
         self.prebuild_log, self.prebuild_report = (os.path.splitext(self.log_path)[0] + f"_prebuild.{ext}"
                                                    for ext in ("log", "json"))
 
@@ -50,10 +48,8 @@ class EngineActor:
         self.spec = replace(self.spec, dist_init_addr=addr)
 
     def start(self) -> Optional[str]:
-        """Start the server; node 0 returns its URL once /health_generate answers (which needs
-        every node), the other nodes return None once their process runs. Called again after the
-        server failed (fault tolerance), it starts a new process on the same GPUs (and a new port)."""
-
+        """Start the server (again, after a failure: a new process on the same GPUs); node 0 returns its URL once
+        /health_generate answers, the other nodes None once their process runs."""
         if self.proc is not None:
             self.kill()
         host, port = node_ip(), free_port(node_ip())
@@ -66,10 +62,10 @@ class EngineActor:
             f.write("$ " + " ".join(redact_argv(cmd)) + "\n")
         self.started, self.ready = time.time(), None
         prebuild = engine.prebuild_command(self.prebuild_report) if self.prebuild is None else None
-        if prebuild:  # the first start only: what it prepares is there for the restarts
+        if prebuild:  # the first start only
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.prebuild_report)  # a resumed run's old one
-            with open(self.prebuild_log, "a") as f:  # the console's status shows it started (startup.py)
+            with open(self.prebuild_log, "a") as f:
                 f.write("$ " + " ".join(redact_argv(prebuild)) + "\n")
             self.prebuild = spawn(prebuild, self.prebuild_log, env)
         self.proc = spawn(cmd, self.log_path, env)
@@ -81,8 +77,7 @@ class EngineActor:
         return self.url
 
     def startup_report(self) -> Dict[str, Any]:
-        """The server's last start: when it began and answered (``time.time()``) and, as far as its log
-        tells, the seconds of each part (the engine class's ``startup_parts``)."""
+        """The server's last start: when it began and answered (``time.time()``), its parts (``startup_parts``)."""
         parts: Dict[str, float] = {}
         if self.started is not None and self.ready is not None:
             try:
@@ -94,16 +89,12 @@ class EngineActor:
             parts = make_engine(self.spec).startup_parts(text[since:], self.started, self.ready)
         report = {"rank": self.rank, "started": self.started, "ready": self.ready, "parts": parts}
         if self.prebuild is not None and self.prebuild.poll() is not None:
-            try:
-                with open(self.prebuild_report) as f:
-                    report["prebuild"] = json.load(f)
-            except (OSError, ValueError):
-                pass
+            with contextlib.suppress(OSError, ValueError), open(self.prebuild_report) as f:
+                report["prebuild"] = json.load(f)
         return report
 
     def command(self, host: Optional[str] = None, port: int = 0):
-        """The server's command line on this node (``start`` runs it): its address, its first GPU as
-        Ray assigned it, and for an engine spanning nodes its node rank and the address of node 0."""
+        """The server's command line on this node, from its first GPU as Ray assigned it."""
         import ray
 
         host = host or node_ip()
@@ -112,8 +103,7 @@ class EngineActor:
         return make_engine(self.spec).command(host, port, self.base_gpu, nccl_port=free_port(host))
 
     def first_gpu(self) -> int:
-        """The physical GPU of the server's first tensor-parallel rank on this node; rank j uses the
-        j-th GPU from there (SGLang's ``base_gpu_id``)."""
+        """The physical GPU of the server's first tensor-parallel rank on this node (SGLang's ``base_gpu_id``)."""
         return self.base_gpu
 
     def failure(self) -> Optional[str]:
@@ -130,7 +120,7 @@ class EngineActor:
         self.proc = None
 
     def kill(self) -> None:
-        """SIGKILL the server's process group at once (a hung or frozen server ignores SIGTERM)."""
+        """SIGKILL the server's process group at once (a frozen server ignores SIGTERM)."""
         kill_tree(self.proc, timeout=0)
         self.proc = None
 

@@ -1,10 +1,5 @@
-"""The interface of a rollout engine backend: how its server process is started.
-
-After the start, every engine is the same to the rest of slime_hydra: a server that speaks SGLang's
-HTTP protocol (``/generate``, ``/health_generate``, ``/abort_request``, the weight-update and memory
-endpoints), registered with sglang-router. So an engine backend only says how to launch that
-server: its command line and its environment. The engine actor (``slime_hydra.rollout.engines.actor``)
-owns the process; the fleet (``slime_hydra.rollout.fleet``) talks to it over HTTP.
+"""The interface of a rollout engine backend: how its server is started (command line, environment). Once up,
+every engine is a server that speaks SGLang's HTTP protocol; the engine actor owns its process.
 """
 
 from __future__ import annotations
@@ -63,11 +58,10 @@ def to_flags(args: Dict[str, Any]) -> List[str]:
 
 
 class Engine(ABC):
-    """One kind of rollout engine (``rollout.engine``). A new kind is a subclass in its own module,
-    named in ``ENGINES`` (``slime_hydra/rollout/engines/__init__.py``), plus a ``conf/rollout/`` preset."""
+    """One kind of rollout engine (``rollout.engine``): a subclass named in ``ENGINES``, plus a ``conf/rollout/``
+    preset."""
 
-    # Variables removed from the engine actor's environment before the server starts (the server
-    # inherits that environment).
+    # variables removed from the engine actor's environment (which the server inherits) before the server starts
     unset_env: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, spec: ServerSpec):
@@ -75,8 +69,7 @@ class Engine(ABC):
 
     @classmethod
     def check(cls, cfg: "RunConfig") -> List[str]:
-        """This engine's config rules (``rollout.*``, ``parallelism.*`` as it reads them): problems as
-        ``<dotted.path>: <what is wrong>``, collected by config validation."""
+        """This engine's config rules: problems as ``<dotted.path>: <what is wrong>``."""
         return []
 
     @abstractmethod
@@ -85,9 +78,8 @@ class Engine(ABC):
         (``nccl_port``: a free port for the server's own NCCL group, where it has one)."""
 
     def prebuild_command(self, report_path: str) -> Optional[List[str]]:
-        """A command the engine actor runs beside the server's first start to prepare what the server would
-        otherwise build itself as it starts (SGLang: its kernels), writing a JSON report to ``report_path``;
-        None: nothing to prepare. The server must not depend on it."""
+        """A command run beside the server's first start to prepare what the server would otherwise build itself
+        (SGLang: its kernels), writing a JSON report to ``report_path``; None: nothing to prepare."""
         return None
 
     @classmethod
@@ -97,13 +89,12 @@ class Engine(ABC):
 
     @classmethod
     def startup_parts(cls, log_text: str, started: float, ready: float) -> Dict[str, float]:
-        """Seconds of each part of the server's start, as far as its log (``log_text``, written since it
-        was started at ``started``; up at ``ready``; both ``time.time()``) tells them; {}: it does not."""
+        """Seconds of each part of the server's start, from its log (``log_text``, written since ``started``; up at
+        ``ready``; both ``time.time()``); {}: it does not tell."""
         return {}
 
     def env(self) -> Dict[str, str]:
-        """Environment variables for the server process, on top of the actor's. On GPUs both ends of
-        an NCCL weight-update group must agree on cuMem: the trainer turns it off, as SGLang does."""
+        """Environment for the server on top of the actor's (on GPUs NCCL's cuMem off, as the trainer has it)."""
         return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")} if self.spec.device == "cuda" else {}
 
     def common_args(self, host: str, port: int, base_gpu_id: int) -> Dict[str, Any]:

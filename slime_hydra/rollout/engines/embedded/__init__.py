@@ -1,6 +1,5 @@
-"""The embedded engine: a Hugging Face transformers model behind SGLang's HTTP protocol
-(``slime_hydra.rollout.engines.embedded.server``), for CPUs and small GPU runs. Its flags are SGLang's names,
-plus ``--num-threads`` (torch CPU threads) of its own."""
+"""The embedded engine: a Hugging Face transformers model behind SGLang's HTTP protocol (``server.py``), for CPUs
+and small GPU runs. Its flags are SGLang's names, plus ``--num-threads`` (torch CPU threads)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The embedded rollout engine: a Hugging Face causal LM that generates batches with per-token
-log-probs, and takes weight updates and memory release/resume the way an SGLang server does.
-
-The HTTP face is :mod:`slime_hydra.rollout.engines.embedded.server`; this module has no HTTP in it.
-All model work happens on one thread (the server's worker), so generation, weight updates and
-memory release never interleave.
+"""The embedded rollout engine: a Hugging Face causal LM that generates batches with per-token log-probs and
+takes weight updates and memory release/resume as an SGLang server does. Its HTTP face is ``server.py``, whose
+one worker thread runs all of it.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from slime_hydra.sync import transport
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
-
-
 # SGLang 0.5.17's sampling parameters that the embedded engine does not implement: accepted at their
 # default value (what SGLang does then), refused otherwise rather than silently ignored.
 UNSUPPORTED_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
@@ -32,22 +27,18 @@ UNSUPPORTED_SAMPLING = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repe
                         "structural_tag": None, "logit_bias": None}
 # SGLang's, with no effect on a whole (non-streamed) answer here
 IGNORED_SAMPLING = ("n", "stream_interval", "custom_params")
-# The embedded engine's logits on CPU do not depend on the batch (a run of one seed must not depend on how
-# requests were batched: a token sampled near a boundary of its distribution changes with logits 1e-7 off):
-# - a CPU matrix product of a handful of rows takes another kernel (MKL's), whose sums round differently: each
-#   linear layer gets at least this many rows (zero rows added, their outputs dropped; ``_batch_invariant``);
+# On CPU (one torch thread) the logits do not depend on the batch, so a seed samples the same whatever the batching:
+# - a product of a few rows takes another kernel, which rounds differently: each linear layer gets at least this
+#   many rows (``_batch_invariant``);
 CPU_MIN_ROWS = 16
-# - attention sums over the keys in vector lanes: where a request's keys sit in the batch's key axis decides
-#   which lane adds which of them. Prompts are right-padded (a prompt's keys start at 0) to a width rounded up
-#   to a multiple of this (16 floats: an AVX-512 register), so each key sits in the same lane in every batch.
-# Both hold with one torch thread, the server's default (``parallelism.cpu_threads``).
+# - attention sums keys in vector lanes: prompts are right-padded to a multiple of this width (an AVX-512
+#   register of floats), so each key sits in the same lane in every batch.
 CPU_KEY_BLOCK = 16
 
 
 @dataclass
 class SamplingParams:
-    """SGLang's sampling parameters (sglang/srt/sampling/sampling_params.py), the subset the embedded
-    engine implements, checked as SGLang's ``verify`` checks them."""
+    """The subset of SGLang's sampling parameters the embedded engine implements, checked as SGLang checks them."""
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
@@ -65,8 +56,7 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "SamplingParams":
-        """As SGLang reads a request's ``sampling_params``: a null value means the default, an unknown
-        key is an error (400)."""
+        """As SGLang reads ``sampling_params``: null means the default, an unknown key is an error (400)."""
         d = {k: v for k, v in (d or {}).items() if v is not None and k not in IGNORED_SAMPLING}
         unknown = sorted(k for k in d if k not in cls.__dataclass_fields__ and k not in UNSUPPORTED_SAMPLING)
         if unknown:
@@ -77,8 +67,7 @@ class SamplingParams:
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
         sp = cls(**d)
-        seed = sp.sampling_seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if isinstance(sp.sampling_seed, bool) or not isinstance(sp.sampling_seed, (int, type(None))):
             raise ValueError(f"sampling_seed must be an integer, got {sp.sampling_seed!r}")
         sp.verify()
         return sp
@@ -101,8 +90,7 @@ class SamplingParams:
 
 
 def _batch_invariant(model: torch.nn.Module) -> None:
-    """Every linear layer of ``model`` multiplies at least CPU_MIN_ROWS rows (zero rows added, their outputs
-    dropped): one kernel for every row, whatever the batch."""
+    """Every linear layer of ``model`` multiplies at least CPU_MIN_ROWS rows (zero rows added, outputs dropped)."""
 
     def forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -155,7 +143,6 @@ class EmbeddedModel:
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    # ------------------------------------------------------------------------------ model state
     def _load(self, path: str) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype or "auto",
                                                      trust_remote_code=self.trust_remote_code)
@@ -200,8 +187,7 @@ class EmbeddedModel:
     def update_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
                                 group_name: str, version: Optional[str] = None,
                                 load_format: Optional[str] = None) -> None:
-        """One bucket broadcast by the trainer: tensor by tensor, or with ``load_format="flattened_bucket"``
-        (as SGLang) one buffer of one dtype that holds them all."""
+        """One bucket broadcast by the trainer, tensor by tensor or one flattened buffer (``load_format``)."""
         if load_format not in (None, "flattened_bucket"):
             raise ValueError(f"unknown load_format {load_format!r} (None or 'flattened_bucket')")
         group = self.groups.get(group_name)
@@ -241,22 +227,15 @@ class EmbeddedModel:
             self.weight_version = "uninitialized"
         self.released -= tags
 
-    # -------------------------------------------------------------------------------- generation
     def _uniforms(self, streams: List[Optional[torch.Generator]]) -> torch.Tensor:
-        """One uniform in [0, 1) per row, in float64: a seeded request's from its own stream (so what
-        it samples does not depend on the other requests in the batch or on their order), the others'
-        from the engine's generator."""
+        """One float64 uniform in [0, 1) per row, a seeded request's from its own stream."""
         n_free = sum(g is None for g in streams)
         free = iter(torch.rand(n_free, dtype=torch.float64, generator=self.cpu_generator).tolist())
         return torch.tensor([next(free) if g is None else torch.rand(1, dtype=torch.float64, generator=g).item()
                              for g in streams], dtype=torch.float64)
 
     def _sample(self, logits: torch.Tensor, reqs: List[Request], streams: List[Optional[torch.Generator]]) -> tuple:
-        """Sample one token per row; returns (tokens, their log-probs under softmax(logits / T)).
-
-        As in SGLang, the returned log-prob is that of the temperature-scaled distribution before
-        top-k / top-p / min-p filtering, which is what the trainer recomputes. Sampling inverts each
-        row's CDF at one uniform from :meth:`_uniforms`."""
+        """One token per row and its log-prob under softmax(logits / T) before top-k / top-p / min-p, as SGLang."""
         logits = logits.float()
         temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
         greedy = temps == 0
@@ -287,9 +266,7 @@ class EmbeddedModel:
 
     @staticmethod
     def _stream(r: Request) -> Optional[torch.Generator]:
-        """The request's own random stream when it carries ``sampling_seed``. The seed is mixed with
-        the prompt length (SGLang hashes the seed with each token's position), so the turns of one
-        conversation that reuse a seed do not draw the same numbers."""
+        """A seeded request's own random stream, mixed with the prompt length (a conversation's turns differ)."""
         if r.params.sampling_seed is None or r.params.temperature == 0:
             return None
         mixed = (int(r.params.sampling_seed) * 1_000_003 + len(r.input_ids)) % (1 << 63)
@@ -298,26 +275,22 @@ class EmbeddedModel:
     @torch.no_grad()
     def generate(self, reqs: List[Request],
                  is_aborted: Callable[[Request], bool] = lambda r: r.aborted) -> List[Dict[str, Any]]:
-        """Generate for a batch of requests; returns SGLang-shaped outputs in the same order.
-        ``is_aborted`` is polled after every decode step."""
+        """SGLang-shaped outputs for a batch of requests, in order; ``is_aborted`` is polled every decode step."""
         if "weights" in self.released:
             raise MemoryReleased("the engine's memory is released; resume it (and update weights) before generating")
         n = len(reqs)
-        out_ids: List[List[int]] = [[] for _ in range(n)]
-        out_lps: List[List[float]] = [[] for _ in range(n)]
-        finish: List[Optional[Dict[str, Any]]] = [None] * n
         if n == 0:
             return []
-        for i, r in enumerate(reqs):
-            if r.params.max_new_tokens == 0:
-                finish[i] = {"type": "length", "length": 0}
+        out_ids: List[List[int]] = [[] for _ in range(n)]
+        out_lps: List[List[float]] = [[] for _ in range(n)]
+        finish: List[Optional[Dict[str, Any]]] = [{"type": "length", "length": 0} if r.params.max_new_tokens == 0
+                                                  else None for r in reqs]
         prompts = [list(r.input_ids) for r in reqs]
         lens = torch.tensor([max(len(p), 1) for p in prompts], device=self.device)
         width = max(len(p) for p in prompts)
         if self.device.type == "cpu":  # batch-invariant logits (CPU_KEY_BLOCK)
             width = -(-width // CPU_KEY_BLOCK) * CPU_KEY_BLOCK
-        # right-padded: a prompt's tokens sit at the same places whatever the batch; the new tokens follow
-        # every row's padding, each at its own position (its length so far)
+        # right-padded; the new tokens follow every row's padding, each at its own position (its length so far)
         ids = torch.tensor([p + [self.pad_id] * (width - len(p)) for p in prompts], device=self.device)
         mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
         pos = torch.minimum(torch.arange(width, device=self.device)[None, :], lens[:, None] - 1)
@@ -368,24 +341,17 @@ class EmbeddedModel:
 
     def _output(self, r: Request, ids: List[int], lps: List[float], finish: Dict[str, Any]) -> Dict[str, Any]:
         p = r.params
-        shown = ids
-        if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), int):
-            shown = ids[:-1]
+        trim = not p.no_stop_trim and finish["type"] == "stop"
+        shown = ids[:-1] if trim and isinstance(finish.get("matched"), int) else ids
         text = self.tokenizer.decode(shown, skip_special_tokens=p.skip_special_tokens)
-        if not p.no_stop_trim and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
+        if trim and isinstance(finish.get("matched"), str):
             text = text[: len(text) - len(finish["matched"])] if text.endswith(finish["matched"]) else text
-        meta: Dict[str, Any] = {  # SGLang 0.5.17's meta_info (tokenizer_manager.py) without its timings
-            "id": r.rid,
-            "finish_reason": finish,
-            "prompt_tokens": len(r.input_ids),
-            "weight_version": self.weight_version,
-            "num_retractions": 0,
-            "reasoning_tokens": 0,
-            "completion_tokens": len(ids),
-            "cached_tokens": 0,
-        }
+        meta: Dict[str, Any] = {  # SGLang 0.5.17's meta_info without its timings
+            "id": r.rid, "finish_reason": finish, "prompt_tokens": len(r.input_ids),
+            "weight_version": self.weight_version, "num_retractions": 0, "reasoning_tokens": 0,
+            "completion_tokens": len(ids), "cached_tokens": 0}
         if r.return_logprob:  # (logprob, token id, token text or None); no prompt log-probs (logprob_start_len -1)
-            texts = ([self.tokenizer.decode([t]) for t in ids] if r.return_text_in_logprobs else [None] * len(ids))
+            texts = [self.tokenizer.decode([t]) for t in ids] if r.return_text_in_logprobs else [None] * len(ids)
             meta["input_token_logprobs"] = []
             meta["output_token_logprobs"] = [[lp, t, x] for lp, t, x in zip(lps, ids, texts)]
             meta["output_token_logprobs_length"] = len(ids)

@@ -2,13 +2,9 @@
 
     python -m slime_hydra.rollout.engines.embedded.server --model-path DIR --host 127.0.0.1 --port 30000
 
-The command line uses SGLang's flag names, so the engine actor launches either server the same way.
-Every model operation (generation, weight updates, memory release) runs on one worker thread;
-concurrent ``/generate`` requests are gathered into batches there.
-
-The reference for every endpoint, field and answer is SGLang 0.5.17's own server
-(sglang/srt/entrypoints/http_server.py, the request types of sglang/srt/managers/io_struct.py):
-tests/rollout/test_engine_protocol.py checks the embedded side against what that server does.
+The flags are SGLang's names. Every model operation runs on one worker thread, which gathers concurrent
+``/generate`` requests into batches. Endpoints, fields and answers are SGLang 0.5.17's own server's
+(tests/rollout/test_engine_protocol.py checks them).
 """
 
 from __future__ import annotations
@@ -43,15 +39,10 @@ _RIDS = itertools.count()  # ids of requests that come without one (cheaper than
 class Worker:
     """Owns the engine; runs generate batches and control calls one at a time, in arrival order."""
 
-    # A batch starts as soon as the queue stops growing: no request for batch_wait_s (or after
-    # max_wait_s, or at max_batch). Requests that arrive while a batch decodes wait for all of it
-    # (static batching) and form the next batch. A rollout's burst of /generate requests comes far
-    # faster than batch_wait_s apart; cutting a burst in two costs one more small batch.
+    # A batch starts once no request came for batch_wait_s (or after max_wait_s, or at max_batch); requests
+    # that arrive while it decodes form the next batch (static batching).
     def __init__(self, engine: EmbeddedModel, max_batch: int, batch_wait_s: float = 0.003, max_wait_s: float = 0.5):
-        self.engine = engine
-        self.max_batch = max_batch
-        self.batch_wait_s = batch_wait_s
-        self.max_wait_s = max_wait_s
+        self.engine, self.max_batch, self.batch_wait_s, self.max_wait_s = engine, max_batch, batch_wait_s, max_wait_s
         self.jobs: "queue.Queue[tuple]" = queue.Queue()
         self.running: Dict[str, Request] = {}
         self.pending_reqs: Dict[int, Request] = {}  # every /generate request not answered yet
@@ -61,7 +52,6 @@ class Worker:
         self.recent: "collections.deque[dict]" = collections.deque(maxlen=64)  # timings of the last batches
         threading.Thread(target=self._loop, name="engine-worker", daemon=True).start()
 
-    # called from the event loop
     async def submit(self, kind: str, payload: Any) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
@@ -75,9 +65,7 @@ class Worker:
                 self.pending_reqs.pop(id(payload), None)
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
-        """SGLang's abort, of running and waiting requests alike: all of them (``abort_all``), the one
-        with id ``rid``, or every sample of the request ``rid`` with n > 1 (or of the batch ``rid``).
-        An empty ``rid`` without abort_all aborts nothing."""
+        """SGLang's abort of running and waiting requests: all (``abort_all``), or those with id or parent ``rid``."""
         if abort_all:
             self.abort_epoch += 1
         elif rid:
@@ -100,8 +88,7 @@ class Worker:
             self._run_call(job)
 
     def _gather(self, first: tuple):
-        """Collect generate jobs until max_batch, a quiet gap, or max_wait; returns (batch, a
-        control job that arrived meanwhile or None)."""
+        """Generate jobs until max_batch, a quiet gap or max_wait -> (batch, a control job that came meanwhile)."""
         batch, deadline = [first], time.monotonic() + self.max_wait_s
         while len(batch) < self.max_batch and time.monotonic() < deadline:
             try:
@@ -163,8 +150,7 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 
 
 def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int = 256) -> "GenerateFirst":
-    """Plain Starlette routes: FastAPI's per-request work (dependency solving, cookie parsing,
-    telemetry hooks) is a large share of the server's time on tiny requests."""
+    """Plain Starlette routes (FastAPI's per-request work costs much on tiny requests)."""
     worker = Worker(engine, max_batch)
     routes: List[Route] = []
 
@@ -175,16 +161,12 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
         return add
 
     async def body(req: HTTPRequest) -> Dict[str, Any]:
-        raw = await req.body()
-        if not raw:
-            return {}
-        data = await req.json()
+        data = await req.json() if await req.body() else {}
         return data if isinstance(data, dict) else {}
 
     async def call(fn: Callable[[], Any]) -> Any:
         return await worker.submit("call", fn)
 
-    # ------------------------------------------------------------------------------ generation
     async def generate(data: Any) -> Tuple[int, Any]:
         """/generate -> (HTTP status, JSON body)."""
         try:
@@ -229,7 +211,6 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
         return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n")
 
-    # ---------------------------------------------------------------------------------- health
     @route("/health")
     async def health(req: HTTPRequest):
         return PlainTextResponse("")
@@ -290,15 +271,20 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
         return JSONResponse([{"dp_rank": 0, "num_reqs": now["num_reqs"], "num_waiting_reqs": now["num_waiting_reqs"],
                               "num_tokens": 0, "num_pending_tokens": 0, "ts_tic": time.perf_counter()}])
 
-    # ---------------------------------------------------------------------------- weights, memory
+    async def weight_request(req: HTTPRequest) -> Tuple[Dict[str, Any], Optional[str]]:
+        d = await body(req)
+        if d.get("abort_all_requests"):
+            worker.abort(abort_all=True)
+        return d, d.get("weight_version")
+
     async def weight_call(fn: Callable[[], Any], what: str, version: Optional[str], **extra):
         try:
             await call(fn)
         except Exception as e:  # noqa: BLE001 - reported to the trainer, which fails the run
             log.exception("%s failed", what)
             return _fail(f"Failed to {what}: {e}", **extra)
-        msg = f"Succeeded to {what}."
-        return _ok(msg + (f" Weight version updated to {version}." if version is not None else ""), **extra)
+        return _ok(f"Succeeded to {what}." + (f" Weight version updated to {version}." if version is not None else ""),
+                   **extra)
 
     @route("/init_weights_update_group", methods=("POST",))
     async def init_weights_update_group(req: HTTPRequest):
@@ -306,7 +292,7 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
         fn = lambda: engine.init_group(d["master_address"], int(d["master_port"]), int(d["rank_offset"]),  # noqa: E731
                                        int(d["world_size"]), d.get("group_name", "weight_update_group"),
                                        d.get("backend", "nccl"))
-        # Joining blocks until the trainer joins too; run it beside the worker, not on it.
+        # joining blocks until the trainer joins too: beside the worker, not on it
         try:
             await asyncio.to_thread(fn)
         except Exception as e:  # noqa: BLE001
@@ -324,10 +310,7 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
 
     @route("/update_weights_from_distributed", methods=("POST",))
     async def update_weights_from_distributed(req: HTTPRequest):
-        d = await body(req)
-        version = d.get("weight_version")
-        if d.get("abort_all_requests"):
-            worker.abort(abort_all=True)
+        d, version = await weight_request(req)
         return await weight_call(
             lambda: engine.update_from_distributed(d["names"], d["dtypes"], d["shapes"],
                                                    d.get("group_name", "weight_update_group"), version,
@@ -336,10 +319,7 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
 
     @route("/update_weights_from_tensor", methods=("POST",))
     async def update_weights_from_tensor(req: HTTPRequest):
-        d = await body(req)
-        version = d.get("weight_version")
-        if d.get("abort_all_requests"):
-            worker.abort(abort_all=True)
+        d, version = await weight_request(req)
 
         def load_tensors():
             # SGLang: TP rank i reads entry i (this engine is one rank); load_format None or "direct": a list
@@ -358,15 +338,11 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
 
     @route("/update_weights_from_disk", methods=("POST",))
     async def update_weights_from_disk(req: HTTPRequest):
-        d = await body(req)
-        version = d.get("weight_version")
-        if d.get("abort_all_requests"):
-            worker.abort(abort_all=True)
+        d, version = await weight_request(req)
         return await weight_call(lambda: engine.update_from_disk(d["model_path"], version),
                                  "update weights from disk", version, num_paused_requests=0)
 
-    # Without --enable-memory-saver, SGLang 0.5.17 answers release and resume but keeps its memory and
-    # weights (its memory saver adapter is a no-op): so does this server.
+    # without --enable-memory-saver, SGLang answers release and resume but keeps its memory: so does this server
     memory_saver = bool(server_args.get("enable_memory_saver"))
 
     @route("/release_memory_occupation", methods=("GET", "POST"))
@@ -389,9 +365,7 @@ def build_app(engine: EmbeddedModel, server_args: Dict[str, Any], max_batch: int
 
 
 class GenerateFirst:
-    """/generate straight on ASGI, everything else through Starlette: a rollout sends one request per
-    group (per sample with a custom generate function), and Starlette's request, routing and exception
-    layers are a large share of the server's time on small requests."""
+    """/generate straight on ASGI (Starlette's layers cost much on small requests), the rest through Starlette."""
 
     def __init__(self, app: Starlette, generate: Callable[[Any], Awaitable[Tuple[int, Any]]]):
         self.app, self.generate, self.state = app, generate, app.state
@@ -415,12 +389,9 @@ class GenerateFirst:
 
 
 def _parse_generate(data: Dict[str, Any], engine: EmbeddedModel, epoch: int):
-    """GenerateReqInput -> (is_batch, [Request]), as SGLang 0.5.17 normalizes it
-    (``GenerateReqInput.normalize_batch_and_arguments`` in sglang/srt/managers/io_struct.py): a batch
-    is a list of prompts (``input_ids`` of lists, or ``text`` a list) or n > 1; then ``sampling_params``,
-    ``rid`` and ``return_logprob`` are each one value for all prompts or a list with one per prompt,
-    and the answer is a list of outputs in prompt order (n per prompt). A list of the wrong length
-    is a 400 naming the field (SGLang checks ``rid``'s and lets a short ``sampling_params`` fail later)."""
+    """GenerateReqInput -> (is_batch, [Request]), as SGLang 0.5.17's ``normalize_batch_and_arguments``: a batch
+    is a list of prompts or n > 1; ``sampling_params``, ``rid`` and ``return_logprob`` are each one value for all
+    prompts or a list with one per prompt (else a 400 naming the field); the answer lists n outputs per prompt."""
     if ("text" in data) == ("input_ids" in data):
         raise ValueError("exactly one of 'text' and 'input_ids' must be given")
     prompts = data.get("input_ids")
@@ -467,7 +438,6 @@ def _parse_generate(data: Dict[str, Any], engine: EmbeddedModel, epoch: int):
 
 
 def _per_prompt(data: Dict[str, Any], key: str, prompts: int, default: Any, or_else: str) -> List[Any]:
-    """Field ``key`` of a /generate request, one value per prompt: a list must have one per prompt."""
     value = data.get(key, default)
     if not isinstance(value, list):
         return [value] * prompts
@@ -503,10 +473,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         torch.cuda.set_device(args.base_gpu_id)  # NCCL weight-update groups use the current device
     engine = EmbeddedModel(args.model_path, args.tokenizer_path, args.dtype, device, args.random_seed,
                             args.trust_remote_code)
-    app = build_app(engine, {k: v for k, v in vars(args).items()}, args.max_running_requests)
+    app = build_app(engine, dict(vars(args)), args.max_running_requests)
     log.info("embedded engine serving %s on %s:%d (pid %d)", args.model_path, args.host, args.port, os.getpid())
-    # A long keep-alive: the router pools connections across rollouts, and idle gaps (training)
-    # must not leave it holding connections the server has closed.
+    # a long keep-alive: the router's pooled connections must outlive the idle gaps (training)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_keep_alive=3600)
 

@@ -1,3 +1,2 @@
-"""The SGLang engine: ``engine`` (the server's command line and environment), ``args`` (``rollout.server_args``
-checked by sglang's parser), ``launch`` (what slime_hydra adds to the server's arguments), ``fast_start`` (the
-start-up work behind ``rollout.sglang_fast_start``)."""
+"""The SGLang engine: ``engine`` (command line, environment), ``args`` (``rollout.server_args`` checked by sglang's
+parser), ``launch`` (what slime_hydra adds to them), ``fast_start`` (``rollout.sglang_fast_start``)."""

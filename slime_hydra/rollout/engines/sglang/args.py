@@ -18,7 +18,7 @@ from slime_hydra.rollout.engines.sglang.fast_start import ServerArgsCheck
 if TYPE_CHECKING:
     import argparse
 
-# ServerArgs fields set from the run config or the resource plan -> where they come from.
+# ServerArgs fields set from the run config or the resource plan -> where they come from
 MANAGED_SERVER_ARGS: Dict[str, str] = {
     "model_path": "model.path",
     "tokenizer_path": "model.tokenizer",
@@ -39,8 +39,7 @@ MANAGED_SERVER_ARGS: Dict[str, str] = {
 
 @functools.lru_cache(maxsize=1)
 def sglang_parser() -> "argparse.ArgumentParser":
-    """The installed sglang's server argument parser (its own ``ServerArgs.add_cli_args``), built once.
-    Raises ImportError when sglang is not installed."""
+    """The installed sglang's server argument parser (``ServerArgs.add_cli_args``); ImportError without sglang."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
@@ -50,20 +49,9 @@ def sglang_parser() -> "argparse.ArgumentParser":
     return parser
 
 
-def sglang_version() -> str:
-    import sglang
-
-    return str(getattr(sglang, "__version__", "?"))
-
-
 def check_with_sglang(argv: List[str]) -> Optional[str]:
-    """Parse a server command line (without ``python -m sglang.launch_server``) with the installed
-    sglang's own ServerArgs parser. Returns None when it parses, an error message when it does not,
-    and raises ImportError when sglang is not installed.
-
-    Only the parser runs: it knows every flag, its type and its choices. The ServerArgs constructor,
-    whose cross-field rules would say more, reads the model's config (sglang 0.5.17 asks the Hugging
-    Face hub for it, which fails offline), so those rules are left to the server's start."""
+    """A server command line (without ``python -m sglang.launch_server``) parsed by sglang's own parser: None, or
+    its error; ImportError without sglang. The ServerArgs constructor's cross-field rules are left to the server."""
     import argparse
     import io
 
@@ -81,22 +69,16 @@ def check_with_sglang(argv: List[str]) -> Optional[str]:
 
 
 def check_server_args(server_args: Dict[str, Any]) -> List[Tuple[str, str]]:
-    """``rollout.server_args`` checked one key at a time by the installed sglang's own parser, as
-    ``to_flags`` passes it: [(key, problem)]. Keys of MANAGED_SERVER_ARGS are left to validation's own
-    rule. Raises ImportError when sglang is not installed.
-
-    A process that has not imported sglang yet (the driver, validating) checks in a child process:
-    importing sglang patches transformers and sets cache variables (TRITON_CACHE_DIR,
-    TORCHINDUCTOR_CACHE_DIR, ...) that the Ray workers started from this process would inherit."""
+    """``rollout.server_args`` checked key by key by sglang's parser, as ``to_flags`` passes it: [(key, problem)];
+    ImportError without sglang. Without sglang imported, in a child process (its import sets inherited variables)."""
     if "sglang.srt.server_args" in sys.modules:
         return _check_server_args_here(server_args)
     return ServerArgsCheck(server_args).result()
 
 
 def server_args_problems(server_args: Dict[str, Any], defer: bool = False) -> List[str]:
-    """Validation's problems with ``rollout.server_args``: keys slime_hydra sets itself, and where sglang is
-    installed, what its own parser refuses. With ``defer`` (``rollout.sglang_fast_start``) inside
-    ``config.deferred.deferred_checks``, the parser's check runs on in a child process and is answered later."""
+    """Validation's problems with ``rollout.server_args``: keys slime_hydra sets, and what sglang's parser refuses
+    (with ``defer``, inside ``config.deferred.deferred_checks``, answered later from a child process)."""
     import importlib.util
     import logging
 
@@ -118,9 +100,11 @@ def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]
     import argparse
     import difflib
 
+    import sglang
+
     parser = sglang_parser()
     actions = {s: a for a in parser._actions for s in a.option_strings}
-    version = sglang_version()
+    version = str(getattr(sglang, "__version__", "?"))
     problems: List[Tuple[str, str]] = []
     for key, value in server_args.items():
         if key in MANAGED_SERVER_ARGS:
@@ -132,21 +116,16 @@ def _check_server_args_here(server_args: Dict[str, Any]) -> List[Tuple[str, str]
             close = difflib.get_close_matches(key, names, n=3, cutoff=0.75)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             problems.append((key, f"not a ServerArgs option of sglang {version} (no {flag}){hint}"))
-            continue
-        if action.dest in MANAGED_SERVER_ARGS:
+        elif action.dest in MANAGED_SERVER_ARGS:
             problems.append((key, f"{flag} is sglang's alias of {action.dest}, set by slime_hydra from "
                                   f"{MANAGED_SERVER_ARGS[action.dest]}; remove it"))
-            continue
-        if value is False and action.nargs != 0:
+        elif value is False and action.nargs != 0:
             problems.append((key, f"false is left off the command line, and {flag} takes a value; "
                                   "give one or remove the key"))
-            continue
-        if value is False and isinstance(action, argparse.BooleanOptionalAction) and action.default is not False:
+        elif value is False and isinstance(action, argparse.BooleanOptionalAction) and action.default is not False:
             problems.append((key, "false is left off the command line, which keeps sglang's default "
                                   f"({action.default}); write no_{key}: true for --no-{flag[2:]}"))
-            continue
-        err = check_with_sglang(["--model-path", "model", *to_flags({key: value})])
-        if err is not None:
+        elif (err := check_with_sglang(["--model-path", "model", *to_flags({key: value})])) is not None:
             problems.append((key, f"{err} (sglang {version})"))
     return problems
 

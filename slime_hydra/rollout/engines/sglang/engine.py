@@ -1,19 +1,13 @@
-"""SGLang servers (``python -m sglang.launch_server``), slime's production engine.
+"""SGLang servers (``python -m sglang.launch_server``, sglang 0.5.17), slime's production engine.
 
 ``rollout.server_args`` is passed through to SGLang's ServerArgs (``mem_fraction_static: 0.7`` ->
 ``--mem-fraction-static 0.7``) and checked in validation (``args``); slime_hydra adds what the run needs
-(``launch``). With ``rollout.sglang_fast_start`` the server starts through ``fast_start`` (docs/startup.md).
-
-The project pins sglang 0.5.17 for GPUs. What it needs:
-- ``SGLANG_MEMORY_SAVER_CUDA_GRAPH`` is false: releasing CUDA-graph memory needs torch_memory_saver's
-  preload hook mode. The decode graphs' memory stays allocated while the trainer trains; weights and KV
-  cache are released.
-- ``SGLANG_LOG_MS``: the server log's timestamps have milliseconds, so ``startup_parts`` can say where the
-  start went (imports, weights, KV cache, CUDA graphs, HTTP server).
-- ``model.dtype=float32``: 0.5.17's native Qwen3 calls ``sgl_kernel``'s ``rmsnorm``, built for fp16 and bf16
-  only, and a float32 server dies capturing its decode CUDA graphs. Unless ``rollout.server_args`` sets
-  ``model_impl``, float32 servers run the transformers implementation with Triton's float32 dots in IEEE
-  precision, not TF32 (``FLOAT32_SERVER_ARGS``, ``FLOAT32_ENV``).
+(``launch``); ``rollout.sglang_fast_start`` starts it through ``fast_start``. Notes:
+- ``SGLANG_MEMORY_SAVER_CUDA_GRAPH`` is false (releasing graph memory needs torch_memory_saver's preload hook
+  mode): the decode graphs' memory stays allocated while the trainer trains.
+- ``SGLANG_LOG_MS``: log timestamps in milliseconds, for ``startup_parts``.
+- float32: the native Qwen3's ``rmsnorm`` is fp16/bf16 only, so float32 servers run the transformers
+  implementation (unless ``rollout.server_args`` sets ``model_impl``) with IEEE float32 Triton dots.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ if TYPE_CHECKING:
     from slime_hydra.config.schema import RunConfig
     from slime_hydra.plan.resources import ResourcePlan
 
-# Environment for SGLang servers (slime's defaults but SGLANG_MEMORY_SAVER_CUDA_GRAPH, see above;
-# values already set in the environment win).
+# slime's defaults but SGLANG_MEMORY_SAVER_CUDA_GRAPH (values already in the environment win)
 SGLANG_ENV = {
     "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
     "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "false",
@@ -41,15 +34,12 @@ SGLANG_ENV = {
     "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
     "NCCL_CUMEM_ENABLE": "0",
     "SGLANG_LOG_MS": "true",
-    # uvicorn closes a connection idle for 5 s by default; training and a weight sync take longer, and the rollout
-    # client's pooled connections would be dead at the next rollout. An hour, as the embedded engine's server
+    # uvicorn's default keep-alive (5 s) would close the client's pooled connections while the trainer trains
     "SGLANG_TIMEOUT_KEEP_ALIVE": "3600",
 }
 
-# the server's module: SGLang's own, or with rollout.sglang_fast_start the same with its workers forked
 LAUNCH_SERVER, FAST_START = "sglang.launch_server", "slime_hydra.rollout.engines.sglang.fast_start"
 
-# float32 servers (see above); rollout.server_args and the environment win
 FLOAT32_SERVER_ARGS = {"model_impl": "transformers"}
 FLOAT32_ENV = {"TRITON_F32_DEFAULT": "ieee"}
 
@@ -60,7 +50,6 @@ class SglangEngine(Engine):
 
     @classmethod
     def check(cls, cfg: "RunConfig") -> List[str]:
-        """CUDA only; ``rollout.server_args`` as ``args.server_args_problems`` checks it."""
         errs = [] if cfg.parallelism.device == "cuda" else [
             "rollout.engine: sglang needs parallelism.device=cuda (use rollout=embedded on CPU)"]
         return errs + server_args_problems(dict(cfg.rollout.server_args), defer=cfg.rollout.sglang_fast_start)
@@ -73,7 +62,7 @@ class SglangEngine(Engine):
     def command(self, host: str, port: int, base_gpu_id: int = 0, nccl_port: Optional[int] = None) -> List[str]:
         s = self.spec
         multi = s.nnodes > 1
-        # tp_size counts the GPUs of all the engine's nodes (SGLang splits them by --nnodes).
+        # tp_size counts the GPUs of all the engine's nodes (SGLang splits them by --nnodes)
         args = {**self.common_args(host, port, base_gpu_id), "tp_size": s.gpus, "enable_memory_saver": s.memory_saver,
                 "skip_server_warmup": True, "nccl_port": nccl_port, "nnodes": s.nnodes if multi else None,
                 "node_rank": s.node_rank if multi else None, "dist_init_addr": s.dist_init_addr,
@@ -90,23 +79,15 @@ class SglangEngine(Engine):
                 "--tp", str(s.gpus), *(["--trust-remote-code"] if s.trust_remote_code else []), "--report", report_path]
 
     def env(self) -> Dict[str, str]:
-        """``SGLANG_ENV``, and ``FLOAT32_ENV`` for a float32 server (values already in the environment win)."""
         env = {**SGLANG_ENV, **(FLOAT32_ENV if self.spec.dtype == "float32" else {})}
         return {**super().env(), **{k: os.environ.get(k, v) for k, v in env.items()}}
 
     @classmethod
     def startup_parts(cls, log_text: str, started: float, ready: float) -> Dict[str, float]:
-        """Where the server's start went, from the timestamps of its log (``log_text``: what it wrote
-        since it was started at ``started``, up at ``ready``, both ``time.time()``): seconds from the
-        start to its first step of model set-up (``process_s``: interpreter, imports, the scheduler's
-        process), then torch distributed, the weights, the KV cache, the CUDA graphs (kernel warm-up,
-        Triton's compiles and the captures), the HTTP server, and the first answer to
-        /health_generate. A part whose lines are missing is left out. ``kv_tokens``: the KV cache's size
-        in tokens (SGLang sizes it from the GPU memory free when it measures: on a colocated GPU, the
-        trainer's memory at that moment makes it smaller; compare the plan's estimate)."""
+        """Seconds of each part of the start (``SGLANG_PARTS``; a part whose lines are missing is left out) from
+        the log's timestamps, SGLang's own graph-capture seconds and ``kv_tokens``, the KV cache's size."""
         marks: Dict[str, float] = {}
-        captured = 0.0
-        kv_tokens = None
+        captured, kv_tokens = 0.0, None
         for line in log_text.splitlines():
             m = SGLANG_LOG_LINE.match(line)
             if not m:
@@ -119,11 +100,9 @@ class SglangEngine(Engine):
             for name, pattern in SGLANG_MILESTONES:
                 if pattern in m.group(2) and (name not in marks or name == "graphs"):
                     marks[name] = t  # the first of each, the last graph captured
-            e = SGLANG_CAPTURE.search(m.group(2))
-            if e:
+            if e := SGLANG_CAPTURE.search(m.group(2)):
                 captured += float(e.group(1))
-            k = SGLANG_KV_TOKENS.search(m.group(2))
-            if k:
+            if k := SGLANG_KV_TOKENS.search(m.group(2)):
                 kv_tokens = int(k.group(1))
         order = [("start", started), *[(n, marks[n]) for n, _ in SGLANG_MILESTONES if n in marks], ("ready", ready)]
         parts = {f"{SGLANG_PARTS[(a, b)]}_s": round(tb - ta, 2) for (a, ta), (b, tb) in zip(order, order[1:])

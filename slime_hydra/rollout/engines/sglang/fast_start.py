@@ -1,14 +1,10 @@
-"""SGLang's fast start (``rollout.sglang_fast_start``, on by default): the work slime_hydra does so that an
-SGLang server starts sooner. docs/startup.md says what each part does and why; off, the server is SGLang's
-own ``launch_server`` and nothing else runs beside it.
+"""SGLang's fast start (``rollout.sglang_fast_start``, on by default; docs/startup.md says why):
 
-- Forked workers (``serve``): ``python -m slime_hydra.rollout.engines.sglang.fast_start ARGS`` runs SGLang's
-  ``launch_server ARGS`` with its worker processes forked from a forkserver that imported most of their code
-  (``preload``) while the server imported its own, instead of each worker importing it again.
-- Kernel prebuild (``prebuild``): ``python -m slime_hydra.rollout.engines.sglang.fast_start prebuild --model-path
-  M ...`` builds SGLang's just-in-time CUDA kernels for the model side by side, beside the server's first start.
-- The parser check in a child process (``ServerArgsCheck``): sglang's own parser checks ``rollout.server_args``
-  while the cluster and the engines start; its answer is cached.
+- ``python -m ...fast_start ARGS`` (``serve``): SGLang's ``launch_server ARGS``, its workers forked from a
+  forkserver that imported most of their code (``preload``) instead of each worker importing it again;
+- ``python -m ...fast_start prebuild --model-path M ...``: SGLang's JIT CUDA kernels for the model, built side by
+  side beside the server's first start;
+- ``ServerArgsCheck``: sglang's parser checks ``rollout.server_args`` in a child process, its answer cached.
 """
 
 from __future__ import annotations
@@ -36,27 +32,22 @@ log = logging.getLogger(__name__)
 MODULE = "slime_hydra.rollout.engines.sglang.fast_start"  # this module by name (__main__ when run with -m)
 
 
-# ---- the parser check in a child process ----------------------------------------------------------------------
-
 def cache_dir() -> str:
-    """Where slime_hydra keeps what it can work out again (``$SLIME_HYDRA_CACHE``, else
-    ``$XDG_CACHE_HOME/slime_hydra``, else ``~/.cache/slime_hydra``)."""
+    """``$SLIME_HYDRA_CACHE``, else ``$XDG_CACHE_HOME/slime_hydra``, else ``~/.cache/slime_hydra``."""
     return os.environ.get("SLIME_HYDRA_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "slime_hydra")
 
 
 def _answer_path(sglang_dirs: List[str], server_args: Dict[str, Any]) -> Optional[str]:
-    """The cache file of the parser's answer for these arguments, this sglang and the module that reads it
-    (``args.py``); None if sglang's ``server_args.py`` is not a file (nothing is cached)."""
+    """The parser's cached answer for these arguments, sglang and ``args.py``; None without sglang's file."""
     import hashlib
 
-    source = next((f for d in sglang_dirs if os.path.isfile(f := os.path.join(d, "sglang", "srt", "server_args.py"))),
-                  None)
+    found = (f for d in sglang_dirs if os.path.isfile(f := os.path.join(d, "sglang", "srt", "server_args.py")))
+    source = next(found, None)
     if source is None:
         return None
     rules = os.path.join(os.path.dirname(os.path.abspath(__file__)), "args.py")  # MANAGED_SERVER_ARGS, the messages
-    files = [(os.path.realpath(f), st.st_size, st.st_mtime_ns) for f in (source, rules)
-             for st in [os.stat(f)]]
+    files = [(os.path.realpath(f), st.st_size, st.st_mtime_ns) for f in (source, rules) for st in [os.stat(f)]]
     key = json.dumps([files, server_args], sort_keys=True, default=str)
     return os.path.join(cache_dir(), "sglang_server_args", hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 
@@ -65,31 +56,26 @@ def _read_answer(path: Optional[str]) -> Optional[List[Tuple[str, str]]]:
     try:
         with open(path) as f:
             return [tuple(pair) for pair in json.load(f)]
-    except (TypeError, OSError, ValueError):  # no path, no file, a file from an older layout: ask the parser
+    except (TypeError, OSError, ValueError):  # no path, no file, an older layout: ask the parser
         return None
 
 
 def _write_answer(path: Optional[str], answer: List[Tuple[str, str]]) -> None:
     if path is None:
         return
-    try:
+    with contextlib.suppress(OSError):  # a read-only home: the next run asks the parser again
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(answer, f)
         os.replace(tmp, path)
-    except OSError:  # a read-only home: the next run asks the parser again
-        pass
 
 
 class ServerArgsCheck:
     """``args.check_server_args`` in a child process (``python -m ...sglang.args``), started at once and answered
-    by ``result``: importing sglang's ServerArgs is slow (torch, transformers and sglang's own modules), and in the
-    driver it would set variables that the Ray workers inherit.
-
-    An answer is kept in ``cache_dir()`` under the installed sglang (its ``server_args.py``: path, size, mtime),
-    ``args.py`` and the arguments: the same files give the same answer, so the next run with the same
-    ``rollout.server_args`` starts no child."""
+    by ``result``: importing sglang's ServerArgs is slow, and in the driver it would set variables that the Ray
+    workers inherit. Answers are cached in ``cache_dir()`` by sglang's ``server_args.py`` (path, size, mtime),
+    ``args.py`` and the arguments, so a run with the same ``rollout.server_args`` starts no child."""
 
     def __init__(self, server_args: Dict[str, Any]):
         import importlib.util
@@ -137,26 +123,22 @@ class ServerArgsCheck:
         return self.cached
 
     def kill(self) -> None:
-        """Not needed any more (validation failed anyway)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
     def problems(self) -> List[str]:
-        """``result`` as validation's problems (``rollout.server_args.<key>: ...``); [] with a warning when
-        sglang's parser did not run (the server will say more)."""
+        """``result`` as validation's problems; [] with a warning when sglang's parser did not run."""
         try:
             return [f"rollout.server_args.{key}: {problem}" for key, problem in self.result()]
         except ImportError as e:
             log.warning("rollout.server_args not checked: sglang's ServerArgs did not import (%s)", e)
             return []
 
-# ---- forked workers: the launcher -----------------------------------------------------------------------------
 
-# what the forkserver imports for SGLang's workers: ServerArgs' module, which the workers' modules import first
-# and which brings in most of the stack (torch, transformers, ...). Not the workers' own modules (scheduler,
-# detokenizer): they load sgl_kernel, which touches the CUDA driver as it imports, and a worker forked after that
-# cannot use CUDA (``preload`` checks, and the workers are spawned then)
+# what the forkserver imports for SGLang's workers: ServerArgs' module brings in most of the stack. Not the
+# workers' own modules: they load sgl_kernel, which touches the CUDA driver, and a worker forked after that cannot
+# use CUDA (``preload`` checks, and the workers are spawned then)
 WORKER_MODULES = ("sglang.srt.server_args",)
 STATUS_TIMEOUT_S = 300.0  # how long a worker's start waits for the forkserver's imports
 
@@ -167,8 +149,7 @@ _forkserver_env: Dict[str, str] = {}  # the environment the forkserver starts in
 
 def forkserver_status() -> Dict[str, Any]:
     if "fork" not in _status:
-        got = read_status(_status_path[0], STATUS_TIMEOUT_S, _forkserver_alive) if _status_path \
-            else None
+        got = read_status(_status_path[0], STATUS_TIMEOUT_S, _forkserver_alive) if _status_path else None
         _status.update(got or {"fork": False, "left": {"forkserver": "no answer"}})
         if _status["fork"]:
             log.info("fast start: SGLang's workers forked from the forkserver (it imported %s in %s s)",
@@ -187,8 +168,7 @@ def _forkserver_alive() -> bool:
 
 
 class WorkerProcess(multiprocessing.context.ForkServerProcess):
-    """A process forked from the forkserver (spawned where the forkserver says it may not fork) that runs in its
-    parent's environment as it was at ``start``, as a spawned process would, not the forkserver's."""
+    """Forked from the forkserver (spawned where it may not fork), in its parent's environment at ``start``."""
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
@@ -227,8 +207,7 @@ def environment(extra: Dict[str, str]) -> Iterator[None]:
 
 
 def memory_saver_preload(argv: List[str]) -> Dict[str, str]:
-    """With ``--enable-memory-saver``: torch_memory_saver's ``LD_PRELOAD`` (its hook mode ``preload``, as SGLang
-    sets it for a spawned scheduler)."""
+    """With ``--enable-memory-saver``: torch_memory_saver's ``LD_PRELOAD``, as SGLang sets it for its scheduler."""
     if "--enable-memory-saver" not in argv:
         return {}
     from torch_memory_saver.hooks.mode_preload import configure_subprocess
@@ -238,8 +217,7 @@ def memory_saver_preload(argv: List[str]) -> Dict[str, str]:
 
 
 def start_forkserver(argv: List[str], worker_modules: Sequence[str], status_path: str) -> None:
-    """multiprocessing's forkserver, started now: it imports ``worker_modules`` (``preload``) in the background
-    and writes its answer to ``status_path``."""
+    """The forkserver, started now: it imports ``worker_modules`` and writes its answer to ``status_path``."""
     multiprocessing.set_forkserver_preload([MODULE])
     _forkserver_env.clear()
     _forkserver_env.update({**memory_saver_preload(argv), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
@@ -252,12 +230,9 @@ def start_forkserver(argv: List[str], worker_modules: Sequence[str], status_path
 def serve(argv: List[str], server_module: str = "sglang.launch_server",
           worker_modules: Sequence[str] = WORKER_MODULES, status_path: Optional[str] = None) -> None:
     """Start the forkserver, then run ``python -m server_module argv`` here, its ``multiprocessing.Process``
-    forking from the forkserver.
-
-    A worker forked so keeps what a spawned one had: the server's environment at the worker's start
-    (``WorkerProcess``); torch_memory_saver's ``LD_PRELOAD``, which the forkserver begins with; a worker's death
-    stops the server (SGLang's watchdog); and the server's death, even by SIGKILL, takes the forkserver and the
-    workers with it (``die_with_parent``), so no worker keeps a GPU after its engine is gone."""
+    forking from the forkserver. A forked worker keeps what a spawned one had: the server's environment
+    (``WorkerProcess``), torch_memory_saver's ``LD_PRELOAD``, and the server's death, even by SIGKILL, takes the
+    forkserver and the workers with it (``die_with_parent``)."""
     if status_path is None:
         fd, status_path = tempfile.mkstemp(prefix="sglang_fast_start_", suffix=".json")
         os.close(fd)
@@ -272,23 +247,18 @@ def serve(argv: List[str], server_module: str = "sglang.launch_server",
         with contextlib.suppress(OSError):
             os.unlink(status_path)
 
-# ---- forked workers: the forkserver's preload -------------------------------------------------------------------
-# This module, imported by the forkserver (``STATUS_ENV`` set), imports the workers' first modules without CUDA: a
-# process forked after CUDA was initialised cannot use it. What they ask of the GPU meanwhile is answered as a
-# spawned worker would be answered at that point, without initialising CUDA: capability and name from NVML, device
-# 0, torch's accelerator CUDA where NVML sees a GPU, ``is_available`` through NVML (``PYTORCH_NVML_BASED_CUDA_CHECK``).
-# Anything else that would initialise CUDA through torch raises ``CudaAtImport``: that module is left for the
-# workers. A module that catches the refusal and imports anyway would keep a CPU-only answer, so then the workers
-# are spawned; packages that touch the driver without torch are refused outright (``LEFT_TO_WORKERS``). At the end
-# a forked child initialises CUDA, as a worker would (``cuda_after_fork``): only if it can are the workers forked.
+
+# The forkserver (``STATUS_ENV`` set) imports the workers' first modules without initialising CUDA (a process
+# forked after that cannot use it): capability and name come from NVML, device 0, ``is_available`` through NVML.
+# Anything else that would initialise CUDA raises ``CudaAtImport`` and that module is left to the workers; a module
+# that catches the refusal and imports anyway makes the workers spawn; ``LEFT_TO_WORKERS`` are refused outright.
+# Last, a forked child initialises CUDA (``cuda_after_fork``): only if it can are the workers forked.
 
 MODULES_ENV = "SLIME_HYDRA_SGLANG_PRELOAD"  # comma-separated modules to import
 STATUS_ENV = "SLIME_HYDRA_SGLANG_PRELOAD_STATUS"  # where to write what happened
 SERVER_ENV = "SLIME_HYDRA_SGLANG_SERVER_PID"  # the server that started the forkserver: it dies with it
-# torch's entry points that initialise CUDA (refused while the modules import)
 CUDA_ENTRY_POINTS = ("_cuda_init", "_cuda_getDeviceCount")
-# Packages refused here whatever they ask of torch, each with the one importer that may catch the refusal and import
-# on (what that importer keeps is then what a worker computes), and why
+# packages refused whatever they ask of torch -> (the one importer that may catch the refusal and import on, why)
 LEFT_TO_WORKERS = {
     "sgl_kernel": ("sglang.srt.utils.common",
                    "sgl_kernel loads its CUDA kernels as it imports, which touches the driver without torch; "
@@ -298,7 +268,7 @@ LEFT_TO_WORKERS = {
 
 
 class CudaAtImport(ImportError):
-    """A module asked torch to initialise CUDA while it was imported in the forkserver."""
+    """A module asked to initialise CUDA while the forkserver imported it."""
 
 
 class Refusals:
@@ -320,12 +290,10 @@ class Refusals:
         raise self.raised[-1]
 
     def caught(self, stopped: set, tolerated: bool = False) -> List[str]:
-        """Where the refusals were raised that a module caught and imported past: those not tolerated, or (with
-        ``tolerated``) those ``LEFT_TO_WORKERS`` allows."""
+        """Where the refusals a module caught and imported past were raised (not tolerated, or tolerated ones)."""
         return [w for i, w in enumerate(self.where) if i not in stopped and self.tolerated[i] == tolerated]
 
     def stopped(self, error: BaseException) -> Optional[int]:
-        """The index of the refusal that ``error`` (an import's failure) came from, if any."""
         seen = set()
         while error is not None and id(error) not in seen:
             seen.add(id(error))
@@ -350,22 +318,14 @@ class LeaveToWorkers(importlib.abc.MetaPathFinder):
         while frame is not None and frame.f_code.co_filename.startswith("<frozen"):  # importlib's own frames
             frame = frame.f_back
         importer = frame.f_globals.get("__name__", "?") if frame is not None else "?"
-        # tolerated only from the importer's own top level: the import statement LEFT_TO_WORKERS vouches for, not
-        # a function of that module that another one calls
+        # tolerated only from the importer's own top level, the import statement LEFT_TO_WORKERS vouches for
         at_top = frame is not None and frame.f_code.co_name == "<module>"
         self.refusals._raise(f"{package}, imported by {importer}", f"{package} is left to the workers",
                              tolerated=at_top and importer == LEFT_TO_WORKERS[package][0])
 
 
-def _cuda_initialized() -> bool:
-    import torch
-
-    return torch.cuda.is_initialized()
-
-
 def nvml_handle(device: Any) -> Any:
-    """NVML's handle of torch's ``device`` (None, an int, "cuda:N" or a torch.device), as CUDA_VISIBLE_DEVICES
-    maps it."""
+    """NVML's handle of torch's ``device`` (None, an int, "cuda:N" or a torch.device) under CUDA_VISIBLE_DEVICES."""
     import pynvml
     import torch
 
@@ -379,11 +339,12 @@ def nvml_handle(device: Any) -> Any:
 
 
 def until_cuda(original: Callable[..., Any], stand_in: Callable[..., Any]) -> Callable[..., Any]:
-    """``stand_in`` until CUDA is initialised, then ``original`` (a module may keep a reference to the function: in
-    the worker it answers as torch would)."""
+    """``stand_in`` until CUDA is initialised, then ``original`` (for a module that keeps a reference)."""
+
+    import torch
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **kwargs) if _cuda_initialized() else stand_in(*args, **kwargs)
+        return original(*args, **kwargs) if torch.cuda.is_initialized() else stand_in(*args, **kwargs)
 
     return call
 
@@ -402,15 +363,14 @@ def nvml_name(device: Any = None) -> str:
 
 
 def cuda_after_fork() -> Optional[str]:
-    """None if a process forked from this one can initialise CUDA (or there is no GPU to initialise), else why
-    not: a child is forked and tries, as a worker would."""
+    """None if a child forked from here can initialise CUDA (or there is no GPU), else why not."""
     import torch
 
     if not torch.cuda.is_available():  # NVML's answer here (PYTORCH_NVML_BASED_CUDA_CHECK)
         return None
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: initialise CUDA and make its context, say what failed, and leave at once
+    if pid == 0:  # the child: initialise CUDA, say what failed, and leave at once
         os.close(r)
         problem = b""
         try:
@@ -487,13 +447,10 @@ def read_status(path: str, timeout: float, alive: Callable[[], bool]) -> Optiona
             time.sleep(0.05)
     return None
 
-# ---- kernel prebuild ------------------------------------------------------------------------------------------
-# sglang 0.5.17 compiles some kernels with nvcc the first time it runs them, one after another inside its CUDA-graph
-# capture. ``prebuild`` builds them for the model all at once, a thread each (nvcc is a child process), into the
-# same caches (``~/.cache/tvm-ffi``, ``~/.cache/flashinfer``), so only a machine's first start pays for them. The
-# server, reaching a kernel, loads it if built, else waits on the build's lock (both libraries take one). Nothing
-# here is required: a kernel missed or failed here the server builds itself; the report says which. No GPU is
-# touched: capabilities come from NVML and CUDA_VISIBLE_DEVICES is emptied before CUDA could initialise.
+
+# sglang 0.5.17 compiles some kernels with nvcc on first use, one after another in its CUDA-graph capture.
+# ``prebuild`` builds them all at once, a thread each, into the same caches (the server loads a built one, or waits
+# on its build's lock); a kernel missed here the server builds itself. No GPU is touched (NVML, no visible devices).
 
 # model types whose sglang 0.5.17 implementation normalises queries and keys per head (apply_qk_norm)
 QK_NORM_MODELS = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "olmo2", "glm4_moe", "llama4", "bailing_moe"})
@@ -514,10 +471,9 @@ class Kernel:
 
 
 def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
-    """The kernels sglang 0.5.17 compiles on its first use of a model with this Hugging Face ``config`` (a
-    ``config.json`` as a dict) served in ``dtype`` over ``tp`` GPUs. FlashInfer's norm and the activation and
-    position kernels serve every model; the attention kernels need the model's heads (none for multi-head latent
-    attention, ``kv_lora_rank``, whose kernels are others), the query-key norm a model type that has it."""
+    """The kernels sglang 0.5.17 compiles on first use of a model with this ``config.json`` (a dict) served in
+    ``dtype`` over ``tp`` GPUs: norm, activation and position for every model; attention ones from the heads (none
+    for multi-head latent attention, ``kv_lora_rank``); the query-key norm where the model type has it."""
     config = {**(config.get("text_config") or {}), **config}  # a multimodal config keeps the language model's inside
     if dtype == "auto":  # the checkpoint's, and SGLang serves a float32 one in float16
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("float32", "float16")
@@ -546,9 +502,7 @@ def kernels_for(config: Dict[str, Any], dtype: str, tp: int) -> List[Kernel]:
 
 
 def load_module(kernel: Kernel) -> Optional[str]:
-    """Import the kernel's module; None, or why it does not import. Done in one thread, module after module: sglang's
-    kernel modules import each other, and threads importing them at once can deadlock on Python's import locks. An
-    sglang module's build target is pinned here too (``pin_sglang_target``)."""
+    """Import the kernel's module (in one thread: concurrent imports can deadlock); None, or why it failed."""
     try:
         importlib.import_module(kernel.module)
         if kernel.module.startswith("sglang."):
@@ -559,8 +513,7 @@ def load_module(kernel: Kernel) -> Optional[str]:
 
 
 def build(kernel: Kernel, since: float = 0.0) -> Dict[str, Any]:
-    """Build one kernel (load it, as sglang's loader does); what happened, when it started and ended (seconds after
-    ``since``, a ``time.monotonic()``), printed as it ends."""
+    """Build one kernel (load it, as sglang's loader does); what happened, and when (seconds after ``since``)."""
     import torch
 
     t0 = time.monotonic()
@@ -577,8 +530,7 @@ def build(kernel: Kernel, since: float = 0.0) -> Dict[str, Any]:
 
 
 def capabilities() -> List[Tuple[int, int]]:
-    """The compute capability of each GPU CUDA would see here (``CUDA_VISIBLE_DEVICES``), from NVML; [] where it
-    names none."""
+    """The compute capability of each GPU CUDA would see here, from NVML."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not visible.strip():
         return []
@@ -594,8 +546,7 @@ def capabilities() -> List[Tuple[int, int]]:
 
 
 def answer_without_gpus(caps: Sequence[Tuple[int, int]]) -> None:
-    """Set this process up to compile for ``caps`` with no GPU visible: FlashInfer reads its targets from
-    ``FLASHINFER_CUDA_ARCH_LIST``; sglang asks torch for the current device's capability, answered here."""
+    """Compile for ``caps`` with no GPU visible (FlashInfer's arch list; torch's answers to sglang)."""
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(sorted({f"{major}.{minor}" for major, minor in caps}))
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
@@ -605,9 +556,8 @@ def answer_without_gpus(caps: Sequence[Tuple[int, int]]) -> None:
 
 
 def pin_sglang_target() -> None:
-    """sglang's loader sets ``TVM_FFI_CUDA_ARCH_LIST`` to its target (e.g. 9.0a) around each build and removes it
-    after; with builds side by side, one could start after another removed it and compile for nvidia-smi's plain
-    sm_90 into the 9.0a folder. Set for the whole process, every build puts back the same value."""
+    """``TVM_FFI_CUDA_ARCH_LIST`` set for the whole process: sglang's loader sets and removes it around each build,
+    and a build started after another removed it would compile for the wrong target."""
     from sglang.kernels.jit.utils import get_jit_cuda_arch
 
     os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", get_jit_cuda_arch().target_name)
@@ -641,9 +591,8 @@ def prebuild(model_path: str, dtype: str, tp: int, trust_remote_code: bool = Fal
 
 
 def claim(kernels: Sequence[Kernel], caps: Sequence[Tuple[int, int]]) -> Optional[IO[str]]:
-    """An exclusive lock on building these kernels for these GPUs on this machine, held while the returned file is
-    open; None when another process holds it. So the engines of a node run one prebuild between them, not one each
-    building the same kernels into the same caches. The file is in ``cache_dir()``."""
+    """A lock (in ``cache_dir()``) on building these kernels for these GPUs here, so a node runs one prebuild; the
+    open file holds it, None when another process does."""
     import fcntl
     import hashlib
 
@@ -659,8 +608,7 @@ def claim(kernels: Sequence[Kernel], caps: Sequence[Tuple[int, int]]) -> Optiona
 
 
 def model_config(model_path: str, trust_remote_code: bool = False) -> Dict[str, Any]:
-    """The model's ``config.json`` as a dict: read as it is from a folder (importing transformers would delay the
-    first build), else through transformers (a Hugging Face id)."""
+    """The model's ``config.json`` as a dict, from a folder, else through transformers (a Hugging Face id)."""
     path = os.path.join(model_path, "config.json")
     if os.path.isfile(path):
         with open(path) as f:
@@ -686,10 +634,8 @@ def prebuild_main(argv: List[str]) -> int:
         report = prebuild(a.model_path, a.dtype, a.tp, a.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - a model config or NVML that does not answer: the server builds
         report = {"kernels": [], "skipped": f"{type(e).__name__}: {e}"[:300]}
-    if report.get("skipped"):
-        print(f"no kernels built: {report['skipped']}", flush=True)
-    else:
-        print(f"done in {report['seconds']:.2f} s", flush=True)
+    print(f"no kernels built: {report['skipped']}" if report.get("skipped") else f"done in {report['seconds']:.2f} s",
+          flush=True)
     write_json_atomic(a.report, report)
     return 0
 

@@ -1,20 +1,14 @@
-"""What slime_hydra adds to ``rollout.server_args`` on an SGLang server's command line: CUDA graphs only for
-what the run uses, and on a GPU shared with a trainer the KV pool held to the plan's count.
-
-- No prefill CUDA graph unless ``rollout.server_args`` chooses one: sglang 0.5.17 captures a "breakable"
-  prefill graph for many token counts by default, which makes the start much longer, and it refuses the
-  memory saver of colocated engines when graph memory is to be released. A rollout's prefill is a small
-  part of its time.
-- Decode CUDA graphs only for the batch sizes the run can send an engine (the plan's ``engine_batch``),
-  rounded up to SGLang's own grid, unless ``rollout.server_args`` sets them.
+"""What slime_hydra adds to ``rollout.server_args`` on an SGLang server's command line: no prefill CUDA graph
+(sglang 0.5.17 captures one for many token counts, a much longer start, and refuses the memory saver with it)
+and decode graphs only for the batch sizes the run can send an engine, unless ``rollout.server_args`` chooses
+them; on a GPU shared with a trainer, the KV pool held to the plan's count.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-# rollout.server_args keys that choose the prefill CUDA graph (sglang 0.5.17's names and deprecated aliases):
-# with any of them set, the engines keep the user's choice.
+# rollout.server_args keys that choose the prefill CUDA graph (sglang 0.5.17's names and deprecated aliases)
 PREFILL_GRAPH_KEYS = ("disable_prefill_cuda_graph", "cuda_graph_backend_prefill", "cuda_graph_config",
                       "disable_cuda_graph", "enable_breakable_cuda_graph", "disable_piecewise_cuda_graph",
                       "enforce_piecewise_cuda_graph")
@@ -22,45 +16,34 @@ PREFILL_GRAPH_KEYS = ("disable_prefill_cuda_graph", "cuda_graph_backend_prefill"
 DECODE_GRAPH_KEYS = ("cuda_graph_max_bs_decode", "cuda_graph_bs_decode", "cuda_graph_max_bs", "cuda_graph_bs",
                      "cuda_graph_config", "cuda_graph_backend_decode", "disable_decode_cuda_graph",
                      "disable_cuda_graph", "disable_cuda_graph_padding")
-# SGLang's default largest decode graph on a GPU of 90-160 GB below TP 4 (ServerArgs._handle_gpu_memory_settings);
-# a run that can use as many sequences keeps SGLang's default.
+# SGLang's default largest decode graph on a GPU of 90-160 GB below TP 4 (a run that uses as many keeps it)
 SGLANG_DEFAULT_DECODE_MAX_BS = 256
 
 
 def decode_graph_sizes(max_bs: int) -> List[int]:
-    """The decode batch sizes sglang 0.5.17 captures for ``cuda_graph_max_bs_decode=max_bs``
-    (``ServerArgs._generate_decode_cuda_graph_batch_sizes``, no speculative decoding, with padding)."""
+    """The decode batch sizes sglang 0.5.17 captures for ``cuda_graph_max_bs_decode=max_bs``."""
     grid = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     sizes = [b for b in grid if b <= max_bs]
     return sizes if max_bs in sizes else [*sizes, max_bs]
 
 
 def decode_graph_max_bs(batch: int) -> int:
-    """The smallest size of SGLang's grid that holds ``batch`` sequences: a batch in between is padded
-    up to the next captured size, so capturing up to ``batch`` itself would add a size of its own."""
+    """The smallest size of SGLang's grid that holds ``batch`` sequences (a batch in between is padded up)."""
     grid = decode_graph_sizes(max(batch, 512) + 32)
     return next(b for b in grid if b >= batch)
 
 
-# The ``mem_fraction_static`` SGLang starts with where the KV pool is held to the plan's count (``max_total_tokens``)
-# and the engine keeps its memory while the trainer trains (no ``parallelism.offload_rollout``). SGLang sizes its
-# pool as the memory free once its weights are loaded less (1 - mem_fraction_static) of the memory free before:
-# a colocated trainer that grows in between takes its growth out of the pool, so a low fraction can leave the pool
-# far below the plan's count. At 0.9 the pool reaches the plan's count unless the GPU is nearly full as SGLang
-# starts. With offload_rollout the user's fraction stays: the plan counts the engine and the trainer's peak in
-# different phases.
+# The least ``mem_fraction_static`` where the KV pool is held to the plan's count and the engine stays resident
+# (no ``parallelism.offload_rollout``): SGLang sizes its pool from the memory free before and after its weights
+# load, and a colocated trainer that grows in between would leave a low fraction's pool far below the count.
 CAPPED_MEM_FRACTION = 0.9
 
 
 def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int],
                         kv_tokens: Optional[int] = None) -> Dict[str, Any]:
-    """What slime_hydra adds to ``server_args`` to start a server in less time: no prefill CUDA
-    graph, unless the user chose one (a key of ``PREFILL_GRAPH_KEYS``); decode graphs up to
-    ``decode_batch`` (the plan's ``engine_batch``) rounded up to SGLang's grid, unless the user chose
-    them (``DECODE_GRAPH_KEYS``) or the run can use SGLang's default (or more). And on a GPU shared with a
-    trainer, the KV pool held to the plan's ``kv_tokens`` (``max_total_tokens``, unless the user set it: SGLang
-    takes the smaller of it and what it finds free; ``launch_server_args`` may raise ``mem_fraction_static`` to
-    reach it)."""
+    """What slime_hydra adds to ``server_args``: no prefill CUDA graph unless chosen (``PREFILL_GRAPH_KEYS``);
+    decode graphs up to ``decode_batch`` on SGLang's grid unless chosen (``DECODE_GRAPH_KEYS``) or SGLang's default
+    is no larger; the KV pool held to ``kv_tokens`` (``max_total_tokens``) unless set."""
     out: Dict[str, Any] = {}
     if kv_tokens and "max_total_tokens" not in server_args:
         out["max_total_tokens"] = kv_tokens
@@ -75,10 +58,8 @@ def startup_server_args(server_args: Dict[str, Any], decode_batch: Optional[int]
 
 def launch_server_args(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None,
                        engine_resident: bool = False) -> Dict[str, Any]:
-    """``server_args`` with ``startup_server_args`` added where it sets nothing, and, when the KV pool is held to
-    the plan's count and the engine stays resident (``engine_resident``: no ``offload_rollout``),
-    ``mem_fraction_static`` at least ``CAPPED_MEM_FRACTION``: the user's fraction has set that count (the plan's pool
-    is ``mem_fraction_static`` of the GPU less the weights)."""
+    """``server_args`` with ``startup_server_args`` added where it sets nothing, and ``mem_fraction_static`` at
+    least ``CAPPED_MEM_FRACTION`` when the KV pool is held to the plan's count and ``engine_resident``."""
     added = startup_server_args(server_args, decode_batch, kv_tokens)
     args = {**added, **server_args}
     if "max_total_tokens" in added and engine_resident:
@@ -93,8 +74,7 @@ def launch_server_args(server_args: Dict[str, Any], decode_batch: Optional[int],
 
 def startup_note(server_args: Dict[str, Any], decode_batch: Optional[int], kv_tokens: Optional[int] = None,
                  engine_resident: bool = False) -> str:
-    """The plan print-out's line on what the servers capture at start and the KV pool's cap
-    (``startup_server_args``, ``launch_server_args``)."""
+    """The plan print-out's line on what the servers capture at start and the KV pool's cap."""
     added = startup_server_args(server_args, decode_batch, kv_tokens)
     if "cuda_graph_max_bs_decode" in added:
         n = len(decode_graph_sizes(added["cuda_graph_max_bs_decode"]))
