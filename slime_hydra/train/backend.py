@@ -86,7 +86,6 @@ class TrainerBackend(ABC):
     #: the PPO critic when the algorithm trains one and the backend supports it, else None
     critic: Optional[CriticBackend] = None
 
-    # ---------------------------------------------------------------------------- layout
     @property
     @abstractmethod
     def dp_rank(self) -> int:
@@ -111,13 +110,11 @@ class TrainerBackend(ABC):
     def dp_all_reduce(self, t: "Tensor") -> "Tensor":
         """The sum of ``t`` (a CPU tensor) over the data-parallel group, on CPU."""
 
-    # ------------------------------------------------------------------------------- data
     @abstractmethod
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[MicroBatch]:
         """``rows`` of ``data`` (:data:`slime_hydra.train.batch.TRAIN_KEYS`), in order, as micro-batches,
         responses padded to ``response_len``; built once per optimiser step."""
 
-    # ----------------------------------------------------------------------------- policy
     @property
     @abstractmethod
     def lr(self) -> float:
@@ -137,7 +134,6 @@ class TrainerBackend(ABC):
     def set_num_rollout(self, num_rollout: int) -> None:
         """Size the LR schedule(s) for a run of ``num_rollout`` rollouts; called before the first step."""
 
-    # ---------------------------------------------------------------------------- weights
     @abstractmethod
     def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, "torch.Tensor"]]:
         """The full weights in Hugging Face names and ``model.dtype``, one tensor at a time, on the rank that
@@ -171,7 +167,6 @@ class TrainerBackend(ABC):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    # ------------------------------------------------------------------------ checkpoints
     @abstractmethod
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """Write the policy as a Hugging Face checkpoint to ``out_dir``, with the tokenizer of ``tokenizer_dir``."""

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig
 
 
-# ------------------------------------------------------------------------------ reward post-processing
 def normalize_group_rewards(
     rewards: Tensor, group_size: int, subtract_mean: bool, divide_std: bool, eps: float = 1e-6
 ) -> Tensor:
@@ -60,7 +59,6 @@ def rewards_for_estimator(algo: "AlgoConfig", rewards: Tensor, group_size: int) 
     return normalize_group_rewards(rewards, group_size, subtract_mean=True, divide_std=divide_std)
 
 
-# ----------------------------------------------------------------------------------------- helpers
 def response_lengths(mask: Tensor) -> Tensor:
     """``L_i`` = 1 + the last position with a non-zero mask (0 for an empty mask), ``[B]`` long."""
     positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
@@ -100,7 +98,6 @@ def generalized_advantages(token_rewards: Tensor, values: Tensor, gamma: float, 
     return out
 
 
-# -------------------------------------------------------------------------------------- estimators
 def group_relative(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
     """Outcome supervision with a group baseline, ``A_it = r~_i`` on every response token.
 
@@ -145,7 +142,6 @@ def reinforce_plus_plus_baseline(
     return adv, adv.clone()
 
 
-# ------------------------------------------------------------------------------------------ driver
 def compute_advantages(
     algo: "AlgoConfig",
     *,

@@ -1,10 +1,7 @@
-"""Log-probs and entropy of chosen tokens from vocab-parallel logits, chunked.
-
-As in megatron's ``vocab_parallel_cross_entropy``, the softmax statistics are reduced across the TP group
-(two all-reduces of ``[rows]`` vectors), float32 only ``chunk`` rows at a time in the forward and backward,
-and the vocabulary's padding columns excluded, so the log-probs equal the Hugging Face model's. Only the
-response positions' rows (``index``) are gathered and kept; their gradient is scattered back into the full
-logits' gradient. ``fuse`` (``trainer.compile``): the compiled statistics of ``slime_hydra/train/logprobs.py``.
+"""Log-probs and entropy of chosen tokens from vocab-parallel logits, chunked. As megatron's
+``vocab_parallel_cross_entropy``: softmax statistics all-reduced over the TP group, float32 ``chunk`` rows at a
+time, padding columns excluded. Only the response rows (``index``) are gathered; their gradient is scattered
+back. ``fuse`` (``trainer.compile``): the compiled statistics of ``slime_hydra/train/logprobs.py``.
 """
 
 from __future__ import annotations
@@ -98,8 +95,8 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, ind
     v_local = logits.shape[-1]
     rank = dist.get_rank(group=tp_group) if tp_group is not None and dist.get_world_size(tp_group) > 1 else 0
     start = rank * v_local
-    vocab_size = v_local * (dist.get_world_size(tp_group) if tp_group is not None else 1) \
-        if vocab_size is None else vocab_size
+    if vocab_size is None:
+        vocab_size = v_local * (dist.get_world_size(tp_group) if tp_group is not None else 1)
     n_valid = max(0, min(v_local, vocab_size - start))
     chunk = _chunk_rows(v_local, chunk_bytes)
     scored = logits.shape[0] if index is None else index.shape[0]

@@ -1,8 +1,7 @@
-"""Sequence packing without padding, and micro-batches by token budget (slime's ``--use-dynamic-batch-size
---max-tokens-per-gpu``). A micro-batch is one row of concatenated samples (megatron's THD format): attention
-stays inside each sample through ``cu_seqlens``, positions restart at 0, and only a short tail pads the length
-to a multiple of the TP size. ``PackedBatch.logit_index`` lists the positions whose logits predict a response
-token, so only those rows reach the log-softmax.
+"""Sequence packing, and micro-batches by token budget (slime's ``--use-dynamic-batch-size``). A micro-batch
+is one row of concatenated samples (THD): attention stays inside each sample through ``cu_seqlens``, positions
+restart at 0, a short tail pads to a multiple of the TP size. Only the rows of ``PackedBatch.logit_index``
+(those predicting a response token) reach the log-softmax.
 """
 
 from __future__ import annotations
@@ -36,9 +35,7 @@ def token_budget_micro_batches(lengths: Sequence[int], max_tokens: int, min_micr
 def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], max_samples: int) -> List[List[int]]:
     """Consecutive positions ``0..n-1`` cut into groups of at most ``max_tokens`` tokens (None: no token
     budget) and ``max_samples`` samples. Consecutive, because the RL step wants the rows in order."""
-    groups: List[List[int]] = []
-    cur: List[int] = []
-    used = 0
+    groups, cur, used = [], [], 0
     for i, n in enumerate(lengths):
         if max_tokens is not None and n > max_tokens:
             raise ValueError(f"trainer.max_tokens_per_micro_batch: a sample has {n} tokens, more than the budget "
@@ -124,13 +121,8 @@ def pack(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], indic
          pad_id: int = 0) -> PackedBatch:
     """Pack samples ``indices`` of ``tokens`` (prompt + response ids) into one row. ``loss_masks[i]``
     covers sample i's response (None: all ones). The row is padded to a multiple of ``pad_to_multiple``."""
-    ids: List[int] = []
-    pos: List[int] = []
+    ids, pos, logit_index, targets, mask, rlens = [], [], [], [], [], []
     bounds = [0]
-    logit_index: List[int] = []
-    targets: List[int] = []
-    mask: List[float] = []
-    rlens = []
     for i in indices:
         seq, r = list(tokens[i]), int(response_lengths[i])
         if r < 0 or (r > 0 and r >= len(seq)):

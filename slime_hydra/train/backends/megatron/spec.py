@@ -1,8 +1,7 @@
-"""Our module specs for megatron-core's ``GPTModel``: which attention, norm and linear classes each layer
-is built from. Without Transformer Engine, megatron's local spec computes attention unfused and cannot take
-packed sequences, so core attention is ``SDPAttention`` (torch's SDPA, and its varlen flash kernel for
-packed THD inputs) and norms are our ``RMSNorm``; with TE importable, megatron's TE spec is used. GLM-4's
-post-attention and post-MLP norms ride on the output projections (``*.post_layernorm``).
+"""Our module specs for megatron-core's ``GPTModel``. Without Transformer Engine, core attention is
+``SDPAttention`` (torch's SDPA; its varlen flash kernel for packed THD inputs, which megatron's local spec
+cannot take) and norms are our ``RMSNorm``; with TE importable, megatron's TE spec is used. GLM-4's post
+norms ride on the output projections (``*.post_layernorm``).
 """
 
 from __future__ import annotations
@@ -53,11 +52,10 @@ except ImportError:
 
 def packed_rotary_pos_emb(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1,
                           cp_rank: int = 0) -> torch.Tensor:
-    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each from position 0, in one gather of
-    ``freqs`` [max_len, 1, 1, rot_dim] by each token's position in its sequence. megatron's unfused THD path
-    reads ``cu_seqlens`` on the host and loops over sequences (a sync per layer, a graph break under
-    compile); here nothing leaves the GPU, with megatron's table and rotation. Installed in the slot of TE's
-    fused kernel, which takes no ``interleaved`` flag: interleaved and multi-latent rope keep megatron's path."""
+    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each from position 0: one gather of ``freqs``
+    [max_len, 1, 1, rot_dim] by position, with no host sync (megatron's unfused THD path loops over sequences
+    on the host). Installed in TE's fused-kernel slot, which has no ``interleaved`` flag: interleaved and
+    multi-latent rope keep megatron's path."""
     if cp_size != 1:
         raise ValueError("packed_rotary_pos_emb: context parallelism is not supported (cp_size must be 1)")
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
@@ -68,8 +66,7 @@ def packed_rotary_pos_emb(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torc
 
 
 def _rotary_pos_emb_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """megatron's own unfused RoPE of ``[s, b, h, d]`` inputs, in the slot of TE's fused one (the
-    non-packed twin of :func:`packed_rotary_pos_emb`, which ``apply_rope_fusion`` also routes here)."""
+    """megatron's unfused RoPE of ``[s, b, h, d]`` inputs, in TE's fused slot (see :func:`packed_rotary_pos_emb`)."""
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 
     return _apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
@@ -89,9 +86,8 @@ USE_VARLEN = True
 
 
 class RMSNorm(torch.nn.Module):
-    """RMSNorm computed in float32 and scaled in the input dtype, as Hugging Face and SGLang do it,
-    so that bf16 log-probs agree with the rollout engine's. Unlike megatron's torch-norm wrapper it
-    allows sequence parallelism: the weight is marked so that megatron all-reduces its gradient."""
+    """RMSNorm in float32, scaled in the input dtype as Hugging Face and SGLang do (bf16 log-probs agree with
+    the engine's); its weight is marked for sequence parallelism, which megatron's torch-norm wrapper refuses."""
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_):
         super().__init__()
@@ -166,14 +162,6 @@ class SDPAttention(MegatronModule):
         return torch.cat(outs, dim=0)
 
 
-def packed_attention_path(device: torch.device, dtype: torch.dtype) -> str:
-    """Which kernel ``SDPAttention`` runs for packed (THD) sequences on ``device`` / ``dtype``."""
-    if USE_VARLEN and device.type == "cuda" and _varlen_attn() is not None and dtype in (torch.float16,
-                                                                                         torch.bfloat16):
-        return "torch.nn.attention.varlen.varlen_attn (FlashAttention)"
-    return "scaled_dot_product_attention, one call per sequence"
-
-
 def _varlen_call(varlen, q, k, v, cu_q, cu_k, max_q, max_k, scale):
     """Call torch's varlen flash attention across its signature changes (first ``is_causal``; later
     ``window_size``, ``scale`` and ``enable_gqa``). Flash needs equal q/k/v head dims and, in
@@ -239,20 +227,18 @@ class _PassTPGroup:
 
 
 class ColumnLinear(_PassTPGroup, ColumnParallelLinear):
-    """megatron's ``ColumnParallelLinear``, its TP group passed (:class:`_PassTPGroup`)."""
+    pass
 
 
 class RowLinear(_PassTPGroup, RowParallelLinear):
-    """megatron's ``RowParallelLinear``, its TP group passed (:class:`_PassTPGroup`)."""
+    pass
 
 
 def _local_layer_spec(config: TransformerConfig, moe: bool, post_norms: bool) -> ModuleSpec:
     """A transformer layer from megatron-core's own linears (the TP group passed: :class:`_PassTPGroup`; not
     in multi-latent attention, which accepts megatron's own classes only), our RMSNorm and SDPAttention."""
     row = RowParallelLinear if config.multi_latent_attention else RowLinear
-    proj, fc2 = row, row
-    if post_norms:
-        proj = fc2 = _with_post_norm(row, RMSNorm)
+    proj = fc2 = _with_post_norm(row, RMSNorm) if post_norms else row
     qk_norm = RMSNorm if config.qk_layernorm else IdentityOp
     if config.multi_latent_attention:
         attention = ModuleSpec(
@@ -323,11 +309,8 @@ def decoder_block_spec(config: TransformerConfig, post_norms: bool = False, atte
     """The layers of one pipeline stage (or virtual stage) and the final norm."""
     specs = [layer_spec(config, is_moe_layer(config, i), post_norms, attention)
              for i in stage_layers(config, pp_rank, vp_stage)]
-    impl = resolve_attention_impl(attention)
-    if HAVE_TE and impl in ("te", "sdpa"):
-        from megatron.core.extensions.transformer_engine import TENorm
-
-        final_norm = TENorm
-    else:
-        final_norm = RMSNorm
+    resolve_attention_impl(attention)
+    final_norm = RMSNorm
+    if HAVE_TE:
+        from megatron.core.extensions.transformer_engine import TENorm as final_norm
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=final_norm)

@@ -85,7 +85,6 @@ class TorchBackend(TrainerBackend):
             self.offloaders.append(Offloader(self.critic.model, self.critic.opt, device))
         self.pad_id = self.model.config.pad_token_id or 0
 
-    # ------------------------------------------------------------------------------ layout
     @property
     def dp_rank(self) -> int:
         return self.rank
@@ -115,7 +114,6 @@ class TorchBackend(TrainerBackend):
         if self.critic is not None:
             self.critic.sched = schedule(self.critic.opt, self.algo, num_rollout * steps)
 
-    # ------------------------------------------------------------------------------ weights
     def _unique_state(self) -> Dict[str, torch.Tensor]:
         """The state dict with each storage once: tied weights (embeddings = LM head) share one
         tensor, and copying into it twice under two names would undo a swap."""
@@ -187,7 +185,6 @@ class TorchBackend(TrainerBackend):
     def _fsdp_models(self) -> List[torch.nn.Module]:
         return [self.model] + ([self.ref_model] if self.ref_model is not None else [])
 
-    # --------------------------------------------------------------------------------- train
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[MicroBatch]:
         size = self.trainer_cfg.micro_batch_size
         return [make_micro_batch(data, rows[s:s + size], response_len, self.pad_id).to(self.device)
@@ -265,7 +262,6 @@ class TorchBackend(TrainerBackend):
         self.net.zero_grad(set_to_none=True)
         self.free_cache()
 
-    # ---------------------------------------------------------------------------- checkpoints
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained); FSDP2's other
         ranks take part in the gathers. LoRA: the merged weights, only with ``trainer.lora.save_merged``

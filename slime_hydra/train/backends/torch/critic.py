@@ -100,7 +100,6 @@ class Critic(CriticBackend):
                                     lambda mb: loss_fn(mb.indices, self.net(mb)), self.world_size,
                                     self.algo.clip_grad)
 
-    # ----------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> Dict[str, object]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict()}

@@ -99,7 +99,6 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, device
     return norm
 
 
-# ------------------------------------------------------------------------------ offload (colocated)
 @torch.no_grad()
 def offload(models: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> None:
     """Shards and AdamW state to the host while colocated engines generate (FSDP2 re-registers its
@@ -129,7 +128,6 @@ def _move_optimizer(opt: torch.optim.Optimizer, device: torch.device) -> None:
                 state[k] = v.to(device, non_blocking=True)
 
 
-# ------------------------------------------------------------------------------------ checkpoints
 def _options(trainable_only: bool):
     """LoRA: the adapters only (the frozen base is ``model.path``), so loading them is not strict."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
