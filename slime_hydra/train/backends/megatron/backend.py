@@ -49,16 +49,13 @@ class MegatronBackend(TrainerBackend):
         )
         from slime_hydra.train.backends.megatron.offload import Offload
         from slime_hydra.train.backends.megatron.weights import load_hf_weights
+        from slime_hydra.train.backends.torch.fsdp import ensure_process_group
 
         self.algo, self.trainer_cfg, self.model_cfg, self.model_path = algo, trainer, model, model_path
         self.rank, self.world_size, self.device = rank, world_size, device
         self.cuda = device.type == "cuda"
         self.dtype = getattr(torch, model.dtype)
-        if not dist.is_initialized():  # the actor makes a group only for several ranks; megatron needs one
-            from slime_hydra.utils.proc import free_port
-
-            dist.init_process_group("nccl" if self.cuda else "gloo", rank=0, world_size=1,
-                                    init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}")
+        ensure_process_group(device)  # the actor makes a group only for several ranks; megatron needs one
         p = parallelism
         self.parallel = Parallel(tp=p.tensor_parallel, pp=p.pipeline_parallel, vpp=p.virtual_pipeline_parallel,
                                  cp=p.context_parallel, ep=p.expert_parallel, etp=p.expert_tensor_parallel,

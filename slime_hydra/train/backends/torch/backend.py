@@ -129,15 +129,11 @@ class TorchBackend(TrainerBackend):
         copy of the model), each storage once (a tied LM head is the embedding, which the engines tie).
         ``on_device``: offloaded weights are cast on the device, not the host. FSDP2: each tensor is
         all-gathered as it comes, on every rank in the same order. LoRA: adapted weights come merged."""
-        if self.fsdp:
-            def full(t):
+        def full(t):
+            if self.fsdp:
                 return fsdp.full(t, self.device)
-        elif on_device:
-            def full(t):
-                return t.detach().to(self.device, non_blocking=True)
-        else:
-            def full(t):
-                return t.detach()
+            return t.detach().to(self.device, non_blocking=True) if on_device else t.detach()
+
         if self.lora is not None:  # trainer.lora.push=merged; an adapter push would branch here
             named = peft_lora.merged_weights(self.model, fsdp.unique_state(peft_lora.hf_model(self.model)), full)
         elif self.fsdp:
@@ -196,19 +192,15 @@ class TorchBackend(TrainerBackend):
 
     def _forward(self, mb: MicroBatch, temperature: float, with_entropy: bool = False, reference: bool = False):
         """``reference``: DDP runs the policy's modules with the reference's weights, FSDP2 its sharded
-        reference model, LoRA the policy without its adapters.
-
-        No attention mask: rows are right-padded, so under causal attention no real token sees a pad and
-        the pads' outputs are never read; SDPA then takes its causal kernel, not the masked one. Positions
-        0..L-1 on every row, the pads' too: a position that restarts reads to transformers as a packed
-        sequence, which turns the causal kernel into a materialised 4D mask."""
+        reference model, LoRA the policy without its adapters. No attention mask: rows are right-padded, so
+        no real token sees a pad and SDPA takes its causal kernel. Positions 0..L-1 on every row, the pads'
+        too: a restarting position reads to transformers as packing, which materialises a 4D mask."""
         inputs = {"input_ids": mb.input_ids}  # the model's own positions: arange(L) on each row
-        entropy_grad = bool(self.algo.entropy_coef)
+        entropy_grad, t = bool(self.algo.entropy_coef), self.trainer_cfg
         model = self.ref_model if reference and self.ref_model is not None else self.model
-        head = fusable_head(model) if self.trainer_cfg.fused_logprobs else None
-        fused = fused_head(head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad,
-                           fuse=self.trainer_cfg.compile) \
-            if head is not None else contextlib.nullcontext()
+        head = fusable_head(model) if t.fused_logprobs else None
+        fused = contextlib.nullcontext() if head is None else fused_head(
+            head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad, fuse=t.compile)
         with autocast(self.device, self.compute_dtype), fused:
             if not reference:
                 logits = self.net(**inputs).logits
@@ -246,9 +238,8 @@ class TorchBackend(TrainerBackend):
                                 self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
-        """Dummy rows of the step's shape through a training step's passes: the no-grad log-prob pass (and the
-        reference's where kept), then forward and backward; no optimizer step, gradients dropped, the random
-        number generators restored (LoRA's dropout draws)."""
+        """Dummy rows of the step's shape through the step's passes (no-grad log-probs, the reference's, forward
+        and backward); no optimizer step, gradients dropped, the RNGs restored (LoRA's dropout draws)."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             mbs = self.warm_up_micro_batches(shape)
             self.log_probs(mbs, temperature)
@@ -284,18 +275,15 @@ class TorchBackend(TrainerBackend):
         return peft_lora.adapter_state(self.model, lambda t: fsdp.full(t, self.device) if self.fsdp else t)
 
     def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
-        """Rank 0 writes ``out_dir/trainer.pt`` (optimiser, scheduler, reference weights, RNG, float32
-        master weights when ``hf/`` holds another dtype, ``trainer_state``) and, with a critic,
-        ``out_dir/critic.pt``; the weights are those of ``out_dir/hf``.
-
-        FSDP2: every rank writes its shards of the weights, AdamW state and reference to ``out_dir/dcp``
-        (torch.distributed.checkpoint: a resume at another rank count reshards them), rank 0 the
-        scheduler, RNG and ``trainer_state`` to ``trainer.pt``. LoRA: ``out_dir/adapter`` (PEFT's
-        format) holds the weights that train; the base is ``model.path``."""
+        """Rank 0 writes ``trainer.pt`` (optimiser, scheduler, reference, RNG, float32 master weights when
+        ``hf/`` holds another dtype, ``trainer_state``) and ``critic.pt``; the weights are ``hf/``'s. FSDP2:
+        every rank writes its shards of weights, AdamW state and reference to ``dcp/`` (reshardable), rank 0
+        the rest to ``trainer.pt``. LoRA: ``adapter/`` (PEFT's format) holds what trains; the base is
+        ``model.path``."""
         if self.lora is not None:
             adapter = self._adapter_state()  # FSDP2: every rank gathers
             if self.rank == 0:
-                peft_lora.save_adapter(self.model, os.path.join(out_dir, peft_lora.ADAPTER_DIR), adapter)
+                self.model.save_pretrained(os.path.join(out_dir, peft_lora.ADAPTER_DIR), state_dict=adapter)
         own: Dict[str, Any] = {"scheduler": self.sched.state_dict(), **trainer_state, "rng": torch.get_rng_state()}
         if self.fsdp:
             fsdp.save(out_dir, self.model, self.opt, self.ref_model, trainable_only=self.lora is not None)

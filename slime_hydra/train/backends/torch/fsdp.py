@@ -1,7 +1,6 @@
-"""FSDP2 for the torch backend (``trainer.strategy=fsdp``): ``fully_shard`` per decoder layer and on the root,
-so each rank holds ``1/N`` of the weights, gradients and AdamW state. Only what touches whole parameters
-differs from DDP: gradient clipping, the weights gathered one tensor at a time for the engines, offload,
-and checkpoints through torch.distributed.checkpoint (docs/backends.md).
+"""FSDP2 for the torch backend (``trainer.strategy=fsdp``): ``fully_shard`` per decoder layer and on the root.
+Only what touches whole parameters differs from DDP: gradient clipping, the weights gathered one tensor at a
+time for the engines, offload, and checkpoints through torch.distributed.checkpoint (docs/backends.md).
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ def shard(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dty
     mixed = device.type == "cuda" and compute_dtype != torch.float32
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype if mixed else None,
                               reduce_dtype=torch.float32 if mixed else None)
-    kw = {"mesh": mesh, "mp_policy": mp,
-          "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy()}
+    kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy()}
     for layer in decoder_layers(model):
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
@@ -84,8 +82,7 @@ def unique_state(model: torch.nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
 def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device) -> float:
     """``torch.nn.utils.clip_grad_norm_`` over sharded gradients: the squares of the local shards summed
     over the ranks on ``device`` (CPU-offloaded gradients live on the host, which NCCL cannot reduce)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in params) if g is not None]
     sq = torch.zeros((), dtype=torch.float32, device=device)
     for g in local:
         sq += g.detach().float().pow(2).sum().to(device)
@@ -135,35 +132,35 @@ def _options(trainable_only: bool):
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
+           trainable_only: bool) -> Dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt, options=_options(trainable_only))
+    return {"model": msd, "optim": osd, **({} if ref is None else {"ref": ref.state_dict()})}
+
+
 def save(out_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
          trainable_only: bool) -> None:
     """``out_dir/dcp``: every rank writes its shards of the policy (its trainable part only with LoRA),
     AdamW's state and the reference model; a later load at another rank count reshards them."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, opt, options=_options(trainable_only))
-    state: Dict[str, Any] = {"model": msd, "optim": osd}
-    if ref is not None:
-        state["ref"] = ref.state_dict()
-    dcp.save(state, checkpoint_id=os.path.join(out_dir, DCP_DIR))
+    dcp.save(_state(model, opt, ref, trainable_only), checkpoint_id=os.path.join(out_dir, DCP_DIR))
 
 
 def load(ckpt_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
          trainable_only: bool) -> None:
     """Restore :func:`save`'s shards into this run's layout (any number of ranks)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = os.path.join(ckpt_dir, DCP_DIR)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{ckpt_dir} has no {DCP_DIR}/: it was not saved with trainer.strategy=fsdp (resume "
                                 "it with the strategy it was saved with, or start a new run from its hf/ with "
                                 "model.path)")
-    msd, osd = get_state_dict(model, opt, options=_options(trainable_only))
-    state: Dict[str, Any] = {"model": msd, "optim": osd}
-    if ref is not None:
-        state["ref"] = ref.state_dict()
+    state = _state(model, opt, ref, trainable_only)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=_options(trainable_only))
