@@ -73,18 +73,9 @@ def cispo(algo: "AlgoConfig", *, log_probs: Tensor, old_log_probs: Tensor, advan
     return loss, (weight != ratio.detach()).float(), -log_ratio
 
 
-def policy_loss(
-    algo: "AlgoConfig",
-    reducer: Reducer,
-    *,
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    ref_log_probs: Optional[Tensor] = None,
-    rollout_log_probs: Optional[Tensor] = None,
-    entropy: Optional[Tensor] = None,
-) -> Tuple[Tensor, Metrics]:
+def policy_loss(algo: "AlgoConfig", reducer: Reducer, *, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                loss_mask: Tensor, ref_log_probs: Optional[Tensor] = None, rollout_log_probs: Optional[Tensor] = None,
+                entropy: Optional[Tensor] = None) -> Tuple[Tensor, Metrics]:
     """The actor loss of one micro-batch (slime ``policy_loss_function``)::
 
         loss = R(pg_t * w_t) - entropy_coef * R(H_t) + kl_loss_coef * R(KL(log_probs, ref) [* rho_t])
@@ -109,8 +100,7 @@ def policy_loss(
     log_probs = log_probs.float()
     old_log_probs = old_log_probs.detach().float()
     pg_t, clipfrac_t, ppo_kl_t = POLICY_LOSSES[algo.policy_loss](
-        algo, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages.detach().float(), mask=mask
-    )
+        algo, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages.detach().float(), mask=mask)
     metrics: Metrics = {}
     if algo.use_tis:
         if rollout_log_probs is None:
@@ -121,9 +111,8 @@ def policy_loss(
         metrics["tis"] = report(tis, mask).detach()
         metrics["tis_clipfrac"] = report((weight != tis).float(), mask).detach()
 
-    pg = reducer(pg_t, mask)
-    loss = pg
-    metrics["pg_loss"] = pg.detach()
+    loss = reducer(pg_t, mask)
+    metrics["pg_loss"] = loss.detach()
     metrics["pg_clipfrac"] = report(clipfrac_t, mask).detach()
     metrics["ppo_kl"] = report(ppo_kl_t.detach(), mask).detach()
 
@@ -149,18 +138,14 @@ def policy_loss(
     return loss, metrics
 
 
-def value_loss(
-    algo: "AlgoConfig", reducer: Reducer, *, values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor
-) -> Tuple[Tensor, Metrics]:
+def value_loss(algo: "AlgoConfig", reducer: Reducer, *, values: Tensor, old_values: Tensor, returns: Tensor,
+               loss_mask: Tensor) -> Tuple[Tensor, Metrics]:
     """Clipped critic loss (slime ``value_loss_function``; PPO2-style value clipping):
     ``L_t = max((V_clip - R)^2, (V - R)^2)``, ``V_clip = V_old + clip(V - V_old, -value_clip, value_clip)``,
     no 1/2 factor. Metrics: ``value_loss`` (``reducer``), ``value_clipfrac = 1[|V - V_old| > value_clip]``
     (``reducer.metric``)."""
-    mask = loss_mask.float()
-    v = values.float()
-    old = old_values.detach().float()
-    ret = returns.detach().float()
-    c = algo.value_clip
+    mask, v, c = loss_mask.float(), values.float(), algo.value_clip
+    old, ret = old_values.detach().float(), returns.detach().float()
     v_clipped = old + (v - old).clamp(-c, c)
     loss_t = torch.maximum((v_clipped - ret).square(), (v - ret).square())
     loss = reducer(loss_t, mask)
