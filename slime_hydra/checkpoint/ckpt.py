@@ -43,9 +43,9 @@ def save_checkpoint(run_dir: str, step: int, write: Callable[[str], None], data_
     if os.path.exists(final):  # saved before by a run that was killed before it named it latest
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(os.path.join(root, "latest"), os.path.basename(final))
+    _fsync(root)
     latest = os.path.basename(final)
+    _write_atomic(os.path.join(root, "latest"), latest)
     for old in complete_checkpoints(run_dir)[:-keep]:
         if old != latest:
             shutil.rmtree(os.path.join(root, old), ignore_errors=True)
@@ -139,7 +139,7 @@ def _write_atomic(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    _fsync(os.path.dirname(path))
 
 
 def _fsync_tree(top: str) -> None:
@@ -147,15 +147,11 @@ def _fsync_tree(top: str) -> None:
     the checkpoint can never reach the disk before its contents (a power cut, not only a kill)."""
     for dirpath, _, files in os.walk(top):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(dirpath)
+            _fsync(os.path.join(dirpath, name))
+        _fsync(dirpath)
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

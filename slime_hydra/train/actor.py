@@ -27,9 +27,7 @@ class TrainerActor:
         self.rank, self.world_size, self.model_path = rank, world_size, model_path
         self.model_cfg, self.algo, self.trainer_cfg, self.parallelism = model, algo, trainer, parallelism
         self.sync, self.seed, self.run_dir = sync, seed, run_dir
-        self.backend = None
-        self.rl = None
-        self.sender = None
+        self.backend = self.rl = self.sender = None
         self.every_rank_pushes = False
 
     def master_address(self) -> str:
@@ -48,14 +46,14 @@ class TrainerActor:
 
         torch.manual_seed(self.seed + self.rank)
         cuda = self.parallelism.device == "cuda"
-        if not cuda:
-            torch.set_num_threads(self.parallelism.cpu_threads)
         device = torch.device("cpu")
         if cuda:
             import ray
 
             device = torch.device("cuda", int(ray.get_gpu_ids()[0]))
             torch.cuda.set_device(device)
+        else:
+            torch.set_num_threads(self.parallelism.cpu_threads)
         if self.world_size > 1:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master}",
                                     rank=self.rank, world_size=self.world_size)
@@ -64,9 +62,7 @@ class TrainerActor:
             model=self.model_cfg, algo=self.algo, trainer=self.trainer_cfg, parallelism=self.parallelism,
             model_path=self.model_path, rank=self.rank, world_size=self.world_size, device=device)
         self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout)
-        b = self.backend
-        return {"dp_rank": b.dp_rank, "dp_size": b.dp_size, "pushes_weights": b.pushes_weights,
-                "reports_metrics": b.reports_metrics}
+        return {k: getattr(self.backend, k) for k in ("dp_rank", "dp_size", "pushes_weights", "reports_metrics")}
 
     def set_num_rollout(self, num_rollout: int) -> None:
         self.backend.set_num_rollout(num_rollout)
