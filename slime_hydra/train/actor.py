@@ -4,7 +4,6 @@ step over it, and the weight push on the rank the backend chooses. ``TrainerGrou
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -14,8 +13,6 @@ import torch
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
     from slime_hydra.train.backend import WarmUpShape
-
-log = logging.getLogger(__name__)
 
 
 class TrainerActor:

@@ -7,7 +7,6 @@ pipeline stage reports metrics (the loss runs on the last stage only).
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -23,8 +22,6 @@ from slime_hydra.train.optim import lr_lambda, read_metrics
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
-
-log = logging.getLogger(__name__)
 
 
 class MegatronBackend(TrainerBackend):
@@ -60,12 +57,10 @@ class MegatronBackend(TrainerBackend):
         self.parallel = Parallel(tp=p.tensor_parallel, pp=p.pipeline_parallel, vpp=p.virtual_pipeline_parallel,
                                  cp=p.context_parallel, ep=p.expert_parallel, etp=p.expert_tensor_parallel,
                                  sequence_parallel=p.sequence_parallel)
-        ps.initialize_model_parallel(tensor_model_parallel_size=p.tensor_parallel,
-                                     pipeline_model_parallel_size=p.pipeline_parallel,
-                                     virtual_pipeline_model_parallel_size=p.virtual_pipeline_parallel,
-                                     context_parallel_size=p.context_parallel,
-                                     expert_model_parallel_size=p.expert_parallel,
-                                     expert_tensor_parallel_size=p.expert_tensor_parallel)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=p.tensor_parallel, pipeline_model_parallel_size=p.pipeline_parallel,
+            virtual_pipeline_model_parallel_size=p.virtual_pipeline_parallel, context_parallel_size=p.context_parallel,
+            expert_model_parallel_size=p.expert_parallel, expert_tensor_parallel_size=p.expert_tensor_parallel)
         if self.cuda:
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -84,9 +79,8 @@ class MegatronBackend(TrainerBackend):
 
         # loss scaling: the schedule divides each micro-batch's loss by the number of micro-batches and DDP
         # averages over the data-parallel group, so accumulate_grads multiplies each share by both
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=trainer.use_distributed_optimizer,
-            overlap_grad_reduce=False)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=trainer.use_distributed_optimizer)
         self.chunks = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=c,
                                                disable_bucketing=len(chunks) > 1 and i > 0)
                        for i, c in enumerate(chunks)]
@@ -96,8 +90,7 @@ class MegatronBackend(TrainerBackend):
             adam_beta1=algo.adam_beta1, adam_beta2=algo.adam_beta2, adam_eps=algo.adam_eps,
             clip_grad=algo.clip_grad, bf16=self.dtype == torch.bfloat16, fp16=self.dtype == torch.float16,
             params_dtype=self.dtype, use_distributed_optimizer=trainer.use_distributed_optimizer,
-            main_params_dtype=torch.float32, main_grads_dtype=torch.float32,
-        ), self.chunks)
+            main_params_dtype=torch.float32, main_grads_dtype=torch.float32), self.chunks)
         use_fused_adam(self.opt)
         if self.dtype in (torch.bfloat16, torch.float16):
             self.config.grad_scale_func = self.opt.scale_loss

@@ -7,7 +7,6 @@ under autocast in ``model.dtype``. Rank 0 pushes the weights and writes checkpoi
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -26,8 +25,6 @@ from slime_hydra.train.optim import accumulated_step, adamw, autocast, load_sche
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
-
-log = logging.getLogger(__name__)
 
 # trainer.pt keys of the backend's own; the rest is the RL step's state given to save()
 _OWN_STATE = ("optimizer", "scheduler", "ref", "rng", "master")
@@ -117,12 +114,10 @@ class TorchBackend(TrainerBackend):
     def _unique_state(self) -> Dict[str, torch.Tensor]:
         """The state dict with each storage once: tied weights (embeddings = LM head) share one
         tensor, and copying into it twice under two names would undo a swap."""
-        seen, out = set(), {}
+        first: Dict[int, Tuple[str, torch.Tensor]] = {}
         for k, v in self.model.state_dict().items():
-            if v.data_ptr() not in seen:
-                seen.add(v.data_ptr())
-                out[k] = v
-        return out
+            first.setdefault(v.data_ptr(), (k, v))
+        return dict(first.values())
 
     def _named_weights(self, on_device: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
         """Hugging Face names -> tensors in ``model.dtype``, cast one at a time (a push never holds a second
