@@ -1,9 +1,6 @@
-"""Training data: the rollout manager's per-sample lists -> padded tensors for one micro-batch, and
-the log-probs of the response tokens from a causal LM's logits.
-
-Layout: prompt + response, right-padded, so that real tokens keep positions 0..n-1 (the engine
-left-pads instead; position ids make the two agree). Response-aligned tensors are ``[B, T]`` with
-``T`` the longest response in the whole rollout, so that step-level tensors line up.
+"""Training data: the rollout manager's per-sample lists -> padded tensors for one micro-batch (prompt +
+response, right-padded: real tokens keep positions 0..n-1), and the response tokens' log-probs from a causal
+LM's logits. Response-aligned tensors are ``[B, T]``, ``T`` the longest response of the whole rollout.
 """
 
 from __future__ import annotations

@@ -172,9 +172,8 @@ class RLTrainer:
         if gaps:
             logprob_gap = logprob_gap + torch.stack(gaps).sum().cpu()
 
-        # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the
-        #    critic's values; step averages (sums of per-rank shares; the gradient norms are the same
-        #    on every rank: their mean)
+        # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the critic's
+        #    values; step averages (sums of per-rank shares; the gradient norms, the same on every rank: their mean)
         value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
         keys = sorted(sums)
         totals = be.dp_all_reduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),

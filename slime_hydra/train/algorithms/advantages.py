@@ -132,16 +132,11 @@ def reinforce_plus_plus_baseline(algo: "AlgoConfig", *, rewards: Tensor, mask: T
 def compute_advantages(algo: "AlgoConfig", *, rewards: Tensor, loss_mask: Tensor, old_log_probs: Tensor,
                        ref_log_probs: Optional[Tensor] = None, values: Optional[Tensor] = None,
                        all_reduce: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
-    """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient).
-
-    1. Shaping KL (slime: ``compute_advantages_and_returns``): when ``algo.kl_coef != 0``,
-       ``kl_t = KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * m_t`` (slime uses the
-       *same* estimator, ``--kl-loss-type``, for shaping and for the loss); zeros otherwise.
-    2. ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``.
-    3. When ``algo.normalize_advantages``: masked whitening of the advantages over the whole
-       ``[B, T]`` given, or, with ``all_reduce`` (a sum over data-parallel ranks), over every rank's
-       samples as slime does. Returns are not whitened.
-    """
+    """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient) from
+    ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``, with the shaping KL ``kl_t =
+    KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * m_t`` when ``algo.kl_coef`` (slime uses
+    the same estimator for shaping and loss). ``algo.normalize_advantages``: masked whitening of the
+    advantages, over every data-parallel rank's samples with ``all_reduce`` (a sum over ranks)."""
     estimator = ADVANTAGE_ESTIMATORS[algo.advantage_estimator]
     with torch.no_grad():
         mask = loss_mask.float()

@@ -80,21 +80,13 @@ def policy_loss(algo: "AlgoConfig", reducer: Reducer, *, log_probs: Tensor, old_
 
         loss = R(pg_t * w_t) - entropy_coef * R(H_t) + kl_loss_coef * R(KL(log_probs, ref) [* rho_t])
 
-    with ``R`` the step's ``reducer``, ``pg_t`` from ``POLICY_LOSSES[algo.policy_loss]`` and:
-
-    - TIS (``use_tis``, Yao et al. 2025 "Your efficient RL framework secretly brings you off-policy
-      RL training"): ``w_t = clamp(exp(old_log_probs - rollout_log_probs), tis_clip_low, tis_clip)``,
-      correcting the engine/trainer mismatch; ``w_t = 1`` otherwise;
-    - the KL term with ``KL_ESTIMATORS[algo.kl_loss_type]`` (needs ``ref_log_probs`` when
-      ``kl_loss_coef != 0``); ``use_unbiased_kl`` (DeepSeek-V3.2) multiplies it by
-      ``rho_t = exp(log_probs - old_log_probs)`` (with gradient), after the low_var_kl clamp;
-    - the entropy bonus needs ``entropy`` (``[b, T]``) when ``entropy_coef != 0``.
-
-    Metrics (detached 0-dim tensors; each is additive over the step's micro-batches): ``pg_loss``,
-    ``kl_loss`` (when ``ref_log_probs`` is given) and ``loss`` with ``reducer``; the diagnostics
-    ``pg_clipfrac``, ``ppo_kl``, ``entropy`` (when given), ``tis`` and ``tis_clipfrac`` (when
-    ``use_tis``) with ``reducer.metric`` (a token mean for ``token_sum``, see ``Reducer.metric``).
-    """
+    with ``R`` the step's ``reducer`` and ``pg_t`` from ``POLICY_LOSSES[algo.policy_loss]``. TIS (``use_tis``,
+    Yao et al. 2025): ``w_t = clamp(exp(old_log_probs - rollout_log_probs), tis_clip_low, tis_clip)``, else 1.
+    KL with ``KL_ESTIMATORS[algo.kl_loss_type]``; ``use_unbiased_kl`` (DeepSeek-V3.2) multiplies it by
+    ``rho_t = exp(log_probs - old_log_probs)`` (with gradient). ``kl_loss_coef`` needs ``ref_log_probs``,
+    ``entropy_coef`` needs ``entropy``. Metrics (detached 0-dim tensors, additive over micro-batches):
+    ``pg_loss``, ``kl_loss`` and ``loss`` with ``reducer``; ``pg_clipfrac``, ``ppo_kl``, ``entropy``, ``tis``
+    and ``tis_clipfrac`` with ``reducer.metric``."""
     mask = loss_mask.float()
     report = reducer.metric
     log_probs = log_probs.float()

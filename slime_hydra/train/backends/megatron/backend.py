@@ -280,12 +280,7 @@ class MegatronBackend(TrainerBackend):
             loss, metrics = loss_fn(mb.indices, lp, ent)
             return loss * scale, {k: v.detach() for k, v in metrics.items()}
 
-        sums: Dict[str, torch.Tensor] = {}
-        for metrics in self._forward_backward(mbs, temperature, loss_of, forward_only=False) or []:
-            for k, v in metrics.items():  # summed on the device, read in one copy
-                v = v.detach().float()
-                sums[k] = sums[k] + v if k in sums else v
-        return read_metrics(sums)
+        return read_metrics(self._forward_backward(mbs, temperature, loss_of, forward_only=False) or [])
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
         """Dummy rows of the step's shape through megatron's schedule as a step runs them (the no-grad pass,

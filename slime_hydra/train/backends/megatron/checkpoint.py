@@ -25,9 +25,8 @@ from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
 log = logging.getLogger(__name__)
 
 CKPT_FORMAT = "torch_dist"  # megatron.core.dist_checkpointing's backend
-# the distributed optimizer's state in a form that re-shards over TP / PP / EP / DP, gathered to save on each
-# DP group's first rank over gloo in host memory (a colocated run saves while the engines hold the GPU);
-# keyed by parameter name, without the chained optimizers' prefixes
+# the distributed optimizer's state re-shardable over TP / PP / EP / DP, gathered over gloo in host memory (a
+# colocated run saves while the engines hold the GPU), keyed by parameter name without the chained prefixes
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
                       "distrib_optim_fully_reshardable_mem_efficient": True}
 

@@ -38,13 +38,11 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         # the chunks' statistics: eager, or compiled with fuse (slime_hydra/train/logprobs.py says why)
         run = compiled if fuse else (lambda fn: fn)
         slices = chunk_slices(rows, chunk, fuse) if n_valid else []
-        # pass 1: row maxima
-        m = torch.full((rows,), float("-inf"), device=dev)
+        m = torch.full((rows,), float("-inf"), device=dev)  # pass 1: row maxima
         for sl in slices:
             m[sl] = run(row_max)(x[sl, :n_valid], inv_temp)
         _allreduce(m, dist.ReduceOp.MAX, group)
-        # pass 2: sum exp, the chosen logit, sum exp * logit
-        stats = torch.zeros(3, rows, device=dev)
+        stats = torch.zeros(3, rows, device=dev)  # pass 2: sum exp, the chosen logit, sum exp * logit
         for sl in slices:
             stats[:, sl] = run(softmax_sums)(x[sl, :n_valid], m[sl], local_t[sl], in_range[sl], inv_temp, with_entropy)
         _allreduce(stats, dist.ReduceOp.SUM, group)
@@ -86,12 +84,9 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, ind
                              with_entropy: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fuse: bool = False
                              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[target] and, if asked, the entropy of that distribution, per row.
-
-    logits: [N, V_local], this TP rank's contiguous slice of the (padded) vocabulary, rank r holding
-    columns ``[r * V_local, (r + 1) * V_local)``; index: [R] distinct rows of ``logits`` to score (None: all,
-    R = N); targets: [R] global token ids; vocab_size: the true vocabulary (columns past it are padding);
-    tp_group: the tensor-parallel group (None: no TP). Returns float32 [R] tensors; differentiable with
-    respect to ``logits`` (rows outside ``index`` get a zero gradient)."""
+    logits: [N, V_local], TP rank r's columns ``[r * V_local, (r + 1) * V_local)`` of the padded vocabulary;
+    index: [R] distinct rows to score (None: all); targets: [R] global token ids; vocab_size: the true
+    vocabulary (columns past it are padding). Float32 [R], differentiable in ``logits``."""
     v_local = logits.shape[-1]
     rank = dist.get_rank(group=tp_group) if tp_group is not None and dist.get_world_size(tp_group) > 1 else 0
     start = rank * v_local

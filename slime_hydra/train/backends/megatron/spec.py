@@ -136,8 +136,7 @@ class SDPAttention(MegatronModule):
         with get_cuda_rng_tracker().fork() if fork else contextlib.nullcontext():
             if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
                 return self._packed(query, key, value, packed_seq_params, dropout)
-            # [s, b, h, d] -> [b, h, s, d]
-            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [s, b, h, d] -> [b, h, s, d]
             mask = None if attention_mask is None else ~attention_mask  # megatron: True = masked out
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                  is_causal=mask is None, scale=self.softmax_scale,

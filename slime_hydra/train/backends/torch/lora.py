@@ -25,9 +25,8 @@ LORA_TARGET_MODULES: Dict[str, List[str]] = {
     "qwen3_moe": _ATTN,
     "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
 }
-# model.arch.type -> every linear layer name LoRA can adapt (leaf names of the family's nn.Linear modules, all
-# variants of a family in one list), which validation checks trainer.lora.target_modules against. Embeddings and
-# the LM head are left out: the merged push handles linear layers only.
+# model.arch.type -> every linear layer (leaf) name LoRA can adapt, all variants of a family in one list, for
+# validation; not embeddings or the LM head: the merged push handles linear layers only.
 _MLP = ["gate_proj", "up_proj", "down_proj"]
 LORA_LINEAR_MODULES: Dict[str, List[str]] = {
     "qwen3": _ATTN + _MLP,
