@@ -29,8 +29,7 @@ MLA_FIELDS = ("num_shared_experts", "first_k_dense_layers", "q_lora_rank", "kv_l
 
 
 def hf_fields(arch: ArchConfig) -> Dict[str, Tuple[str, Any]]:
-    """The transformers config fields that the preset sets: HF name -> (arch field, value). Optional
-    fields left at None are left to the config class's default."""
+    """The transformers config fields the preset sets, HF name -> (arch field, value); None ones are left out."""
     names = list(BASE_FIELDS)
     if arch.type != "deepseek_v3":
         names.append("head_dim")  # MLA has no single head_dim

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 
 class TrainerActor:
-    """One trainer rank. It gets its parts of the run config only: no rollout settings (the sampling
-    temperature and the generation budget come with each :meth:`train` call)."""
+    """One trainer rank, given its parts of the run config; temperature and budget come with :meth:`train`."""
 
     def __init__(self, rank: int, world_size: int, model_path: str, *, model: ModelConfig, algo: AlgoConfig,
                  trainer: TrainerConfig, parallelism: ParallelismConfig, sync: SyncConfig, seed: int, run_dir: str):
@@ -34,8 +33,7 @@ class TrainerActor:
         return f"{ip}:{free_port(ip)}"
 
     def init(self, master: str) -> Dict[str, Any]:
-        """Join the trainer process group and build the backend; returns where this rank sits
-        (``dp_rank``, ``dp_size``, ``pushes_weights``, ``reports_metrics``) for the trainer group."""
+        """Join the process group, build the backend; returns where this rank sits (``dp_rank``, ``dp_size``, ...)."""
         import torch.distributed as dist
 
         from slime_hydra.train.backend import BACKENDS
@@ -65,8 +63,7 @@ class TrainerActor:
         self.backend.set_num_rollout(num_rollout)
 
     def connect(self, endpoints: List[Dict[str, Any]]) -> None:
-        """The rank that pushes weights connects to the engines; every rank learns whether a push
-        needs its GPU's copy of each bucket (colocated engines spanning several GPUs)."""
+        """The pushing rank connects to the engines; every rank learns if a push needs its GPU's copy of a bucket."""
         from slime_hydra.sync.sender import Endpoint, WeightSender, needs_every_rank
         from slime_hydra.utils.proc import node_ip
 
@@ -97,8 +94,7 @@ class TrainerActor:
         return self.sender.push(weights, version)
 
     def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
-        """The RL step's metrics, ``actor_time`` (its seconds here) and, on a GPU, ``gpu_peak_gib`` (what torch
-        allocated at most during it)."""
+        """The RL step's metrics, ``actor_time`` (seconds) and, on a GPU, ``gpu_peak_gib`` (torch's peak allocation)."""
         t0 = time.perf_counter()
         cuda = self.device.type == "cuda"
         if cuda:

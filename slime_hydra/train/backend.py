@@ -37,8 +37,7 @@ ValueLossFn = Callable[[Sequence[int], "Tensor"], Tuple["Tensor", Dict[str, "Ten
 
 @dataclass
 class StepResult:
-    """One optimiser step: the gradient norm before clipping and the loss function's metrics summed over
-    this rank's micro-batches (empty where no loss was computed)."""
+    """One optimiser step: the gradient norm before clipping, the loss's metrics summed over the micro-batches."""
 
     grad_norm: float
     metrics: Dict[str, float]

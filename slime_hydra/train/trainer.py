@@ -29,8 +29,7 @@ def split_steps(n: int, steps: int) -> List[List[int]]:
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                        all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> float:
-    """:func:`slime_hydra.train.algorithms.explained_variance` over the tokens of every data-parallel
-    rank: with ``all_reduce`` (a sum over ranks), from the all-reduced masked moments."""
+    """``algorithms.explained_variance`` over every data-parallel rank's tokens (``all_reduce``: a sum over ranks)."""
     if all_reduce is None:
         return float(A.explained_variance(values, returns, mask))
     m = mask.double()
@@ -45,8 +44,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 class OnDevice:
-    """The step's per-row CPU tensors, each copied once to the loss's device from pinned memory, not once a
-    micro-batch (a copy of pageable memory waits for every kernel queued before it)."""
+    """The step's per-row CPU tensors, each copied to the loss's device once, from pinned memory (pageable syncs)."""
 
     def __init__(self, **tensors: Optional[torch.Tensor]):
         self.cpu, self.moved = tensors, {}
@@ -69,8 +67,7 @@ class RLTrainer:
 
     def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int,
                  reuse_step_log_probs: bool = True):
-        """``reuse_step_log_probs``: take the old policy's log-probs from the policy step's forward pass
-        where that is the same policy (see the module's docs); False always recomputes them."""
+        """``reuse_step_log_probs=False``: always recompute the old policy's log-probs (see the module's docs)."""
         self.backend, self.algo, self.num_steps = backend, algo, num_steps_per_rollout
         self.reuse_step_log_probs = reuse_step_log_probs
         self.needs_ref = A.needs_ref(algo)

@@ -84,8 +84,7 @@ def discounted_returns(token_rewards: Tensor, gamma: float) -> Tensor:
 
 
 def generalized_advantages(token_rewards: Tensor, values: Tensor, gamma: float, lambd: float) -> Tensor:
-    """GAE (Schulman et al., arXiv 1506.02438): ``delta_t = r_t + gamma V_{t+1} - V_t``,
-    ``A_t = delta_t + gamma lambda A_{t+1}``, with ``V_T = 0`` and ``A_T = 0``."""
+    """GAE (arXiv 1506.02438): ``A_t = delta_t + gamma lambda A_{t+1}``, ``delta_t = r_t + gamma V_{t+1} - V_t``."""
     next_values = torch.cat([values[..., 1:], torch.zeros_like(values[..., :1])], dim=-1)
     return discounted_returns(token_rewards + gamma * next_values - values, gamma * lambd)
 

@@ -103,8 +103,7 @@ def save(be, out_dir: str, trainer_state: Dict[str, Any]) -> None:
 
 
 def load(be, ckpt_dir: str) -> Dict[str, Any]:
-    """Restore ``ckpt_dir/megatron`` into backend ``be``'s layout, whichever layout saved it; returns the
-    ``trainer_state`` it was saved with."""
+    """Restore ``ckpt_dir/megatron`` into ``be``'s layout (any saving layout); returns the saved ``trainer_state``."""
     from megatron.core import dist_checkpointing
 
     path = os.path.join(ckpt_dir, "megatron")

@@ -326,8 +326,7 @@ def _hf_get(hf: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
 
 
 def megatron_params(layout: Layout, shard: Shard = Shard()) -> Iterator[Tuple[str, object]]:
-    """(global megatron name, source) of every parameter the chunk holds; source is a ``Rule`` for
-    layer parameters, the HF name for the top-level ones."""
+    """(global megatron name, source: a layer's ``Rule`` or a top-level HF name) of each parameter of the chunk."""
     if shard.pre_process:
         yield "embedding.word_embeddings.weight", "model.embed_tokens.weight"
     for layer in shard.chunk_layers(layout):
@@ -359,8 +358,7 @@ def full_megatron_tensor(hf: Mapping[str, torch.Tensor], layout: Layout, name: s
 
 def iter_hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: Layout,
                         shard: Shard = Shard()) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(local name, tensor) of one model chunk, one parameter at a time, built from a full HF state
-    dict (a dict, or ``HFCheckpoint``, which reads only the tensors asked for)."""
+    """(local name, tensor) of one model chunk, one at a time, from a full HF state (a dict or ``HFCheckpoint``)."""
     for name, source in megatron_params(layout, shard):
         split, expert = split_kind(layout, name)
         rank, size = shard.etp if expert else (shard.tp_rank, shard.tp_size)
@@ -379,8 +377,7 @@ def local_names(layout: Layout, shard: Shard = Shard()) -> List[str]:
 
 
 def megatron_to_hf(name: str, tensor: torch.Tensor, layout: Layout) -> List[Tuple[str, torch.Tensor]]:
-    """HF (name, tensor) pairs of one full megatron tensor with a global name. A tied output layer
-    yields nothing (the embedding carries it)."""
+    """HF (name, tensor) pairs of one full megatron tensor (global name); none for a tied output layer."""
     if name in TOP_RULES:
         if name == "output_layer.weight" and layout.tied:
             return []
@@ -424,8 +421,7 @@ def buckets(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
 
 
 class HFCheckpoint(Mapping):
-    """A (possibly sharded) safetensors checkpoint directory as a read-on-demand mapping name -> tensor,
-    so that each rank reads only the tensors of its own shard."""
+    """A (sharded) safetensors checkpoint directory as a read-on-demand mapping name -> tensor."""
 
     def __init__(self, path: str):
         self.path = path

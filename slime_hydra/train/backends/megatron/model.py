@@ -42,8 +42,7 @@ def _check(cond: bool, what: str) -> None:
 
 def transformer_config(hf, parallel: Parallel = Parallel(), *, dtype: torch.dtype = torch.bfloat16,
                        overrides: Optional[Dict[str, Any]] = None, cpu_init: bool = False) -> TransformerConfig:
-    """megatron-core's config for ``hf``. ``overrides`` are extra ``TransformerConfig`` fields
-    (recompute, fusions, MoE dispatcher, ...) applied last; an unknown field is an error naming it."""
+    """megatron-core's config for ``hf``; ``overrides``: ``TransformerConfig`` fields set last (unknown: an error)."""
     fam = family(hf)
     _check(getattr(hf, "hidden_act", "silu") == "silu", f"hidden_act={hf.hidden_act!r} (silu expected)")
     r = rope(hf)

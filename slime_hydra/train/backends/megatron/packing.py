@@ -107,8 +107,7 @@ class PackedBatch:
         return PackedBatch(**kw)
 
     def per_sample(self, values: torch.Tensor, width: Optional[int] = None) -> torch.Tensor:
-        """[R] per-response-token values -> [B, width] (rows in ``indices`` order, zero-padded), the
-        response-aligned layout of ``slime_hydra.train.batch``."""
+        """[R] per-response-token values -> response-aligned [B, width] (rows in ``indices`` order, zero-padded)."""
         width = max(self.response_lengths, default=0) if width is None else width
         out = values.new_zeros(len(self.response_lengths), width)
         for b, piece in enumerate(values.split(self.response_lengths)):
@@ -154,8 +153,7 @@ def pack(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], indic
 
 def pack_micro_batches(data: dict, rows: Sequence[int], max_tokens: int, pad_to_multiple: int = 1,
                        min_micro_batches: int = 1, pad_id: int = 0) -> List[PackedBatch]:
-    """The rollout manager's per-sample lists (``tokens``, ``response_lengths``, ``loss_masks``) for
-    ``rows`` -> packed micro-batches within ``max_tokens`` each."""
+    """``rows`` of the rollout manager's per-sample lists -> packed micro-batches of at most ``max_tokens``."""
     lengths = [len(data["tokens"][i]) for i in rows]
     groups = token_budget_micro_batches(lengths, max_tokens, min_micro_batches)
     masks = data.get("loss_masks")

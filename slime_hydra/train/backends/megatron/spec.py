@@ -297,8 +297,7 @@ def is_moe_layer(config: TransformerConfig, layer: int) -> bool:
 
 
 def stage_layers(config: TransformerConfig, pp_rank: int = 0, vp_stage: Optional[int] = None) -> List[int]:
-    """Global ids of the decoder layers that pipeline rank ``pp_rank`` (virtual stage ``vp_stage``)
-    builds, in megatron's own split (uneven first/last stages included)."""
+    """Global ids of the decoder layers that pipeline rank ``pp_rank`` (virtual stage ``vp_stage``) builds."""
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return list(range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)))
 

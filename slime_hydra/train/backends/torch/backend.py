@@ -112,8 +112,7 @@ class TorchBackend(TrainerBackend):
             self.critic.sched = schedule(self.critic.opt, self.algo, num_rollout * steps)
 
     def _unique_state(self) -> Dict[str, torch.Tensor]:
-        """The state dict with each storage once: tied weights (embeddings = LM head) share one
-        tensor, and copying into it twice under two names would undo a swap."""
+        """The state dict with each storage once (a tied LM head is the embedding: copied twice, a swap is undone)."""
         first: Dict[int, Tuple[str, torch.Tensor]] = {}
         for k, v in self.model.state_dict().items():
             first.setdefault(v.data_ptr(), (k, v))
@@ -252,9 +251,7 @@ class TorchBackend(TrainerBackend):
         """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained); FSDP2's other
         ranks take part in the gathers. LoRA: the merged weights, only with ``trainer.lora.save_merged``
         (else no ``hf/``: the checkpoint's ``adapter/`` on the base model is the policy)."""
-        if self.lora is not None and not self.lora.save_merged:
-            return
-        if self.rank != 0 and not self.fsdp:
+        if (self.lora is not None and not self.lora.save_merged) or (self.rank != 0 and not self.fsdp):
             return
         weights = {name: t.cpu() for name, t in self._named_weights()}
         if self.rank != 0:
@@ -266,9 +263,6 @@ class TorchBackend(TrainerBackend):
 
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
 
-    def _adapter_state(self) -> Dict[str, torch.Tensor]:
-        return peft_lora.adapter_state(self.model, lambda t: fsdp.full(t, self.device) if self.fsdp else t)
-
     def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
         """Rank 0 writes ``trainer.pt`` (optimiser, scheduler, reference, RNG, float32 master weights when
         ``hf/`` holds another dtype, ``trainer_state``) and ``critic.pt``; the weights are ``hf/``'s. FSDP2:
@@ -276,7 +270,8 @@ class TorchBackend(TrainerBackend):
         the rest to ``trainer.pt``. LoRA: ``adapter/`` (PEFT's format) holds what trains; the base is
         ``model.path``."""
         if self.lora is not None:
-            adapter = self._adapter_state()  # FSDP2: every rank gathers
+            # FSDP2: every rank gathers
+            adapter = peft_lora.adapter_state(self.model, lambda t: fsdp.full(t, self.device) if self.fsdp else t)
             if self.rank == 0:
                 self.model.save_pretrained(os.path.join(out_dir, peft_lora.ADAPTER_DIR), state_dict=adapter)
         own: Dict[str, Any] = {"scheduler": self.sched.state_dict(), **trainer_state, "rng": torch.get_rng_state()}
@@ -289,9 +284,8 @@ class TorchBackend(TrainerBackend):
             return
         own["optimizer"] = self.opt.state_dict()
         if self.lora is None:
-            master = self.model.state_dict()
-            own["ref"] = self.ref_state
-            own["master"] = master if self.compute_dtype != next(self.model.parameters()).dtype else None
+            master = self.compute_dtype != next(self.model.parameters()).dtype
+            own.update(ref=self.ref_state, master=self.model.state_dict() if master else None)
         torch.save(own, os.path.join(out_dir, "trainer.pt"))
         if self.critic is not None:
             torch.save(self.critic.state_dict(), os.path.join(out_dir, "critic.pt"))
@@ -331,10 +325,8 @@ class TorchBackend(TrainerBackend):
                 else "by this backend"
             raise FileNotFoundError(f"{ckpt_dir} has no hf/: it was saved {what}; resume it with the settings it was "
                                     "saved with (trainer.lora.*, trainer.strategy)")
-        weights = {}
-        for f in sorted(os.listdir(hf)):
-            if f.endswith(".safetensors"):
-                weights.update(load_file(os.path.join(hf, f)))
+        weights = {k: v for f in sorted(os.listdir(hf)) if f.endswith(".safetensors")
+                   for k, v in load_file(os.path.join(hf, f)).items()}
         missing, _ = self.model.load_state_dict(weights, strict=False)
         if [k for k in missing if k in dict(self.model.named_parameters())]:
             raise RuntimeError(f"checkpoint {hf} lacks parameters {missing[:5]}")

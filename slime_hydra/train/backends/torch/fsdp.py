@@ -38,8 +38,7 @@ def decoder_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
 
 def shard(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, cpu_offload: bool,
           trainable: bool = True) -> torch.nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, LM head), over every
-    rank. ``model`` may be on the host: each layer moves to ``device`` as it is sharded."""
+    """``fully_shard`` each decoder layer, then the root, over every rank; layers move to ``device`` as sharded."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -58,8 +57,7 @@ def shard(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dty
 
 
 def full(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The whole tensor of a DTensor shard (an all-gather: every rank calls it, in the same order), on
-    ``device``; a plain tensor as it is (moved to ``device``)."""
+    """The whole tensor of a DTensor (an all-gather: every rank calls it, in order) or a plain one, on ``device``."""
     from torch.distributed.tensor import DTensor
 
     t = t.detach()
@@ -98,8 +96,7 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, device
 
 @torch.no_grad()
 def offload(models: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> None:
-    """Shards and AdamW state to the host while colocated engines generate (FSDP2 re-registers its
-    shards after ``Module.to``, as verl's offload does)."""
+    """Shards and AdamW state to the host (FSDP2 re-registers its shards after ``Module.to``, as in verl)."""
     for m in models:
         m.to("cpu")
     for opt in optimizers:
@@ -142,8 +139,7 @@ def _state(model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Mod
 
 def save(out_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
          trainable_only: bool) -> None:
-    """``out_dir/dcp``: every rank writes its shards of the policy (its trainable part only with LoRA),
-    AdamW's state and the reference model; a later load at another rank count reshards them."""
+    """``out_dir/dcp``: every rank's shards of the policy (LoRA: its trainable part), AdamW state and reference."""
     import torch.distributed.checkpoint as dcp
 
     dcp.save(_state(model, opt, ref, trainable_only), checkpoint_id=os.path.join(out_dir, DCP_DIR))

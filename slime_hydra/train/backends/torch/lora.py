@@ -14,28 +14,17 @@ if TYPE_CHECKING:
 
     from slime_hydra.config.schema import LoraConfig
 
-# model.arch.type -> the linear layers LoRA adapts by default: attention and MLP projections (Hugging
-# Face module names). MoE experts are fused parameters in transformers 5, not linear layers: attention only.
-_ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# model.arch.type -> the linear layers LoRA adapts by default: attention and MLP projections (Hugging Face
+# module names). MoE experts are fused parameters in transformers 5 (the router no nn.Linear): attention only.
+_ATTN, _MLP = ["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"]
 LORA_TARGET_MODULES: Dict[str, List[str]] = {
-    "qwen3": _ATTN + ["gate_proj", "up_proj", "down_proj"],
-    "qwen2": _ATTN + ["gate_proj", "up_proj", "down_proj"],
-    "llama": _ATTN + ["gate_proj", "up_proj", "down_proj"],
-    "glm4": _ATTN + ["gate_up_proj", "down_proj"],
-    "qwen3_moe": _ATTN,
-    "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+    "qwen3": _ATTN + _MLP, "qwen2": _ATTN + _MLP, "llama": _ATTN + _MLP, "glm4": _ATTN + ["gate_up_proj", "down_proj"],
+    "qwen3_moe": _ATTN, "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
 }
 # model.arch.type -> every linear layer (leaf) name LoRA can adapt, all variants of a family in one list, for
 # validation; not embeddings or the LM head: the merged push handles linear layers only.
-_MLP = ["gate_proj", "up_proj", "down_proj"]
-LORA_LINEAR_MODULES: Dict[str, List[str]] = {
-    "qwen3": _ATTN + _MLP,
-    "qwen2": _ATTN + _MLP,
-    "llama": _ATTN + _MLP,
-    "glm4": _ATTN + ["gate_up_proj", "down_proj"],
-    "qwen3_moe": _ATTN,  # the experts are fused parameters, the router no nn.Linear
-    "deepseek_v3": LORA_TARGET_MODULES["deepseek_v3"] + _MLP,
-}
+LORA_LINEAR_MODULES: Dict[str, List[str]] = {**LORA_TARGET_MODULES,
+                                             "deepseek_v3": LORA_TARGET_MODULES["deepseek_v3"] + _MLP}
 NOT_LINEAR = {"embed_tokens": "the token embedding", "lm_head": "the LM head (the embedding's weight when tied)"}
 ADAPTER = "default"  # PEFT's adapter name
 ADAPTER_DIR = "adapter"  # in a run checkpoint
@@ -143,8 +132,7 @@ def adapter_state(peft_model: "torch.nn.Module", full: Callable[["torch.Tensor"]
 
 
 def load_adapter_state(ckpt_dir: str) -> Dict[str, "torch.Tensor"]:
-    """The adapter tensors of ``ckpt_dir/adapter`` by the ``PeftModel``'s state-dict names (as
-    :func:`adapter_state` returns them)."""
+    """The adapter tensors of ``ckpt_dir/adapter`` by the ``PeftModel``'s state-dict names (:func:`adapter_state`'s)."""
     import os
 
     from peft.utils import SAFETENSORS_WEIGHTS_NAME

@@ -30,8 +30,7 @@ def pinned_buffer(cache: Dict[int, torch.Tensor], key: int, like: torch.Tensor) 
 
 
 def data_parallel(model: nn.Module, device: torch.device, init_sync: bool = True) -> nn.Module:
-    """``model`` under DDP, its all-reduce hooks on the parameters' current gradient accumulators.
-    ``init_sync=False`` after an onload: every rank already holds the same weights, so no broadcast."""
+    """``model`` under DDP (hooks on the current gradient accumulators); ``init_sync=False`` after an onload."""
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                init_sync=init_sync)
 
@@ -52,8 +51,7 @@ class Offloader:
         self.moved = False  # offload moved tensors to the host that onload has not brought back
 
     def offload(self, keep_weights: bool = False) -> None:
-        """``keep_weights``: the optimiser state and ``extra`` only, and the gradients freed (the weight
-        push then reads the weights on the GPU); a later ``offload()`` moves the weights."""
+        """``keep_weights``: the optimiser state and ``extra`` only, gradients freed (the push reads the weights)."""
         if self.device.type != "cuda":
             return
         for p in self.model.parameters():
