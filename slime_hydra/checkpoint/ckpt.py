@@ -113,8 +113,7 @@ def in_run_dir(ckpt: str, run_dir: str) -> bool:
 
 
 def resumes_in_run_dir(resume: Optional[str], run_dir: str) -> bool:
-    """Whether ``trainer.resume`` picks a checkpoint of ``run_dir`` itself (``auto`` with one saved there, or
-    a path into it): the run goes on with the model it trained, not with a new one."""
+    """Whether ``trainer.resume`` picks one of ``run_dir``'s own checkpoints (the run goes on with its model)."""
     if not resume:
         return False
     try:
@@ -143,8 +142,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def _fsync_tree(top: str) -> None:
-    """Flush every file under ``top`` and the directories themselves, so the rename that publishes
-    the checkpoint can never reach the disk before its contents (a power cut, not only a kill)."""
+    """Flush every file and directory under ``top``: the publishing rename never reaches the disk first."""
     for dirpath, _, files in os.walk(top):
         for name in files:
             _fsync(os.path.join(dirpath, name))

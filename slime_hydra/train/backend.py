@@ -62,8 +62,7 @@ class CriticBackend(ABC):
 
 @dataclass(frozen=True)
 class WarmUpShape:
-    """What a rank's training step holds at most (``trainer.warm_up``): ``samples`` rows of ``length`` tokens, the
-    last ``response_len`` of each the response."""
+    """A rank's largest step: ``samples`` rows of ``length`` tokens, the last ``response_len`` of each the response."""
 
     samples: int
     length: int

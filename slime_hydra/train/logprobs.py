@@ -54,8 +54,7 @@ def softmax_grad(logits: torch.Tensor, targets: torch.Tensor, in_range: torch.Te
 
 
 def chunk_slices(rows: int, chunk: int, fuse: bool) -> List[slice]:
-    """``rows`` in slices of ``chunk``; with ``fuse`` a last slice of one row joins the one before, since dynamo
-    compiles a size of 1 apart from the others (a mid-step compile for a batch whose count of rows says so)."""
+    """``rows`` in slices of ``chunk``; with ``fuse`` a last 1-row slice joins the previous (size 1 recompiles)."""
     starts = list(range(0, rows, chunk))
     if fuse and len(starts) > 1 and rows - starts[-1] == 1:
         starts.pop()
@@ -150,8 +149,7 @@ def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
 
 def response_rows(hidden: torch.Tensor, response_start: torch.Tensor, width: int) -> torch.Tensor:
-    """The rows that score each response token, ``[B, L, H]`` -> ``[B * width, H]``: row ``b``'s token ``t`` is
-    predicted at ``response_start[b] - 1 + t`` (clamped into the sequence for the padding past a response)."""
+    """Rows scoring the response tokens, ``[B, L, H]`` -> ``[B * width, H]`` (token ``t`` at ``start - 1 + t``)."""
     B, L, H = hidden.shape
     pos = (response_start[:, None] - 1 + torch.arange(width, device=hidden.device)[None, :]).clamp(0, L - 1)
     return hidden.gather(1, pos[..., None].expand(B, width, H)).reshape(B * width, H)
@@ -167,8 +165,7 @@ def fusable_head(model: torch.nn.Module) -> Optional[torch.nn.Linear]:
 def fused_head(head: torch.nn.Linear, response_start: torch.Tensor, response_ids: torch.Tensor,
                temperature: float, with_entropy: bool, entropy_grad: bool = True,
                chunk: int = HEAD_CHUNK_ROWS, fuse: bool = False) -> Iterator[None]:
-    """Within it, ``head`` returns ``[B, T, 2]`` float32 (the response tokens' log-probs, and entropies or
-    zeros) instead of ``[B, L, V]`` logits. ``entropy_grad=False``: the entropy is a metric, without gradient."""
+    """Within it, ``head`` returns ``[B, T, 2]`` float32 (log-probs, entropies or zeros) instead of logits."""
     B, T = response_ids.shape
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:

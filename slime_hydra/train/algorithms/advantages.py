@@ -122,8 +122,7 @@ def reinforce_plus_plus(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl
 
 def reinforce_plus_plus_baseline(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor,
                                  values: Optional[Tensor]):
-    """REINFORCE++-baseline (arXiv 2501.03262): ``A_t = (r_i - mean_group) - kl_coef * kl_t``; the
-    group mean was subtracted by :func:`rewards_for_estimator`. Whitened by ``normalize_advantages``."""
+    """REINFORCE++-baseline (arXiv 2501.03262): ``A_t = (r_i - mean_group) - kl_coef * kl_t``, then whitened."""
     adv = (rewards[:, None] - algo.kl_coef * kl) * mask
     return adv, adv.clone()
 

@@ -146,8 +146,7 @@ def value_loss(algo: "AlgoConfig", reducer: Reducer, *, values: Tensor, old_valu
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """``1 - Var[R - V] / Var[R]`` over the masked tokens (population variances); 1 is a perfect
-    critic, 0 no better than a constant. NaN when ``Var[R] == 0`` (as OpenAI baselines)."""
+    """``1 - Var[R - V] / Var[R]`` over the masked tokens (population variances); NaN when ``Var[R] == 0``."""
     m = mask.float()
     n = m.sum().clamp_min(1.0)
 

@@ -42,8 +42,7 @@ class Reducer:
 
     @property
     def metric(self) -> "Reducer":
-        """The reducer for diagnostics (clip fractions, ratios, entropy): ``token_sum`` would scale
-        a fraction by mean_len / max_len, so it reports the token mean instead; others are unchanged."""
+        """For diagnostics: ``token_sum`` reports the token mean (it would scale a fraction by mean / max length)."""
         if self.kind != "token_sum":
             return self
         return Reducer("token_mean", self.num_samples, self.num_tokens, self.max_len)

@@ -169,8 +169,7 @@ class Shard:
 
 def stage_shard(config, *, tp_rank: int = 0, ep_rank: int = 0, etp_rank: Optional[int] = None, pp_rank: int = 0,
                 vp_stage: Optional[int] = None) -> Shard:
-    """The shard of the model chunk that (``pp_rank``, ``vp_stage``) builds, in megatron's layer split.
-    ``etp_rank`` is needed only when the expert tensor-parallel size differs from the TP size."""
+    """The shard (``pp_rank``, ``vp_stage``) builds; ``etp_rank`` is needed where expert TP differs from TP."""
     from slime_hydra.train.backends.megatron.spec import stage_layers
 
     tp, etp = config.tensor_model_parallel_size, config.expert_tensor_parallel_size

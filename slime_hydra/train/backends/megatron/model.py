@@ -192,8 +192,7 @@ def inner_optimizers(optimizer) -> list:
 
 
 def use_fused_adam(optimizer) -> int:
-    """Without TE or apex, megatron-core steps with ``torch.optim.Adam(W)`` on its foreach kernels: switch its
-    param groups to torch's fused kernel. Returns how many torch optimizers were switched."""
+    """Switch megatron's torch Adam (no TE, no apex) to torch's fused kernel; returns how many were switched."""
     from megatron.core.optimizer import USING_PYTORCH_OPTIMIZER
 
     if not USING_PYTORCH_OPTIMIZER:

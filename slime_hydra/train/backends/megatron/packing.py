@@ -33,8 +33,7 @@ def token_budget_micro_batches(lengths: Sequence[int], max_tokens: int, min_micr
 
 
 def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], max_samples: int) -> List[List[int]]:
-    """Consecutive positions ``0..n-1`` cut into groups of at most ``max_tokens`` tokens (None: no token
-    budget) and ``max_samples`` samples. Consecutive, because the RL step wants the rows in order."""
+    """Positions ``0..n-1`` in order, cut at ``max_tokens`` tokens (None: no budget) or ``max_samples`` samples."""
     groups, cur, used = [], [], 0
     for i, n in enumerate(lengths):
         if max_tokens is not None and n > max_tokens:
@@ -118,8 +117,7 @@ class PackedBatch:
 def pack(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], indices: Sequence[int],
          loss_masks: Optional[Sequence[Optional[Sequence[float]]]] = None, pad_to_multiple: int = 1,
          pad_id: int = 0) -> PackedBatch:
-    """Pack samples ``indices`` of ``tokens`` (prompt + response ids) into one row. ``loss_masks[i]``
-    covers sample i's response (None: all ones). The row is padded to a multiple of ``pad_to_multiple``."""
+    """Pack samples ``indices`` into one row padded to a multiple of ``pad_to_multiple``; a None loss mask is ones."""
     ids, pos, logit_index, targets, mask, rlens = [], [], [], [], [], []
     bounds = [0]
     for i in indices:

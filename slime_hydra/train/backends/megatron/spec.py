@@ -100,15 +100,6 @@ class RMSNorm(torch.nn.Module):
         return self.weight * y.to(x.dtype)
 
 
-def _varlen_attn():
-    """torch's variable-length flash attention (``torch.nn.attention.varlen``), or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
 class SDPAttention(MegatronModule):
     """Core attention through torch's fused kernels. Takes what megatron's core attention takes:
     ``[s, b, heads, d]`` tensors (or ``[t, heads, d]`` with THD ``packed_seq_params``), returns
@@ -147,9 +138,12 @@ class SDPAttention(MegatronModule):
         """[t, h, d] packed sequences, boundaries in ``cu_seqlens``: one flash call on CUDA, else a loop."""
         cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
         cu_k = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else params.cu_seqlens_kv
-        varlen = _varlen_attn() if USE_VARLEN else None
-        if q.is_cuda and varlen is not None and q.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
-            return _varlen_call(varlen, q, k, v, cu_q, cu_k, params.max_seqlen_q, params.max_seqlen_kv,
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:  # a torch without variable-length flash attention
+            varlen_attn = None
+        if USE_VARLEN and varlen_attn and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and not dropout:
+            return _varlen_call(varlen_attn, q, k, v, cu_q, cu_k, params.max_seqlen_q, params.max_seqlen_kv,
                                 self.softmax_scale)
         outs = []
         bounds = cu_q.tolist()

@@ -74,12 +74,8 @@ def _all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
 
 
 def _full_shape(shape: Tuple[int, ...], split: str, size: int) -> Tuple[int, ...]:
-    if split in (COL, VOCAB, GLU):
-        return (shape[0] * size, *shape[1:])
-    if split == ROW:
-        return (shape[0], shape[1] * size, *shape[2:])
-    assert split == REP
-    return shape
+    dim = {COL: 0, VOCAB: 0, GLU: 0, ROW: 1, REP: None}[split]
+    return shape if dim is None else (*shape[:dim], shape[dim] * size, *shape[dim + 1:])
 
 
 def _local_items(chunks: Sequence[Chunk], layout: Layout, tp: int, etp: int):

@@ -41,8 +41,7 @@ class ValueModel(nn.Module):
         return cls(backbone)
 
     def forward(self, mb: MicroBatch) -> torch.Tensor:
-        """Values of the response tokens, ``[B, T]`` float32 (garbage at padding: mask them); no attention mask
-        and the model's own positions, as ``TorchBackend._forward``."""
+        """Response tokens' values, ``[B, T]`` float32 (garbage at padding); inputs as ``TorchBackend._forward``'s."""
         B, T = mb.response_ids.shape
         rows = response_rows(self.backbone(input_ids=mb.input_ids).last_hidden_state, mb.response_start, T)
         with torch.autocast(rows.device.type, enabled=False):  # the head stays float32 under autocast

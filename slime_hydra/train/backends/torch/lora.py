@@ -50,8 +50,7 @@ def unknown_targets(names: List[str], available: List[str]) -> str:
 
 
 def check_targets(model: "torch.nn.Module", names: List[str]) -> None:
-    """Raise unless each of ``names`` matches (as PEFT matches a list entry: the module's name or its dotted
-    suffix) at least one ``nn.Linear`` of ``model`` other than the LM head."""
+    """Raise unless each of ``names`` matches (as PEFT does: name or dotted suffix) an ``nn.Linear`` but the LM head."""
     import torch
 
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and

@@ -21,8 +21,7 @@ def _state(opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]) -> Iterato
 
 
 def pinned_buffer(cache: Dict[int, torch.Tensor], key: int, like: torch.Tensor) -> torch.Tensor:
-    """The pinned host buffer ``cache[key]`` shaped like ``like``, allocated the first time (or when the
-    shape or dtype changed) and reused after: pinning is slow, copies into pinned memory are fast."""
+    """The pinned host buffer ``cache[key]`` shaped like ``like``, allocated once (again if shape or dtype change)."""
     buf = cache.get(key)
     if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
         buf = cache[key] = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
