@@ -43,9 +43,9 @@ def save_checkpoint(run_dir: str, step: int, write: Callable[[str], None], data_
     if os.path.exists(final):  # saved before by a run that was killed before it named it latest
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(os.path.join(root, "latest"), os.path.basename(final))
+    _fsync(root)
     latest = os.path.basename(final)
+    _write_atomic(os.path.join(root, "latest"), latest)
     for old in complete_checkpoints(run_dir)[:-keep]:
         if old != latest:
             shutil.rmtree(os.path.join(root, old), ignore_errors=True)
@@ -113,8 +113,7 @@ def in_run_dir(ckpt: str, run_dir: str) -> bool:
 
 
 def resumes_in_run_dir(resume: Optional[str], run_dir: str) -> bool:
-    """Whether ``trainer.resume`` picks a checkpoint of ``run_dir`` itself (``auto`` with one saved there, or
-    a path into it): the run goes on with the model it trained, not with a new one."""
+    """Whether ``trainer.resume`` picks one of ``run_dir``'s own checkpoints (the run goes on with its model)."""
     if not resume:
         return False
     try:
@@ -139,23 +138,18 @@ def _write_atomic(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    _fsync(os.path.dirname(path))
 
 
 def _fsync_tree(top: str) -> None:
-    """Flush every file under ``top`` and the directories themselves, so the rename that publishes
-    the checkpoint can never reach the disk before its contents (a power cut, not only a kill)."""
+    """Flush every file and directory under ``top``: the publishing rename never reaches the disk first."""
     for dirpath, _, files in os.walk(top):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(dirpath)
+            _fsync(os.path.join(dirpath, name))
+        _fsync(dirpath)
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

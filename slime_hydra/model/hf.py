@@ -15,10 +15,9 @@ log = logging.getLogger(__name__)
 # written into initial_model/ with the weights: the config keys that made them (initial_fingerprint)
 FINGERPRINT = "slime_hydra_initial_model.json"
 
-# arch field -> its transformers config name, where the two differ (the rest share a name)
+# arch field -> its transformers config name, where the two differ (the rest share a name); and DeepSeek-V3's
 HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads"}
-# and for DeepSeek-V3's config class
 DEEPSEEK_V3_NAMES = {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts",
                      "first_k_dense_layers": "first_k_dense_replace"}
 BASE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -29,8 +28,7 @@ MLA_FIELDS = ("num_shared_experts", "first_k_dense_layers", "q_lora_rank", "kv_l
 
 
 def hf_fields(arch: ArchConfig) -> Dict[str, Tuple[str, Any]]:
-    """The transformers config fields that the preset sets: HF name -> (arch field, value). Optional
-    fields left at None are left to the config class's default."""
+    """The transformers config fields the preset sets, HF name -> (arch field, value); None ones are left out."""
     names = list(BASE_FIELDS)
     if arch.type != "deepseek_v3":
         names.append("head_dim")  # MLA has no single head_dim
@@ -86,8 +84,7 @@ def build_random_checkpoint(model: ModelConfig, out_dir: str) -> str:
 
 
 def initial_fingerprint(model: ModelConfig) -> Dict[str, Any]:
-    """What defines the random initial model, by config key: the arch fields its HF config is built from
-    (``hf_fields``), ``model.init_seed`` and ``model.tokenizer``; as JSON reads them back."""
+    """The config keys that define the random initial model (``hf_fields``, seed, tokenizer), as JSON reads them."""
     out: Dict[str, Any] = {"model.arch.type": model.arch.type, "model.init_seed": model.init_seed,
                            "model.tokenizer": model.tokenizer}
     for field, value in hf_fields(model.arch).values():

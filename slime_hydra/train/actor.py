@@ -4,7 +4,6 @@ step over it, and the weight push on the rank the backend chooses. ``TrainerGrou
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -15,21 +14,16 @@ if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
     from slime_hydra.train.backend import WarmUpShape
 
-log = logging.getLogger(__name__)
-
 
 class TrainerActor:
-    """One trainer rank. It gets its parts of the run config only: no rollout settings (the sampling
-    temperature and the generation budget come with each :meth:`train` call)."""
+    """One trainer rank, given its parts of the run config; temperature and budget come with :meth:`train`."""
 
     def __init__(self, rank: int, world_size: int, model_path: str, *, model: ModelConfig, algo: AlgoConfig,
                  trainer: TrainerConfig, parallelism: ParallelismConfig, sync: SyncConfig, seed: int, run_dir: str):
         self.rank, self.world_size, self.model_path = rank, world_size, model_path
         self.model_cfg, self.algo, self.trainer_cfg, self.parallelism = model, algo, trainer, parallelism
         self.sync, self.seed, self.run_dir = sync, seed, run_dir
-        self.backend = None
-        self.rl = None
-        self.sender = None
+        self.backend = self.rl = self.sender = None
         self.every_rank_pushes = False
 
     def master_address(self) -> str:
@@ -39,8 +33,7 @@ class TrainerActor:
         return f"{ip}:{free_port(ip)}"
 
     def init(self, master: str) -> Dict[str, Any]:
-        """Join the trainer process group and build the backend; returns where this rank sits
-        (``dp_rank``, ``dp_size``, ``pushes_weights``, ``reports_metrics``) for the trainer group."""
+        """Join the process group, build the backend; returns where this rank sits (``dp_rank``, ``dp_size``, ...)."""
         import torch.distributed as dist
 
         from slime_hydra.train.backend import BACKENDS
@@ -48,14 +41,14 @@ class TrainerActor:
 
         torch.manual_seed(self.seed + self.rank)
         cuda = self.parallelism.device == "cuda"
-        if not cuda:
-            torch.set_num_threads(self.parallelism.cpu_threads)
         device = torch.device("cpu")
         if cuda:
             import ray
 
             device = torch.device("cuda", int(ray.get_gpu_ids()[0]))
             torch.cuda.set_device(device)
+        else:
+            torch.set_num_threads(self.parallelism.cpu_threads)
         if self.world_size > 1:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master}",
                                     rank=self.rank, world_size=self.world_size)
@@ -64,16 +57,13 @@ class TrainerActor:
             model=self.model_cfg, algo=self.algo, trainer=self.trainer_cfg, parallelism=self.parallelism,
             model_path=self.model_path, rank=self.rank, world_size=self.world_size, device=device)
         self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout)
-        b = self.backend
-        return {"dp_rank": b.dp_rank, "dp_size": b.dp_size, "pushes_weights": b.pushes_weights,
-                "reports_metrics": b.reports_metrics}
+        return {k: getattr(self.backend, k) for k in ("dp_rank", "dp_size", "pushes_weights", "reports_metrics")}
 
     def set_num_rollout(self, num_rollout: int) -> None:
         self.backend.set_num_rollout(num_rollout)
 
     def connect(self, endpoints: List[Dict[str, Any]]) -> None:
-        """The rank that pushes weights connects to the engines; every rank learns whether a push
-        needs its GPU's copy of each bucket (colocated engines spanning several GPUs)."""
+        """The pushing rank connects to the engines; every rank learns if a push needs its GPU's copy of a bucket."""
         from slime_hydra.sync.sender import Endpoint, WeightSender, needs_every_rank
         from slime_hydra.utils.proc import node_ip
 
@@ -104,8 +94,7 @@ class TrainerActor:
         return self.sender.push(weights, version)
 
     def train(self, data: Dict[str, list], temperature: float, max_response_len: int) -> Dict[str, float]:
-        """The RL step's metrics, ``actor_time`` (its seconds here) and, on a GPU, ``gpu_peak_gib`` (what torch
-        allocated at most during it)."""
+        """The RL step's metrics, ``actor_time`` (seconds) and, on a GPU, ``gpu_peak_gib`` (torch's peak allocation)."""
         t0 = time.perf_counter()
         cuda = self.device.type == "cuda"
         if cuda:

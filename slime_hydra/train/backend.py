@@ -37,8 +37,7 @@ ValueLossFn = Callable[[Sequence[int], "Tensor"], Tuple["Tensor", Dict[str, "Ten
 
 @dataclass
 class StepResult:
-    """One optimiser step: the gradient norm before clipping and the loss function's metrics summed over
-    this rank's micro-batches (empty where no loss was computed)."""
+    """One optimiser step: the gradient norm before clipping, the loss's metrics summed over the micro-batches."""
 
     grad_norm: float
     metrics: Dict[str, float]
@@ -63,8 +62,7 @@ class CriticBackend(ABC):
 
 @dataclass(frozen=True)
 class WarmUpShape:
-    """What a rank's training step holds at most (``trainer.warm_up``): ``samples`` rows of ``length`` tokens, the
-    last ``response_len`` of each the response."""
+    """A rank's largest step: ``samples`` rows of ``length`` tokens, the last ``response_len`` of each the response."""
 
     samples: int
     length: int
@@ -86,7 +84,6 @@ class TrainerBackend(ABC):
     #: the PPO critic when the algorithm trains one and the backend supports it, else None
     critic: Optional[CriticBackend] = None
 
-    # ---------------------------------------------------------------------------- layout
     @property
     @abstractmethod
     def dp_rank(self) -> int:
@@ -111,13 +108,11 @@ class TrainerBackend(ABC):
     def dp_all_reduce(self, t: "Tensor") -> "Tensor":
         """The sum of ``t`` (a CPU tensor) over the data-parallel group, on CPU."""
 
-    # ------------------------------------------------------------------------------- data
     @abstractmethod
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[MicroBatch]:
         """``rows`` of ``data`` (:data:`slime_hydra.train.batch.TRAIN_KEYS`), in order, as micro-batches,
         responses padded to ``response_len``; built once per optimiser step."""
 
-    # ----------------------------------------------------------------------------- policy
     @property
     @abstractmethod
     def lr(self) -> float:
@@ -137,7 +132,6 @@ class TrainerBackend(ABC):
     def set_num_rollout(self, num_rollout: int) -> None:
         """Size the LR schedule(s) for a run of ``num_rollout`` rollouts; called before the first step."""
 
-    # ---------------------------------------------------------------------------- weights
     @abstractmethod
     def hf_weights(self, every_rank: bool = False) -> Iterator[Tuple[str, "torch.Tensor"]]:
         """The full weights in Hugging Face names and ``model.dtype``, one tensor at a time, on the rank that
@@ -171,7 +165,6 @@ class TrainerBackend(ABC):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    # ------------------------------------------------------------------------ checkpoints
     @abstractmethod
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """Write the policy as a Hugging Face checkpoint to ``out_dir``, with the tokenizer of ``tokenizer_dir``."""

@@ -1,9 +1,6 @@
-"""Training data: the rollout manager's per-sample lists -> padded tensors for one micro-batch, and
-the log-probs of the response tokens from a causal LM's logits.
-
-Layout: prompt + response, right-padded, so that real tokens keep positions 0..n-1 (the engine
-left-pads instead; position ids make the two agree). Response-aligned tensors are ``[B, T]`` with
-``T`` the longest response in the whole rollout, so that step-level tensors line up.
+"""Training data: the rollout manager's per-sample lists -> padded tensors for one micro-batch (prompt +
+response, right-padded: real tokens keep positions 0..n-1), and the response tokens' log-probs from a causal
+LM's logits. Response-aligned tensors are ``[B, T]``, ``T`` the longest response of the whole rollout.
 """
 
 from __future__ import annotations
@@ -12,6 +9,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from slime_hydra.train.logprobs import response_rows
 
 # Keys of the per-sample training data the rollout manager sends (one list entry per sample).
 TRAIN_KEYS = ("tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "rollout_log_probs",
@@ -72,9 +71,7 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float 
     token t of row b is scored by logits[b, start_b - 1 + t]; only those ``B x T`` rows reach the float32
     log-softmax, ``chunk`` at a time. ``entropy_grad=False``: the entropies are a metric, kept out of autograd."""
     B, T = mb.response_ids.shape
-    pos = mb.response_start[:, None] - 1 + torch.arange(T, device=logits.device)[None, :]
-    pos = pos.clamp(0, logits.shape[1] - 1)
-    rows = logits.gather(1, pos[..., None].expand(B, T, logits.shape[-1])).reshape(B * T, -1)
+    rows = response_rows(logits, mb.response_start, T)
     targets = mb.response_ids.reshape(-1)
     lps, ents = [], []
     for s in range(0, rows.shape[0], chunk):

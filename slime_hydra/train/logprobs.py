@@ -1,12 +1,8 @@
-"""Log-probs and entropies of the response tokens straight from a causal LM's last hidden states.
-
-The LM head's matmul, the float32 log-softmax and the entropy run ``chunk`` response rows at a time, in the
-forward and again in the backward (as Liger's fused linear cross-entropy and verl's ``FusedLinearForPPO``
-do), so only the hidden rows are kept for the backward, never the full float32 logits. The numbers are
-those of :func:`slime_hydra.train.batch.response_log_probs`. :func:`fused_head` swaps the LM head's
-``forward`` so the model's own forward (and its DDP, FSDP2, PEFT hooks) still runs. With ``trainer.compile``
-the per-chunk statistics and their gradient (:func:`row_max`, :func:`softmax_sums`, :func:`softmax_grad`,
-shared with the megatron head) are torch.compile'd.
+"""Log-probs and entropies of the response tokens straight from a causal LM's last hidden states: the LM head's
+matmul, the float32 log-softmax and the entropy run ``chunk`` rows at a time, forward and again backward (as
+Liger's fused linear cross-entropy), so the full float32 logits are never kept. :func:`fused_head` swaps the
+LM head's ``forward`` so the model's own forward (and its DDP, FSDP2, PEFT hooks) still runs. With
+``trainer.compile`` the per-chunk statistics (shared with the megatron head) are torch.compile'd.
 """
 
 from __future__ import annotations
@@ -58,8 +54,7 @@ def softmax_grad(logits: torch.Tensor, targets: torch.Tensor, in_range: torch.Te
 
 
 def chunk_slices(rows: int, chunk: int, fuse: bool) -> List[slice]:
-    """``rows`` in slices of ``chunk``; with ``fuse`` a last slice of one row joins the one before, since dynamo
-    compiles a size of 1 apart from the others (a mid-step compile for a batch whose count of rows says so)."""
+    """``rows`` in slices of ``chunk``; with ``fuse`` a last 1-row slice joins the previous (size 1 recompiles)."""
     starts = list(range(0, rows, chunk))
     if fuse and len(starts) > 1 and rows - starts[-1] == 1:
         starts.pop()
@@ -70,15 +65,6 @@ def chunk_slices(rows: int, chunk: int, fuse: bool) -> List[slice]:
 def compiled(fn: Callable) -> Callable:
     """``fn`` under torch.compile with dynamic shapes (one graph for every chunk's row count), made once."""
     return torch.compile(fn, dynamic=True)
-
-
-def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
-    """The dtype the LM head's matmul runs in: autocast's where it is on (as ``F.linear`` would), else
-    the hidden states' own."""
-    dev = hidden.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return hidden.dtype
 
 
 class _HeadLogProbs(torch.autograd.Function):
@@ -120,7 +106,7 @@ class _HeadLogProbs(torch.autograd.Function):
         if g_ent is not None and not with_entropy:
             g_ent = None
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None, None, None
+            return (None,) * 8
         h, w = hidden.to(dtype), weight.to(dtype)
         rows = h.shape[0]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -152,43 +138,34 @@ class _HeadLogProbs(torch.autograd.Function):
 def head_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                    with_entropy: bool = False, chunk: int = HEAD_CHUNK_ROWS, fuse: bool = False
                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``log_softmax(hidden @ weight.T / temperature)[target]`` and, if asked, the entropy of that
-    distribution, for each of the ``R`` rows of ``hidden`` (``[R, H]``; ``weight`` ``[V, H]``, a bias-free
-    LM head), as float32 ``[R]`` tensors, differentiable in ``hidden`` and ``weight``. The matmul runs in
-    autocast's dtype where autocast is on, else in ``hidden``'s. ``fuse``: the softmax statistics and their
-    gradient compiled (``trainer.compile``)."""
+    """``log_softmax(hidden @ weight.T / temperature)[target]`` and, if asked, its entropy, for each row of
+    ``hidden`` ``[R, H]`` (``weight`` ``[V, H]``, a bias-free LM head): float32 ``[R]``, differentiable in
+    ``hidden`` and ``weight``; the matmul in autocast's dtype where it is on. ``fuse``: compiled statistics."""
+    dev = hidden.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype  # as F.linear's
     logp, ent = _HeadLogProbs.apply(hidden, weight, targets, float(temperature), int(chunk), bool(with_entropy),
-                                    _compute_dtype(hidden), bool(fuse))
+                                    dtype, bool(fuse))
     return logp, (ent if with_entropy else None)
 
 
 def response_rows(hidden: torch.Tensor, response_start: torch.Tensor, width: int) -> torch.Tensor:
-    """The hidden states that score each response token: row ``b``'s token ``t`` is predicted at
-    position ``response_start[b] - 1 + t`` (clamped into the sequence for the padding past a response),
-    ``[B, L, H]`` -> ``[B * width, H]``."""
+    """Rows scoring the response tokens, ``[B, L, H]`` -> ``[B * width, H]`` (token ``t`` at ``start - 1 + t``)."""
     B, L, H = hidden.shape
-    pos = response_start[:, None] - 1 + torch.arange(width, device=hidden.device)[None, :]
-    pos = pos.clamp(0, L - 1)
+    pos = (response_start[:, None] - 1 + torch.arange(width, device=hidden.device)[None, :]).clamp(0, L - 1)
     return hidden.gather(1, pos[..., None].expand(B, width, H)).reshape(B * width, H)
 
 
 def fusable_head(model: torch.nn.Module) -> Optional[torch.nn.Linear]:
-    """The model's LM head where :func:`fused_head` can stand in for it: a plain bias-free ``nn.Linear``
-    (a PEFT-wrapped or biased head keeps the plain path)."""
+    """The model's LM head where :func:`fused_head` can stand in for it: a plain bias-free ``nn.Linear``."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(head) is torch.nn.Linear and head.bias is None:
-        return head
-    return None
+    return head if type(head) is torch.nn.Linear and head.bias is None else None
 
 
 @contextlib.contextmanager
 def fused_head(head: torch.nn.Linear, response_start: torch.Tensor, response_ids: torch.Tensor,
                temperature: float, with_entropy: bool, entropy_grad: bool = True,
                chunk: int = HEAD_CHUNK_ROWS, fuse: bool = False) -> Iterator[None]:
-    """Within it, ``head`` returns ``[B, T, 2]`` float32 (the response tokens' log-probs, and entropies
-    or zeros) instead of ``[B, L, V]`` logits: the model's ``.logits`` output is that tensor.
-    ``entropy_grad=False``: the entropy is a metric only, and its gradient is not kept. ``fuse``: the softmax
-    statistics compiled (:func:`head_log_probs`)."""
+    """Within it, ``head`` returns ``[B, T, 2]`` float32 (log-probs, entropies or zeros) instead of logits."""
     B, T = response_ids.shape
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:

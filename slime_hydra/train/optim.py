@@ -71,26 +71,28 @@ def accumulated_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.op
     passes its own ``clip`` and ``accumulate_unsynced=False`` (it reduce-scatters every micro-batch)."""
     model.train()
     opt.zero_grad(set_to_none=True)
-    sums: Dict[str, torch.Tensor] = {}
+    per_mb = []
     for k, mb in enumerate(mbs):
         sync = k == len(mbs) - 1 or world_size == 1 or not accumulate_unsynced
         with contextlib.nullcontext() if sync else net.no_sync():
             loss, metrics = loss_of(mb)
             (loss * world_size).backward()
-        for key, v in metrics.items():  # summed on the device: no host round trip between micro-batches
-            v = v.detach().float()
-            sums[key] = sums[key] + v if key in sums else v
+        per_mb.append(metrics)
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
     grad_norm = (clip or torch.nn.utils.clip_grad_norm_)(params, clip_grad)
     opt.step()
     sched.step()
-    return StepResult(grad_norm=float(grad_norm), metrics=read_metrics(sums))
+    return StepResult(grad_norm=float(grad_norm), metrics=read_metrics(per_mb))
 
 
-def read_metrics(sums: Dict[str, torch.Tensor]) -> Dict[str, float]:
-    """0-dim metric tensors -> floats, read from the device in one copy (one wait for the GPU, not one a metric)."""
+def read_metrics(per_mb: Iterable[Dict[str, torch.Tensor]]) -> Dict[str, float]:
+    """Micro-batches' 0-dim metric tensors summed on the device, then read in one copy (one wait for the GPU)."""
+    sums: Dict[str, torch.Tensor] = {}
+    for metrics in per_mb:
+        for k, v in metrics.items():
+            v = v.detach().float().reshape(())
+            sums[k] = sums[k] + v if k in sums else v
     if not sums:
         return {}
     keys = sorted(sums)
-    values = torch.stack([sums[k].detach().float().reshape(()).to(sums[keys[0]].device) for k in keys]).cpu()
-    return dict(zip(keys, values.tolist()))
+    return dict(zip(keys, torch.stack([sums[k].to(sums[keys[0]].device) for k in keys]).cpu().tolist()))

@@ -8,7 +8,7 @@ from typing import List
 from slime_hydra.config.rules import choice
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.train.backend import BACKENDS
-from slime_hydra.train.backends.torch.lora import LORA_LINEAR_MODULES, LORA_TARGET_MODULES, NOT_LINEAR, unknown_targets
+from slime_hydra.train.backends.torch.lora import LORA_LINEAR_MODULES, LORA_TARGET_MODULES, unknown_targets
 
 DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -19,10 +19,9 @@ def check(cfg: RunConfig) -> List[str]:
     choice(errs, "trainer.backend", t.backend, BACKENDS)
     choice(errs, "model.dtype", cfg.model.dtype, DTYPES)
     _positive_or_auto(errs, "trainer.micro_batch_size", t.micro_batch_size)
-    if t.gradient_checkpointing not in (True, False, "auto"):
-        errs.append(f"trainer.gradient_checkpointing: must be true, false or auto, got {t.gradient_checkpointing!r}")
-    if t.warm_up not in (True, False, "auto"):
-        errs.append(f"trainer.warm_up: must be true, false or auto, got {t.warm_up!r}")
+    for key in ("gradient_checkpointing", "warm_up"):
+        if getattr(t, key) not in (True, False, "auto"):
+            errs.append(f"trainer.{key}: must be true, false or auto, got {getattr(t, key)!r}")
     if t.max_restarts_per_hour < 0:
         errs.append(f"trainer.max_restarts_per_hour: must be >= 0 (0: no rebuild), got {t.max_restarts_per_hour}")
     if t.hang_timeout_s is not None and t.hang_timeout_s <= 0:
@@ -140,10 +139,9 @@ def _check_strategy_and_lora(cfg: RunConfig) -> List[str]:
                         f"(known: {', '.join(LORA_TARGET_MODULES)}); list the module names to adapt")
         linear = LORA_LINEAR_MODULES.get(cfg.model.arch.type)  # (an unknown arch.type: model/rules.py)
         if lora.target_modules and linear is not None:  # the wrap checks them against the model itself too
-            bad = [n for n in lora.target_modules
-                   if str(n).rpartition(".")[2] in NOT_LINEAR or str(n).rpartition(".")[2] not in linear]
+            bad = [str(n) for n in lora.target_modules if str(n).rpartition(".")[2] not in linear]
             if bad:
-                errs.append(unknown_targets([str(n) for n in bad], linear))
+                errs.append(unknown_targets(bad, linear))
     return errs
 
 

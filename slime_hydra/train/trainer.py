@@ -1,8 +1,7 @@
-"""The RL step, the same for every trainer backend: one rollout's worth of training on one rank: the old
-policy's, reference's and critic's passes, advantages, ``num_steps_per_rollout`` optimiser steps with the
-losses of :mod:`slime_hydra.train.algorithms` as the backend's loss functions, and metrics reduced over the
-data-parallel ranks. With one policy step per rollout and no KL shaping, the old log-probs are taken
-(detached) from the step's own forward pass, which assumes a training pass computes what an eval pass does.
+"""The RL step, the same for every trainer backend: one rollout's training on one rank (the old policy's,
+reference's and critic's passes, advantages, ``num_steps_per_rollout`` optimiser steps with the losses of
+:mod:`slime_hydra.train.algorithms`, metrics reduced over the data-parallel ranks). With one policy step per
+rollout and no KL shaping, the old log-probs are the step's own forward pass's (detached).
 """
 
 from __future__ import annotations
@@ -30,15 +29,13 @@ def split_steps(n: int, steps: int) -> List[List[int]]:
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                        all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> float:
-    """:func:`slime_hydra.train.algorithms.explained_variance` over the tokens of every data-parallel
-    rank: with ``all_reduce`` (a sum over ranks), from the all-reduced masked moments."""
+    """``algorithms.explained_variance`` over every data-parallel rank's tokens (``all_reduce``: a sum over ranks)."""
     if all_reduce is None:
         return float(A.explained_variance(values, returns, mask))
     m = mask.double()
     r = returns.double() * m
     e = (returns.double() - values.double()) * m
-    moments = all_reduce(torch.stack([m.sum(), r.sum(), (r * r).sum(), e.sum(), (e * e).sum()]))
-    n, sr, srr, se, see = moments.cpu().tolist()
+    n, sr, srr, se, see = all_reduce(torch.stack([m.sum(), r.sum(), (r * r).sum(), e.sum(), (e * e).sum()])).tolist()
     n = max(n, 1.0)
     var_r = srr / n - (sr / n) ** 2
     if var_r <= 0:
@@ -46,21 +43,11 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return 1.0 - (see / n - (se / n) ** 2) / var_r
 
 
-def _rows(idx: Sequence[int]):
-    """A micro-batch's rows as a slice where they are contiguous (the backends keep them in order), so that
-    indexing a device tensor needs no index tensor copied from the host."""
-    if len(idx) and list(idx) == list(range(idx[0], idx[0] + len(idx))):
-        return slice(idx[0], idx[0] + len(idx))
-    return list(idx)
-
-
 class OnDevice:
-    """The step's per-row CPU tensors, each copied once to the loss's device from pinned memory, not once a
-    micro-batch (a copy of pageable memory waits for every kernel queued before it)."""
+    """The step's per-row CPU tensors, each copied to the loss's device once, from pinned memory (pageable syncs)."""
 
     def __init__(self, **tensors: Optional[torch.Tensor]):
-        self.cpu = tensors
-        self.moved: Dict[tuple, torch.Tensor] = {}
+        self.cpu, self.moved = tensors, {}
 
     def __call__(self, name: str, idx: Sequence[int], device: torch.device) -> torch.Tensor:
         key = (name, str(device))
@@ -69,7 +56,10 @@ class OnDevice:
             if device.type == "cuda":
                 t = t.pin_memory().to(device, non_blocking=True)
             self.moved[key] = t.to(device)
-        return self.moved[key][_rows(idx)]
+        # contiguous rows (the backends keep them in order) as a slice: no index tensor copied from the host
+        idx = list(idx)
+        rows = slice(idx[0], idx[-1] + 1) if idx and idx == list(range(idx[0], idx[0] + len(idx))) else idx
+        return self.moved[key][rows]
 
 
 class RLTrainer:
@@ -77,8 +67,7 @@ class RLTrainer:
 
     def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int,
                  reuse_step_log_probs: bool = True):
-        """``reuse_step_log_probs``: take the old policy's log-probs from the policy step's forward pass
-        where that is the same policy (see the module's docs); False always recomputes them."""
+        """``reuse_step_log_probs=False``: always recompute the old policy's log-probs (see the module's docs)."""
         self.backend, self.algo, self.num_steps = backend, algo, num_steps_per_rollout
         self.reuse_step_log_probs = reuse_step_log_probs
         self.needs_ref = A.needs_ref(algo)
@@ -93,8 +82,7 @@ class RLTrainer:
         return {"steps_done": self.steps_done, "rollouts_done": self.rollouts_done}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.steps_done = state["steps_done"]
-        self.rollouts_done = state["rollouts_done"]
+        self.steps_done, self.rollouts_done = state["steps_done"], state["rollouts_done"]
 
     def train(self, data: Dict[str, list], *, temperature: float, max_response_len: int) -> Dict[str, float]:
         """Train on this rank's share of a rollout (:data:`slime_hydra.train.batch.TRAIN_KEYS`), every
@@ -181,9 +169,8 @@ class RLTrainer:
         if gaps:
             logprob_gap = logprob_gap + torch.stack(gaps).sum().cpu()
 
-        # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the
-        #    critic's values; step averages (sums of per-rank shares; the gradient norms are the same
-        #    on every rank: their mean)
+        # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the critic's
+        #    values; step averages (sums of per-rank shares; the gradient norms, the same on every rank: their mean)
         value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
         keys = sorted(sums)
         totals = be.dp_all_reduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),

@@ -29,18 +29,9 @@ ADVANTAGE_ESTIMATORS = LazyRegistry("advantage estimator", {
     name: f"{__name__}.advantages:{function}" for name, (function, _) in _ESTIMATORS.items()})
 GROUP_REWARDS: Dict[str, Optional[str]] = {name: mode for name, (_, mode) in _ESTIMATORS.items()}
 # policy_loss -> per-token f(algo, *, log_probs, old_log_probs, advantages, mask) -> (loss, clipped, kl)
-POLICY_LOSSES = LazyRegistry("policy loss", {
-    "ppo_clip": "slime_hydra.train.algorithms.losses:ppo_clip",
-    "gspo": "slime_hydra.train.algorithms.losses:gspo",
-    "cispo": "slime_hydra.train.algorithms.losses:cispo",
-})
+POLICY_LOSSES = LazyRegistry("policy loss", {n: f"{__name__}.losses:{n}" for n in ("ppo_clip", "gspo", "cispo")})
 # kl_loss_type -> per-token f(log_probs, ref_log_probs) -> KL estimate   (kl.py)
-KL_ESTIMATORS = LazyRegistry("KL estimator", {
-    "k1": "slime_hydra.train.algorithms.kl:k1",
-    "k2": "slime_hydra.train.algorithms.kl:k2",
-    "k3": "slime_hydra.train.algorithms.kl:k3",
-    "low_var_kl": "slime_hydra.train.algorithms.kl:low_var_kl",
-})
+KL_ESTIMATORS = LazyRegistry("KL estimator", {n: f"{__name__}.kl:{n}" for n in ("k1", "k2", "k3", "low_var_kl")})
 # loss_reduction: the branches of reduce.Reducer
 REDUCTIONS = ("sample_mean", "token_mean", "token_sum")
 
@@ -57,17 +48,8 @@ def needs_critic(algo: "AlgoConfig") -> bool:
 
 # The torch functions, imported from their modules on first access.
 __getattr__ = lazy_attributes(__name__, {
-    "compute_advantages": "advantages",
-    "discounted_returns": "advantages",
-    "generalized_advantages": "advantages",
-    "normalize_group_rewards": "advantages",
-    "overlong_penalty": "advantages",
-    "response_lengths": "advantages",
-    "rewards_for_estimator": "advantages",
-    "explained_variance": "losses",
-    "policy_loss": "losses",
-    "value_loss": "losses",
-    "Reducer": "reduce",
-    "masked_mean": "reduce",
-    "masked_whiten": "reduce",
+    **dict.fromkeys(("compute_advantages", "discounted_returns", "generalized_advantages", "normalize_group_rewards",
+                     "overlong_penalty", "response_lengths", "rewards_for_estimator"), "advantages"),
+    **dict.fromkeys(("explained_variance", "policy_loss", "value_loss"), "losses"),
+    **dict.fromkeys(("Reducer", "masked_whiten"), "reduce"),
 })

@@ -18,13 +18,10 @@ if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig
 
 
-# ------------------------------------------------------------------------------ reward post-processing
-def normalize_group_rewards(
-    rewards: Tensor, group_size: int, subtract_mean: bool, divide_std: bool, eps: float = 1e-6
-) -> Tensor:
-    """GRPO's group normalisation (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2).
-
-    ``rewards`` is flat ``[N]``, consecutive runs of ``group_size`` samples share a prompt:
+def normalize_group_rewards(rewards: Tensor, group_size: int, subtract_mean: bool, divide_std: bool,
+                            eps: float = 1e-6) -> Tensor:
+    """GRPO's group normalisation (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2). ``rewards`` is flat ``[N]``,
+    consecutive runs of ``group_size`` samples share a prompt:
     ``r~_i = (r_i - mean_g) / (std_g + eps)`` with the unbiased std (``torch.std``, as slime).
     A group of one sample has no std: the division is skipped (the mean subtraction gives 0)."""
     if group_size < 1 or rewards.numel() % group_size:
@@ -60,7 +57,6 @@ def rewards_for_estimator(algo: "AlgoConfig", rewards: Tensor, group_size: int) 
     return normalize_group_rewards(rewards, group_size, subtract_mean=True, divide_std=divide_std)
 
 
-# ----------------------------------------------------------------------------------------- helpers
 def response_lengths(mask: Tensor) -> Tensor:
     """``L_i`` = 1 + the last position with a non-zero mask (0 for an empty mask), ``[B]`` long."""
     positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
@@ -88,35 +84,23 @@ def discounted_returns(token_rewards: Tensor, gamma: float) -> Tensor:
 
 
 def generalized_advantages(token_rewards: Tensor, values: Tensor, gamma: float, lambd: float) -> Tensor:
-    """GAE (Schulman et al., arXiv 1506.02438): ``delta_t = r_t + gamma V_{t+1} - V_t``,
-    ``A_t = delta_t + gamma lambda A_{t+1}``, with ``V_T = 0`` and ``A_T = 0``."""
+    """GAE (arXiv 1506.02438): ``A_t = delta_t + gamma lambda A_{t+1}``, ``delta_t = r_t + gamma V_{t+1} - V_t``."""
     next_values = torch.cat([values[..., 1:], torch.zeros_like(values[..., :1])], dim=-1)
-    deltas = token_rewards + gamma * next_values - values
-    out = torch.empty_like(deltas)
-    running = torch.zeros_like(deltas[..., 0])
-    for t in range(deltas.shape[-1] - 1, -1, -1):
-        running = deltas[..., t] + gamma * lambd * running
-        out[..., t] = running
-    return out
+    return discounted_returns(token_rewards + gamma * next_values - values, gamma * lambd)
 
 
-# -------------------------------------------------------------------------------------- estimators
 def group_relative(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
-    """Outcome supervision with a group baseline, ``A_it = r~_i`` on every response token.
-
-    GRPO (arXiv 2402.03300), GSPO (arXiv 2507.18071) and CISPO (MiniMax-M1, arXiv 2506.13585) share
-    this advantage and differ in the policy loss. As in slime, ``kl_coef`` plays no part here (use
-    ``kl_loss_coef``). ``returns = advantages``."""
+    """Outcome supervision with a group baseline, ``A_it = r~_i`` on every response token: GRPO (arXiv
+    2402.03300), GSPO (arXiv 2507.18071) and CISPO (arXiv 2506.13585) share it and differ in the policy loss.
+    As in slime, ``kl_coef`` plays no part here (use ``kl_loss_coef``). ``returns = advantages``."""
     adv = rewards[:, None] * mask
     return adv, adv.clone()
 
 
 def ppo_gae(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]):
-    """PPO for RLHF (Ouyang et al., arXiv 2203.02155; PPO arXiv 1707.06347) with GAE.
-
-    Token rewards ``r_t = -kl_coef * kl_t``, plus the scalar reward on the last response token;
-    GAE with ``algo.gamma`` and ``algo.lambd`` over ``t < L_i`` using the critic's ``values``
-    (values at padding count as 0); ``returns = A + V``."""
+    """PPO for RLHF (Ouyang et al., arXiv 2203.02155; PPO arXiv 1707.06347) with GAE. Token rewards
+    ``r_t = -kl_coef * kl_t``, plus the scalar reward on the last response token; GAE with ``algo.gamma`` and
+    ``algo.lambd`` over ``t < L_i`` on the critic's ``values`` (0 at padding); ``returns = A + V``."""
     if values is None:
         raise ValueError("advantage_estimator 'ppo' needs the critic's values")
     lengths = response_lengths(mask)
@@ -136,36 +120,21 @@ def reinforce_plus_plus(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl
     return returns, returns.clone()
 
 
-def reinforce_plus_plus_baseline(
-    algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor, values: Optional[Tensor]
-):
-    """REINFORCE++-baseline (arXiv 2501.03262): ``A_t = (r_i - mean_group) - kl_coef * kl_t``; the
-    group mean was subtracted by :func:`rewards_for_estimator`. Whitened by ``normalize_advantages``."""
+def reinforce_plus_plus_baseline(algo: "AlgoConfig", *, rewards: Tensor, mask: Tensor, kl: Tensor,
+                                 values: Optional[Tensor]):
+    """REINFORCE++-baseline (arXiv 2501.03262): ``A_t = (r_i - mean_group) - kl_coef * kl_t``, then whitened."""
     adv = (rewards[:, None] - algo.kl_coef * kl) * mask
     return adv, adv.clone()
 
 
-# ------------------------------------------------------------------------------------------ driver
-def compute_advantages(
-    algo: "AlgoConfig",
-    *,
-    rewards: Tensor,
-    loss_mask: Tensor,
-    old_log_probs: Tensor,
-    ref_log_probs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-    all_reduce: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor]:
-    """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient).
-
-    1. Shaping KL (slime: ``compute_advantages_and_returns``): when ``algo.kl_coef != 0``,
-       ``kl_t = KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * m_t`` (slime uses the
-       *same* estimator, ``--kl-loss-type``, for shaping and for the loss); zeros otherwise.
-    2. ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``.
-    3. When ``algo.normalize_advantages``: masked whitening of the advantages over the whole
-       ``[B, T]`` given, or, with ``all_reduce`` (a sum over data-parallel ranks), over every rank's
-       samples as slime does. Returns are not whitened.
-    """
+def compute_advantages(algo: "AlgoConfig", *, rewards: Tensor, loss_mask: Tensor, old_log_probs: Tensor,
+                       ref_log_probs: Optional[Tensor] = None, values: Optional[Tensor] = None,
+                       all_reduce: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
+    """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient) from
+    ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``, with the shaping KL ``kl_t =
+    KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * m_t`` when ``algo.kl_coef`` (slime uses
+    the same estimator for shaping and loss). ``algo.normalize_advantages``: masked whitening of the
+    advantages, over every data-parallel rank's samples with ``all_reduce`` (a sum over ranks)."""
     estimator = ADVANTAGE_ESTIMATORS[algo.advantage_estimator]
     with torch.no_grad():
         mask = loss_mask.float()

@@ -8,23 +8,19 @@ import torch
 from torch import Tensor
 
 
-def _log_ratio(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
-    return log_probs.float() - ref_log_probs.float()
-
-
 def k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """``lr``."""
-    return _log_ratio(log_probs, ref_log_probs)
+    return log_probs.float() - ref_log_probs.float()
 
 
 def k2(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """``lr^2 / 2``."""
-    return _log_ratio(log_probs, ref_log_probs).square() / 2
+    return k1(log_probs, ref_log_probs).square() / 2
 
 
 def k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """``exp(-lr) - 1 + lr`` (= r - 1 - log r with r = pi_ref / pi_theta)."""
-    lr = _log_ratio(log_probs, ref_log_probs)
+    lr = k1(log_probs, ref_log_probs)
     return torch.expm1(-lr) + lr
 
 

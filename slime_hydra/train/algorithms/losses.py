@@ -73,44 +73,26 @@ def cispo(algo: "AlgoConfig", *, log_probs: Tensor, old_log_probs: Tensor, advan
     return loss, (weight != ratio.detach()).float(), -log_ratio
 
 
-def policy_loss(
-    algo: "AlgoConfig",
-    reducer: Reducer,
-    *,
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    ref_log_probs: Optional[Tensor] = None,
-    rollout_log_probs: Optional[Tensor] = None,
-    entropy: Optional[Tensor] = None,
-) -> Tuple[Tensor, Metrics]:
+def policy_loss(algo: "AlgoConfig", reducer: Reducer, *, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                loss_mask: Tensor, ref_log_probs: Optional[Tensor] = None, rollout_log_probs: Optional[Tensor] = None,
+                entropy: Optional[Tensor] = None) -> Tuple[Tensor, Metrics]:
     """The actor loss of one micro-batch (slime ``policy_loss_function``)::
 
         loss = R(pg_t * w_t) - entropy_coef * R(H_t) + kl_loss_coef * R(KL(log_probs, ref) [* rho_t])
 
-    with ``R`` the step's ``reducer``, ``pg_t`` from ``POLICY_LOSSES[algo.policy_loss]`` and:
-
-    - TIS (``use_tis``, Yao et al. 2025 "Your efficient RL framework secretly brings you off-policy
-      RL training"): ``w_t = clamp(exp(old_log_probs - rollout_log_probs), tis_clip_low, tis_clip)``,
-      correcting the engine/trainer mismatch; ``w_t = 1`` otherwise;
-    - the KL term with ``KL_ESTIMATORS[algo.kl_loss_type]`` (needs ``ref_log_probs`` when
-      ``kl_loss_coef != 0``); ``use_unbiased_kl`` (DeepSeek-V3.2) multiplies it by
-      ``rho_t = exp(log_probs - old_log_probs)`` (with gradient), after the low_var_kl clamp;
-    - the entropy bonus needs ``entropy`` (``[b, T]``) when ``entropy_coef != 0``.
-
-    Metrics (detached 0-dim tensors; each is additive over the step's micro-batches): ``pg_loss``,
-    ``kl_loss`` (when ``ref_log_probs`` is given) and ``loss`` with ``reducer``; the diagnostics
-    ``pg_clipfrac``, ``ppo_kl``, ``entropy`` (when given), ``tis`` and ``tis_clipfrac`` (when
-    ``use_tis``) with ``reducer.metric`` (a token mean for ``token_sum``, see ``Reducer.metric``).
-    """
+    with ``R`` the step's ``reducer`` and ``pg_t`` from ``POLICY_LOSSES[algo.policy_loss]``. TIS (``use_tis``,
+    Yao et al. 2025): ``w_t = clamp(exp(old_log_probs - rollout_log_probs), tis_clip_low, tis_clip)``, else 1.
+    KL with ``KL_ESTIMATORS[algo.kl_loss_type]``; ``use_unbiased_kl`` (DeepSeek-V3.2) multiplies it by
+    ``rho_t = exp(log_probs - old_log_probs)`` (with gradient). ``kl_loss_coef`` needs ``ref_log_probs``,
+    ``entropy_coef`` needs ``entropy``. Metrics (detached 0-dim tensors, additive over micro-batches):
+    ``pg_loss``, ``kl_loss`` and ``loss`` with ``reducer``; ``pg_clipfrac``, ``ppo_kl``, ``entropy``, ``tis``
+    and ``tis_clipfrac`` with ``reducer.metric``."""
     mask = loss_mask.float()
     report = reducer.metric
     log_probs = log_probs.float()
     old_log_probs = old_log_probs.detach().float()
     pg_t, clipfrac_t, ppo_kl_t = POLICY_LOSSES[algo.policy_loss](
-        algo, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages.detach().float(), mask=mask
-    )
+        algo, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages.detach().float(), mask=mask)
     metrics: Metrics = {}
     if algo.use_tis:
         if rollout_log_probs is None:
@@ -121,9 +103,8 @@ def policy_loss(
         metrics["tis"] = report(tis, mask).detach()
         metrics["tis_clipfrac"] = report((weight != tis).float(), mask).detach()
 
-    pg = reducer(pg_t, mask)
-    loss = pg
-    metrics["pg_loss"] = pg.detach()
+    loss = reducer(pg_t, mask)
+    metrics["pg_loss"] = loss.detach()
     metrics["pg_clipfrac"] = report(clipfrac_t, mask).detach()
     metrics["ppo_kl"] = report(ppo_kl_t.detach(), mask).detach()
 
@@ -149,18 +130,14 @@ def policy_loss(
     return loss, metrics
 
 
-def value_loss(
-    algo: "AlgoConfig", reducer: Reducer, *, values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor
-) -> Tuple[Tensor, Metrics]:
+def value_loss(algo: "AlgoConfig", reducer: Reducer, *, values: Tensor, old_values: Tensor, returns: Tensor,
+               loss_mask: Tensor) -> Tuple[Tensor, Metrics]:
     """Clipped critic loss (slime ``value_loss_function``; PPO2-style value clipping):
     ``L_t = max((V_clip - R)^2, (V - R)^2)``, ``V_clip = V_old + clip(V - V_old, -value_clip, value_clip)``,
     no 1/2 factor. Metrics: ``value_loss`` (``reducer``), ``value_clipfrac = 1[|V - V_old| > value_clip]``
     (``reducer.metric``)."""
-    mask = loss_mask.float()
-    v = values.float()
-    old = old_values.detach().float()
-    ret = returns.detach().float()
-    c = algo.value_clip
+    mask, v, c = loss_mask.float(), values.float(), algo.value_clip
+    old, ret = old_values.detach().float(), returns.detach().float()
     v_clipped = old + (v - old).clamp(-c, c)
     loss_t = torch.maximum((v_clipped - ret).square(), (v - ret).square())
     loss = reducer(loss_t, mask)
@@ -169,8 +146,7 @@ def value_loss(
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """``1 - Var[R - V] / Var[R]`` over the masked tokens (population variances); 1 is a perfect
-    critic, 0 no better than a constant. NaN when ``Var[R] == 0`` (as OpenAI baselines)."""
+    """``1 - Var[R - V] / Var[R]`` over the masked tokens (population variances); NaN when ``Var[R] == 0``."""
     m = mask.float()
     n = m.sum().clamp_min(1.0)
 

@@ -26,32 +26,23 @@ def _masked(x: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
 
 class Reducer:
     """Reduces a per-token ``[b, T]`` tensor of one micro-batch to its share of the step's scalar.
-
-    ``num_samples``: samples in the step; ``num_tokens``: loss-mask tokens in the step;
-    ``max_len``: the constant ``token_sum`` normaliser per sample (the generation budget,
-    ``rollout.max_response_len``, as in Dr. GRPO).
-    """
+    ``num_samples``, ``num_tokens``: samples and loss-mask tokens in the step; ``max_len``: the ``token_sum``
+    normaliser per sample (the generation budget, ``rollout.max_response_len``, as in Dr. GRPO)."""
 
     def __init__(self, kind: str, num_samples: int, num_tokens: int, max_len: int):
         if kind not in REDUCTIONS:
             raise ValueError(f"unknown reduction {kind!r}; expected one of {REDUCTIONS}")
-        self.kind = kind
-        self.num_samples = num_samples
-        self.num_tokens = num_tokens
-        self.max_len = max_len
+        self.kind, self.num_samples, self.num_tokens, self.max_len = kind, num_samples, num_tokens, max_len
 
     @classmethod
     def for_step(cls, kind: str, masks: Iterable[Tensor], max_len: int) -> "Reducer":
         """Build from the loss masks (``[b, T]`` each) of all micro-batches of one step."""
         masks = list(masks)
-        num_samples = sum(int(m.shape[0]) for m in masks)
-        num_tokens = int(sum(float(m.float().sum()) for m in masks))
-        return cls(kind, num_samples, num_tokens, max_len)
+        return cls(kind, sum(int(m.shape[0]) for m in masks), int(sum(float(m.float().sum()) for m in masks)), max_len)
 
     @property
     def metric(self) -> "Reducer":
-        """The reducer for diagnostics (clip fractions, ratios, entropy): ``token_sum`` would scale
-        a fraction by mean_len / max_len, so it reports the token mean instead; others are unchanged."""
+        """For diagnostics: ``token_sum`` reports the token mean (it would scale a fraction by mean / max length)."""
         if self.kind != "token_sum":
             return self
         return Reducer("token_mean", self.num_samples, self.num_tokens, self.max_len)
@@ -68,12 +59,6 @@ class Reducer:
     def __repr__(self) -> str:
         return (f"Reducer({self.kind!r}, num_samples={self.num_samples}, num_tokens={self.num_tokens}, "
                 f"max_len={self.max_len})")
-
-
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """``sum x m / max(sum m, 1)`` over all elements."""
-    xm, m = _masked(x, mask)
-    return xm.sum() / m.sum().clamp_min(1.0)
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8,

@@ -1,15 +1,12 @@
-"""The megatron-core trainer backend (:class:`~slime_hydra.train.backend.TrainerBackend`): ``GPTModel`` chunks
-built from the checkpoint's Hugging Face config (``model.py``), tensor / pipeline (with virtual stages) /
-expert parallel as ``parallelism.*`` says, megatron's DDP and distributed optimizer (Adam with float32 main
-weights), packed micro-batches cut by a token budget (``packing.py``); host offload in ``offload.py``,
-checkpoints in ``checkpoint.py``. Global rank 0 pushes the weights; the ranks with TP rank 0 on the last
-pipeline stage report metrics (the loss function runs on the last stage only).
+"""The megatron-core trainer backend: ``GPTModel`` chunks from the checkpoint's Hugging Face config, tensor /
+pipeline (virtual stages too) / expert parallel, megatron's DDP and distributed optimizer (Adam, float32 main
+weights), packed micro-batches by token budget. Global rank 0 pushes the weights; TP rank 0 of the last
+pipeline stage reports metrics (the loss runs on the last stage only).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -25,12 +22,6 @@ from slime_hydra.train.optim import lr_lambda, read_metrics
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
-
-log = logging.getLogger(__name__)
-
-
-def _size(group) -> int:
-    return dist.get_world_size(group) if group is not None else 1
 
 
 class MegatronBackend(TrainerBackend):
@@ -55,27 +46,21 @@ class MegatronBackend(TrainerBackend):
         )
         from slime_hydra.train.backends.megatron.offload import Offload
         from slime_hydra.train.backends.megatron.weights import load_hf_weights
+        from slime_hydra.train.backends.torch.fsdp import ensure_process_group
 
-        self.algo, self.trainer_cfg, self.model_cfg = algo, trainer, model
+        self.algo, self.trainer_cfg, self.model_cfg, self.model_path = algo, trainer, model, model_path
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.model_path = model_path
         self.cuda = device.type == "cuda"
         self.dtype = getattr(torch, model.dtype)
-        if not dist.is_initialized():  # the actor makes a group only for several ranks; megatron needs one
-            from slime_hydra.utils.proc import free_port
-
-            dist.init_process_group("nccl" if self.cuda else "gloo", rank=0, world_size=1,
-                                    init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}")
+        ensure_process_group(device)  # the actor makes a group only for several ranks; megatron needs one
         p = parallelism
         self.parallel = Parallel(tp=p.tensor_parallel, pp=p.pipeline_parallel, vpp=p.virtual_pipeline_parallel,
                                  cp=p.context_parallel, ep=p.expert_parallel, etp=p.expert_tensor_parallel,
                                  sequence_parallel=p.sequence_parallel)
-        ps.initialize_model_parallel(tensor_model_parallel_size=p.tensor_parallel,
-                                     pipeline_model_parallel_size=p.pipeline_parallel,
-                                     virtual_pipeline_model_parallel_size=p.virtual_pipeline_parallel,
-                                     context_parallel_size=p.context_parallel,
-                                     expert_model_parallel_size=p.expert_parallel,
-                                     expert_tensor_parallel_size=p.expert_tensor_parallel)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=p.tensor_parallel, pipeline_model_parallel_size=p.pipeline_parallel,
+            virtual_pipeline_model_parallel_size=p.virtual_pipeline_parallel, context_parallel_size=p.context_parallel,
+            expert_model_parallel_size=p.expert_parallel, expert_tensor_parallel_size=p.expert_tensor_parallel)
         if self.cuda:
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -94,9 +79,8 @@ class MegatronBackend(TrainerBackend):
 
         # loss scaling: the schedule divides each micro-batch's loss by the number of micro-batches and DDP
         # averages over the data-parallel group, so accumulate_grads multiplies each share by both
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=trainer.use_distributed_optimizer,
-            overlap_grad_reduce=False)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=trainer.use_distributed_optimizer)
         self.chunks = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=c,
                                                disable_bucketing=len(chunks) > 1 and i > 0)
                        for i, c in enumerate(chunks)]
@@ -106,8 +90,7 @@ class MegatronBackend(TrainerBackend):
             adam_beta1=algo.adam_beta1, adam_beta2=algo.adam_beta2, adam_eps=algo.adam_eps,
             clip_grad=algo.clip_grad, bf16=self.dtype == torch.bfloat16, fp16=self.dtype == torch.float16,
             params_dtype=self.dtype, use_distributed_optimizer=trainer.use_distributed_optimizer,
-            main_params_dtype=torch.float32, main_grads_dtype=torch.float32,
-        ), self.chunks)
+            main_params_dtype=torch.float32, main_grads_dtype=torch.float32), self.chunks)
         use_fused_adam(self.opt)
         if self.dtype in (torch.bfloat16, torch.float16):
             self.config.grad_scale_func = self.opt.scale_loss
@@ -117,8 +100,8 @@ class MegatronBackend(TrainerBackend):
         self.tp_group = ps.get_tensor_model_parallel_group() if p.tensor_parallel > 1 else None
         self.pp_group = ps.get_pipeline_model_parallel_group() if p.pipeline_parallel > 1 else None
         self.ep_group = ps.get_expert_model_parallel_group() if p.expert_parallel > 1 else None
-        self.etp_group = ps.get_expert_tensor_parallel_group() if _size(ps.get_expert_tensor_parallel_group()) > 1 \
-            else None
+        etp_group = ps.get_expert_tensor_parallel_group()
+        self.etp_group = etp_group if etp_group is not None and dist.get_world_size(etp_group) > 1 else None
         self.dp_group = ps.get_data_parallel_group()
         self._dp_rank, self._dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.is_last_stage = self.pp_rank == p.pipeline_parallel - 1
@@ -127,12 +110,10 @@ class MegatronBackend(TrainerBackend):
 
         self.critic = None  # PPO's critic: not with megatron (the RL step refuses advantage_estimator=ppo)
         # the reference model: a pinned host copy of this rank's shards, swapped in through a staging copy
-        needs_ref = A.needs_ref(algo)
-        self.ref_state = self._cpu_copy() if needs_ref else None
-        self._backup = self._cpu_copy() if needs_ref else None
+        self.ref_state = self._cpu_copy() if A.needs_ref(algo) else None
+        self._backup = self._cpu_copy() if A.needs_ref(algo) else None
         self.offloader = Offload(self.chunks, self.opt, device, trainer.use_distributed_optimizer)
 
-    # ------------------------------------------------------------------------------ layout
     @property
     def dp_rank(self) -> int:
         return self._dp_rank
@@ -169,7 +150,6 @@ class MegatronBackend(TrainerBackend):
     def lr(self) -> float:
         return self.opt.param_groups[0]["lr"]
 
-    # ------------------------------------------------------------------------------ weights
     def _params(self) -> List[torch.Tensor]:
         return parameters(self.chunks)
 
@@ -177,12 +157,7 @@ class MegatronBackend(TrainerBackend):
         return inner_optimizers(self.opt)
 
     def _cpu_copy(self) -> List[torch.Tensor]:
-        out = []
-        for p in self._params():
-            t = torch.empty(p.shape, dtype=p.dtype, pin_memory=self.cuda)
-            t.copy_(p.detach())
-            out.append(t)
-        return out
+        return [torch.empty(p.shape, dtype=p.dtype, pin_memory=self.cuda).copy_(p.detach()) for p in self._params()]
 
     @contextlib.contextmanager
     def swapped_in(self, state: List[torch.Tensor]) -> Iterator[None]:
@@ -225,21 +200,16 @@ class MegatronBackend(TrainerBackend):
         if self.cuda:
             self.offloader.onload()
 
-    # --------------------------------------------------------------------------------- data
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[PackedMicroBatch]:
         t = self.trainer_cfg
         lengths = [len(data["tokens"][i]) for i in rows]
         groups = contiguous_budget_groups(lengths, t.max_tokens_per_micro_batch,
                                           t.micro_batch_size if t.max_tokens_per_micro_batch is None else len(rows))
         multiple = self.parallel.tp if self.parallel.sequence_parallel else 1
-        out = []
-        for g in groups:
-            packed = pack(data["tokens"], data["response_lengths"], [rows[j] for j in g], data.get("loss_masks"),
-                          pad_to_multiple=multiple, pad_id=self.pad_id)
-            out.append(PackedMicroBatch(packed.to(self.device), response_len))
-        return out
+        return [PackedMicroBatch(pack(data["tokens"], data["response_lengths"], [rows[j] for j in g],
+                                      data.get("loss_masks"), multiple, self.pad_id).to(self.device), response_len)
+                for g in groups]
 
-    # -------------------------------------------------------------------------------- passes
     def _forward_backward(self, mbs: Sequence[PackedMicroBatch], temperature: float, loss_of, forward_only: bool):
         """megatron's schedule over ``mbs``; ``loss_of(mb, log_probs [b, T], entropy [b, T] or None)`` runs on
         the last stage and returns (loss, metrics). Returns the metrics of the last stage's micro-batches."""
@@ -261,12 +231,11 @@ class MegatronBackend(TrainerBackend):
 
             return out, loss_func
 
-        n = len(mbs)
-        it = iter(mbs) if len(self.chunks) == 1 else [iter(mbs) for _ in self.chunks]
+        one = len(self.chunks) == 1
         return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=it, model=self.chunks if len(self.chunks) > 1
-            else self.chunks[0], num_microbatches=n, seq_length=max(mb.packed.num_tokens for mb in mbs),
-            micro_batch_size=1, forward_only=forward_only)
+            forward_step_func=forward_step, data_iterator=iter(mbs) if one else [iter(mbs) for _ in self.chunks],
+            model=self.chunks[0] if one else self.chunks, num_microbatches=len(mbs),
+            seq_length=max(mb.packed.num_tokens for mb in mbs), micro_batch_size=1, forward_only=forward_only)
 
     @torch.no_grad()
     def _log_probs(self, mbs: Sequence[PackedMicroBatch], temperature: float) -> torch.Tensor:
@@ -311,12 +280,7 @@ class MegatronBackend(TrainerBackend):
             loss, metrics = loss_fn(mb.indices, lp, ent)
             return loss * scale, {k: v.detach() for k, v in metrics.items()}
 
-        sums: Dict[str, torch.Tensor] = {}
-        for metrics in self._forward_backward(mbs, temperature, loss_of, forward_only=False) or []:
-            for k, v in metrics.items():  # summed on the device, read in one copy
-                v = v.detach().float()
-                sums[k] = sums[k] + v if k in sums else v
-        return read_metrics(sums)
+        return read_metrics(self._forward_backward(mbs, temperature, loss_of, forward_only=False) or [])
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
         """Dummy rows of the step's shape through megatron's schedule as a step runs them (the no-grad pass,
@@ -338,10 +302,8 @@ class MegatronBackend(TrainerBackend):
         self._set_lr()
         return StepResult(grad_norm=float(grad_norm or 0.0), metrics=metrics)
 
-    # ---------------------------------------------------------------------------- checkpoints
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
-        """Every rank gathers; global rank 0 writes ``model.dtype`` safetensors shards with an index, the
-        config and the tokenizer."""
+        """Every rank gathers; global rank 0 writes safetensors shards, the config and the tokenizer."""
         checkpoint.write_hf(self.hf_weights(), out_dir, writes=self.pushes_weights, hf_config=self.hf,
                             model_path=self.model_path, tokenizer_dir=tokenizer_dir)
 

@@ -1,13 +1,9 @@
-"""Checkpoints of the megatron backend.
-
-``hf/``: sharded safetensors with an index, the config and the tokenizer, written by global rank 0.
-``megatron/``: a ``megatron.core.dist_checkpointing`` checkpoint (torch_dist) that every rank writes its
-part of: the model chunks' ``sharded_state_dict`` (each tensor under its global name and shape), the
-optimizer's (the distributed optimizer's in its ``fully_reshardable`` form), the reference weights
-(``ref.*``), each rank's RNG states, and in the common part the step count, the parallel layout and the
-RL step's counters. A resume may change the parallel layout (the shards are cut anew); RNG states come
-back only under the layout that saved them. Written against megatron-core 0.16.1 with torch's Adam (no
-Transformer Engine, no apex): :func:`init_optimizer_state` and :func:`load_optimizer`.
+"""Checkpoints of the megatron backend. ``hf/``: safetensors shards, config and tokenizer, by global rank 0.
+``megatron/``: a ``dist_checkpointing`` checkpoint (torch_dist) every rank writes its part of: the model
+chunks' and the optimizer's sharded state (``fully_reshardable``), the reference weights (``ref.*``), each
+rank's RNG states, and in the common part the step count, the parallel layout and the RL step's counters.
+A resume may change the layout (shards are cut anew); RNG states come back only under the saving layout.
+Written against megatron-core 0.16.1 with torch's Adam: :func:`init_optimizer_state`, :func:`load_optimizer`.
 """
 
 from __future__ import annotations
@@ -29,23 +25,21 @@ from slime_hydra.train.backends.megatron.weights import DEFAULT_BUCKET_BYTES
 log = logging.getLogger(__name__)
 
 CKPT_FORMAT = "torch_dist"  # megatron.core.dist_checkpointing's backend
-# the distributed optimizer's state in a form that re-shards over TP / PP / EP / DP, gathered to save on each
-# DP group's first rank over gloo in host memory (a colocated run saves while the engines hold the GPU);
-# keyed by parameter name, without the chained optimizers' prefixes
+# the distributed optimizer's state re-shardable over TP / PP / EP / DP, gathered over gloo in host memory (a
+# colocated run saves while the engines hold the GPU), keyed by parameter name without the chained prefixes
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
                       "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
 def write_hf(weights: Iterable[Tuple[str, torch.Tensor]], out_dir: str, *, writes: bool, hf_config,
              model_path: str, tokenizer_dir: Optional[str]) -> None:
-    """Safetensors shards of ``weights`` (one per export bucket) with an index, the config, the generation
-    config of ``model_path`` and the tokenizer, on the rank that ``writes``; the others iterate ``weights``
-    for its collectives."""
+    """Safetensors shards of ``weights`` with an index, the config, ``model_path``'s generation config and the
+    tokenizer, on the rank that ``writes``; the others iterate ``weights`` for its collectives."""
     from safetensors.torch import save_file
 
     weight_map: Dict[str, str] = {}
     shard: Dict[str, torch.Tensor] = {}
-    used, files = 0, 0
+    used = files = 0
     if writes:
         os.makedirs(out_dir, exist_ok=True)
 
@@ -109,8 +103,7 @@ def save(be, out_dir: str, trainer_state: Dict[str, Any]) -> None:
 
 
 def load(be, ckpt_dir: str) -> Dict[str, Any]:
-    """Restore ``ckpt_dir/megatron`` into backend ``be``'s layout, whichever layout saved it; returns the
-    ``trainer_state`` it was saved with."""
+    """Restore ``ckpt_dir/megatron`` into ``be``'s layout (any saving layout); returns the saved ``trainer_state``."""
     from megatron.core import dist_checkpointing
 
     path = os.path.join(ckpt_dir, "megatron")
@@ -163,8 +156,7 @@ def _sharded_state(be, *, loading: bool, rng: bool) -> Dict[str, Any]:
 
 
 def _ref_sharded(be) -> Dict[str, Any]:
-    """The reference weights as sharded tensors: the model's own entries renamed ``ref.<key>``, with
-    the pinned host copies as their data."""
+    """The reference weights: the model's sharded entries renamed ``ref.<key>``, the host copies as data."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     ref = {id(p): t for p, t in zip(be._params(), be.ref_state)}
@@ -180,10 +172,8 @@ def _ref_sharded(be) -> Dict[str, Any]:
 
 
 def init_optimizer_state(opt) -> None:
-    """Adam's state exists only after a first step, and megatron's distributed optimizer with torch's
-    Adam builds its sharded state dict only once it does: a step at learning rate 0 on zero gradients
-    creates it, leaving the weights as they are, and its step counts go back to 0 (so Adam's bias
-    correction is a fresh one's)."""
+    """Create Adam's state, without which the distributed optimizer builds no sharded state dict: a step at
+    learning rate 0 on zero gradients, its step counts then reset to 0 (a fresh bias correction)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     for o in inner_optimizers(opt):
@@ -225,10 +215,9 @@ def load_optimizer(opt, state: Dict[Any, Any]) -> None:
 
 
 def per_optimizer(state: Dict[Any, Any], n: int) -> List[Dict[str, Any]]:
-    """The loaded optimizer state, one dict per optimizer of this run. megatron chains an optimizer per
-    kind of parameter whose data-parallel group differs (dense and expert parameters at EP > 1, one
-    optimizer at EP = 1), so the count may change with the layout: the common parts (parameter groups,
-    step) come keyed by the saving run's count, the sharded ones (``param_state``) by this run's."""
+    """The loaded optimizer state, one dict per optimizer of this run. megatron chains one optimizer per
+    data-parallel group (dense and expert parameters at EP > 1), so the count may change with the layout:
+    the common parts come keyed by the saving run's count, the sharded ``param_state`` by this run's."""
     keyed = sorted(k for k in state if isinstance(k, int))
     saved = [state[k] for k in keyed] if keyed else [state]
     if len(saved) == n:

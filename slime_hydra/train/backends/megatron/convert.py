@@ -60,8 +60,7 @@ class Layout:
             head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
             vocab_size=hf.vocab_size, padded_vocab_size=padded_vocab_size(hf.vocab_size, tp),
             tied=bool(hf.tie_word_embeddings), moe=moe,
-            num_experts=(hf.n_routed_experts if fam == "deepseek_v3" else getattr(hf, "num_experts", 0)) if any(moe)
-            else 0,
+            num_experts=0 if not any(moe) else hf.n_routed_experts if fam == "deepseek_v3" else hf.num_experts,
             qkv_bias=fam == "glm4" and bool(hf.attention_bias), qk_norm=fam in ("qwen3", "qwen3_moe"),
             post_norms=fam == "glm4", mla=fam == "deepseek_v3",
             q_lora=fam == "deepseek_v3" and hf.q_lora_rank is not None,
@@ -125,9 +124,8 @@ def layer_rules(layout: Layout, layer: int) -> List[Rule]:
     return rules
 
 
-def expert_rules(expert: int) -> List[Rule]:
-    """Routed expert ``expert`` (global id) of an MoE layer; split by expert tensor parallelism."""
-    e = expert
+def expert_rules(e: int) -> List[Rule]:
+    """Routed expert ``e`` (global id) of an MoE layer; split by expert tensor parallelism."""
     return [Rule(f"mlp.experts.local_experts.{e}.linear_fc1.weight",
                  (f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"), GLU),
             Rule(f"mlp.experts.local_experts.{e}.linear_fc2.weight", (f"mlp.experts.{e}.down_proj.weight",), ROW)]
@@ -140,7 +138,6 @@ TOP_RULES = {  # megatron name -> (HF name, split)
 }
 
 
-# ----------------------------------------------------------------------------------- shards
 @dataclass(frozen=True)
 class Shard:
     """Which part of the model one megatron model chunk holds."""
@@ -172,8 +169,7 @@ class Shard:
 
 def stage_shard(config, *, tp_rank: int = 0, ep_rank: int = 0, etp_rank: Optional[int] = None, pp_rank: int = 0,
                 vp_stage: Optional[int] = None) -> Shard:
-    """The shard of the model chunk that (``pp_rank``, ``vp_stage``) builds, in megatron's layer split.
-    ``etp_rank`` is needed only when the expert tensor-parallel size differs from the TP size."""
+    """The shard (``pp_rank``, ``vp_stage``) builds; ``etp_rank`` is needed where expert TP differs from TP."""
     from slime_hydra.train.backends.megatron.spec import stage_layers
 
     tp, etp = config.tensor_model_parallel_size, config.expert_tensor_parallel_size
@@ -217,7 +213,6 @@ def gather_tp(pieces: Sequence[torch.Tensor], split: str) -> torch.Tensor:
     raise ValueError(split)
 
 
-# ---------------------------------------------------------------------------- name handling
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.*)$")
 _TE_EXPERT = re.compile(r"^mlp\.experts\.(linear_fc[12])\.weight(\d+)$")
@@ -250,19 +245,6 @@ def from_te_name(suffix: str) -> str:
             "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight"}.get(suffix, suffix)
 
 
-def _split_kind(layout: Layout, suffix: str, layer: int) -> str:
-    if layout.te and suffix in ("self_attention.linear_q_down_proj.weight",
-                                "self_attention.linear_kv_down_proj.weight"):
-        return REP  # TE's MLA down projections are duplicated across TP
-    m = _EXPERT.match(suffix)
-    if m:
-        return GLU if m.group(2).startswith("linear_fc1") else ROW
-    for rule in layer_rules(layout, layer):
-        if rule.megatron == suffix:
-            return rule.split
-    raise KeyError(f"no conversion rule for decoder layer {layer} parameter {suffix!r} ({layout.family})")
-
-
 def split_kind(layout: Layout, name: str) -> Tuple[str, bool]:
     """(TP split kind, is a routed-expert parameter) of a global megatron name in local-spec naming."""
     if name in TOP_RULES:
@@ -270,8 +252,17 @@ def split_kind(layout: Layout, name: str) -> Tuple[str, bool]:
     m = _LAYER.match(name)
     if not m:
         raise KeyError(f"not a megatron parameter name: {name!r}")
-    suffix = m.group(2)
-    return _split_kind(layout, suffix, int(m.group(1))), bool(_EXPERT.match(suffix))
+    layer, suffix = int(m.group(1)), m.group(2)
+    e = _EXPERT.match(suffix)
+    if e:
+        return (GLU if e.group(2).startswith("linear_fc1") else ROW), True
+    if layout.te and suffix in ("self_attention.linear_q_down_proj.weight",
+                                "self_attention.linear_kv_down_proj.weight"):
+        return REP, False  # TE's MLA down projections are duplicated across TP
+    for rule in layer_rules(layout, layer):
+        if rule.megatron == suffix:
+            return rule.split, False
+    raise KeyError(f"no conversion rule for decoder layer {layer} parameter {suffix!r} ({layout.family})")
 
 
 def to_local(name: str, layout: Layout, shard: Shard) -> str:
@@ -304,7 +295,6 @@ def to_global(local: str, layout: Layout, shard: Shard) -> str:
     return f"decoder.layers.{layer}.{suffix}"
 
 
-# ---------------------------------------------------------------------------- HF -> megatron
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> torch.Tensor:
     g, d = layout.num_kv_heads, layout.head_dim
     rest = q.shape[1:]
@@ -335,8 +325,7 @@ def _hf_get(hf: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
 
 
 def megatron_params(layout: Layout, shard: Shard = Shard()) -> Iterator[Tuple[str, object]]:
-    """(global megatron name, source) of every parameter the chunk holds; source is a ``Rule`` for
-    layer parameters, the HF name for the top-level ones."""
+    """(global megatron name, source: a layer's ``Rule`` or a top-level HF name) of each parameter of the chunk."""
     if shard.pre_process:
         yield "embedding.word_embeddings.weight", "model.embed_tokens.weight"
     for layer in shard.chunk_layers(layout):
@@ -368,8 +357,7 @@ def full_megatron_tensor(hf: Mapping[str, torch.Tensor], layout: Layout, name: s
 
 def iter_hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: Layout,
                         shard: Shard = Shard()) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(local name, tensor) of one model chunk, one parameter at a time, built from a full HF state
-    dict (a dict, or ``HFCheckpoint``, which reads only the tensors asked for)."""
+    """(local name, tensor) of one model chunk, one at a time, from a full HF state (a dict or ``HFCheckpoint``)."""
     for name, source in megatron_params(layout, shard):
         split, expert = split_kind(layout, name)
         rank, size = shard.etp if expert else (shard.tp_rank, shard.tp_size)
@@ -387,10 +375,8 @@ def local_names(layout: Layout, shard: Shard = Shard()) -> List[str]:
     return [to_local(name, layout, shard) for name, _ in megatron_params(layout, shard)]
 
 
-# ---------------------------------------------------------------------------- megatron -> HF
 def megatron_to_hf(name: str, tensor: torch.Tensor, layout: Layout) -> List[Tuple[str, torch.Tensor]]:
-    """HF (name, tensor) pairs of one full megatron tensor with a global name. A tied output layer
-    yields nothing (the embedding carries it)."""
+    """HF (name, tensor) pairs of one full megatron tensor (global name); none for a tied output layer."""
     if name in TOP_RULES:
         if name == "output_layer.weight" and layout.tied:
             return []
@@ -415,10 +401,7 @@ def megatron_to_hf(name: str, tensor: torch.Tensor, layout: Layout) -> List[Tupl
 
 def megatron_state_to_hf(state: Mapping[str, torch.Tensor], layout: Layout) -> Dict[str, torch.Tensor]:
     """A whole unsharded megatron state (global names) -> HF state dict."""
-    out: Dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        out.update(megatron_to_hf(name, t, layout))
-    return out
+    return {k: v for name, t in state.items() for k, v in megatron_to_hf(name, t, layout)}
 
 
 def buckets(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
@@ -436,10 +419,8 @@ def buckets(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-# ---------------------------------------------------------------------------- safetensors
 class HFCheckpoint(Mapping):
-    """A (possibly sharded) safetensors checkpoint directory as a read-on-demand mapping name -> tensor,
-    so that each rank reads only the tensors of its own shard."""
+    """A (sharded) safetensors checkpoint directory as a read-on-demand mapping name -> tensor."""
 
     def __init__(self, path: str):
         self.path = path

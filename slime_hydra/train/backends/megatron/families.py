@@ -18,8 +18,7 @@ def family(hf) -> str:
 
 
 def padded_vocab_size(vocab_size: int, tp: int = 1, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
-    """Megatron pads the vocabulary so that each tensor-parallel shard is a multiple of ``divisible_by``
-    rows (as Megatron-LM's ``--make-vocab-size-divisible-by``); the padded rows are zero and never scored."""
+    """The vocabulary padded to a multiple of ``divisible_by`` rows per TP shard (as Megatron-LM); pad rows are zero."""
     multiple = divisible_by * tp
     return -(-vocab_size // multiple) * multiple
 

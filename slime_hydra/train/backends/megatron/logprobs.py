@@ -1,10 +1,7 @@
-"""Log-probs and entropy of chosen tokens from vocab-parallel logits, chunked.
-
-As in megatron's ``vocab_parallel_cross_entropy``, the softmax statistics are reduced across the TP group
-(two all-reduces of ``[rows]`` vectors), float32 only ``chunk`` rows at a time in the forward and backward,
-and the vocabulary's padding columns excluded, so the log-probs equal the Hugging Face model's. Only the
-response positions' rows (``index``) are gathered and kept; their gradient is scattered back into the full
-logits' gradient. ``fuse`` (``trainer.compile``): the compiled statistics of ``slime_hydra/train/logprobs.py``.
+"""Log-probs and entropy of chosen tokens from vocab-parallel logits, chunked. As megatron's
+``vocab_parallel_cross_entropy``: softmax statistics all-reduced over the TP group, float32 ``chunk`` rows at a
+time, padding columns excluded. Only the response rows (``index``) are gathered; their gradient is scattered
+back. ``fuse`` (``trainer.compile``): the compiled statistics of ``slime_hydra/train/logprobs.py``.
 """
 
 from __future__ import annotations
@@ -41,13 +38,11 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         # the chunks' statistics: eager, or compiled with fuse (slime_hydra/train/logprobs.py says why)
         run = compiled if fuse else (lambda fn: fn)
         slices = chunk_slices(rows, chunk, fuse) if n_valid else []
-        # pass 1: row maxima
-        m = torch.full((rows,), float("-inf"), device=dev)
+        m = torch.full((rows,), float("-inf"), device=dev)  # pass 1: row maxima
         for sl in slices:
             m[sl] = run(row_max)(x[sl, :n_valid], inv_temp)
         _allreduce(m, dist.ReduceOp.MAX, group)
-        # pass 2: sum exp, the chosen logit, sum exp * logit
-        stats = torch.zeros(3, rows, device=dev)
+        stats = torch.zeros(3, rows, device=dev)  # pass 2: sum exp, the chosen logit, sum exp * logit
         for sl in slices:
             stats[:, sl] = run(softmax_sums)(x[sl, :n_valid], m[sl], local_t[sl], in_range[sl], inv_temp, with_entropy)
         _allreduce(stats, dist.ReduceOp.SUM, group)
@@ -89,17 +84,14 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, *, ind
                              with_entropy: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fuse: bool = False
                              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[target] and, if asked, the entropy of that distribution, per row.
-
-    logits: [N, V_local], this TP rank's contiguous slice of the (padded) vocabulary, rank r holding
-    columns ``[r * V_local, (r + 1) * V_local)``; index: [R] distinct rows of ``logits`` to score (None: all,
-    R = N); targets: [R] global token ids; vocab_size: the true vocabulary (columns past it are padding);
-    tp_group: the tensor-parallel group (None: no TP). Returns float32 [R] tensors; differentiable with
-    respect to ``logits`` (rows outside ``index`` get a zero gradient)."""
+    logits: [N, V_local], TP rank r's columns ``[r * V_local, (r + 1) * V_local)`` of the padded vocabulary;
+    index: [R] distinct rows to score (None: all); targets: [R] global token ids; vocab_size: the true
+    vocabulary (columns past it are padding). Float32 [R], differentiable in ``logits``."""
     v_local = logits.shape[-1]
     rank = dist.get_rank(group=tp_group) if tp_group is not None and dist.get_world_size(tp_group) > 1 else 0
     start = rank * v_local
-    vocab_size = v_local * (dist.get_world_size(tp_group) if tp_group is not None else 1) \
-        if vocab_size is None else vocab_size
+    if vocab_size is None:
+        vocab_size = v_local * (dist.get_world_size(tp_group) if tp_group is not None else 1)
     n_valid = max(0, min(v_local, vocab_size - start))
     chunk = _chunk_rows(v_local, chunk_bytes)
     scored = logits.shape[0] if index is None else index.shape[0]

@@ -1,7 +1,6 @@
-"""megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config (the one source of truth
-for the model's shape: a checkpoint's config.json, or ``slime_hydra.model.hf.hf_config`` of a preset), and a
-rank's model chunks. Families: ``qwen3``, ``llama`` (Llama-3 rope scaling), ``glm4`` (qkv bias, interleaved
-half rope, post norms), ``qwen3_moe``, ``deepseek_v3`` (multi-latent attention, sigmoid grouped router).
+"""megatron-core ``TransformerConfig`` and ``GPTModel`` from a Hugging Face config (the one source of the
+model's shape), and a rank's model chunks. Families: ``qwen3``, ``llama`` (Llama-3 rope scaling), ``glm4`` (qkv
+bias, interleaved half rope, post norms), ``qwen3_moe``, ``deepseek_v3`` (MLA, sigmoid grouped router).
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ def _check(cond: bool, what: str) -> None:
 
 def transformer_config(hf, parallel: Parallel = Parallel(), *, dtype: torch.dtype = torch.bfloat16,
                        overrides: Optional[Dict[str, Any]] = None, cpu_init: bool = False) -> TransformerConfig:
-    """megatron-core's config for ``hf``. ``overrides`` are extra ``TransformerConfig`` fields
-    (recompute, fusions, MoE dispatcher, ...) applied last; an unknown field is an error naming it."""
+    """megatron-core's config for ``hf``; ``overrides``: ``TransformerConfig`` fields set last (unknown: an error)."""
     fam = family(hf)
     _check(getattr(hf, "hidden_act", "silu") == "silu", f"hidden_act={hf.hidden_act!r} (silu expected)")
     r = rope(hf)
@@ -109,11 +107,9 @@ def transformer_config(hf, parallel: Parallel = Parallel(), *, dtype: torch.dtyp
             kw.update(rope_type="rope", mscale_all_dim=0.0)
     elif r["rope_type"] not in ("default", "llama3"):
         raise ValueError(f"unsupported Hugging Face config for Megatron: rope_type={r['rope_type']!r}")
-    for key, value in (overrides or {}).items():
-        kw[key] = value
+    kw.update(overrides or {})
     cls = MLATransformerConfig if fam == "deepseek_v3" else TransformerConfig
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(overrides or {}) - known)
+    unknown = sorted(set(overrides or {}) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise ValueError(f"unknown TransformerConfig field(s) in the megatron overrides: {', '.join(unknown)}")
     return cls(**kw)
@@ -167,8 +163,7 @@ def recompute_overrides(recompute: str) -> Dict[str, Any]:
 
 def build_chunks(hf, config: TransformerConfig, device: torch.device, *,
                  compile: bool = False) -> Tuple[List[torch.nn.Module], List[Shard]]:
-    """This rank's model chunks (one per virtual pipeline stage, in megatron's parallel state) on ``device``,
-    and the shard of the model each holds."""
+    """This rank's model chunks (one per virtual pipeline stage) on ``device``, and the shard each holds."""
     from megatron.core import parallel_state as ps
 
     vpp, pp_rank = config.virtual_pipeline_model_parallel_size, ps.get_pipeline_model_parallel_rank()
@@ -180,28 +175,15 @@ def build_chunks(hf, config: TransformerConfig, device: torch.device, *,
         chunks.append(build_gpt_model(hf, config, pre_process=shard.pre_process, post_process=shard.post_process,
                                       vp_stage=vp, pp_rank=pp_rank).to(device))
         shards.append(shard)
-    if compile:
-        compile_layers(chunks)
-    return chunks, shards
-
-
-def compile_layers(chunks: Sequence[torch.nn.Module]) -> None:
-    """``trainer.compile``: each decoder layer under torch.compile with dynamic shapes (one graph serves every
-    layer and packed length; ``spec.packed_rotary_pos_emb`` and ``spec._PassTPGroup`` keep a dense layer whole)."""
-    for chunk in chunks:
-        for layer in chunk.decoder.layers:
+    if compile:  # dynamic shapes: one graph serves every layer and packed length (see spec._PassTPGroup)
+        for layer in (layer for chunk in chunks for layer in chunk.decoder.layers):
             layer.compile(dynamic=True)
+    return chunks, shards
 
 
 def parameters(chunks: Sequence[torch.nn.Module]) -> List[torch.Tensor]:
     """The parameters of model chunks (megatron DDP modules), each once."""
-    seen, out = set(), []
-    for c in chunks:
-        for p in c.module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
+    return list({id(p): p for c in chunks for p in c.module.parameters()}.values())
 
 
 def inner_optimizers(optimizer) -> list:
@@ -210,14 +192,12 @@ def inner_optimizers(optimizer) -> list:
 
 
 def use_fused_adam(optimizer) -> int:
-    """Without TE or apex, megatron-core steps with ``torch.optim.Adam(W)`` on its foreach kernels: switch its
-    param groups to torch's fused kernel. Returns how many torch optimizers were switched."""
+    """Switch megatron's torch Adam (no TE, no apex) to torch's fused kernel; returns how many were switched."""
     from megatron.core.optimizer import USING_PYTORCH_OPTIMIZER
 
     if not USING_PYTORCH_OPTIMIZER:
         return 0
     torch_opts = [o.optimizer for o in inner_optimizers(optimizer)]
-    for opt in torch_opts:
-        for group in opt.param_groups:
-            group.update(fused=True, foreach=False)
+    for group in (g for opt in torch_opts for g in opt.param_groups):
+        group.update(fused=True, foreach=False)
     return len(torch_opts)

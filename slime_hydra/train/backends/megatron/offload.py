@@ -1,12 +1,8 @@
-"""Host offload of the megatron backend while colocated engines generate.
-
-DDP's parameter buffer goes to a pinned host copy that the parameters point at meanwhile (the weight
-push still reads them; without the distributed optimizer there is no parameter buffer and the
-parameters move one by one), the gradient buffers' storage is freed (zeroed on return), and the
-optimizer's float32 main weights and Adam moments move to pinned host buffers allocated once. Adam's
-step counts stay where torch's kernel reads them (the fused kernel rejects host counts), which is why
-``MegatronOptimizer.offload_to_cpu`` / ``restore_from_cpu`` are not used. Small buffers (rotary tables)
-stay.
+"""Host offload of the megatron backend while colocated engines generate. DDP's parameter buffer goes to a
+pinned host copy the parameters point at meanwhile (without the distributed optimizer: each parameter), the
+gradient buffers are freed, and the optimizer's main weights and Adam moments move to pinned buffers allocated
+once. Adam's step counts stay on the GPU (the fused kernel rejects host counts), hence no
+``MegatronOptimizer.offload_to_cpu``. Small buffers (rotary tables) stay.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ class Offload:
     """Moves one rank's model chunks (megatron DDP modules) and optimizer between GPU and host."""
 
     def __init__(self, chunks: List[torch.nn.Module], opt, device: torch.device, distributed_optimizer: bool):
-        self.chunks, self.opt, self.device = chunks, opt, device
-        self.distributed_optimizer = distributed_optimizer
+        self.chunks, self.opt, self.device, self.distributed_optimizer = chunks, opt, device, distributed_optimizer
         self.weights = False  # the weights are on the host
         self.state = False  # gradients freed, optimizer state on the host
         self._host: Dict[int, torch.Tensor] = {}  # id(buffer or parameter) -> its pinned host copy
@@ -93,10 +88,8 @@ class Offload:
         self.weights = self.state = False
 
     def _rehook_grads(self) -> None:
-        """Hook megatron's DDP into the parameters' gradient accumulators again. A parameter whose ``.data``
-        moves between devices gets a new accumulator from torch (``set_data`` drops the old one), and DDP's
-        hook on the old one no longer runs: backward would leave ``main_grad`` at zero and the optimizer
-        step on nothing. As ``DistributedDataParallel.__init__`` registers them (megatron-core 0.16.1)."""
+        """Hook megatron's DDP into the parameters' new gradient accumulators (moving ``.data`` across devices
+        drops the old ones, and with them DDP's hooks: ``main_grad`` would stay zero), as its ``__init__`` does."""
         for chunk in self.chunks:
             chunk.grad_accs = []
             for param in chunk.module.parameters():

@@ -1,8 +1,7 @@
-"""Sequence packing without padding, and micro-batches by token budget (slime's ``--use-dynamic-batch-size
---max-tokens-per-gpu``). A micro-batch is one row of concatenated samples (megatron's THD format): attention
-stays inside each sample through ``cu_seqlens``, positions restart at 0, and only a short tail pads the length
-to a multiple of the TP size. ``PackedBatch.logit_index`` lists the positions whose logits predict a response
-token, so only those rows reach the log-softmax.
+"""Sequence packing, and micro-batches by token budget (slime's ``--use-dynamic-batch-size``). A micro-batch
+is one row of concatenated samples (THD): attention stays inside each sample through ``cu_seqlens``, positions
+restart at 0, a short tail pads to a multiple of the TP size. Only the rows of ``PackedBatch.logit_index``
+(those predicting a response token) reach the log-softmax.
 """
 
 from __future__ import annotations
@@ -34,11 +33,8 @@ def token_budget_micro_batches(lengths: Sequence[int], max_tokens: int, min_micr
 
 
 def contiguous_budget_groups(lengths: Sequence[int], max_tokens: Optional[int], max_samples: int) -> List[List[int]]:
-    """Consecutive positions ``0..n-1`` cut into groups of at most ``max_tokens`` tokens (None: no token
-    budget) and ``max_samples`` samples. Consecutive, because the RL step wants the rows in order."""
-    groups: List[List[int]] = []
-    cur: List[int] = []
-    used = 0
+    """Positions ``0..n-1`` in order, cut at ``max_tokens`` tokens (None: no budget) or ``max_samples`` samples."""
+    groups, cur, used = [], [], 0
     for i, n in enumerate(lengths):
         if max_tokens is not None and n > max_tokens:
             raise ValueError(f"trainer.max_tokens_per_micro_batch: a sample has {n} tokens, more than the budget "
@@ -110,8 +106,7 @@ class PackedBatch:
         return PackedBatch(**kw)
 
     def per_sample(self, values: torch.Tensor, width: Optional[int] = None) -> torch.Tensor:
-        """[R] per-response-token values -> [B, width] (rows in ``indices`` order, zero-padded), the
-        response-aligned layout of ``slime_hydra.train.batch``."""
+        """[R] per-response-token values -> response-aligned [B, width] (rows in ``indices`` order, zero-padded)."""
         width = max(self.response_lengths, default=0) if width is None else width
         out = values.new_zeros(len(self.response_lengths), width)
         for b, piece in enumerate(values.split(self.response_lengths)):
@@ -122,15 +117,9 @@ class PackedBatch:
 def pack(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], indices: Sequence[int],
          loss_masks: Optional[Sequence[Optional[Sequence[float]]]] = None, pad_to_multiple: int = 1,
          pad_id: int = 0) -> PackedBatch:
-    """Pack samples ``indices`` of ``tokens`` (prompt + response ids) into one row. ``loss_masks[i]``
-    covers sample i's response (None: all ones). The row is padded to a multiple of ``pad_to_multiple``."""
-    ids: List[int] = []
-    pos: List[int] = []
+    """Pack samples ``indices`` into one row padded to a multiple of ``pad_to_multiple``; a None loss mask is ones."""
+    ids, pos, logit_index, targets, mask, rlens = [], [], [], [], [], []
     bounds = [0]
-    logit_index: List[int] = []
-    targets: List[int] = []
-    mask: List[float] = []
-    rlens = []
     for i in indices:
         seq, r = list(tokens[i]), int(response_lengths[i])
         if r < 0 or (r > 0 and r >= len(seq)):
@@ -162,8 +151,7 @@ def pack(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], indic
 
 def pack_micro_batches(data: dict, rows: Sequence[int], max_tokens: int, pad_to_multiple: int = 1,
                        min_micro_batches: int = 1, pad_id: int = 0) -> List[PackedBatch]:
-    """The rollout manager's per-sample lists (``tokens``, ``response_lengths``, ``loss_masks``) for
-    ``rows`` -> packed micro-batches within ``max_tokens`` each."""
+    """``rows`` of the rollout manager's per-sample lists -> packed micro-batches of at most ``max_tokens``."""
     lengths = [len(data["tokens"][i]) for i in rows]
     groups = token_budget_micro_batches(lengths, max_tokens, min_micro_batches)
     masks = data.get("loss_masks")

@@ -1,8 +1,7 @@
-"""Our module specs for megatron-core's ``GPTModel``: which attention, norm and linear classes each layer
-is built from. Without Transformer Engine, megatron's local spec computes attention unfused and cannot take
-packed sequences, so core attention is ``SDPAttention`` (torch's SDPA, and its varlen flash kernel for
-packed THD inputs) and norms are our ``RMSNorm``; with TE importable, megatron's TE spec is used. GLM-4's
-post-attention and post-MLP norms ride on the output projections (``*.post_layernorm``).
+"""Our module specs for megatron-core's ``GPTModel``. Without Transformer Engine, core attention is
+``SDPAttention`` (torch's SDPA; its varlen flash kernel for packed THD inputs, which megatron's local spec
+cannot take) and norms are our ``RMSNorm``; with TE importable, megatron's TE spec is used. GLM-4's post
+norms ride on the output projections (``*.post_layernorm``).
 """
 
 from __future__ import annotations
@@ -53,11 +52,10 @@ except ImportError:
 
 def packed_rotary_pos_emb(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1,
                           cp_rank: int = 0) -> torch.Tensor:
-    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each from position 0, in one gather of
-    ``freqs`` [max_len, 1, 1, rot_dim] by each token's position in its sequence. megatron's unfused THD path
-    reads ``cu_seqlens`` on the host and loops over sequences (a sync per layer, a graph break under
-    compile); here nothing leaves the GPU, with megatron's table and rotation. Installed in the slot of TE's
-    fused kernel, which takes no ``interleaved`` flag: interleaved and multi-latent rope keep megatron's path."""
+    """RoPE of packed (THD) sequences ``t`` [tokens, heads, d], each from position 0: one gather of ``freqs``
+    [max_len, 1, 1, rot_dim] by position, with no host sync (megatron's unfused THD path loops over sequences
+    on the host). Installed in TE's fused-kernel slot, which has no ``interleaved`` flag: interleaved and
+    multi-latent rope keep megatron's path."""
     if cp_size != 1:
         raise ValueError("packed_rotary_pos_emb: context parallelism is not supported (cp_size must be 1)")
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
@@ -68,8 +66,7 @@ def packed_rotary_pos_emb(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torc
 
 
 def _rotary_pos_emb_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """megatron's own unfused RoPE of ``[s, b, h, d]`` inputs, in the slot of TE's fused one (the
-    non-packed twin of :func:`packed_rotary_pos_emb`, which ``apply_rope_fusion`` also routes here)."""
+    """megatron's unfused RoPE of ``[s, b, h, d]`` inputs, in TE's fused slot (see :func:`packed_rotary_pos_emb`)."""
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 
     return _apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved)
@@ -89,9 +86,8 @@ USE_VARLEN = True
 
 
 class RMSNorm(torch.nn.Module):
-    """RMSNorm computed in float32 and scaled in the input dtype, as Hugging Face and SGLang do it,
-    so that bf16 log-probs agree with the rollout engine's. Unlike megatron's torch-norm wrapper it
-    allows sequence parallelism: the weight is marked so that megatron all-reduces its gradient."""
+    """RMSNorm in float32, scaled in the input dtype as Hugging Face and SGLang do (bf16 log-probs agree with
+    the engine's); its weight is marked for sequence parallelism, which megatron's torch-norm wrapper refuses."""
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_):
         super().__init__()
@@ -102,15 +98,6 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * y.to(x.dtype)
-
-
-def _varlen_attn():
-    """torch's variable-length flash attention (``torch.nn.attention.varlen``), or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
 
 
 class SDPAttention(MegatronModule):
@@ -140,8 +127,7 @@ class SDPAttention(MegatronModule):
         with get_cuda_rng_tracker().fork() if fork else contextlib.nullcontext():
             if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
                 return self._packed(query, key, value, packed_seq_params, dropout)
-            # [s, b, h, d] -> [b, h, s, d]
-            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [s, b, h, d] -> [b, h, s, d]
             mask = None if attention_mask is None else ~attention_mask  # megatron: True = masked out
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                  is_causal=mask is None, scale=self.softmax_scale,
@@ -152,9 +138,12 @@ class SDPAttention(MegatronModule):
         """[t, h, d] packed sequences, boundaries in ``cu_seqlens``: one flash call on CUDA, else a loop."""
         cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
         cu_k = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else params.cu_seqlens_kv
-        varlen = _varlen_attn() if USE_VARLEN else None
-        if q.is_cuda and varlen is not None and q.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
-            return _varlen_call(varlen, q, k, v, cu_q, cu_k, params.max_seqlen_q, params.max_seqlen_kv,
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:  # a torch without variable-length flash attention
+            varlen_attn = None
+        if USE_VARLEN and varlen_attn and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and not dropout:
+            return _varlen_call(varlen_attn, q, k, v, cu_q, cu_k, params.max_seqlen_q, params.max_seqlen_kv,
                                 self.softmax_scale)
         outs = []
         bounds = cu_q.tolist()
@@ -164,14 +153,6 @@ class SDPAttention(MegatronModule):
                                                scale=self.softmax_scale, enable_gqa=ki.shape[1] != qi.shape[1])
             outs.append(o[0].transpose(0, 1))
         return torch.cat(outs, dim=0)
-
-
-def packed_attention_path(device: torch.device, dtype: torch.dtype) -> str:
-    """Which kernel ``SDPAttention`` runs for packed (THD) sequences on ``device`` / ``dtype``."""
-    if USE_VARLEN and device.type == "cuda" and _varlen_attn() is not None and dtype in (torch.float16,
-                                                                                         torch.bfloat16):
-        return "torch.nn.attention.varlen.varlen_attn (FlashAttention)"
-    return "scaled_dot_product_attention, one call per sequence"
 
 
 def _varlen_call(varlen, q, k, v, cu_q, cu_k, max_q, max_k, scale):
@@ -239,20 +220,18 @@ class _PassTPGroup:
 
 
 class ColumnLinear(_PassTPGroup, ColumnParallelLinear):
-    """megatron's ``ColumnParallelLinear``, its TP group passed (:class:`_PassTPGroup`)."""
+    pass
 
 
 class RowLinear(_PassTPGroup, RowParallelLinear):
-    """megatron's ``RowParallelLinear``, its TP group passed (:class:`_PassTPGroup`)."""
+    pass
 
 
 def _local_layer_spec(config: TransformerConfig, moe: bool, post_norms: bool) -> ModuleSpec:
     """A transformer layer from megatron-core's own linears (the TP group passed: :class:`_PassTPGroup`; not
     in multi-latent attention, which accepts megatron's own classes only), our RMSNorm and SDPAttention."""
     row = RowParallelLinear if config.multi_latent_attention else RowLinear
-    proj, fc2 = row, row
-    if post_norms:
-        proj = fc2 = _with_post_norm(row, RMSNorm)
+    proj = fc2 = _with_post_norm(row, RMSNorm) if post_norms else row
     qk_norm = RMSNorm if config.qk_layernorm else IdentityOp
     if config.multi_latent_attention:
         attention = ModuleSpec(
@@ -312,8 +291,7 @@ def is_moe_layer(config: TransformerConfig, layer: int) -> bool:
 
 
 def stage_layers(config: TransformerConfig, pp_rank: int = 0, vp_stage: Optional[int] = None) -> List[int]:
-    """Global ids of the decoder layers that pipeline rank ``pp_rank`` (virtual stage ``vp_stage``)
-    builds, in megatron's own split (uneven first/last stages included)."""
+    """Global ids of the decoder layers that pipeline rank ``pp_rank`` (virtual stage ``vp_stage``) builds."""
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return list(range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)))
 
@@ -323,11 +301,8 @@ def decoder_block_spec(config: TransformerConfig, post_norms: bool = False, atte
     """The layers of one pipeline stage (or virtual stage) and the final norm."""
     specs = [layer_spec(config, is_moe_layer(config, i), post_norms, attention)
              for i in stage_layers(config, pp_rank, vp_stage)]
-    impl = resolve_attention_impl(attention)
-    if HAVE_TE and impl in ("te", "sdpa"):
-        from megatron.core.extensions.transformer_engine import TENorm
-
-        final_norm = TENorm
-    else:
-        final_norm = RMSNorm
+    resolve_attention_impl(attention)
+    final_norm = RMSNorm
+    if HAVE_TE:
+        from megatron.core.extensions.transformer_engine import TENorm as final_norm
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=final_norm)

@@ -6,7 +6,7 @@ broadcasts it over the pipeline group; all ranks walk the same list in the same 
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Mapping, Sequence, Tuple, Union
+from typing import Iterator, List, Mapping, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -74,12 +74,8 @@ def _all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
 
 
 def _full_shape(shape: Tuple[int, ...], split: str, size: int) -> Tuple[int, ...]:
-    if split in (COL, VOCAB, GLU):
-        return (shape[0] * size, *shape[1:])
-    if split == ROW:
-        return (shape[0], shape[1] * size, *shape[2:])
-    assert split == REP
-    return shape
+    dim = {COL: 0, VOCAB: 0, GLU: 0, ROW: 1, REP: None}[split]
+    return shape if dim is None else (*shape[:dim], shape[dim] * size, *shape[dim + 1:])
 
 
 def _local_items(chunks: Sequence[Chunk], layout: Layout, tp: int, etp: int):
@@ -104,15 +100,15 @@ def export_hf_weights(chunks: Sequence[Chunk], layout: Layout, *, bucket_bytes: 
     ``bucket_bytes``. ``chunks``: this rank's model chunks as (``state_dict()``, ``Shard``); the groups
     are megatron's (None: that parallelism is off). Expert-TP defaults to the TP group."""
     etp_group = tp_group if etp_group is None else etp_group
-    tp, etp, ep = _size(tp_group), _size(etp_group), _size(ep_group)
-    mine = _local_items(chunks, layout, tp, etp)
+    ep, pp = _size(ep_group), _size(pp_group)
+    mine = _local_items(chunks, layout, _size(tp_group), _size(etp_group))
     # every stage learns every stage's list: (name, full shape, dtype, expert)
     meta = [(n, shape, str(t.dtype).removeprefix("torch."), expert) for n, t, _, expert, shape in mine]
     stages = [meta]
-    if _size(pp_group) > 1:
-        stages = [None] * _size(pp_group)
+    if pp > 1:
+        stages = [None] * pp
         dist.all_gather_object(stages, meta, group=pp_group)
-    my_stage = dist.get_rank(pp_group) if _size(pp_group) > 1 else 0
+    my_stage = dist.get_rank(pp_group) if pp > 1 else 0
     local = {n: (t, split) for n, t, split, _, _ in mine}
     device = mine[0][1].device if mine else torch.device("cpu")
     n_local_experts = layout.num_experts // ep if layout.num_experts else 0
@@ -127,7 +123,7 @@ def export_hf_weights(chunks: Sequence[Chunk], layout: Layout, *, bucket_bytes: 
                 else:
                     pieces = [torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                               for _ in range(ep if expert else 1)]
-                if _size(pp_group) > 1:
+                if pp > 1:
                     src = dist.get_global_rank(pp_group, stage)
                     for p in pieces:
                         dist.broadcast(p, src=src, group=pp_group)
@@ -137,11 +133,7 @@ def export_hf_weights(chunks: Sequence[Chunk], layout: Layout, *, bucket_bytes: 
                 for ep_rank, p in enumerate(pieces):  # rename the sender's expert id to each EP rank's
                     yield _expert_renamed(name, ep_rank, n_local_experts), p
 
-    def hf_pairs() -> Iterator[Tuple[str, torch.Tensor]]:
-        for name, t in full_tensors():
-            yield from megatron_to_hf(name, t, layout)
-
-    yield from buckets(hf_pairs(), bucket_bytes)
+    yield from buckets((pair for name, t in full_tensors() for pair in megatron_to_hf(name, t, layout)), bucket_bytes)
 
 
 def _expert_renamed(name: str, ep_rank: int, n_local: int) -> str:
@@ -149,14 +141,6 @@ def _expert_renamed(name: str, ep_rank: int, n_local: int) -> str:
     head, rest = name.split(".mlp.experts.local_experts.")
     e, tail = rest.split(".", 1)
     return f"{head}.mlp.experts.local_experts.{int(e) % n_local + ep_rank * n_local}.{tail}"
-
-
-def export_hf_state(chunks: Sequence[Chunk], layout: Layout, **groups) -> Dict[str, torch.Tensor]:
-    """The whole model as one Hugging Face state dict (for ``hf/`` checkpoints of small models and tests)."""
-    out: Dict[str, torch.Tensor] = {}
-    for bucket in export_hf_weights(chunks, layout, **groups):
-        out.update(bucket)
-    return out
 
 
 def model_chunks_state(model_chunks: Sequence[torch.nn.Module], shards: Sequence[Shard]) -> List[Chunk]:

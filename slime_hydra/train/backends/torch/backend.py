@@ -7,7 +7,6 @@ under autocast in ``model.dtype``. Rank 0 pushes the weights and writes checkpoi
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -26,8 +25,6 @@ from slime_hydra.train.optim import accumulated_step, adamw, autocast, load_sche
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, TrainerConfig
-
-log = logging.getLogger(__name__)
 
 # trainer.pt keys of the backend's own; the rest is the RL step's state given to save()
 _OWN_STATE = ("optimizer", "scheduler", "ref", "rng", "master")
@@ -85,7 +82,6 @@ class TorchBackend(TrainerBackend):
             self.offloaders.append(Offloader(self.critic.model, self.critic.opt, device))
         self.pad_id = self.model.config.pad_token_id or 0
 
-    # ------------------------------------------------------------------------------ layout
     @property
     def dp_rank(self) -> int:
         return self.rank
@@ -115,31 +111,23 @@ class TorchBackend(TrainerBackend):
         if self.critic is not None:
             self.critic.sched = schedule(self.critic.opt, self.algo, num_rollout * steps)
 
-    # ------------------------------------------------------------------------------ weights
     def _unique_state(self) -> Dict[str, torch.Tensor]:
-        """The state dict with each storage once: tied weights (embeddings = LM head) share one
-        tensor, and copying into it twice under two names would undo a swap."""
-        seen, out = set(), {}
+        """The state dict with each storage once (a tied LM head is the embedding: copied twice, a swap is undone)."""
+        first: Dict[int, Tuple[str, torch.Tensor]] = {}
         for k, v in self.model.state_dict().items():
-            if v.data_ptr() not in seen:
-                seen.add(v.data_ptr())
-                out[k] = v
-        return out
+            first.setdefault(v.data_ptr(), (k, v))
+        return dict(first.values())
 
     def _named_weights(self, on_device: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
         """Hugging Face names -> tensors in ``model.dtype``, cast one at a time (a push never holds a second
         copy of the model), each storage once (a tied LM head is the embedding, which the engines tie).
         ``on_device``: offloaded weights are cast on the device, not the host. FSDP2: each tensor is
         all-gathered as it comes, on every rank in the same order. LoRA: adapted weights come merged."""
-        if self.fsdp:
-            def full(t):
+        def full(t):
+            if self.fsdp:
                 return fsdp.full(t, self.device)
-        elif on_device:
-            def full(t):
-                return t.detach().to(self.device, non_blocking=True)
-        else:
-            def full(t):
-                return t.detach()
+            return t.detach().to(self.device, non_blocking=True) if on_device else t.detach()
+
         if self.lora is not None:  # trainer.lora.push=merged; an adapter push would branch here
             named = peft_lora.merged_weights(self.model, fsdp.unique_state(peft_lora.hf_model(self.model)), full)
         elif self.fsdp:
@@ -187,7 +175,6 @@ class TorchBackend(TrainerBackend):
     def _fsdp_models(self) -> List[torch.nn.Module]:
         return [self.model] + ([self.ref_model] if self.ref_model is not None else [])
 
-    # --------------------------------------------------------------------------------- train
     def micro_batches(self, data: Dict[str, list], rows: Sequence[int], response_len: int) -> List[MicroBatch]:
         size = self.trainer_cfg.micro_batch_size
         return [make_micro_batch(data, rows[s:s + size], response_len, self.pad_id).to(self.device)
@@ -199,19 +186,15 @@ class TorchBackend(TrainerBackend):
 
     def _forward(self, mb: MicroBatch, temperature: float, with_entropy: bool = False, reference: bool = False):
         """``reference``: DDP runs the policy's modules with the reference's weights, FSDP2 its sharded
-        reference model, LoRA the policy without its adapters.
-
-        No attention mask: rows are right-padded, so under causal attention no real token sees a pad and
-        the pads' outputs are never read; SDPA then takes its causal kernel, not the masked one. Positions
-        0..L-1 on every row, the pads' too: a position that restarts reads to transformers as a packed
-        sequence, which turns the causal kernel into a materialised 4D mask."""
+        reference model, LoRA the policy without its adapters. No attention mask: rows are right-padded, so
+        no real token sees a pad and SDPA takes its causal kernel. Positions 0..L-1 on every row, the pads'
+        too: a restarting position reads to transformers as packing, which materialises a 4D mask."""
         inputs = {"input_ids": mb.input_ids}  # the model's own positions: arange(L) on each row
-        entropy_grad = bool(self.algo.entropy_coef)
+        entropy_grad, t = bool(self.algo.entropy_coef), self.trainer_cfg
         model = self.ref_model if reference and self.ref_model is not None else self.model
-        head = fusable_head(model) if self.trainer_cfg.fused_logprobs else None
-        fused = fused_head(head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad,
-                           fuse=self.trainer_cfg.compile) \
-            if head is not None else contextlib.nullcontext()
+        head = fusable_head(model) if t.fused_logprobs else None
+        fused = contextlib.nullcontext() if head is None else fused_head(
+            head, mb.response_start, mb.response_ids, temperature, with_entropy, entropy_grad, fuse=t.compile)
         with autocast(self.device, self.compute_dtype), fused:
             if not reference:
                 logits = self.net(**inputs).logits
@@ -249,9 +232,8 @@ class TorchBackend(TrainerBackend):
                                 self.algo.clip_grad, clip=clip, accumulate_unsynced=not self.fsdp)
 
     def warm_up(self, temperature: float, shape: WarmUpShape) -> None:
-        """Dummy rows of the step's shape through a training step's passes: the no-grad log-prob pass (and the
-        reference's where kept), then forward and backward; no optimizer step, gradients dropped, the random
-        number generators restored (LoRA's dropout draws)."""
+        """Dummy rows of the step's shape through the step's passes (no-grad log-probs, the reference's, forward
+        and backward); no optimizer step, gradients dropped, the RNGs restored (LoRA's dropout draws)."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             mbs = self.warm_up_micro_batches(shape)
             self.log_probs(mbs, temperature)
@@ -265,14 +247,11 @@ class TorchBackend(TrainerBackend):
         self.net.zero_grad(set_to_none=True)
         self.free_cache()
 
-    # ---------------------------------------------------------------------------- checkpoints
     def export_hf(self, out_dir: str, tokenizer_dir: Optional[str]) -> None:
         """Rank 0 writes ``out_dir`` (``model.dtype`` weights; loads with from_pretrained); FSDP2's other
         ranks take part in the gathers. LoRA: the merged weights, only with ``trainer.lora.save_merged``
         (else no ``hf/``: the checkpoint's ``adapter/`` on the base model is the policy)."""
-        if self.lora is not None and not self.lora.save_merged:
-            return
-        if self.rank != 0 and not self.fsdp:
+        if (self.lora is not None and not self.lora.save_merged) or (self.rank != 0 and not self.fsdp):
             return
         weights = {name: t.cpu() for name, t in self._named_weights()}
         if self.rank != 0:
@@ -284,22 +263,17 @@ class TorchBackend(TrainerBackend):
 
             AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
 
-    def _adapter_state(self) -> Dict[str, torch.Tensor]:
-        return peft_lora.adapter_state(self.model, lambda t: fsdp.full(t, self.device) if self.fsdp else t)
-
     def save(self, out_dir: str, trainer_state: Dict[str, Any]) -> None:
-        """Rank 0 writes ``out_dir/trainer.pt`` (optimiser, scheduler, reference weights, RNG, float32
-        master weights when ``hf/`` holds another dtype, ``trainer_state``) and, with a critic,
-        ``out_dir/critic.pt``; the weights are those of ``out_dir/hf``.
-
-        FSDP2: every rank writes its shards of the weights, AdamW state and reference to ``out_dir/dcp``
-        (torch.distributed.checkpoint: a resume at another rank count reshards them), rank 0 the
-        scheduler, RNG and ``trainer_state`` to ``trainer.pt``. LoRA: ``out_dir/adapter`` (PEFT's
-        format) holds the weights that train; the base is ``model.path``."""
+        """Rank 0 writes ``trainer.pt`` (optimiser, scheduler, reference, RNG, float32 master weights when
+        ``hf/`` holds another dtype, ``trainer_state``) and ``critic.pt``; the weights are ``hf/``'s. FSDP2:
+        every rank writes its shards of weights, AdamW state and reference to ``dcp/`` (reshardable), rank 0
+        the rest to ``trainer.pt``. LoRA: ``adapter/`` (PEFT's format) holds what trains; the base is
+        ``model.path``."""
         if self.lora is not None:
-            adapter = self._adapter_state()  # FSDP2: every rank gathers
+            # FSDP2: every rank gathers
+            adapter = peft_lora.adapter_state(self.model, lambda t: fsdp.full(t, self.device) if self.fsdp else t)
             if self.rank == 0:
-                peft_lora.save_adapter(self.model, os.path.join(out_dir, peft_lora.ADAPTER_DIR), adapter)
+                self.model.save_pretrained(os.path.join(out_dir, peft_lora.ADAPTER_DIR), state_dict=adapter)
         own: Dict[str, Any] = {"scheduler": self.sched.state_dict(), **trainer_state, "rng": torch.get_rng_state()}
         if self.fsdp:
             fsdp.save(out_dir, self.model, self.opt, self.ref_model, trainable_only=self.lora is not None)
@@ -310,9 +284,8 @@ class TorchBackend(TrainerBackend):
             return
         own["optimizer"] = self.opt.state_dict()
         if self.lora is None:
-            master = self.model.state_dict()
-            own["ref"] = self.ref_state
-            own["master"] = master if self.compute_dtype != next(self.model.parameters()).dtype else None
+            master = self.compute_dtype != next(self.model.parameters()).dtype
+            own.update(ref=self.ref_state, master=self.model.state_dict() if master else None)
         torch.save(own, os.path.join(out_dir, "trainer.pt"))
         if self.critic is not None:
             torch.save(self.critic.state_dict(), os.path.join(out_dir, "critic.pt"))
@@ -352,10 +325,8 @@ class TorchBackend(TrainerBackend):
                 else "by this backend"
             raise FileNotFoundError(f"{ckpt_dir} has no hf/: it was saved {what}; resume it with the settings it was "
                                     "saved with (trainer.lora.*, trainer.strategy)")
-        weights = {}
-        for f in sorted(os.listdir(hf)):
-            if f.endswith(".safetensors"):
-                weights.update(load_file(os.path.join(hf, f)))
+        weights = {k: v for f in sorted(os.listdir(hf)) if f.endswith(".safetensors")
+                   for k, v in load_file(os.path.join(hf, f)).items()}
         missing, _ = self.model.load_state_dict(weights, strict=False)
         if [k for k in missing if k in dict(self.model.named_parameters())]:
             raise RuntimeError(f"checkpoint {hf} lacks parameters {missing[:5]}")

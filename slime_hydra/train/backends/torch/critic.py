@@ -1,7 +1,6 @@
-"""The PPO critic of the torch backend: ``ValueModel``, the policy's backbone (``AutoModel``) from the same
-initial checkpoint plus a zero-initialised float32 ``hidden -> 1`` head, and ``Critic``, its DDP wrapper,
-AdamW (``algo.critic_lr``) and LR schedule. ``V_t`` is read where the logits scoring response token ``t``
-are (``response_start - 1 + t``): the value of the state before token ``t``; ``V_0`` is the prompt's.
+"""The PPO critic of the torch backend: ``ValueModel`` (the policy's backbone from the same checkpoint plus a
+zero-initialised float32 ``hidden -> 1`` head) and ``Critic`` (DDP, AdamW at ``algo.critic_lr``, LR schedule).
+``V_t`` is read where the logits scoring response token ``t`` are: the value of the state before token ``t``.
 """
 
 from __future__ import annotations
@@ -15,14 +14,8 @@ from slime_hydra.train import algorithms as A
 from slime_hydra.train.backend import CriticBackend, StepResult, ValueLossFn
 from slime_hydra.train.backends.torch.offload import data_parallel
 from slime_hydra.train.batch import MicroBatch
+from slime_hydra.train.logprobs import response_rows
 from slime_hydra.train.optim import accumulated_step, adamw, autocast, load_schedule
-
-
-def response_positions(mb: MicroBatch, length: int) -> torch.Tensor:
-    """``[B, T]`` positions in ``input_ids`` whose outputs score the response tokens."""
-    T = mb.response_ids.shape[1]
-    pos = mb.response_start[:, None] - 1 + torch.arange(T, device=mb.response_start.device)[None, :]
-    return pos.clamp(0, length - 1)
 
 
 class ValueModel(nn.Module):
@@ -48,19 +41,15 @@ class ValueModel(nn.Module):
         return cls(backbone)
 
     def forward(self, mb: MicroBatch) -> torch.Tensor:
-        """Values of the response tokens, ``[B, T]`` float32 (garbage at padding: mask them). Like the
-        policy's forward pass (``TorchBackend._forward``): right-padded rows under causal attention need no
-        mask, and the model's own positions keep transformers from reading the pads as packed sequences."""
-        hidden = self.backbone(input_ids=mb.input_ids).last_hidden_state  # [B, L, H]
-        idx = response_positions(mb, hidden.shape[1])
-        rows = hidden.gather(1, idx[..., None].expand(*idx.shape, hidden.shape[-1]))  # [B, T, H]
+        """Response tokens' values, ``[B, T]`` float32 (garbage at padding); inputs as ``TorchBackend._forward``'s."""
+        B, T = mb.response_ids.shape
+        rows = response_rows(self.backbone(input_ids=mb.input_ids).last_hidden_state, mb.response_start, T)
         with torch.autocast(rows.device.type, enabled=False):  # the head stays float32 under autocast
-            return self.value_head(rows.float()).squeeze(-1)
+            return self.value_head(rows.float()).view(B, T)
 
 
 class Critic(CriticBackend):
-    """The value model being trained on one trainer rank (its own optimiser, same data parallelism
-    as the actor): the torch backend's :class:`~slime_hydra.train.backend.CriticBackend`."""
+    """The value model trained on one trainer rank (its own optimiser, the actor's data parallelism)."""
 
     def __init__(self, algo, model_path: str, *, dtype: torch.dtype, compute_dtype: torch.dtype,
                  device: torch.device, world_size: int, gradient_checkpointing: bool = False,
@@ -81,9 +70,8 @@ class Critic(CriticBackend):
 
     @torch.no_grad()
     def values(self, mbs: Sequence[MicroBatch]) -> torch.Tensor:
-        """The current critic's values of a whole rollout, ``[N, T]`` float32 on CPU; zero after each
-        response (mask-0 tokens inside a response, e.g. tool output, keep their values: GAE runs
-        through them, see :func:`slime_hydra.train.algorithms.advantages.ppo_gae`)."""
+        """The critic's values of a whole rollout, ``[N, T]`` float32 on CPU; zero after each response (mask-0
+        tokens inside one keep theirs: GAE runs through them, see ``algorithms.advantages.ppo_gae``)."""
         self.model.eval()
         out = []
         with autocast(self.device, self.compute_dtype):
@@ -94,13 +82,11 @@ class Critic(CriticBackend):
         return torch.cat(out).cpu()  # one copy to the host, not a wait for the GPU a micro-batch
 
     def train_step(self, mbs: Sequence[MicroBatch], loss_fn: ValueLossFn) -> StepResult:
-        """One optimiser step of ``loss_fn`` (the clipped value loss) over the step's micro-batches."""
         with autocast(self.device, self.compute_dtype):
             return accumulated_step(self.net, self.model, self.opt, self.sched, mbs,
                                     lambda mb: loss_fn(mb.indices, self.net(mb)), self.world_size,
                                     self.algo.clip_grad)
 
-    # ----------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> Dict[str, object]:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict()}

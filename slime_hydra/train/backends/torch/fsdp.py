@@ -1,7 +1,6 @@
-"""FSDP2 for the torch backend (``trainer.strategy=fsdp``): ``fully_shard`` per decoder layer and on the root,
-so each rank holds ``1/N`` of the weights, gradients and AdamW state. Only what touches whole parameters
-differs from DDP: gradient clipping, the weights gathered one tensor at a time for the engines, offload,
-and checkpoints through torch.distributed.checkpoint (docs/backends.md).
+"""FSDP2 for the torch backend (``trainer.strategy=fsdp``): ``fully_shard`` per decoder layer and on the root.
+Only what touches whole parameters differs from DDP: gradient clipping, the weights gathered one tensor at a
+time for the engines, offload, and checkpoints through torch.distributed.checkpoint (docs/backends.md).
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ def decoder_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
 
 def shard(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, cpu_offload: bool,
           trainable: bool = True) -> torch.nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embeddings, final norm, LM head), over every
-    rank. ``model`` may be on the host: each layer moves to ``device`` as it is sharded."""
+    """``fully_shard`` each decoder layer, then the root, over every rank; layers move to ``device`` as sharded."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -49,8 +47,7 @@ def shard(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dty
     mixed = device.type == "cuda" and compute_dtype != torch.float32
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype if mixed else None,
                               reduce_dtype=torch.float32 if mixed else None)
-    kw = {"mesh": mesh, "mp_policy": mp,
-          "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy()}
+    kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy()}
     for layer in decoder_layers(model):
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
@@ -60,8 +57,7 @@ def shard(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dty
 
 
 def full(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The whole tensor of a DTensor shard (an all-gather: every rank calls it, in the same order), on
-    ``device``; a plain tensor as it is (moved to ``device``)."""
+    """The whole tensor of a DTensor (an all-gather: every rank calls it, in order) or a plain one, on ``device``."""
     from torch.distributed.tensor import DTensor
 
     t = t.detach()
@@ -84,8 +80,7 @@ def unique_state(model: torch.nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
 def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device) -> float:
     """``torch.nn.utils.clip_grad_norm_`` over sharded gradients: the squares of the local shards summed
     over the ranks on ``device`` (CPU-offloaded gradients live on the host, which NCCL cannot reduce)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in params) if g is not None]
     sq = torch.zeros((), dtype=torch.float32, device=device)
     for g in local:
         sq += g.detach().float().pow(2).sum().to(device)
@@ -99,11 +94,9 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, device
     return norm
 
 
-# ------------------------------------------------------------------------------ offload (colocated)
 @torch.no_grad()
 def offload(models: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> None:
-    """Shards and AdamW state to the host while colocated engines generate (FSDP2 re-registers its
-    shards after ``Module.to``, as verl's offload does)."""
+    """Shards and AdamW state to the host (FSDP2 re-registers its shards after ``Module.to``, as in verl)."""
     for m in models:
         m.to("cpu")
     for opt in optimizers:
@@ -129,7 +122,6 @@ def _move_optimizer(opt: torch.optim.Optimizer, device: torch.device) -> None:
                 state[k] = v.to(device, non_blocking=True)
 
 
-# ------------------------------------------------------------------------------------ checkpoints
 def _options(trainable_only: bool):
     """LoRA: the adapters only (the frozen base is ``model.path``), so loading them is not strict."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -137,35 +129,34 @@ def _options(trainable_only: bool):
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
-def save(out_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
-         trainable_only: bool) -> None:
-    """``out_dir/dcp``: every rank writes its shards of the policy (its trainable part only with LoRA),
-    AdamW's state and the reference model; a later load at another rank count reshards them."""
-    import torch.distributed.checkpoint as dcp
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
+           trainable_only: bool) -> Dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, opt, options=_options(trainable_only))
-    state: Dict[str, Any] = {"model": msd, "optim": osd}
-    if ref is not None:
-        state["ref"] = ref.state_dict()
-    dcp.save(state, checkpoint_id=os.path.join(out_dir, DCP_DIR))
+    return {"model": msd, "optim": osd, **({} if ref is None else {"ref": ref.state_dict()})}
+
+
+def save(out_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
+         trainable_only: bool) -> None:
+    """``out_dir/dcp``: every rank's shards of the policy (LoRA: its trainable part), AdamW state and reference."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(model, opt, ref, trainable_only), checkpoint_id=os.path.join(out_dir, DCP_DIR))
 
 
 def load(ckpt_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ref: torch.nn.Module | None,
          trainable_only: bool) -> None:
     """Restore :func:`save`'s shards into this run's layout (any number of ranks)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = os.path.join(ckpt_dir, DCP_DIR)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{ckpt_dir} has no {DCP_DIR}/: it was not saved with trainer.strategy=fsdp (resume "
                                 "it with the strategy it was saved with, or start a new run from its hf/ with "
                                 "model.path)")
-    msd, osd = get_state_dict(model, opt, options=_options(trainable_only))
-    state: Dict[str, Any] = {"model": msd, "optim": osd}
-    if ref is not None:
-        state["ref"] = ref.state_dict()
+    state = _state(model, opt, ref, trainable_only)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=_options(trainable_only))

@@ -14,31 +14,18 @@ if TYPE_CHECKING:
 
     from slime_hydra.config.schema import LoraConfig
 
-# model.arch.type -> the linear layers LoRA adapts by default: attention and MLP projections (Hugging
-# Face module names). MoE experts are fused parameters in transformers 5, not linear layers: attention only.
-_ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# model.arch.type -> the linear layers LoRA adapts by default: attention and MLP projections (Hugging Face
+# module names). MoE experts are fused parameters in transformers 5 (the router no nn.Linear): attention only.
+_ATTN, _MLP = ["q_proj", "k_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"]
 LORA_TARGET_MODULES: Dict[str, List[str]] = {
-    "qwen3": _ATTN + ["gate_proj", "up_proj", "down_proj"],
-    "qwen2": _ATTN + ["gate_proj", "up_proj", "down_proj"],
-    "llama": _ATTN + ["gate_proj", "up_proj", "down_proj"],
-    "glm4": _ATTN + ["gate_up_proj", "down_proj"],
-    "qwen3_moe": _ATTN,
-    "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+    "qwen3": _ATTN + _MLP, "qwen2": _ATTN + _MLP, "llama": _ATTN + _MLP, "glm4": _ATTN + ["gate_up_proj", "down_proj"],
+    "qwen3_moe": _ATTN, "deepseek_v3": ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
 }
-# model.arch.type -> every linear layer name LoRA can adapt (leaf names of the family's nn.Linear modules, all
-# variants of a family in one list), which validation checks trainer.lora.target_modules against. Embeddings and
-# the LM head are left out: the merged push handles linear layers only.
-_MLP = ["gate_proj", "up_proj", "down_proj"]
-LORA_LINEAR_MODULES: Dict[str, List[str]] = {
-    "qwen3": _ATTN + _MLP,
-    "qwen2": _ATTN + _MLP,
-    "llama": _ATTN + _MLP,
-    "glm4": _ATTN + ["gate_up_proj", "down_proj"],
-    "qwen3_moe": _ATTN,  # the experts are fused parameters, the router no nn.Linear
-    "deepseek_v3": LORA_TARGET_MODULES["deepseek_v3"] + _MLP,
-}
+# model.arch.type -> every linear layer (leaf) name LoRA can adapt, all variants of a family in one list, for
+# validation; not embeddings or the LM head: the merged push handles linear layers only.
+LORA_LINEAR_MODULES: Dict[str, List[str]] = {**LORA_TARGET_MODULES,
+                                             "deepseek_v3": LORA_TARGET_MODULES["deepseek_v3"] + _MLP}
 NOT_LINEAR = {"embed_tokens": "the token embedding", "lm_head": "the LM head (the embedding's weight when tied)"}
-TARGETS_KEY = "trainer.lora.target_modules"
 ADAPTER = "default"  # PEFT's adapter name
 ADAPTER_DIR = "adapter"  # in a run checkpoint
 
@@ -58,13 +45,12 @@ def unknown_targets(names: List[str], available: List[str]) -> str:
             continue
         close = difflib.get_close_matches(leaf, available, n=1, cutoff=0.6)
         parts.append(f"{name!r} names no linear layer" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return (f"{TARGETS_KEY}: {'; '.join(parts)}. Only the linear projections are supported: "
+    return (f"trainer.lora.target_modules: {'; '.join(parts)}. Only the linear projections are supported: "
             f"{', '.join(available)} (a module name or its dotted suffix, e.g. self_attn.q_proj)")
 
 
 def check_targets(model: "torch.nn.Module", names: List[str]) -> None:
-    """Raise unless each of ``names`` matches (as PEFT matches a list entry: the module's name or its dotted
-    suffix) at least one ``nn.Linear`` of ``model`` other than the LM head."""
+    """Raise unless each of ``names`` matches (as PEFT does: name or dotted suffix) an ``nn.Linear`` but the LM head."""
     import torch
 
     linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and
@@ -75,11 +61,9 @@ def check_targets(model: "torch.nn.Module", names: List[str]) -> None:
 
 
 def wrap(model: "torch.nn.Module", lora: "LoraConfig", arch_type: str) -> "torch.nn.Module":
-    """``model`` with LoRA adapters (a ``PeftModel``); the base weights frozen, the adapters float32.
-
-    ``B`` starts at zero (PEFT's default), so the wrapped model computes exactly what ``model`` did. Names the
-    run gives (``trainer.lora.target_modules``) must each match a linear layer (:func:`check_targets`); the
-    family's default may list names that one variant lacks (DeepSeek-V3's q_proj or q_a_proj)."""
+    """``model`` with LoRA adapters (a ``PeftModel``; ``B`` starts at zero), base frozen, adapters float32.
+    Names the run gives must each match a linear layer; the family's default may list names that one variant
+    lacks (DeepSeek-V3's q_proj or q_a_proj)."""
     from peft import LoraConfig, get_peft_model
 
     if lora.target_modules is not None:
@@ -108,11 +92,10 @@ def lora_layers(peft_model: "torch.nn.Module") -> Dict[str, "torch.nn.Module"]:
 
 def merged_weights(peft_model: "torch.nn.Module", named: Iterator[Tuple[str, "torch.Tensor"]],
                    full: Callable[["torch.Tensor"], "torch.Tensor"]) -> Iterator[Tuple[str, "torch.Tensor"]]:
-    """``named`` (the Hugging Face model's unique state, PEFT's names, local or sharded tensors) with
-    the adapter tensors left out and each adapted weight replaced by ``W + scale B A``, in float32 then
-    the weight's dtype, under Hugging Face names; ``full`` turns a (sharded) tensor into the whole one
-    (every rank calls it in the same order: FSDP2 gathers there). One layer at a time: nothing is
-    merged into the model."""
+    """``named`` (the Hugging Face model's unique state, PEFT's names, local or sharded tensors) without the
+    adapter tensors, each adapted weight replaced by ``W + scale B A`` (in float32, then the weight's dtype),
+    under Hugging Face names; ``full`` makes a (sharded) tensor whole (FSDP2 gathers: every rank calls it in
+    the same order). One layer at a time: nothing is merged into the model."""
     layers = lora_layers(peft_model)
     unmergeable = sorted(n for n, layer in layers.items() if ADAPTER not in layer.lora_A)
     if unmergeable:  # e.g. an embedding's adapter (lora_embedding_A/B): its weight would go out without it
@@ -147,14 +130,8 @@ def adapter_state(peft_model: "torch.nn.Module", full: Callable[["torch.Tensor"]
     return {k: full(v).detach().cpu() for k, v in peft_model.state_dict().items() if ".lora_" in k}
 
 
-def save_adapter(peft_model: "torch.nn.Module", out_dir: str, state: Dict[str, "torch.Tensor"]) -> None:
-    """``out_dir`` as ``PeftModel.save_pretrained`` writes it (adapter_config.json, adapter_model.safetensors)."""
-    peft_model.save_pretrained(out_dir, state_dict=state)
-
-
 def load_adapter_state(ckpt_dir: str) -> Dict[str, "torch.Tensor"]:
-    """The adapter tensors of ``ckpt_dir/adapter`` by the ``PeftModel``'s state-dict names (as
-    :func:`adapter_state` returns them), for the backend to copy into its (sharded) parameters."""
+    """The adapter tensors of ``ckpt_dir/adapter`` by the ``PeftModel``'s state-dict names (:func:`adapter_state`'s)."""
     import os
 
     from peft.utils import SAFETENSORS_WEIGHTS_NAME

@@ -1,7 +1,6 @@
-"""Moving a model and its optimiser state between GPU and host memory while colocated engines generate
-(torch_memory_saver's role in slime, with plain tensors): each tensor to a pinned host buffer allocated once
-and reused. Moving ``.data`` gives a parameter a new gradient accumulator that DDP's hooks are not on, so
-DDP is built again after an onload that moved something (:func:`data_parallel`).
+"""Moving a model and its optimiser state between GPU and host while colocated engines generate: each tensor
+to a pinned host buffer allocated once. Moving ``.data`` gives a parameter a new gradient accumulator without
+DDP's hooks, so DDP is built again after an onload that moved something (:func:`data_parallel`).
 """
 
 from __future__ import annotations
@@ -10,15 +9,6 @@ from typing import Dict, Iterable, Iterator
 
 import torch
 from torch import nn
-
-
-def _weights(model: torch.nn.Module) -> Iterator[torch.Tensor]:
-    seen = set()
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            yield p
-    yield from model.buffers()
 
 
 def _state(opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -31,8 +21,7 @@ def _state(opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]) -> Iterato
 
 
 def pinned_buffer(cache: Dict[int, torch.Tensor], key: int, like: torch.Tensor) -> torch.Tensor:
-    """The pinned host buffer ``cache[key]`` shaped like ``like``, allocated the first time (or when the
-    shape or dtype changed) and reused after: pinning is slow, copies into pinned memory are fast."""
+    """The pinned host buffer ``cache[key]`` shaped like ``like``, allocated once (again if shape or dtype change)."""
     buf = cache.get(key)
     if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
         buf = cache[key] = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
@@ -40,15 +29,15 @@ def pinned_buffer(cache: Dict[int, torch.Tensor], key: int, like: torch.Tensor) 
 
 
 def data_parallel(model: nn.Module, device: torch.device, init_sync: bool = True) -> nn.Module:
-    """``model`` under DDP, its all-reduce hooks on the parameters' current gradient accumulators.
-    ``init_sync=False`` after an onload: every rank already holds the same weights, so no broadcast."""
+    """``model`` under DDP (hooks on the current gradient accumulators); ``init_sync=False`` after an onload."""
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                init_sync=init_sync)
 
 
 def _tensors(model: torch.nn.Module, opt: torch.optim.Optimizer, extra: Iterable[torch.Tensor]
              ) -> Iterator[torch.Tensor]:
-    yield from _weights(model)
+    yield from model.parameters()  # each once: a tied weight is one parameter
+    yield from model.buffers()
     yield from _state(opt, extra)
 
 
@@ -56,14 +45,12 @@ class Offloader:
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
                  extra: Iterable[torch.Tensor] = ()):
         """``extra``: more tensors that move with the model (the reference model's weights)."""
-        self.model, self.opt, self.device = model, opt, device
-        self.extra = list(extra)
+        self.model, self.opt, self.device, self.extra = model, opt, device, list(extra)
         self.host: Dict[int, torch.Tensor] = {}  # id(tensor) -> its pinned host buffer
         self.moved = False  # offload moved tensors to the host that onload has not brought back
 
     def offload(self, keep_weights: bool = False) -> None:
-        """``keep_weights``: the optimiser state and ``extra`` only, and the gradients freed (the weight
-        push then reads the weights on the GPU); a later ``offload()`` moves the weights."""
+        """``keep_weights``: the optimiser state and ``extra`` only, gradients freed (the push reads the weights)."""
         if self.device.type != "cuda":
             return
         for p in self.model.parameters():
