@@ -78,9 +78,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
 
 def _host_gib(cfg) -> Optional[float]:
     """This machine's memory, where a local Ray cluster puts the trainers; None when joining a cluster."""
-    if cfg.cluster.address is not None:
-        return None
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return None if cfg.cluster.address else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
 
 def _disk_free_gib(path: str) -> float:

@@ -1,8 +1,6 @@
-"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go. It observes
-the run: the driver's parts are timed as they happen (``StartupClock.part``), the rollout side reports its
-own (``RolloutManager.startup_report``), and the first step's row carries them all (``startup/*``, seconds),
-also written to the console and summary.json. ``StartupWatch`` says on the console what the start-up waits for.
-"""
+"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go (the driver's
+parts, the rollout side's ``startup_report``), in the first step's row (``startup/*``), the console and summary.json.
+``StartupWatch`` says on the console what the start-up waits for."""
 
 from __future__ import annotations
 
@@ -58,8 +56,7 @@ class StartupClock:
         self.parts[name] = self.parts.get(name, 0.0) + seconds
 
     def add_rollout_side(self, report: Dict[str, Any], created_at: float) -> None:
-        """The rollout manager's ``startup_report`` for a manager created at ``created_at`` (``time.time()``):
-        its actor's start, the data, the engines' actors, each engine's server (the slowest one's parts)."""
+        """The rollout manager's ``startup_report`` (the manager created at ``created_at``, ``time.time()``)."""
         e: Dict[str, float] = {}
         if report.get("created"):
             e["manager_actor"] = report["created"] - created_at  # a Ray worker, the manager's imports
@@ -95,8 +92,7 @@ class StartupClock:
         return (self.done_at or time.time()) - self.launched
 
     def metrics(self) -> Dict[str, float]:
-        """``startup/<part>_s``: the driver's parts, the rollout side's, and ``startup/total_s`` (launch to
-        the first finished step)."""
+        """``startup/<part>_s`` and ``startup/total_s`` (launch to the first finished step)."""
         out = {f"startup/{k}{'' if k.endswith('_tokens') else '_s'}": round(v, 2)
                for k, v in {**self.parts, **self.engines}.items()}
         out["startup/total_s"] = round(self.total(), 2)
@@ -122,8 +118,7 @@ class StartupClock:
 
 
 def engine_log_status(log_dir: str) -> List[str]:
-    """``engine <rank>: <its log's last line>`` for each engine log in ``log_dir`` (this node's; a
-    progress bar's last state; SGLang's timestamp dropped)."""
+    """``engine <rank>: <its log's last line>`` for each engine log in ``log_dir`` (this node's)."""
     from slime_hydra.utils.proc import tail  # imports httpx: not for a dry run, which imports this module
 
     out = []
@@ -137,8 +132,7 @@ def engine_log_status(log_dir: str) -> List[str]:
 
 
 class StartupWatch:
-    """Until the first step is done: every ``interval`` s, one console line with the seconds since launch and
-    what it waits for (``waiting()``), then each engine's log."""
+    """Until the first step is done: every ``interval`` s, what the start-up waits for, and each engine's log."""
 
     def __init__(self, clock: StartupClock, waiting: Callable[[], str], log_dir: str,
                  interval: float = STARTUP_REPORT_S):
