@@ -1,11 +1,8 @@
-"""``hparams_search=...`` / ``hydra/sweeper=slime_optuna``: hydra-optuna-sweeper's search made a sweep like
-the others (validated first, concurrent on one cluster, reported, resumable), with pruning.
-
-It keeps the plugin's search space, samplers and study, and changes its loop: the corners of the search
-space are validated before the first trial, and each trial before it launches (an invalid one is told
-FAIL); a trial without a numeric objective is told FAIL and counts against ``max_failure_rate``; the study
-lives in sqlite in the sweep directory, so the same command continues it; a pruned trial's job stops at
-its eval (prune.py); and a new trial is asked for as soon as any trial ends (``n_jobs`` at once)."""
+"""``hparams_search=...`` / ``hydra/sweeper=slime_optuna``: hydra-optuna-sweeper's search made a sweep like the
+others (validated first, concurrent on one cluster, reported, resumable), with pruning (prune.py). The corners of
+the search space are validated before the first trial and each trial before it launches; an invalid trial or one
+without a numeric objective is told FAIL; the study lives in sqlite in the sweep directory, so the same command
+continues it; a new trial starts as soon as any ends."""
 
 from __future__ import annotations
 
@@ -33,9 +30,7 @@ def corners(distributions: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Parameter sets that reach every parameter's extremes: all at their low, then each one at its high
     (a categorical parameter: each of its choices)."""
     def extremes(d) -> List[Any]:
-        if hasattr(d, "choices"):
-            return list(d.choices)
-        return [d.low, d.high]
+        return list(d.choices) if hasattr(d, "choices") else [d.low, d.high]
 
     base = {name: extremes(d)[0] for name, d in distributions.items()}
     out = [base]
@@ -48,8 +43,7 @@ EVAL_METRICS = ("eval_reward_initial", "eval_reward_final")  # summary.json's he
 
 
 def objective_problems(job: Job) -> List[str]:
-    """Why a search's objective cannot exist for this job's config (checked before any trial starts):
-    a held-out reward as ``sweep.optimized_metric`` with no eval set would be NaN in every trial."""
+    """Why a search's objective cannot exist for this job's config (a held-out reward without an eval set)."""
     cfg = job.cfg
     if cfg is None:
         return []
@@ -63,8 +57,8 @@ def objective_problems(job: Job) -> List[str]:
 
 
 def objective_values(value: Any, n_objectives: int) -> Tuple[Optional[List[float]], Optional[str]]:
-    """A completed job's return value as the study's values, or (None, why not): not a number, NaN, or
-    not one per objective. Optuna refuses NaN with a ValueError; such a trial is told FAIL instead."""
+    """A completed job's return value as the study's values, or (None, why not: not a number, NaN, or not one per
+    objective; Optuna refuses NaN)."""
     raw = list(value) if n_objectives > 1 and isinstance(value, (list, tuple)) else [value]
     try:
         values = [float(v) for v in raw]
@@ -79,14 +73,12 @@ def objective_values(value: Any, n_objectives: int) -> Tuple[Optional[List[float
 
 class TrialBook:
     """Tells the study how each trial ended, and counts the failed ones (invalid, crashed, or without an
-    objective) against ``max_failure_rate``, over the trials this search ended (hydra-optuna-sweeper's
-    rule, which counts per batch: this search has no batches)."""
+    objective) against ``max_failure_rate`` over all the trials this search ended (it has no batches)."""
 
     def __init__(self, study: Any, n_objectives: int, metric: str, max_failure_rate: float) -> None:
         self.study, self.n_objectives, self.metric = study, n_objectives, metric
         self.max_failure_rate = max_failure_rate
-        self.ended = 0
-        self.failed = 0
+        self.ended = self.failed = 0
         self.no_objective: List[Tuple[int, str]] = []  # (trial number, why) of the jobs that ended ok
 
     def tell(self, trial: Any, ret: JobReturn) -> None:

@@ -28,9 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class SlimeSweeper(BasicSweeper):
-    """``optuna``: hydra-optuna-sweeper's settings (conf/hparams_search/): search ``params`` with Optuna
-    (optuna.py) instead of running every combination. One sweeper for both, because Hydra 1.3 lets the
-    root config's choice of ``hydra/sweeper`` win over an ``hparams_search`` preset's."""
+    """``optuna``: hydra-optuna-sweeper's settings: search with Optuna (optuna.py) instead (one sweeper for both:
+    Hydra 1.3 lets the root config's ``hydra/sweeper`` win over an ``hparams_search`` preset's)."""
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Any] = None,
                  optuna: Optional[Any] = None) -> None:
