@@ -163,12 +163,8 @@ def describe(prefixes: Sequence[str] = (), overrides: Sequence[str] = ()) -> str
     rows = [(k.path, k.type if k.type == "group" else f"{k.type} = {value_of(cfg, k)}", k.description) for k in keys]
     width = max(len(p) for p, _, _ in rows)
     type_width = min(40, max(len(t) for _, t, _ in rows))
-    lines = []
-    for path, typed, doc in rows:
-        if typed == "group":
-            lines.append(f"\n{path}:  # {doc}" if doc else f"\n{path}:")
-        else:
-            lines.append(f"{path:<{width}}  {typed:<{type_width}}  # {doc}")
+    lines = [(f"\n{path}:  # {doc}" if doc else f"\n{path}:") if typed == "group" else
+             f"{path:<{width}}  {typed:<{type_width}}  # {doc}" for path, typed, doc in rows]
     return "\n".join(lines).lstrip("\n")
 
 

@@ -45,11 +45,9 @@ def _holds_file_under(pid: str, directory: str) -> bool:
     except OSError:
         return False
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(directory):
                 return True
-        except OSError:
-            continue
     return False
 
 

@@ -65,8 +65,7 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
     clock.add("before_train", time.time() - clock.launched)
     t_start = time.perf_counter()
     with RunLease(cfg.output_dir) as lease, ThreadPoolExecutor(1, thread_name_prefix="initial-checkpoint") as pool:
-        partial = remove_partial(cfg.output_dir)
-        if partial:
+        if partial := remove_partial(cfg.output_dir):
             log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
         # a random initial checkpoint (no model.path) is built while Ray starts
         model_path = pool.submit(initial_checkpoint, cfg.model, cfg.output_dir,

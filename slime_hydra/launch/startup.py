@@ -21,6 +21,8 @@ KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")  
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
                      "first_answer": "first answer"}
+SIDE_PART_NAMES = {"manager_actor": "manager actor", "data": "data", "engine_actor": "engine actor",
+                   "engine_server": "server"}  # the rollout side's parts, as the console line names them
 
 
 def process_started() -> float:
@@ -106,12 +108,8 @@ class StartupClock:
         extra += [f"its kernel prebuild beside it {e['engine_prebuild']:.1f}"] if "engine_prebuild" in e else []
         engine_parts = ", ".join([f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
                                   if "engine_" + k in e] + extra)
-        side = []
-        for key, name in (("manager_actor", "manager actor"), ("data", "data"), ("engine_actor", "engine actor"),
-                          ("engine_server", "server")):
-            if key in e:
-                side.append(f"{name} {e[key]:.1f}" + (f" ({engine_parts})" if key == "engine_server" and engine_parts
-                                                       else ""))
+        side = [f"{name} {e[k]:.1f}" + (f" ({engine_parts})" if k == "engine_server" and engine_parts else "")
+                for k, name in SIDE_PART_NAMES.items() if k in e]
         rollout = f"; rollout side {e['rollout_side']:.1f} from its creation: " + ", ".join(side) \
             if "rollout_side" in e else ""
         return f"start-up: {self.total():.1f}s from launch to the first step done: {driver}{rollout}"

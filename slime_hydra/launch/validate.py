@@ -45,7 +45,6 @@ def check(cfg: DictConfig | RunConfig, notes: Optional[List[str]] = None) -> Run
     choices = fit(run)
     if notes is not None:
         notes.extend(choices)
-    errs = validate(run)
-    if errs:
+    if errs := validate(run):
         raise ConfigError(errs)
     return run

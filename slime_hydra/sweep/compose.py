@@ -86,12 +86,10 @@ def cluster_size(config: DictConfig, jobs: List[Job]) -> Tuple[int, Optional[int
 def capacity_problems(jobs: List[Job], cpus: int, gpus: Optional[int]) -> None:
     """A job whose bundles exceed the whole cluster would wait forever: make it a problem now."""
     for j in jobs:
-        if j.plan and j.cpus > cpus:
-            j.problems.append(f"sweep.num_cpus: the job's placement group needs {j.cpus:g} CPUs, the sweep's Ray "
-                              f"cluster has {cpus}")
-        if j.plan and gpus is not None and j.gpus > gpus:
-            j.problems.append(f"sweep.num_gpus: the job's placement group needs {j.gpus:g} GPUs, the sweep's Ray "
-                              f"cluster has {gpus}")
+        for key, name, need, have in (("num_cpus", "CPUs", j.cpus, cpus), ("num_gpus", "GPUs", j.gpus, gpus)):
+            if j.plan and have is not None and need > have:
+                j.problems.append(f"sweep.{key}: the job's placement group needs {need:g} {name}, the sweep's Ray "
+                                  f"cluster has {have}")
 
 
 def validate_jobs(config: DictConfig, jobs: List[Job]) -> List[Job]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import logging
 import os
 import sys
@@ -50,13 +51,9 @@ def launch(launcher: Any, todo: List[tuple]) -> List[JobReturn]:
         if hasattr(launcher, "launch_jobs"):
             return launcher.launch_jobs(todo)
         returns: List[JobReturn] = []
-        i = 0
-        while i < len(todo):
-            j = i
-            while j + 1 < len(todo) and todo[j + 1][0] == todo[j][0] + 1:
-                j += 1
-            returns += launcher.launch([o for _, o in todo[i:j + 1]], initial_job_idx=todo[i][0])
-            i = j + 1
+        for _, run in itertools.groupby(enumerate(todo), key=lambda i_job: i_job[1][0] - i_job[0]):  # consecutive
+            run = [job for _, job in run]
+            returns += launcher.launch([o for _, o in run], initial_job_idx=run[0][0])
         return returns
     finally:
         if hasattr(launcher, "close"):
@@ -98,11 +95,6 @@ def naming_the_sweep(sweep_dir: str) -> Iterator[None]:
         raise
 
 
-def holds_sweep(sweep_dir: str) -> bool:
-    """Whether ``sweep_dir`` is a sweep's: its ``multirun.yaml`` (written before the first job) or a job."""
-    return os.path.exists(os.path.join(sweep_dir, "multirun.yaml")) or bool(job_dirs(sweep_dir))
-
-
 def newest_sweep(root: str = "multirun", but: str = "") -> str:
     """The newest sweep in Hydra's default ``multirun/<date>/<time>`` other than ``but`` ("" if none)."""
     found = [os.path.dirname(p) for p in glob.glob(os.path.join(root, "*", "*", "multirun.yaml"))]
@@ -113,10 +105,8 @@ def newest_sweep(root: str = "multirun", but: str = "") -> str:
 def check_resumable(config: Any) -> None:
     """``sweep.resume=true`` on a ``hydra.sweep.dir`` that holds no sweep (it would start every job afresh): exit 2,
     suggesting the newest sweep."""
-    if not config.sweep.resume:
-        return
-    sweep_dir = str(config.hydra.sweep.dir)
-    if holds_sweep(sweep_dir):
+    sweep_dir = str(config.hydra.sweep.dir)  # a sweep's has its multirun.yaml (written first) or a job
+    if not config.sweep.resume or os.path.exists(os.path.join(sweep_dir, "multirun.yaml")) or job_dirs(sweep_dir):
         return
     newest = newest_sweep(but=sweep_dir)
     print(f"sweep.resume=true: hydra.sweep.dir={sweep_dir} holds no sweep (no multirun.yaml, no job with "
@@ -128,8 +118,7 @@ def check_resumable(config: Any) -> None:
 
 def refuse_foreign_jobs(sweep_dir: str, ours: Sequence[str], why: str) -> None:
     """A new sweep in a ``hydra.sweep.dir`` holding another sweep's jobs (they would mix in its report): exit 2."""
-    foreign = foreign_job_dirs(sweep_dir, ours)
-    if not foreign:
+    if not (foreign := foreign_job_dirs(sweep_dir, ours)):
         return
     shown = ", ".join(os.path.relpath(d, sweep_dir) for d in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
     print(f"hydra.sweep.dir={sweep_dir} already holds {len(foreign)} job(s) of another sweep ({shown}), and {why}: "

@@ -131,16 +131,9 @@ def read_manifest(sweep_dir: str) -> Optional[List[str]]:
 def write_manifest(sweep_dir: str, dirs: Sequence[str], append: bool) -> None:
     """Record ``dirs`` as the sweep's job directories, after those already recorded (``append``: a resumed sweep or
     study; without a manifest, every job directory there) or instead of them."""
-    old: List[str] = []
-    if append:
-        old = read_manifest(sweep_dir)
-        old = job_dirs(sweep_dir) if old is None else old
-    top = os.path.abspath(sweep_dir)
-    rel = []
-    for d in [*old, *(os.path.abspath(d) for d in dirs)]:
-        r = os.path.relpath(d, top)
-        if r not in rel:
-            rel.append(r)
+    old = read_manifest(sweep_dir) if append else []
+    old = job_dirs(sweep_dir) if old is None else old
+    rel = list(dict.fromkeys(os.path.relpath(os.path.abspath(d), os.path.abspath(sweep_dir)) for d in [*old, *dirs]))
     os.makedirs(sweep_dir, exist_ok=True)
     write_json_atomic(os.path.join(sweep_dir, MANIFEST), {"jobs": rel})
 

@@ -4,6 +4,7 @@ sends its console to ``<job dir>/console.log``, names its wandb run by its overr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -104,10 +105,8 @@ def _redirect(path: str) -> Tuple[int, int, Any, Any]:
 def _restore(saved: Tuple[int, int, Any, Any]) -> None:
     out, err, sys_out, sys_err = saved
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError):
             stream.close()
-        except OSError:
-            pass
     os.dup2(out, 1)
     os.dup2(err, 2)
     os.close(out)
@@ -134,13 +133,11 @@ class StatusPrinter(threading.Thread):
         except Exception as e:  # noqa: BLE001 - a status line must never stop the sweep
             log.debug("sweep status: %s", e)
             return
-        changed = False
-        for row in rows:
-            line = status_line(row)
-            if self.shown.get(row["job"]) != line:
-                self.shown[row["job"]] = line
-                print(line, flush=True)
-                changed = True
+        lines = {row["job"]: status_line(row) for row in rows}
+        changed = {job: line for job, line in lines.items() if self.shown.get(job) != line}
+        for line in changed.values():
+            print(line, flush=True)
+        self.shown.update(changed)
         if changed:
             write_report(self.sweep_dir)
 

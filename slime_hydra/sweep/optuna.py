@@ -10,7 +10,7 @@ import concurrent.futures
 import logging
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
@@ -87,28 +87,23 @@ class TrialBook:
         if ret.status == JobStatus.COMPLETED:
             values, why = objective_values(ret.return_value, self.n_objectives)
             if values is not None:
-                self.study.tell(trial, values=values)
-                self._count(failed=False)
-                return
+                return self._end(trial, False, values=values)
             why = f"sweep.optimized_metric={self.metric} {why}"
             log.warning("trial %d: %s: told FAIL", trial.number, why)
             self.no_objective.append((trial.number, why))
-            self.study.tell(trial, state=TrialState.FAIL)
-            self._count(failed=True)
+            self._end(trial, True, state=TrialState.FAIL)
         elif isinstance(ret._return_value, JobPruned):
-            self.study.tell(trial, state=TrialState.PRUNED)
-            self._count(failed=False)
+            self._end(trial, False, state=TrialState.PRUNED)
         else:
-            self.study.tell(trial, state=TrialState.FAIL)
-            self._count(failed=True)
+            self._end(trial, True, state=TrialState.FAIL)
 
     def invalid(self, trial: Any) -> None:
         from optuna.trial import TrialState
 
-        self.study.tell(trial, state=TrialState.FAIL)
-        self._count(failed=True)
+        self._end(trial, True, state=TrialState.FAIL)
 
-    def _count(self, failed: bool) -> None:
+    def _end(self, trial: Any, failed: bool, **tell: Any) -> None:
+        self.study.tell(trial, **tell)
         self.ended += 1
         self.failed += failed
 
@@ -149,9 +144,8 @@ class _Impl(OptunaSweeperImpl):
         params_conf = self._parse_sweeper_params_config()
         params_conf.extend(arguments)
         distributions, fixed = create_params_from_overrides(params_conf)
-        distributions = {**(self.search_space_distributions or {}), **distributions}
-        for name in fixed:
-            distributions.pop(name, None)
+        distributions = {k: v for k, v in {**(self.search_space_distributions or {}), **distributions}.items()
+                         if k not in fixed}
         probes = [tuple(f"{k}={v}" for k, v in {**p, **fixed}.items()) for p in corners(distributions)]
         jobs = compose(self.hydra_context, self.config, list(enumerate(probes)))
         for job in jobs:
@@ -161,7 +155,6 @@ class _Impl(OptunaSweeperImpl):
         if new_study:  # its directory must hold no other sweep's jobs (checked before anything starts or is written)
             refuse_foreign_jobs(sweep_dir, [], f"study {self.study_name} in {self.storage} is a new one")
         prepare(self, jobs)
-
         os.makedirs(sweep_dir, exist_ok=True)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         directions = self._get_directions()
@@ -226,7 +219,8 @@ class _Impl(OptunaSweeperImpl):
         elif not complete:
             log.warning("no trial of study %s completed with an objective: no optimization_results.yaml",
                         study.study_name)
-        finish(self, ran, returns, also_failed=self._also_failed(book, ran))
+        by_num = {j.num: j for j in ran}  # the jobs that ended ok but whose trial failed (no objective), with why
+        finish(self, ran, returns, also_failed=[(by_num[n], why) for n, why in book.no_objective if n in by_num])
 
     def _stop_if_too_many_failed(self, book: TrialBook, to_go: int, running: Dict[Any, Any]) -> int:
         """The trials still to ask for: none once the failed ones are past ``max_failure_rate``."""
@@ -236,12 +230,6 @@ class _Impl(OptunaSweeperImpl):
                       f"; waiting for the {len(running)} running" if running else "")
             return 0
         return to_go
-
-    @staticmethod
-    def _also_failed(book: TrialBook, ran: Sequence[Job]) -> List[Tuple[Job, str]]:
-        """The jobs that ended ok but whose trial failed (no objective), with why, for the sweep's exit."""
-        by_num = {j.num: j for j in ran}
-        return [(by_num[num], why) for num, why in book.no_objective if num in by_num]
 
 
 class SlimeOptunaSweeper(OptunaSweeper):

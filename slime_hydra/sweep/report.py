@@ -84,20 +84,13 @@ def job_row(job_dir: str, metric: str = DEFAULT_METRIC) -> Dict[str, Any]:
     steps = [r["step"] for r in rows if "perf/step_time" in r]
     step_times = [r["perf/step_time"] for r in rows if "perf/step_time" in r]
     best = max(curve, key=lambda c: c[1]) if curve else None
-    error = state.get("error") or ""
-    return {
-        "job": state.get("num"),
-        "overrides": " ".join(state.get("overrides", [])),
-        "status": state.get("status", "unknown"),
-        "objective": _round(objective) if isinstance(objective, (int, float)) else None,
-        "final_reward": _round(curve[-1][1]) if curve else None,
-        "best_reward": _round(best[1]) if best else None,
-        "best_step": best[0] if best else None,
-        "steps": max(steps) if steps else 0,
-        "s_per_step": _round(sum(step_times) / len(step_times)) if step_times else None,
-        "run_dir": os.path.abspath(job_dir),
-        "error": error[-ERROR_TAIL:].strip(),
-    }
+    return {"job": state.get("num"), "overrides": " ".join(state.get("overrides", [])),
+            "status": state.get("status", "unknown"),
+            "objective": _round(objective) if isinstance(objective, (int, float)) else None,
+            "final_reward": _round(curve[-1][1]) if curve else None, "best_reward": _round(best[1]) if best else None,
+            "best_step": best[0] if best else None, "steps": max(steps) if steps else 0,
+            "s_per_step": _round(sum(step_times) / len(step_times)) if step_times else None,
+            "run_dir": os.path.abspath(job_dir), "error": (state.get("error") or "")[-ERROR_TAIL:].strip()}
 
 
 def _round(x: float) -> Optional[float]:

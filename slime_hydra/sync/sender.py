@@ -8,6 +8,7 @@ A tied LM head travels once, as the embedding it shares (SGLang's loaders tie it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -93,12 +94,10 @@ class WeightSender:
     def connect(self) -> None:
         if self.kind == "disk":
             write_model_files(self.model_path, os.path.join(self.disk_dir, "config"), self.trust_remote_code)
-        if self.kind != "distributed" or self.group is not None:
+        if self.kind != "distributed" or self.group is not None or not self.endpoints:  # none: all restarting
             return
         from slime_hydra.utils.proc import free_port
 
-        if not self.endpoints:  # every engine is restarting (fault tolerance): they get the weights when up
-            return
         self._destroy_engine_groups()  # an engine may still be in the group of a trainer that died
         port = free_port(self.master_address)
         world = 1 + sum(e.gpus for e in self.endpoints)
@@ -120,11 +119,9 @@ class WeightSender:
         log.info("weight-update group %s: trainer + %d engine ranks over %s", GROUP_NAME, world - 1, backend)
 
     def _destroy_engine_groups(self) -> None:
-        for e in self.endpoints:
-            try:
+        for e in self.endpoints:  # an error: none to leave (the usual case), or a dead engine (the rendezvous says so)
+            with contextlib.suppress(EngineError):
                 control(e.url, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
-            except EngineError:
-                pass  # none to leave (the usual case), or a dead engine: the group's rendezvous says so
 
     def close(self) -> None:
         if self.group is not None:
