@@ -4,9 +4,7 @@
     python -m slime_hydra.config describe rollout algo.lr      # the keys under these prefixes
     python -m slime_hydra.config describe rollout model=qwen3_4b rollout=sglang   # values under overrides
 
-The descriptions are the schema's comments (``slime_hydra/config/schema.py``, read with ``tokenize``
-and ``ast``): a field's trailing comment, or else the comment lines directly above it. The values are
-those of the composed config (``run.py``'s defaults plus the overrides), before derived values are filled.
+Descriptions are schema.py's field comments; values are the composed config's, before derived values are filled.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ class Key:
 
 @functools.cache
 def field_comments(source_file: str) -> Dict[str, Dict[str, str]]:
-    """``{class name: {field name: description}}`` for the dataclass fields of a module's source:
-    the field's trailing comment, or else the comment lines directly above it, joined."""
+    """``{class: {field: description}}`` of a module's dataclasses: a trailing comment, else the comments above."""
     text = Path(source_file).read_text()
     comments: Dict[int, str] = {}  # line -> comment text
     code_lines = set()
@@ -127,8 +124,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def value_of(cfg: Optional[DictConfig], key: Key) -> str:
-    """The key's value in ``cfg`` (interpolations resolved), as YAML would show it; the schema's
-    default without ``cfg`` and for list items; ``???`` for a required value."""
+    """The key's value in ``cfg`` as YAML shows it (the schema's default without ``cfg`` and for list items)."""
     value = key.default
     if cfg is not None and "[]" not in key.path:
         try:
@@ -146,8 +142,7 @@ def value_of(cfg: Optional[DictConfig], key: Key) -> str:
 
 
 def select(keys: List[Key], prefixes: Sequence[str]) -> List[Key]:
-    """The keys equal to or under one of ``prefixes`` (all of them without any). An unknown prefix is
-    a ValueError naming the closest keys."""
+    """The keys at or under ``prefixes`` (all without any); an unknown prefix is a ValueError naming close ones."""
     if not prefixes:
         return keys
     out = []
@@ -162,19 +157,14 @@ def select(keys: List[Key], prefixes: Sequence[str]) -> List[Key]:
 
 
 def describe(prefixes: Sequence[str] = (), overrides: Sequence[str] = ()) -> str:
-    """What ``python -m slime_hydra.config describe`` prints: ``key  type = value  # description`` per key,
-    a heading line per group."""
+    """``key  type = value  # description`` per key, a heading line per group."""
     keys = select(schema_keys(), prefixes)
     cfg = compose(overrides)
     rows = [(k.path, k.type if k.type == "group" else f"{k.type} = {value_of(cfg, k)}", k.description) for k in keys]
     width = max(len(p) for p, _, _ in rows)
     type_width = min(40, max(len(t) for _, t, _ in rows))
-    lines = []
-    for path, typed, doc in rows:
-        if typed == "group":
-            lines.append(f"\n{path}:  # {doc}" if doc else f"\n{path}:")
-        else:
-            lines.append(f"{path:<{width}}  {typed:<{type_width}}  # {doc}")
+    lines = [(f"\n{path}:  # {doc}" if doc else f"\n{path}:") if typed == "group" else
+             f"{path:<{width}}  {typed:<{type_width}}  # {doc}" for path, typed, doc in rows]
     return "\n".join(lines).lstrip("\n")
 
 

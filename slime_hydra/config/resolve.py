@@ -1,14 +1,5 @@
-"""From Hydra's DictConfig to the typed, resolved ``RunConfig``, before anything is checked or started.
-
-``load`` turns the DictConfig into a ``RunConfig`` (a missing required value is a ``ConfigError``);
-``resolve`` fills the derived values (the ``None`` fields). The rules live beside the code they guard
-(``slime_hydra/*/rules.py``) and :mod:`slime_hydra.launch.validate` collects them.
-
-``resolve`` stays here, in one function, rather than in the components: every derived value is a pure
-function of the config (no component code needed), several cross groups (eval datasets inherit from
-data, reward and rollout; the trainer's batch from the rollout's; the sync transport from the
-placement), and the rules of every component read the resolved values, so one place shows them all.
-"""
+"""Hydra's DictConfig to the typed ``RunConfig`` (``load``), and every derived value filled in one place
+(``resolve``): they are pure functions of the config, several cross groups, and every component's rules read them."""
 
 from __future__ import annotations
 
@@ -45,9 +36,8 @@ def load(cfg: DictConfig | RunConfig) -> RunConfig:
 
 
 def unknown_keys(node: DictConfig, path: str = "") -> List[str]:
-    """Keys of a schema section that its dataclass does not have. Hydra refuses a misspelt ``key=value``
-    but adds ``+key=value`` (as its own error message suggests), which would otherwise be carried along
-    unread; dict-typed sections (``rollout.server_args``, hook arguments) take any key."""
+    """Keys of a schema section that its dataclass lacks: Hydra adds a misspelt ``+key=value`` unread.
+    Dict-typed sections (``rollout.server_args``, hook arguments) take any key."""
     schema = OmegaConf.get_type(node)
     fields = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
     out: List[str] = []
@@ -70,8 +60,7 @@ def unknown_keys(node: DictConfig, path: str = "") -> List[str]:
     return out
 
 
-# sync.max_logprob_diff by model.dtype: well above the gap of healthy weights (a bf16 engine against fp32
-# master weights under autocast differs far more than fp32 on both sides)
+# sync.max_logprob_diff by model.dtype: well above the gap of healthy weights (bf16 engines differ far more)
 LOGPROB_GAP_LIMITS = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
 
 
@@ -100,8 +89,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if t.num_steps_per_rollout is None and t.global_batch_size:
         t.num_steps_per_rollout = max(1, samples // t.global_batch_size)
     if r.router.policy == "auto":
-        # one engine leaves nothing to route between, and cache_aware's prefix tree of request texts
-        # grows the router's memory for hundreds of steps before it is evicted
+        # one engine has nothing to route between, and cache_aware's prefix tree grows the router's memory
         r.router.policy = "cache_aware" if p.rollout_gpus // p.gpus_per_engine > 1 else "round_robin"
     if cfg.sync.transport == "auto":
         cfg.sync.transport = "tensor" if p.colocate else "distributed"
@@ -112,8 +100,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
             if getattr(ds, key) is None:
                 setattr(ds, key, value)
     if t.mode == "async" and p.colocate:
-        # async trains while the next rollout generates, so nothing can take turns on the GPU: both sides stay
-        # resident (launch/rules.py refuses an offload set to true here)
+        # async trains while the next rollout generates: nothing takes turns on the GPU (launch/rules.py)
         for name in ("offload_train", "offload_rollout", "push_before_offload"):
             if getattr(p, name) is None:
                 setattr(p, name, False)

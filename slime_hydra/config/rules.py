@@ -1,9 +1,5 @@
-"""Helpers for the components' config rules (``slime_hydra/*/rules.py``).
-
-A component's rules are ``check(cfg) -> list of problems``, each ``<dotted.path>: <what is wrong>``,
-run on the resolved ``RunConfig`` before Ray or any model starts. These helpers word the common cases
-the same way everywhere.
-"""
+"""Helpers for the components' config rules (``slime_hydra/*/rules.py``: ``check(cfg) -> list of problems``,
+each ``<dotted.path>: <what is wrong>``), so that the common cases are worded the same everywhere."""
 
 from __future__ import annotations
 
@@ -34,11 +30,8 @@ def data_file(path: str) -> str:
 
 
 def loads(errs: List[str], where: str, load: Callable[[], Any], explained: Tuple[Type[Exception], ...] = ()) -> Any:
-    """Run ``load`` (a hook import, a dataset read) and return what it returns; its failure becomes one
-    problem of ``where`` (and None is returned).
-
-    ``explained``: error types whose message already names the hook spec or the file and line (a hook
-    spec that does not load is always one); any other error is reported with its type."""
+    """``load()`` (a hook import, a dataset read), or None with its failure as one problem of ``where``.
+    ``explained``: error types whose message says enough (HookError always); others are reported with their type."""
     from slime_hydra.utils.hooks import HookError
 
     try:

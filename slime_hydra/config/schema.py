@@ -1,17 +1,6 @@
-"""Typed schemas for every config group.
-
-Each dataclass here is the schema of one Hydra config group (``conf/<group>/*.yaml``) and is
-registered in Hydra's ConfigStore by :mod:`slime_hydra.config.store`. Because the root config is a
-structured ``RunConfig``, a misspelt key anywhere (a YAML file or a command-line override) fails at
-compose time with its dotted path. Cross-field rules live beside the code they guard
-(``slime_hydra/*/rules.py``), collected by :mod:`slime_hydra.launch.validate`.
-
-Conventions: ``None`` means "derived" (filled in by ``resolve.resolve``), ``???`` in YAML means
-"required". This module imports nothing heavy, so ``dry_run=true`` stays fast. Every field has a
-description, printed by ``python -m slime_hydra.config describe``: its trailing comment, or else the
-comment lines right above it (a section heading above a field is not its description: give the field
-its own trailing comment).
-"""
+"""The typed schema of every config group (``conf/<group>/*.yaml``), registered by :mod:`slime_hydra.config.store`:
+a misspelt key fails at compose time with its dotted path. ``None`` means derived (``resolve.resolve``), ``???``
+required. Each field's trailing comment (or the comment line right above it) is what ``describe`` prints."""
 
 from __future__ import annotations
 
@@ -20,7 +9,6 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-# --------------------------------------------------------------------------------------- model
 # the transformers model types whose config fields model.hf.hf_config_kwargs knows how to fill
 ARCH_TYPES = ("qwen3", "qwen3_moe", "qwen2", "glm4", "llama", "deepseek_v3")
 
@@ -43,7 +31,6 @@ class ArchConfig:
     rms_norm_eps: float = 1e-6  # epsilon of the RMSNorm layers
     tie_word_embeddings: bool = False  # the LM head shares the input embedding's weights
     attention_bias: bool = False  # biases on the attention projections
-    # Mixture of experts (0 experts: dense)
     num_experts: int = 0  # mixture of experts: routed experts per MoE layer (0: a dense model)
     num_experts_per_tok: int = 0  # experts each token is routed to
     moe_intermediate_size: Optional[int] = None  # width of one expert's MLP
@@ -53,7 +40,6 @@ class ArchConfig:
     n_group: Optional[int] = None  # DeepSeek-V3 group-limited routing: expert groups; None: the HF default
     topk_group: Optional[int] = None  # DeepSeek-V3: groups each token may route to; None: the HF default
     routed_scaling_factor: Optional[float] = None  # DeepSeek-V3: routed experts' output scale; None: HF default
-    # Multi-head latent attention (DeepSeek-V3)
     q_lora_rank: Optional[int] = None  # multi-head latent attention (DeepSeek-V3): rank of the query compression
     kv_lora_rank: Optional[int] = None  # MLA: rank of the joint key/value compression
     qk_nope_head_dim: Optional[int] = None  # MLA: per-head query/key dims without rotary encoding
@@ -72,7 +58,6 @@ class ModelConfig:
     init_seed: int = 0  # seed of the random initialisation when ``path`` is None
 
 
-# ---------------------------------------------------------------------------------------- algo
 @dataclass
 class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss and its terms, and the optimiser."""
@@ -82,19 +67,13 @@ class AlgoConfig:
     policy_loss: str = "ppo_clip"  # a key of slime_hydra.train.algorithms.POLICY_LOSSES
     normalize_rewards: bool = True  # subtract each group's mean reward (in the rollout manager)
     normalize_std: bool = True  # also divide by the group's reward std (off by itself when n_samples_per_prompt=1)
-    # DAPO's dynamic sampling: train only on groups whose rewards differ (the rollout manager uses
-    # slime_hydra.rollout.filters.nonzero_reward_std unless rollout.dynamic_filter names another).
+    # DAPO dynamic sampling: train only on groups whose rewards differ (rollout.dynamic_filter, or nonzero_reward_std)
     dynamic_sampling: bool = False
-    # DAPO's overlong reward shaping (arXiv 2503.14476, eq. 13): a response longer than rollout.max_response_len -
-    # overlong_buffer_len tokens loses overlong_penalty_factor x (its excess / overlong_buffer_len) of reward,
-    # the whole factor at the limit; added to the reward before the group normalisation.
-    overlong_buffer_len: int = 0  # tokens before the length limit where the penalty ramps up (0: off)
-    overlong_penalty_factor: float = 1.0  # the penalty at the length limit
-    # Clipping
+    overlong_buffer_len: int = 0  # DAPO overlong shaping: tokens before the length limit where a penalty ramps (0: off)
+    overlong_penalty_factor: float = 1.0  # reward lost at the length limit (linear over the buffer, before normalising)
     eps_clip: float = 0.2  # PPO ratio clip: [1 - eps_clip, 1 + eps_clip_high]
     eps_clip_high: Optional[float] = None  # None: eps_clip
     eps_clip_c: Optional[float] = None  # dual clip (> 1), None: off
-    # Loss terms
     entropy_coef: float = 0.0  # weight of the entropy bonus in the policy loss
     kl_loss_coef: float = 0.0  # KL(policy || reference) as a loss term
     # k1 | k2 | k3 | low_var_kl; also the estimator of the kl_coef reward (as slime); k1 as a loss needs use_unbiased_kl
@@ -103,18 +82,15 @@ class AlgoConfig:
     kl_coef: float = 0.0  # KL as reward shaping (ppo, reinforce_plus_plus*)
     loss_reduction: str = "sample_mean"  # sample_mean (per-sample token mean) | token_mean | token_sum
     normalize_advantages: bool = False  # masked whitening over the rollout batch (required by reinforce_plus_plus*)
-    # Off-policy corrections
     use_rollout_logprobs: bool = False  # rollout log-probs are the old policy (no recompute)
     use_tis: bool = False  # truncated importance sampling rollout -> trainer
     tis_clip: float = 2.0  # upper clamp of the TIS weight
     tis_clip_low: float = 0.0  # lower clamp of the TIS weight
-    # PPO (advantage_estimator=ppo trains a critic); gamma is also REINFORCE++'s discount
     gamma: float = 1.0  # discount (PPO's GAE and REINFORCE++'s returns)
     lambd: float = 1.0  # GAE lambda (PPO)
     value_clip: float = 0.2  # clip range of the critic's value update (PPO)
     critic_lr: Optional[float] = None  # None: lr
     num_critic_only_steps: int = 0  # rollouts that train only the critic before the actor starts
-    # Optimiser
     lr: float = 1e-6  # peak learning rate of the policy
     min_lr: float = 0.0  # learning rate at the end of a cosine or linear decay
     lr_warmup_steps: int = 0  # linear warm-up, in optimiser steps
@@ -126,7 +102,6 @@ class AlgoConfig:
     clip_grad: float = 1.0  # clip the gradient's global norm to this
 
 
-# ------------------------------------------------------------------------------------- rollout
 @dataclass
 class RouterConfig:
     enabled: bool = True  # route through a real sglang-router process
@@ -151,34 +126,27 @@ class RolloutConfig:
     skip_special_tokens: bool = True  # drop EOS and other special tokens from the response text
     seed: int = 42  # sampling seed: each sample's sampling_seed derives from it, the rollout and the sample's index
     concurrency: int = 512  # in-flight /generate requests per engine
-    # Hooks (Hydra ``_target_`` nodes or dotted paths); None: the built-in default.
+    # Hooks: Hydra _target_ nodes or dotted paths; None: the built-in default
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
     dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
     rollout_function: Optional[Any] = None  # async f(ctx, rollout_id, weight_version) -> (groups, metrics)
-    # prompts pulled per refill while too few groups pass; None: batch_size
-    over_sampling_batch_size: Optional[int] = None
+    over_sampling_batch_size: Optional[int] = None  # prompts per refill while too few groups pass; None: batch_size
     max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
     partial_rollout: bool = False  # groups cut off when the batch is full are continued next rollout
     mask_offpolicy_in_partial_rollout: bool = False  # no loss on tokens made by older weights
-    # Engine settings
     server_args: Dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs pass-through
     embedded_max_batch: int = 256  # embedded engine: most sequences decoded together
-    # SGLang: the start-up work that makes a server start sooner (rollout/engines/sglang/fast_start.py,
-    # docs/startup.md): its workers forked from a process that imported their code, its JIT kernels built beside
-    # the first start, and sglang's check of server_args run in a child process while the cluster starts
+    # SGLang starts sooner: pre-imported forked workers, kernels built beside it, early checks (docs/startup.md)
     sglang_fast_start: bool = True
     startup_timeout_s: float = 600.0  # how long an engine may take to answer /health_generate after it starts
     router: RouterConfig = field(default_factory=RouterConfig)  # sglang-router in front of the engines
-    # heal in the running process (docs/faults.md): a dead or silent engine (health_check_timeout_s, a push
-    # past sync.push_timeout_s) is restarted, and the router, rollout manager and trainer ranks are rebuilt;
-    # off: any of these deaths stops the run
+    # heal in process (docs/faults.md): restart dead or silent engines, rebuild router, manager, trainers; off: stop
     fault_tolerance: bool = False
     health_check_interval_s: float = 10.0  # fault tolerance: seconds between /health_generate probes
     health_check_timeout_s: float = 30.0  # fault tolerance: an engine silent this long is restarted
     max_engine_restarts_per_hour: int = 3  # per engine; one more is an error naming it
 
 
-# --------------------------------------------------------------------------------- parallelism
 @dataclass
 class ParallelismConfig:
     """Where things run. "gpus" means accelerator slots; with device=cpu they are CPU slots."""
@@ -191,13 +159,10 @@ class ParallelismConfig:
     rollout_gpus: Optional[int] = None  # None: = trainer_gpus when colocated
     gpus_per_engine: int = 1  # accelerators of one engine (SGLang tp_size; may span nodes)
     colocate: bool = False  # trainers and engines share slots, taking turns on memory as offload_* say
-    # Colocated only. None: on GPUs, the least offload the memory estimate fits (plan/fit.py
-    # choose_offload, after config.resolve; dry_run shows the numbers); on CPU slots, = colocate;
-    # with trainer.mode=async, false (both sides stay resident; true is refused)
-    offload_train: Optional[bool] = None  # the trainer's state goes to the host while the engines generate
-    offload_rollout: Optional[bool] = None  # the engines release their memory while the trainer trains
-    # with offload_train: the push reads the trainer's weights on the GPU before they go to the host (the
-    # optimizer state and gradients go first); None: where the estimate of that phase fits (plan/fit.py)
+    # colocated: the trainer's state goes to the host while engines generate; None: the least the estimate fits
+    offload_train: Optional[bool] = None
+    offload_rollout: Optional[bool] = None  # colocated: the engines release their memory while the trainer trains
+    # with offload_train: push the weights from the GPU before they go to the host; None: where the estimate fits
     push_before_offload: Optional[bool] = None
     tensor_parallel: int = 1  # trainer tensor-parallel size (megatron)
     pipeline_parallel: int = 1  # trainer pipeline-parallel size (megatron)
@@ -207,20 +172,16 @@ class ParallelismConfig:
     virtual_pipeline_parallel: Optional[int] = None  # megatron: model chunks per pipeline rank (interleaved)
     sequence_parallel: bool = False  # megatron sequence parallelism (with tensor_parallel > 1)
     gpu_memory_gib: float = 140.0  # GiB of one accelerator, for the memory estimate (docs/memory.md)
-    # torch threads per process on CPU: processes share the cores, and OpenMP threads that outnumber them spin
-    cpu_threads: int = 1
+    cpu_threads: int = 1  # torch threads per process on CPU (OpenMP threads that outnumber the cores spin)
 
 
-# ---------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
     name: str = MISSING  # preset name, used in run_name (conf/data/<name>.yaml)
     source: str = "builtin"  # builtin | jsonl (jsonl also reads .parquet)
-    # builtin
     task: str = "max_digit"  # builtin: the task (slime_hydra/data/tasks.py)
     num_train: int = 9000  # builtin: training prompts
     num_eval: int = 256  # builtin: held-out prompts
-    # files
     path: Optional[str] = None  # path, optionally with a row slice: data.jsonl@[0:1000]
     input_key: str = "prompt"  # the prompt's field in each row (text or chat messages)
     label_key: Optional[str] = "label"  # the label's field (None: no labels)
@@ -235,7 +196,6 @@ class DataConfig:
     buffer_filter: Optional[Any] = None  # f(buffer, n) -> list[list[Sample]], popping what it returns
 
 
-# -------------------------------------------------------------------------------------- reward
 @dataclass
 class RewardConfig:
     type: str = "exact"  # a key of slime_hydra.rewards.REWARD_TYPES
@@ -247,7 +207,6 @@ class RewardConfig:
     max_retries: int = 5  # type=remote: retries (connection errors, timeouts, 5xx, 408, 429)
 
 
-# ---------------------------------------------------------------------------------------- eval
 @dataclass
 class EvalDatasetConfig:
     name: str = MISSING  # metrics go to eval/<name>/...
@@ -269,7 +228,6 @@ class EvalConfig:
     datasets: List[EvalDatasetConfig] = field(default_factory=list)  # the eval sets (each: EvalDatasetConfig)
 
 
-# ------------------------------------------------------------------------------------- trainer
 @dataclass
 class LoraConfig:
     """LoRA adapters through PEFT (torch backend, DDP or FSDP2): only the adapters train."""
@@ -285,67 +243,45 @@ class LoraConfig:
 @dataclass
 class TrainerConfig:
     backend: str = "torch"  # torch | megatron (slime_hydra.train.backend.BACKENDS)
-    # torch backend only:
     strategy: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (FSDP2: sharded per decoder layer)
     fsdp_cpu_offload: bool = False  # fsdp: parameters, gradients and optimizer state live on the host
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.rank > 0); torch backend only
-    # log-probs and entropies from the hidden states a chunk of response tokens at a time (train/logprobs.py),
-    # never the micro-batch's [B, L, V] logits; false: the model's logits, then the log-softmax
+    # log-probs from the hidden states a chunk of tokens at a time, never the [B, L, V] logits (train/logprobs.py)
     fused_logprobs: bool = True
-    # torch.compile each decoder layer (one graph for all, dynamic sequence lengths; torch and megatron backends):
-    # fuses the eager model's elementwise work (norms, rotary, SwiGLU, casts); trainer.warm_up pays for the compiles
-    compile: bool = False
-    # one forward and backward pass on two short dummy rows while the engines start, the weights, gradients and
-    # optimizer left as they were: step 1 then skips the compiles (trainer.compile, megatron's fusions) and CUDA's
-    # first-call set-up; auto: on GPUs, unless colocated with offload (plan/fit.py)
+    compile: bool = False  # torch.compile each decoder layer (dynamic lengths; fuses norms, rotary, SwiGLU, casts)
+    # a dummy forward/backward while the engines start, so step 1 skips the compiles; auto: on GPUs, unless offloading
     warm_up: Any = "auto"
     num_rollout: Optional[int] = 100  # training steps (rollouts); None: from data.num_epoch
     global_batch_size: Optional[int] = None  # samples per optimiser step; None: one step per rollout
     num_steps_per_rollout: Optional[int] = None  # None: derived from global_batch_size
-    # samples per forward/backward pass; "auto": on GPUs the largest that fits the memory estimate
-    # (plan/fit.py; dry_run prints the choice), else 64
-    micro_batch_size: Any = "auto"
-    # recompute activations in the backward pass (torch backend); "auto": only where the memory estimate
-    # needs it for a micro-batch of AUTO_TARGET_TOKENS (plan/fit.py)
-    gradient_checkpointing: Any = "auto"
-    # sync | async (one-step off-policy: the next rollout generates while the trainer trains; on colocated
-    # GPUs only with parallelism.offload_train/offload_rollout=false, both sides resident at once)
-    mode: str = "sync"
+    micro_batch_size: Any = "auto"  # samples per forward/backward; auto: on GPUs the largest that fits, else 64
+    gradient_checkpointing: Any = "auto"  # recompute activations (torch backend); auto: where the estimate needs it
+    mode: str = "sync"  # sync | async (one-step off-policy: the next rollout generates while the trainer trains)
     update_weights_interval: int = 1  # push weights to the engines every N steps (and after the last)
-    # async: the most training steps a sample's weights may lag the trainer (trainer version minus
-    # the sample's weight version, rollout/staleness_max); more stops the run
-    max_staleness: int = 1
+    max_staleness: int = 1  # async: most training steps a sample's weights may lag (rollout/staleness_max); more stops
     save_interval: int = 50  # rollouts; 0: none but the last step's
     save_last: bool = True  # save the last step too; false: a measurement whose checkpoint is not wanted
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
     max_restarts_per_hour: int = 3  # fault tolerance: trainer-group rebuilds per hour; one more stops the run
-    # fault tolerance: a trainer call (a training step, a save, a load) not done within this many seconds
-    # counts as a hung rank and the group is rebuilt; None: wait forever
+    # fault tolerance: a trainer call not done within this many seconds is a hung rank (rebuilt); None: no limit
     hang_timeout_s: Optional[float] = 3600.0
-    # megatron backend only (trainer=megatron):
-    # packed-token budget per micro-batch; None: micro_batch_size samples; "auto": on GPUs the largest
-    # power-of-two multiple of the longest sequence that fits the memory estimate (plan/fit.py)
+    # megatron: packed tokens per micro-batch; None: micro_batch_size samples; auto: the largest that fits (GPUs)
     max_tokens_per_micro_batch: Any = None
     recompute: str = "none"  # activation recompute: none | selective | full | auto (full only where needed)
     use_distributed_optimizer: bool = True  # Adam state and main weights sharded over data-parallel ranks
     megatron: Dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig fields, passed through
 
 
-# ---------------------------------------------------------------------------------------- sync
 @dataclass
 class SyncConfig:
     transport: str = "auto"  # auto (colocated: tensor, split: distributed) | distributed | tensor | disk
     bucket_mb: int = 512  # weights travel in buckets of at most this many MiB
-    # fail a sync run when the mean |rollout - trainer| log-prob gap of a step exceeds this (stale or
-    # corrupt weights on the engines). None: by model.dtype (1e-3 for float32, 0.05 for bf16/fp16); inf: off
+    # stop a sync run whose mean |rollout - trainer| log-prob gap exceeds this; None: 1e-3 fp32, 0.05 bf16; inf: off
     max_logprob_diff: Optional[float] = None
-    # fault tolerance: a weight push not done within this many seconds counts as its engines' death
-    # (every HTTP call and the weight-update group of a push use it as their deadline)
-    push_timeout_s: float = 600.0
+    push_timeout_s: float = 600.0  # fault tolerance: a push not done in this many seconds counts as its engines' death
 
 
-# ------------------------------------------------------------------------------------- logging
 @dataclass
 class LoggingConfig:
     level: str = "INFO"  # Python log level of the driver and the actors
@@ -379,7 +315,6 @@ class SweepConfig:
     status_interval_s: float = 10.0  # -m: seconds between the sweep's status lines and report updates
 
 
-# ---------------------------------------------------------------------------------------- root
 @dataclass
 class RunConfig:
     model: ModelConfig = MISSING  # conf/model/: the policy model (architecture, checkpoint, tokenizer)
@@ -397,5 +332,4 @@ class RunConfig:
     run_name: str = "run"  # names the run directory (default: <model>_<algo>)
     seed: int = 1234  # one seed for everything random (model init, data order, sampling, training)
     dry_run: bool = False  # validate and print the resource plan and memory estimate; start nothing
-    # Filled in at start-up: where this run writes (Hydra's run directory).
-    output_dir: Optional[str] = None
+    output_dir: Optional[str] = None  # where this run writes (Hydra's run directory), filled in at start-up

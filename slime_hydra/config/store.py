@@ -1,9 +1,5 @@
-"""Registers the schemas in Hydra's ConfigStore.
-
-The root schema ``run_config`` types the whole tree, so every group file and every override is
-checked against its dataclass when Hydra composes. Each group also gets its own ``_schema`` entry
-that its YAML files list first in their defaults, so a group file is typed on its own as well.
-"""
+"""Registers the schemas in Hydra's ConfigStore: ``run_config`` types the whole tree, and each group's
+``_schema`` (listed first in its YAML files' defaults) types a group file on its own."""
 
 import functools
 
@@ -18,9 +14,7 @@ GROUP_SCHEMAS = {"model": schema.ModelConfig, "algo": schema.AlgoConfig, "rollou
                  "parallelism": schema.ParallelismConfig, "data": schema.DataConfig, "trainer": schema.TrainerConfig,
                  "reward": schema.RewardConfig, "eval": schema.EvalConfig, "logging": schema.LoggingConfig}
 
-
-# Groups whose files must say `# @package _global_`: RunConfig has no `experiment` or `hparams_search` key,
-# so without the header Hydra says only "Key 'experiment' not in 'RunConfig'".
+# groups whose files need `# @package _global_` (without it Hydra says only "Key 'experiment' not in 'RunConfig'")
 GLOBAL_GROUPS = ("experiment", "hparams_search")
 
 
@@ -40,10 +34,8 @@ def yaml_error_message(e: yaml.YAMLError) -> str:
 
 
 def _checked_load_config(load_config):
-    """Hydra's ConfigRepository.load_config, with a YAML syntax error as one line naming the file, line
-    and column (Hydra's own is a 95-line traceback), and an experiment/hparams_search file without its
-    `# @package _global_` header said so. Wrapped here, in the repository every config source goes
-    through: a patched FileConfigSource would be replaced by Hydra's plugin scan."""
+    """Hydra's ConfigRepository.load_config (every config source goes through it), with a YAML syntax error
+    as one line naming file, line and column, and a GLOBAL_GROUPS file without its header said so."""
 
     @functools.wraps(load_config)
     def wrapper(self, config_path):

@@ -24,30 +24,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
-# Set by a sweep (slime_hydra/sweep/) for its jobs: the address of the one Ray cluster they all join,
-# whose placement groups queue until an earlier job frees its bundles.
+# set by a sweep for its jobs: the address of the one Ray cluster they join (placement groups queue there)
 SWEEP_CLUSTER_ENV = "SLIME_HYDRA_SWEEP_CLUSTER"
 
 
 @contextlib.contextmanager
 def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
-    """A local Ray cluster sized for the plan (or ``cluster.address`` joined); always shut down. Yields
-    the local cluster's session directory (None when joined).
-
-    A local cluster is one machine: Ray and every server of the run listen on 127.0.0.1 only. A
-    joined cluster may span machines: servers listen on their node's address (Ray's view of it)."""
+    """A local Ray cluster sized for the plan, every server on 127.0.0.1 (or ``cluster.address`` joined, servers
+    on their node's address); always shut down. Yields the local cluster's session directory (None: joined)."""
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **cfg.cluster.env_vars}
     if TOKEN_ENV in os.environ:  # marks the run's processes on every node (launch/lease.py)
         env[TOKEN_ENV] = os.environ[TOKEN_ENV]
     address = cfg.cluster.address or os.environ.get(SWEEP_CLUSTER_ENV)
     local = not address
-    if local:  # every server of the run (engines, router, weight-update groups) on the loopback address
+    if local:
         env[HOST_ENV] = os.environ[HOST_ENV] = LOCAL_HOST
     if plan.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(cfg.parallelism.cpu_threads))
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False,
-                 logging_level=logging.WARNING)
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False, logging_level=logging.WARNING)
         log.info("joined the Ray cluster at %s%s", address, "" if cfg.cluster.address else " (the sweep's)")
         session_dir = None
     else:
@@ -69,8 +64,7 @@ def ray_cluster(cfg: RunConfig, plan: ResourcePlan) -> Iterator[Optional[str]]:
 
 
 def create_placement_group(plan: ResourcePlan, timeout_s: Optional[float] = 600.0):
-    """The run's placement group, once Ray can place it. A sweep's job waits without a deadline: its
-    bundles free up when an earlier job of the sweep ends (the sweep checked that they fit the cluster)."""
+    """The run's placement group, once Ray can place it; a sweep's job waits for earlier jobs without a deadline."""
     pg = placement_group(plan.bundles, strategy="PACK")
     t0 = time.monotonic()
     queued = bool(os.environ.get(SWEEP_CLUSTER_ENV))
@@ -88,10 +82,8 @@ def create_placement_group(plan: ResourcePlan, timeout_s: Optional[float] = 600.
 
 
 def placed(plan: ResourcePlan, pg) -> ResourcePlan:
-    """The plan on the bundles where Ray put them. The plan numbers its bundles node by node (bundle
-    ``b`` on node ``b // gpus_per_node``: trainers and engines side by side, an engine's GPUs on
-    one node), but PACK promises no order across nodes; so the plan's bundle ``b`` becomes the
-    ``b``-th bundle in the order (node, then index), nodes taken in the order of their first bundle."""
+    """The plan on the bundles where Ray put them: the plan numbers bundles node by node, PACK keeps no order
+    across nodes, so bundle ``b`` becomes the ``b``-th in the order (node by its first bundle, then index)."""
     from dataclasses import replace
 
     from ray.util import placement_group_table
@@ -118,9 +110,7 @@ class RankLayout:
 
 
 def rank_layout(ranks: List[Dict[str, Any]], data_parallel: int) -> RankLayout:
-    """Check the backends' answers to ``TrainerActor.init`` (one dict per global rank) against the
-    plan's data-parallel size: every data-parallel rank trained by some rank, one rank pushing
-    weights, at least one reporting metrics."""
+    """The ranks' answers to ``TrainerActor.init`` checked: every data-parallel rank present, one pusher, a reporter."""
     dp_ranks = [r["dp_rank"] for r in ranks]
     sizes = {r["dp_size"] for r in ranks}
     if sizes != {data_parallel} or sorted(set(dp_ranks)) != list(range(data_parallel)):
@@ -136,8 +126,7 @@ def rank_layout(ranks: List[Dict[str, Any]], data_parallel: int) -> RankLayout:
 
 
 def route(data_refs: List[Any], dp_ranks: List[int]) -> List[Any]:
-    """Each global rank's share of a rollout: the rollout manager makes one share per data-parallel
-    rank, and every rank of one tensor/pipeline-parallel group trains on the same share."""
+    """Each global rank's share of a rollout (one share per data-parallel rank)."""
     if len(data_refs) != len(set(dp_ranks)):
         raise RuntimeError(f"the rollout has {len(data_refs)} data-parallel shares for "
                            f"{len(set(dp_ranks))} data-parallel ranks")
@@ -153,8 +142,7 @@ class PartDied(RuntimeError):
 
 
 def actor_log_tail(err: BaseException) -> str:
-    """The last lines of a dead Ray actor's worker output (``worker-<id>-<job>-<pid>.err`` in this cluster's
-    session directory; Ray names the pid in the error)."""
+    """The last lines of a dead Ray actor's worker output (its ``.err`` log, by the pid Ray's error names)."""
     m = re.search(r"\bpid[:=] ?(\d+)", str(err))
     if not m:
         return "(Ray did not name its process)"
@@ -170,9 +158,8 @@ def actor_log_tail(err: BaseException) -> str:
 
 
 def wait_all(refs: List[Any], timeout_s: Optional[float], what: str) -> List[Any]:
-    """``ray.get(refs)`` for one call fanned out over the trainer ranks, but a rank that died is reported as
-    soon as Ray knows (the others may hang in a collective with it), and ranks still busy after ``timeout_s``
-    count as hung: both raise :class:`PartDied`. Other errors are raised as they are."""
+    """``ray.get(refs)`` over the trainer ranks, but a rank that died (as soon as Ray knows) or is still busy after
+    ``timeout_s`` raises :class:`PartDied`. Other errors are raised as they are."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pending = list(refs)
     while pending:
@@ -195,9 +182,8 @@ def wait_all(refs: List[Any], timeout_s: Optional[float], what: str) -> List[Any
 
 
 class TrainerGroup:
-    """Driver-side handle on all trainer ranks; each call fans out and waits. A rank that dies fails the
-    call at once with ``PartDied``, naming the rank; with fault tolerance a call that
-    takes longer than ``trainer.hang_timeout_s`` (a push: ``sync.push_timeout_s``) counts as a hung rank."""
+    """Driver-side handle on all trainer ranks; each call fans out and waits (``wait_all``; with fault tolerance
+    ``trainer.hang_timeout_s``, a push ``sync.push_timeout_s``)."""
 
     def __init__(self, cfg: RunConfig, plan: ResourcePlan, pg, model_path: str):
         from slime_hydra.train.actor import TrainerActor
@@ -209,12 +195,9 @@ class TrainerGroup:
         parts = dict(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism, sync=cfg.sync,
                      seed=cfg.seed, run_dir=cfg.output_dir)
         actor = ray.remote(TrainerActor)
-        self.actors = [
-            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                               placement_group_bundle_index=t.bundle),
-                          runtime_env={"env_vars": env}, **share).remote(t.rank, world, model_path, **parts)
-            for t in plan.trainers
-        ]
+        self.actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, t.bundle),
+                                     runtime_env={"env_vars": env}, **share).remote(t.rank, world, model_path, **parts)
+                       for t in plan.trainers]
         self.connected: List[str] = []  # the engine URLs the weight push goes to
         ft = cfg.rollout.fault_tolerance
         self.timeout_s = cfg.trainer.hang_timeout_s if ft else None
@@ -241,15 +224,12 @@ class TrainerGroup:
         self.connected = [e["url"] for e in endpoints]
 
     def reconnect(self, endpoints) -> None:
-        """After an engine restarted (fault tolerance): close the weight sender (its weight-update
-        group has a fixed set of members) and connect to ``endpoints``, the engines running now."""
+        """After an engine restarted: a new weight sender (a weight-update group has fixed members) to ``endpoints``."""
         self._all("shutdown")
         self.connect(endpoints)
 
     def train(self, data_refs: List[Any], temperature: float, max_response_len: int) -> Dict[str, float]:
-        """One rollout's training: ``data_refs`` holds one share per data-parallel rank (the rollout
-        manager's ``generate``); ``temperature`` and ``max_response_len`` are the rollout's sampling
-        temperature and generation budget."""
+        """One rollout's training on its data-parallel shares; the metrics of the reporting rank."""
         refs = route(data_refs, self.layout.dp_ranks)
         out = self._wait([a.train.remote(ref, temperature, max_response_len) for a, ref in zip(self.actors, refs)],
                          "a training step")
@@ -281,7 +261,6 @@ class TrainerGroup:
         self._all("shutdown")
 
     def kill(self) -> None:
-        """Tear the group down at once (a rank died or hangs: the others may be stuck in a collective
-        with it); the processes go with their actors, and their GPUs and bundles are free again."""
+        """Tear the group down at once (the others may be stuck in a collective with a dead rank)."""
         for a in self.actors:
             ray.kill(a)

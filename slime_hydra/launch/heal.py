@@ -1,19 +1,12 @@
 """The healing layer (``rollout.fault_tolerance``; docs/faults.md): the loop's calls, and a part that dies
-in one is rebuilt in this process.
+in one is rebuilt in this process (the fleet heals engines and the router itself).
 
-The fleet heals engines and the router (rollout/fleet.py); the driver knows the step, the weights and the
-checkpoints, so it rebuilds the rest:
+- a trainer rank that died or missed ``trainer.hang_timeout_s``: a new group loads the newest complete
+  checkpoint (or the initial weights) and its data position, and the loop goes on from there;
+- the rollout manager: a new one gets the data position after the last trained rollout and the trainers'
+  weights, and the step goes on (an async run rewinds to the checkpoint: its next rollout was under way).
 
-- a trainer rank (its actor died, or a call missed ``trainer.hang_timeout_s``): a new trainer group loads
-  the newest complete checkpoint (or the run's initial weights) with its data position, the rows after it
-  are dropped and the loop goes on from there, as ``trainer.resume=auto`` does across processes;
-- the rollout manager (its engines and router die with it): a new one gets the data position after the
-  rollout the trainers trained on last and their weights, and the step goes on: from its rollout, or, once
-  it is trained, with the call that failed. An asynchronous run rewinds to the checkpoint instead (its next
-  rollout was already under way).
-
-Each rebuild counts against ``trainer.max_restarts_per_hour``, is written to ``<run dir>/heal.jsonl`` and
-counted in the next row (``heal/*``)."""
+Each rebuild counts against ``trainer.max_restarts_per_hour``, goes to ``<run dir>/heal.jsonl`` and ``heal/*``."""
 
 from __future__ import annotations
 
@@ -101,8 +94,8 @@ class Healing(Parts):
         self.counts["heal/push_retries"] = self.counts.get("heal/push_retries", 0.0) + 1
 
     def _healed(self, call, *args):
-        """``call(*args)``; after a death, the part is rebuilt and the loop starts over from the last step done
-        (``StartOver``), or, once the step in progress is trained, the weights are pushed and the call made again."""
+        """``call(*args)``; after a death the part is rebuilt and the loop starts over from the last step done
+        (``StartOver``) or, once the step is trained, the weights are pushed and the call made again."""
         death = None
         while True:
             try:
@@ -153,8 +146,7 @@ class Healing(Parts):
             self.trainers = self.new_trainers()
 
     def _rewind(self) -> int:
-        """In-process ``trainer.resume=auto``: the newest complete checkpoint (or the run's start), its data
-        position and the rows up to it. Returns how many done steps are done again."""
+        """In-process ``trainer.resume=auto`` (or back to the run's start); returns how many steps are redone."""
         ckpt = find_checkpoint("auto", self.run_dir) or self.base_ckpt
         if ckpt:
             step, position = self.load(ckpt)

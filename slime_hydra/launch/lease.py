@@ -1,14 +1,13 @@
 """One driver per run directory, and no processes left over from a driver that was killed.
 
-The driver puts a fresh token in its environment (inherited by the local Ray cluster, the router and the
-engines) and in Ray's runtime environment, and records it with its pid in ``<run dir>/driver.json``, then
-the Ray session directory (Ray's agents rename themselves, which can wipe the environment the kernel shows,
-but keep their logs open there). The next start in that directory kills whatever still carries the token or
-holds a file of that session open; a driver still alive there is an error. A driver that ends normally
-kills what of its run outlived Ray's shutdown."""
+The driver records a fresh token (in its environment and Ray's, so every process of the run inherits it), its
+pid and the Ray session directory (Ray's agents can wipe their environment but keep its logs open) in
+``<run dir>/driver.json``. The next start there kills whatever carries the token or holds a session file open
+(a driver still alive is an error); a driver that ends normally kills what of its run outlived Ray's shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,24 +23,20 @@ TOKEN_ENV = "SLIME_HYDRA_RUN_TOKEN"
 LEASE_FILE = "driver.json"
 
 
+def _stat(pid: int) -> Optional[List[str]]:
+    """The fields of ``/proc/<pid>/stat`` after the command (state, parent, ...); None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _start_time(pid: int) -> Optional[str]:
-    """The process's start time in clock ticks since boot (tells a pid from a later reuse of it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else fields[19]
-
-
-def _parent(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    """The process's start time in clock ticks since boot (tells a pid from a later reuse of it); None: a zombie."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] == "Z" else fields[19]
 
 
 def _holds_file_under(pid: str, directory: str) -> bool:
@@ -50,17 +45,15 @@ def _holds_file_under(pid: str, directory: str) -> bool:
     except OSError:
         return False
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(directory):
                 return True
-        except OSError:
-            continue
     return False
 
 
 def processes_of_run(token: str, ray_session_dir: Optional[str] = None) -> List[int]:
-    """Live processes (not zombies) of this machine, but this one, whose environment holds
-    ``TOKEN_ENV=token`` or that hold a file under ``ray_session_dir`` open."""
+    """Live processes of this machine but this one whose environment holds ``TOKEN_ENV=token`` or that hold a
+    file under ``ray_session_dir`` open."""
     needle = f"{TOKEN_ENV}={token}".encode()
     session = os.path.join(ray_session_dir, "") if ray_session_dir else None
     out = []
@@ -83,7 +76,8 @@ def own_child(name: bytes) -> Callable[[int], bool]:
     def test(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return _parent(pid) == os.getpid() and name in f.read()
+                fields = _stat(pid)
+                return fields is not None and int(fields[1]) == os.getpid() and name in f.read()
         except OSError:
             return False
     return test
@@ -91,10 +85,8 @@ def own_child(name: bytes) -> Callable[[int], bool]:
 
 def reap(token: str, ray_session_dir: Optional[str] = None, timeout: float = 10.0,
          spare: Optional[Callable[[int], bool]] = None) -> List[int]:
-    """SIGKILL every process of the run (``processes_of_run``) but those ``spare`` keeps (e.g. this
-    process's own wandb service, still finishing its files: ``own_child(b"wandb")``); returns their pids
-    once they are gone. Kills again until a pass finds nothing new: a dying parent (a raylet) may have
-    forked between the listing and the kill."""
+    """SIGKILL every process of the run but those ``spare`` keeps (e.g. ``own_child(b"wandb")``, still writing);
+    their pids, once gone. Kills again until a pass finds none: a dying raylet may fork meanwhile."""
     def targets() -> List[int]:
         return [p for p in processes_of_run(token, ray_session_dir) if not (spare and spare(p))]
 
@@ -102,10 +94,8 @@ def reap(token: str, ray_session_dir: Optional[str] = None, timeout: float = 10.
     deadline = time.monotonic() + timeout
     while (pids := targets()) and time.monotonic() < deadline:
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         killed += [p for p in pids if p not in killed]
         time.sleep(0.1)
     return killed
@@ -143,10 +133,8 @@ class RunLease:
         if late:
             log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
         os.environ.pop(TOKEN_ENV, None)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass
 
     def _reap_previous(self) -> None:
         try:

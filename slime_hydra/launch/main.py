@@ -37,26 +37,23 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
             cfg = check(dcfg, notes=choices)
         if cfg.dry_run and (problems := [p for c in deferred for p in c.problems()]):
             raise ConfigError(problems)
+        plan = make_plan(cfg)
+        plan.notes += choices + engine_class(cfg.rollout.engine).plan_notes(cfg, plan)
+        if cfg.dry_run:
+            print(plan.describe())
+            print("config is valid (dry_run=true: nothing started)")
+            return None
+        if plan.memory is not None:  # GPUs: this machine's memory and disk against the plan, before anything starts
+            problems, warnings = machine_problems(plan, _host_gib(cfg), _disk_free_gib(output_dir))
+            for w in warnings:
+                log.warning("%s", w)
+            if problems:
+                raise ConfigError(problems)
     except ConfigError as e:
         for c in deferred:
             c.kill()
         log.error("%s", e)
         sys.exit(2)
-    plan = make_plan(cfg)
-    plan.notes += choices + engine_class(cfg.rollout.engine).plan_notes(cfg, plan)
-    if cfg.dry_run:
-        print(plan.describe())
-        print("config is valid (dry_run=true: nothing started)")
-        return None
-    if plan.memory is not None:  # GPUs: this machine's memory and disk against the plan, before anything starts
-        problems, warnings = machine_problems(plan, _host_gib(cfg), _disk_free_gib(output_dir))
-        for w in warnings:
-            log.warning("%s", w)
-        if problems:
-            for c in deferred:
-                c.kill()
-            log.error("%s", ConfigError(problems))
-            sys.exit(2)
     os.makedirs(output_dir, exist_ok=True)
     from slime_hydra.logging.secrets import redacted_config
 
@@ -78,9 +75,7 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
 
 def _host_gib(cfg) -> Optional[float]:
     """This machine's memory, where a local Ray cluster puts the trainers; None when joining a cluster."""
-    if cfg.cluster.address is not None:
-        return None
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return None if cfg.cluster.address else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
 
 def _disk_free_gib(path: str) -> float:

@@ -27,9 +27,8 @@ log = logging.getLogger("slime_hydra")
 
 class Parts:
     """The actors of a run and where it stands: ``done``, the last step whose row is written (and checkpoint
-    saved, if due); ``trained``, the weight version the trainers hold; ``pushed``, the one the engines run;
-    ``positions``, the data position after each rollout still needed. Without fault tolerance a part that
-    dies stops the run."""
+    saved, if due); ``trained``/``pushed``, the weight versions the trainers hold and the engines run;
+    ``positions``, the data position after each rollout still needed. A part that dies stops the run."""
 
     fault_tolerance = False  # Healing: pushes go to the engines running now, a restarted engine gets weights at once
     on_push_retry = None  # Healing: counts a push that went again
@@ -81,11 +80,9 @@ class Parts:
     def drive(self, loop) -> None:
         loop(self)
 
-    # ------------------------------------------------------------------ the calls of the loop
     def start(self) -> None:
-        """The trainer group starts and runs its warm-up pass (``trainer.warm_up``) while the manager, created
-        first, starts the engines (on a colocated GPU both load at once, as the memory plan counts them); then
-        the rollout side is waited for and ``trainer.resume``'s checkpoint loaded."""
+        """The trainer group starts and warms up while the manager, created first, starts the engines; then the
+        rollout side is waited for and ``trainer.resume``'s checkpoint loaded."""
         cfg = self.cfg
         if self.trainers is None:
             with self.clock.part("trainers"):
@@ -124,8 +121,8 @@ class Parts:
         return meta["step"], meta["data_state"]
 
     def prepare(self) -> None:
-        """Connect the trainers to the engines and push the weights they hold (at the start and after a
-        healing); the eval before training, unless its row is written."""
+        """Connect the trainers to the engines and push their weights (at the start and after a healing); the
+        eval before training, unless its row is written."""
         cfg = self.cfg
         self.moment = "first push"
         with self.clock.part("first_push"):
@@ -142,8 +139,7 @@ class Parts:
                 self.logger.log(0, Parts.eval(self, 0))
 
     def rollout(self, step: int) -> tuple:
-        """Step ``step``'s samples (an async run's was started last step) and their metrics; an async run
-        starts the next rollout now, to generate while this one trains."""
+        """Step ``step``'s samples and metrics; an async run starts the next rollout, to generate while this trains."""
         self.moment = "rollout"
         if self.next_rollout is None:
             self.next_rollout = self.manager.generate.remote(step - 1, self.pushed)
@@ -187,8 +183,7 @@ class Parts:
                 "perf/weight_transfer_time": sync["transfer_seconds"]}  # the weights alone, of the push
 
     def eval(self, step: int) -> Dict[str, float]:
-        """The eval's metrics, its examples written to the log. A synchronous run with fault tolerance gives an
-        engine restarted meanwhile the current weights at once, as during a rollout."""
+        """The eval's metrics, its examples written to the log (with fault tolerance, as ``wait_rollout`` waits)."""
         self.moment = "eval"
         ref = self.manager.eval.remote()
         if self.fault_tolerance and not self.is_async:
@@ -216,10 +211,8 @@ class Parts:
         save_checkpoint(self.run_dir, step, lambda d: self.trainers.save(d, self.model_path), self.positions[step],
                         self.cfg.trainer.keep_checkpoints)
 
-    # ------------------------------------------------------------------ the end, and the start-up's console line
     def kill(self) -> None:
-        """After an error or Ctrl-C: kill the actors at once (a polite shutdown waits behind the call they are
-        running); their servers, engines and router, die with them (PDEATHSIG)."""
+        """After an error or Ctrl-C: kill the actors at once (their engines and router die with them)."""
         log.warning("stopping: killing the rollout manager (its engines and router go with it) and the trainers")
         for actor in [self.manager, *(self.trainers.actors if self.trainers else [])]:
             try:
@@ -248,8 +241,7 @@ class Parts:
 
 
 def warm_up_shape(cfg: RunConfig, plan: ResourcePlan) -> WarmUpShape:
-    """The most a trainer rank's step holds, for its warm-up pass: its share of an optimiser step's samples,
-    each as long as the memory plan counts them, within megatron's packed token budget."""
+    """The most a trainer rank's step holds (as the memory plan counts it), for its warm-up pass."""
     r, t = cfg.rollout, cfg.trainer
     length = (r.max_prompt_len or 0) + r.max_response_len
     if t.backend == "megatron" and t.max_tokens_per_micro_batch:  # a packed budget holds at least one row
@@ -264,8 +256,7 @@ def position_metrics(state: Dict[str, Any]) -> Dict[str, float]:
 
 
 def carry_history(ckpt: str, run_dir: str, step: int) -> None:
-    """Resuming another run's checkpoint in a new run directory: this run's metrics.jsonl starts with that
-    run's rows up to the checkpoint, so curves and the summary cover the whole run."""
+    """Resuming another run's checkpoint in a new run directory: its metrics.jsonl rows up to the checkpoint first."""
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt))), "metrics.jsonl")
     dst = os.path.join(run_dir, "metrics.jsonl")
     if os.path.abspath(src) == os.path.abspath(dst) or not os.path.exists(src) or os.path.exists(dst):

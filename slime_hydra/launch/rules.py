@@ -1,7 +1,5 @@
-"""Config rules of the launch: where actors are placed (``parallelism.*`` slots, nodes and engines, as
-:func:`slime_hydra.plan.resources.make_plan` lays them out; ``cluster.*``) and how the driver loop runs
-(``trainer.mode``, how many rollouts, the intervals). The trainer's model-parallel sizes are the trainer's
-rules (``train/rules.py``)."""
+"""Config rules of the launch: placement (``parallelism.*`` slots, nodes and engines; ``cluster.*``), the step
+loop (``trainer.mode``, how many rollouts, the intervals) and ``sweep.*``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go. It observes
-the run: the driver's parts are timed as they happen (``StartupClock.part``), the rollout side reports its
-own (``RolloutManager.startup_report``), and the first step's row carries them all (``startup/*``, seconds),
-also written to the console and summary.json. ``StartupWatch`` says on the console what the start-up waits for.
-"""
+"""The start-up's clock: where the seconds from ``python run.py`` to the first finished step go (the driver's
+parts, the rollout side's ``startup_report``), in the first step's row (``startup/*``), the console and summary.json.
+``StartupWatch`` says on the console what the start-up waits for."""
 
 from __future__ import annotations
 
@@ -23,6 +21,8 @@ KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")  
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
                      "first_answer": "first answer"}
+SIDE_PART_NAMES = {"manager_actor": "manager actor", "data": "data", "engine_actor": "engine actor",
+                   "engine_server": "server"}  # the rollout side's parts, as the console line names them
 
 
 def process_started() -> float:
@@ -58,8 +58,7 @@ class StartupClock:
         self.parts[name] = self.parts.get(name, 0.0) + seconds
 
     def add_rollout_side(self, report: Dict[str, Any], created_at: float) -> None:
-        """The rollout manager's ``startup_report`` for a manager created at ``created_at`` (``time.time()``):
-        its actor's start, the data, the engines' actors, each engine's server (the slowest one's parts)."""
+        """The rollout manager's ``startup_report`` (the manager created at ``created_at``, ``time.time()``)."""
         e: Dict[str, float] = {}
         if report.get("created"):
             e["manager_actor"] = report["created"] - created_at  # a Ray worker, the manager's imports
@@ -95,8 +94,7 @@ class StartupClock:
         return (self.done_at or time.time()) - self.launched
 
     def metrics(self) -> Dict[str, float]:
-        """``startup/<part>_s``: the driver's parts, the rollout side's, and ``startup/total_s`` (launch to
-        the first finished step)."""
+        """``startup/<part>_s`` and ``startup/total_s`` (launch to the first finished step)."""
         out = {f"startup/{k}{'' if k.endswith('_tokens') else '_s'}": round(v, 2)
                for k, v in {**self.parts, **self.engines}.items()}
         out["startup/total_s"] = round(self.total(), 2)
@@ -110,20 +108,15 @@ class StartupClock:
         extra += [f"its kernel prebuild beside it {e['engine_prebuild']:.1f}"] if "engine_prebuild" in e else []
         engine_parts = ", ".join([f"{name} {e['engine_' + k]:.1f}" for k, name in ENGINE_PART_NAMES.items()
                                   if "engine_" + k in e] + extra)
-        side = []
-        for key, name in (("manager_actor", "manager actor"), ("data", "data"), ("engine_actor", "engine actor"),
-                          ("engine_server", "server")):
-            if key in e:
-                side.append(f"{name} {e[key]:.1f}" + (f" ({engine_parts})" if key == "engine_server" and engine_parts
-                                                       else ""))
+        side = [f"{name} {e[k]:.1f}" + (f" ({engine_parts})" if k == "engine_server" and engine_parts else "")
+                for k, name in SIDE_PART_NAMES.items() if k in e]
         rollout = f"; rollout side {e['rollout_side']:.1f} from its creation: " + ", ".join(side) \
             if "rollout_side" in e else ""
         return f"start-up: {self.total():.1f}s from launch to the first step done: {driver}{rollout}"
 
 
 def engine_log_status(log_dir: str) -> List[str]:
-    """``engine <rank>: <its log's last line>`` for each engine log in ``log_dir`` (this node's; a
-    progress bar's last state; SGLang's timestamp dropped)."""
+    """``engine <rank>: <its log's last line>`` for each engine log in ``log_dir`` (this node's)."""
     from slime_hydra.utils.proc import tail  # imports httpx: not for a dry run, which imports this module
 
     out = []
@@ -137,8 +130,7 @@ def engine_log_status(log_dir: str) -> List[str]:
 
 
 class StartupWatch:
-    """Until the first step is done: every ``interval`` s, one console line with the seconds since launch and
-    what it waits for (``waiting()``), then each engine's log."""
+    """Until the first step is done: every ``interval`` s, what the start-up waits for, and each engine's log."""
 
     def __init__(self, clock: StartupClock, waiting: Callable[[], str], log_dir: str,
                  interval: float = STARTUP_REPORT_S):

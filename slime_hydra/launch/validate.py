@@ -1,6 +1,5 @@
-"""One validate step, run before Ray or any model starts: every component's config rules
-(``check(cfg) -> ["<dotted.path>: <what is wrong>", ...]``), collected in a fixed order. It sits in
-``launch`` because it imports every component, and ``config`` imports none."""
+"""Every component's config rules, run in a fixed order before Ray or any model starts (here, not in ``config``:
+it imports every component)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ RULES = [model_rules, checkpoint_rules, launch_rules, trainer_rules, algorithm_r
 
 
 def validate(cfg: RunConfig) -> List[str]:
-    """Every rule, every violation. ``cfg`` must already be resolved. When the rules pass, the resource
-    plan's memory estimate must fit ``parallelism.gpu_memory_gib`` (the plan needs a valid layout)."""
+    """Every violation of the resolved ``cfg``; when the rules pass, the memory estimate must fit the GPUs."""
     problems = [problem for component in RULES for problem in component.check(cfg)]
     if not problems:
         plan = make_plan(cfg)
@@ -41,14 +39,12 @@ def validate(cfg: RunConfig) -> List[str]:
 
 
 def check(cfg: DictConfig | RunConfig, notes: Optional[List[str]] = None) -> RunConfig:
-    """load + resolve + fit (what the config leaves to the memory estimate: the micro-batch, recompute,
-    the offload of colocated GPUs; one line per choice is appended to ``notes``) + validate; raises
+    """load + resolve + fit (each choice left to the memory estimate appended to ``notes``) + validate; raises
     ConfigError with every violation."""
     run = resolve(load(cfg))
     choices = fit(run)
     if notes is not None:
         notes.extend(choices)
-    errs = validate(run)
-    if errs:
+    if errs := validate(run):
         raise ConfigError(errs)
     return run

@@ -34,8 +34,7 @@ class SweepStatus(Callback):
         if self._ours(config):
             self.started = time.time()
             jobs.write_status(*self._where(config), "running", started=self.started)
-            # Hydra's run_job catches Exceptions only: a job that ends in SystemExit (a refused config exits 2)
-            # never reaches on_job_end, and its process ends
+            # a job that ends in SystemExit (a refused config) never reaches on_job_end: run_job catches Exceptions
             atexit.register(self.exited, config)
 
     def exited(self, config: DictConfig) -> None:

@@ -1,9 +1,5 @@
-"""The sweep's one Ray cluster, and nothing left running when the sweep dies.
-
-Each job joins this cluster (``SWEEP_CLUSTER_ENV``) and reserves its placement group there, so Ray queues
-jobs until resources free; with ``cluster.address`` the jobs join that cluster and nothing is started. A
-watchdog process in its own session kills what a SIGKILLed sweep started: processes carrying the sweep's
-or a job's run token (launch/lease.py), or holding a file of its Ray session open."""
+"""The sweep's one Ray cluster (or ``cluster.address``), which every job joins (``SWEEP_CLUSTER_ENV``): Ray queues
+their placement groups. A watchdog in its own session kills what a SIGKILLed sweep left (launch/lease.py's reap)."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ import uuid
 from typing import Optional
 
 from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _start_time, own_child, reap
+from slime_hydra.logging.metrics import write_json_atomic
 from slime_hydra.sweep.jobs import job_dirs
 
 log = logging.getLogger(__name__)
@@ -34,8 +31,7 @@ def reap_sweep(sweep_dir: str, token: Optional[str], ray_session_dir: Optional[s
             continue
         killed += len(reap(job["token"], job.get("ray_session_dir")))
     if token:
-        # but this process's own joblib resource tracker: it ends with this process (killed earlier, it
-        # warns of leaks that are not there)
+        # but this process's joblib resource tracker: it ends with it (killed earlier, it warns of no leaks)
         killed += len(reap(token, ray_session_dir, spare=own_child(b"resource_tracker")))
     return killed
 
@@ -76,11 +72,9 @@ class SweepCluster:
         self.started = True
         log.info("sweep: one Ray cluster for every job at %s (%s CPUs, %s GPUs), started in %.1fs", address,
                  self.num_cpus, "the machine's" if self.num_gpus is None else self.num_gpus, time.perf_counter() - t0)
-        with open(os.path.join(self.sweep_dir, "sweep_cluster.json.tmp"), "w") as f:
-            json.dump({"address": address, "num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "pid": os.getpid(),
-                       "started": time.time()}, f)
-        os.replace(os.path.join(self.sweep_dir, "sweep_cluster.json.tmp"),
-                   os.path.join(self.sweep_dir, "sweep_cluster.json"))
+        write_json_atomic(os.path.join(self.sweep_dir, "sweep_cluster.json"), {
+            "address": address, "num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "pid": os.getpid(),
+            "started": time.time()})
         return address
 
     def _start_watchdog(self) -> None:
@@ -112,8 +106,7 @@ class SweepCluster:
 
 
 def watch(parent: int, parent_start: str, sweep_dir: str, token: str, session_dir: str) -> None:
-    """The watchdog: when the sweep's process is gone (and did not stop the cluster itself: SIGTERM
-    from ``stop``), kill what it left."""
+    """The watchdog: when the sweep's process is gone (without ``stop``'s SIGTERM), kill what it left."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while _start_time(parent) == parent_start:
         time.sleep(0.5)

@@ -1,6 +1,5 @@
-"""Whole-sweep validation: compose every job's config and run it through the schema, every component's
-rules and the memory plan (launch/validate.py's ``check``) before the first job starts; and the size of
-the sweep's Ray cluster, which every job's placement group must fit."""
+"""Whole-sweep validation: every job's config composed and checked (launch/validate.py) before the first job
+starts; and the size of the sweep's Ray cluster, which every job's placement group must fit."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def compose(hydra_context, base: DictConfig, jobs: Sequence[Tuple[int, Sequence[
 
 def cluster_size(config: DictConfig, jobs: List[Job]) -> Tuple[int, Optional[int]]:
     """CPUs and GPUs of the sweep's local Ray cluster: ``sweep.num_cpus`` / ``num_gpus``, else room for
-    ``sweep.max_concurrent`` of the largest job on CPUs (logical: a CPU bundle is a slot, not a core)
-    and the machine's GPUs (None: Ray counts them)."""
+    ``sweep.max_concurrent`` of the largest job (logical CPUs) and the machine's GPUs (None)."""
     sweep = config.sweep
     need = max((j.cpus for j in jobs if j.plan), default=2)
     cpus = sweep.num_cpus or max(os.cpu_count() or 1, int(need) * int(sweep.max_concurrent))
@@ -88,17 +86,14 @@ def cluster_size(config: DictConfig, jobs: List[Job]) -> Tuple[int, Optional[int
 def capacity_problems(jobs: List[Job], cpus: int, gpus: Optional[int]) -> None:
     """A job whose bundles exceed the whole cluster would wait forever: make it a problem now."""
     for j in jobs:
-        if j.plan and j.cpus > cpus:
-            j.problems.append(f"sweep.num_cpus: the job's placement group needs {j.cpus:g} CPUs, the sweep's Ray "
-                              f"cluster has {cpus}")
-        if j.plan and gpus is not None and j.gpus > gpus:
-            j.problems.append(f"sweep.num_gpus: the job's placement group needs {j.gpus:g} GPUs, the sweep's Ray "
-                              f"cluster has {gpus}")
+        for key, name, need, have in (("num_cpus", "CPUs", j.cpus, cpus), ("num_gpus", "GPUs", j.gpus, gpus)):
+            if j.plan and have is not None and need > have:
+                j.problems.append(f"sweep.{key}: the job's placement group needs {need:g} {name}, the sweep's Ray "
+                                  f"cluster has {have}")
 
 
 def validate_jobs(config: DictConfig, jobs: List[Job]) -> List[Job]:
-    """The valid jobs. Every invalid one is listed with its overrides and problems; unless
-    ``sweep.skip_invalid``, none starts then (``SweepInvalid``)."""
+    """The valid jobs; the invalid ones listed, and unless ``sweep.skip_invalid`` none starts (``SweepInvalid``)."""
     bad = [j for j in jobs if j.problems]
     if not bad:
         return jobs

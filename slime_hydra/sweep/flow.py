@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import logging
 import os
 import sys
@@ -21,9 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def prepare(sweeper: Any, jobs: List[Job]) -> List[Job]:
-    """Validate the jobs against each other's cluster (shared by both sweepers): the invalid ones listed,
-    and none started (``SweepInvalid``, printed, exit 1) unless ``sweep.skip_invalid``. Then, with
-    ``dry_run=true``, every job's plan in one line, and exit."""
+    """The valid jobs (invalid ones: exit 1 unless ``sweep.skip_invalid``), the cluster started; ``dry_run``:
+    every job's plan in one line, and exit."""
     config = sweeper.config
     cpus, gpus = cluster_size(config, jobs)
     shared = hasattr(sweeper.launcher, "start")  # the slime launcher: every job on the sweep's local cluster
@@ -45,19 +45,15 @@ def prepare(sweeper: Any, jobs: List[Job]) -> List[Job]:
 
 
 def launch(launcher: Any, todo: List[tuple]) -> List[JobReturn]:
-    """``(number, overrides)`` pairs through the slime launcher, or another launcher's ``launch`` (one call
-    per run of consecutive numbers: a resumed sweep skips some); the launcher closed afterwards."""
+    """``(number, overrides)`` pairs through the launcher (another's ``launch``: once per run of consecutive
+    numbers), then closed."""
     try:
         if hasattr(launcher, "launch_jobs"):
             return launcher.launch_jobs(todo)
         returns: List[JobReturn] = []
-        i = 0
-        while i < len(todo):
-            j = i
-            while j + 1 < len(todo) and todo[j + 1][0] == todo[j][0] + 1:
-                j += 1
-            returns += launcher.launch([o for _, o in todo[i:j + 1]], initial_job_idx=todo[i][0])
-            i = j + 1
+        for _, run in itertools.groupby(enumerate(todo), key=lambda i_job: i_job[1][0] - i_job[0]):  # consecutive
+            run = [job for _, job in run]
+            returns += launcher.launch([o for _, o in run], initial_job_idx=run[0][0])
         return returns
     finally:
         if hasattr(launcher, "close"):
@@ -66,11 +62,12 @@ def launch(launcher: Any, todo: List[tuple]) -> List[JobReturn]:
 
 def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn],
            also_failed: Sequence[Tuple[Job, str]] = ()) -> None:
-    """The report, a summary line, and exit status 1 naming the failed jobs, if any. ``also_failed``: jobs
-    that ran ok but failed the sweep all the same, with why (an Optuna trial without an objective)."""
+    """The report, a summary line, and exit status 1 naming the failed jobs and ``also_failed`` (jobs that ran ok
+    but failed the sweep, with why: an Optuna trial without an objective)."""
     sweep_dir = str(sweeper.config.hydra.sweep.dir)
     rows = write_report(sweep_dir)
-    failed = [j for j, r in zip(jobs, returns) if r.status != JobStatus.COMPLETED and not _pruned(r)]
+    failed = [j for j, r in zip(jobs, returns)
+              if r.status != JobStatus.COMPLETED and not isinstance(r._return_value, JobPruned)]
     best = best_job(rows, objective_of(sweep_dir)[1])
     counts = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
     print(f"[sweep] done: {', '.join(f'{n} {s}' for s, n in counts.items())}; report {sweep_dir}/sweep.md"
@@ -85,17 +82,12 @@ def finish(sweeper: Any, jobs: List[Job], returns: Sequence[JobReturn],
         sys.exit(1)
 
 
-def _pruned(ret: JobReturn) -> bool:
-    return isinstance(ret._return_value, JobPruned)
-
-
 INTERRUPTED_SWEEP = "slime_sweep_dir"  # the attribute of a KeyboardInterrupt out of a sweep: its directory
 
 
 @contextlib.contextmanager
 def naming_the_sweep(sweep_dir: str) -> Iterator[None]:
-    """A Ctrl-C out of the sweep carries its directory, for run.py's advice (``sweep.resume=true
-    hydra.sweep.dir=...``, not a single run's ``trainer.resume=auto``)."""
+    """A Ctrl-C out of the sweep carries its directory, for run.py's advice (``sweep.resume=true``)."""
     try:
         yield
     except KeyboardInterrupt as e:
@@ -103,27 +95,18 @@ def naming_the_sweep(sweep_dir: str) -> Iterator[None]:
         raise
 
 
-def holds_sweep(sweep_dir: str) -> bool:
-    """Whether ``sweep_dir`` is a sweep's: its ``multirun.yaml`` (written before the first job) or a job."""
-    return os.path.exists(os.path.join(sweep_dir, "multirun.yaml")) or bool(job_dirs(sweep_dir))
-
-
 def newest_sweep(root: str = "multirun", but: str = "") -> str:
-    """The most recently started sweep under Hydra's default ``multirun/<date>/<time>`` (by its
-    ``multirun.yaml``), other than ``but``; "" if none."""
+    """The newest sweep in Hydra's default ``multirun/<date>/<time>`` other than ``but`` ("" if none)."""
     found = [os.path.dirname(p) for p in glob.glob(os.path.join(root, "*", "*", "multirun.yaml"))]
     found = [d for d in found if os.path.abspath(d) != os.path.abspath(but)]
     return max(found, key=lambda d: os.path.getmtime(os.path.join(d, "multirun.yaml"))) if found else ""
 
 
 def check_resumable(config: Any) -> None:
-    """``sweep.resume=true`` on a ``hydra.sweep.dir`` that holds no sweep: refused (exit 2) before anything
-    starts, as it would silently run every job from scratch. The default directory is a new timestamped
-    one per command, so the sweep to resume must be named; the newest one is suggested."""
-    if not config.sweep.resume:
-        return
-    sweep_dir = str(config.hydra.sweep.dir)
-    if holds_sweep(sweep_dir):
+    """``sweep.resume=true`` on a ``hydra.sweep.dir`` that holds no sweep (it would start every job afresh): exit 2,
+    suggesting the newest sweep."""
+    sweep_dir = str(config.hydra.sweep.dir)  # a sweep's has its multirun.yaml (written first) or a job
+    if not config.sweep.resume or os.path.exists(os.path.join(sweep_dir, "multirun.yaml")) or job_dirs(sweep_dir):
         return
     newest = newest_sweep(but=sweep_dir)
     print(f"sweep.resume=true: hydra.sweep.dir={sweep_dir} holds no sweep (no multirun.yaml, no job with "
@@ -134,10 +117,8 @@ def check_resumable(config: Any) -> None:
 
 
 def refuse_foreign_jobs(sweep_dir: str, ours: Sequence[str], why: str) -> None:
-    """A new sweep in a ``hydra.sweep.dir`` holding another sweep's jobs: refused (exit 2), as their runs
-    would mix into this sweep's report, best job and summary."""
-    foreign = foreign_job_dirs(sweep_dir, ours)
-    if not foreign:
+    """A new sweep in a ``hydra.sweep.dir`` holding another sweep's jobs (they would mix in its report): exit 2."""
+    if not (foreign := foreign_job_dirs(sweep_dir, ours)):
         return
     shown = ", ".join(os.path.relpath(d, sweep_dir) for d in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
     print(f"hydra.sweep.dir={sweep_dir} already holds {len(foreign)} job(s) of another sweep ({shown}), and {why}: "
@@ -147,9 +128,8 @@ def refuse_foreign_jobs(sweep_dir: str, ours: Sequence[str], why: str) -> None:
 
 
 def resume_plan(config: Any, jobs: List[Job], overrides: dict) -> List[tuple]:
-    """The ``(number, overrides)`` to launch. ``sweep.resume=true``: a job that ended ok or pruned is
-    not run again; the others run with ``trainer.resume=auto`` (from their newest checkpoint, if any), a job
-    with its own ``trainer.resume`` too once it has saved a checkpoint of its own."""
+    """The ``(number, overrides)`` to launch; ``sweep.resume=true``: not a job that ended ok or pruned, the others
+    with ``trainer.resume=auto`` (a job's own ``trainer.resume`` until it has saved a checkpoint)."""
     if not config.sweep.resume:
         return [(j.num, overrides[j.num]) for j in jobs]
     todo = []

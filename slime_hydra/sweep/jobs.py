@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from slime_hydra.launch.lease import _start_time
+from slime_hydra.logging.metrics import write_json_atomic
 
 STATUS_FILE = "sweep_job.json"
-# the sweep's own job directories (relative to hydra.sweep.dir), written by the sweepers: the report reads
-# these only, so that a directory reused by another sweep does not mix its jobs in
+# the sweep's own job directories (relative to hydra.sweep.dir): the report reads only these, no other sweep's
 MANIFEST = "sweep_jobs.json"
 DIRNAME_RESOLVER = "safe_dirname"  # conf/config.yaml's hydra.sweep.subdir
 DIRNAME_MAX = 200  # bytes of a job directory's name taken from its overrides (a file name has at most 255)
@@ -29,25 +29,17 @@ class JobPruned(Exception):
 
 
 FINISHED = ("ok", "pruned")  # a resumed sweep does not run these again
-# set in the slime launcher's workers, which write the status around the job; under other launchers Hydra's
-# callback (callback.py) writes it
+# set in the slime launcher's workers, which write the status around the job (else callback.py writes it)
 LAUNCHER_WRITES_STATUS = False
 
 
 def ended_status(err: BaseException) -> str:
-    """The status of a job that ended in ``err``: pruned, interrupted (a Ctrl-C reaches the jobs too: such a job
-    was stopped, it did not fail) or failed."""
+    """The status of a job that ended in ``err``: pruned, interrupted (a Ctrl-C: stopped, not failed) or failed."""
     return "pruned" if isinstance(err, JobPruned) else "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
 
 
 def in_job_order(dirs: List[str]) -> List[str]:
     return sorted(dirs, key=lambda d: ((read_status(d) or {}).get("num", 0), d))
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + ".tmp", path)
 
 
 def shown_overrides(config: Any, overrides: Sequence[str]) -> List[str]:
@@ -58,12 +50,9 @@ def shown_overrides(config: Any, overrides: Sequence[str]) -> List[str]:
 
 
 def safe_dirname(name: str) -> str:
-    """``hydra.job.override_dirname`` as ONE directory name (``hydra.sweep.subdir`` is
-    ``${hydra.job.num}_${safe_dirname:${hydra.job.override_dirname}}``). A ``/`` in an override's value (a
-    path: ``data.path=data/train.jsonl``) would nest the job's directory in folders named after pieces of
-    the value, or, with ``..``, put it outside the sweep directory; it becomes ``%2F``. A name longer than
-    ``DIRNAME_MAX`` bytes is cut and ends with ``~`` and a hash of the whole name (two jobs' names stay
-    apart; the job number in front of it keeps them apart anyway)."""
+    """``hydra.job.override_dirname`` as ONE directory name (in ``hydra.sweep.subdir``): a ``/`` of a value (a
+    path) becomes ``%2F``, not folders (or, with ``..``, a place outside the sweep); a name longer than
+    ``DIRNAME_MAX`` bytes is cut and ends with ``~`` and a hash of the whole name."""
     out = str(name).replace("/", "%2F")
     raw = out.encode()
     if len(raw) > DIRNAME_MAX:
@@ -73,9 +62,8 @@ def safe_dirname(name: str) -> str:
 
 
 def register_resolver() -> None:
-    """``${safe_dirname:...}``. Registered when this module is imported: by the sweep plugins that Hydra's
-    plugin scan imports (hydra_plugins/slime_hydra_sweep), so in every process that composes a sweep job
-    (the sweep's, a launcher's worker, a Slurm job unpickling Hydra's plugin registry)."""
+    """``${safe_dirname:...}``, registered on import: Hydra's plugin scan imports the sweep plugins in every
+    process that composes a sweep job."""
     if not OmegaConf.has_resolver(DIRNAME_RESOLVER):
         OmegaConf.register_new_resolver(DIRNAME_RESOLVER, safe_dirname)
 
@@ -90,8 +78,7 @@ def write_status(job_dir: str, num: int, overrides: List[str], status: str, erro
     os.makedirs(job_dir, exist_ok=True)
     write_json_atomic(os.path.join(job_dir, STATUS_FILE), {
         "num": num, "overrides": list(overrides), "status": status, "error": error, "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "pid_start": _start_time(os.getpid()), "started": started,
+        "pid": os.getpid(), "pid_start": _start_time(os.getpid()), "started": started,
         "ended": None if status == "running" else time.time()})
 
 
@@ -110,11 +97,8 @@ def read_status(job_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def job_dirs(sweep_dir: str) -> List[str]:
-    """The sweep's job directories (those with a status file), in job order.
-
-    Found at any depth (a ``hydra.sweep.subdir`` of the user's with a ``/`` nests them). A job directory is not searched
-    further (its checkpoints and logs hold no jobs), nor is another run's (``.hydra`` but no status
-    file), a hidden folder or a link."""
+    """The sweep's job directories (those with a status file) at any depth, in job order; not searched: a job's
+    directory, another run's (``.hydra`` but no status file), a hidden folder or a link."""
     found: List[str] = []
 
     def search(d: str, depth: int) -> None:
@@ -135,8 +119,7 @@ def job_dirs(sweep_dir: str) -> List[str]:
 
 
 def read_manifest(sweep_dir: str) -> Optional[List[str]]:
-    """The job directories the sweepers recorded for the sweep in ``sweep_dir`` (absolute); None without
-    a manifest (a sweep of an earlier version)."""
+    """The job directories recorded for the sweep in ``sweep_dir`` (absolute); None without a manifest."""
     try:
         with open(os.path.join(sweep_dir, MANIFEST)) as f:
             rel = json.load(f)["jobs"]
@@ -146,25 +129,17 @@ def read_manifest(sweep_dir: str) -> Optional[List[str]]:
 
 
 def write_manifest(sweep_dir: str, dirs: Sequence[str], append: bool) -> None:
-    """Record ``dirs`` as the sweep's job directories: after those already recorded (``append``: a resumed
-    sweep, a continued Optuna study; without a manifest, every job directory there), or instead of them."""
-    old: List[str] = []
-    if append:
-        old = read_manifest(sweep_dir)
-        old = job_dirs(sweep_dir) if old is None else old
-    top = os.path.abspath(sweep_dir)
-    rel = []
-    for d in [*old, *(os.path.abspath(d) for d in dirs)]:
-        r = os.path.relpath(d, top)
-        if r not in rel:
-            rel.append(r)
+    """Record ``dirs`` as the sweep's job directories, after those already recorded (``append``: a resumed sweep or
+    study; without a manifest, every job directory there) or instead of them."""
+    old = read_manifest(sweep_dir) if append else []
+    old = job_dirs(sweep_dir) if old is None else old
+    rel = list(dict.fromkeys(os.path.relpath(os.path.abspath(d), os.path.abspath(sweep_dir)) for d in [*old, *dirs]))
     os.makedirs(sweep_dir, exist_ok=True)
     write_json_atomic(os.path.join(sweep_dir, MANIFEST), {"jobs": rel})
 
 
 def sweep_job_dirs(sweep_dir: str) -> List[str]:
-    """The job directories of the sweep in ``sweep_dir`` (those with a status file), in job order: those
-    of its manifest, or, without one, every job directory found in it (``job_dirs``)."""
+    """The sweep's job directories with a status file, in job order: its manifest's, else ``job_dirs``."""
     listed = read_manifest(sweep_dir)
     if listed is None:
         return job_dirs(sweep_dir)

@@ -1,11 +1,10 @@
-"""``hydra/launcher=slime``: hydra-joblib-launcher's process pool, with every job on one Ray cluster.
-
-Each job runs in a loky worker process, ``sweep.max_concurrent`` at once, as a Ray driver of its own joined
-to the sweep's cluster (cluster.py). Around each job the worker writes ``sweep_job.json``, sends the job's
-console to ``<job dir>/console.log``, names its wandb run by its overrides, and installs the pruning hook."""
+"""``hydra/launcher=slime``: hydra-joblib-launcher's process pool (``sweep.max_concurrent`` workers), every job a
+Ray driver of its own on the sweep's cluster (cluster.py). Around each job its worker writes ``sweep_job.json``,
+sends its console to ``<job dir>/console.log``, names its wandb run by its overrides and installs the pruning hook."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -30,14 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def sweep_id(sweep_dir: str) -> str:
-    """A sweep's name for wandb's group: the last two parts of its directory (Hydra's default is
-    ``multirun/<date>/<time>``, so ``<date>_<time>``)."""
+    """A sweep's name for wandb's group: the last two parts of its directory (``<date>_<time>``)."""
     return "_".join(os.path.abspath(sweep_dir).split(os.sep)[-2:])
-
-
-def job_dir_of(config: DictConfig) -> str:
-    """Where Hydra puts this job (``hydra.sweep.dir`` / ``hydra.sweep.subdir``), as run_job computes it."""
-    return os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir))
 
 
 def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext, config: DictConfig,
@@ -58,7 +51,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         if shown:
             sweep_config.run_name = shown
     HydraConfig.instance().set_config(sweep_config)
-    job_dir = job_dir_of(sweep_config)
+    job_dir = os.path.join(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir))  # as run_job
     started = time.time()
     label = shown_overrides(sweep_config, overrides)
     write_status(job_dir, idx, label, "running", started=started)
@@ -112,10 +105,8 @@ def _redirect(path: str) -> Tuple[int, int, Any, Any]:
 def _restore(saved: Tuple[int, int, Any, Any]) -> None:
     out, err, sys_out, sys_err = saved
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError):
             stream.close()
-        except OSError:
-            pass
     os.dup2(out, 1)
     os.dup2(err, 2)
     os.close(out)
@@ -123,19 +114,8 @@ def _restore(saved: Tuple[int, int, Any, Any]) -> None:
     sys.stdout, sys.stderr = sys_out, sys_err
 
 
-def _result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
-    """The job's JobReturn; a job whose process died (killed, out of memory) is a failed one."""
-    try:
-        return future.result()
-    except Exception as e:  # noqa: BLE001 - the worker process is gone: report, do not stop the sweep
-        ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-        ret._return_value = RuntimeError(f"job {idx}: its process ended: {type(e).__name__}: {e}")
-        return ret
-
-
 class StatusPrinter(threading.Thread):
-    """While jobs run: every ``interval`` seconds, a console line for each job whose state changed, and
-    the report rewritten when any did."""
+    """While jobs run: every ``interval`` s, a line for each job whose state changed, and the report rewritten."""
 
     def __init__(self, sweep_dir: str, interval: float, shown: Dict[Any, str]):
         super().__init__(daemon=True, name="sweep-status")
@@ -153,13 +133,11 @@ class StatusPrinter(threading.Thread):
         except Exception as e:  # noqa: BLE001 - a status line must never stop the sweep
             log.debug("sweep status: %s", e)
             return
-        changed = False
-        for row in rows:
-            line = status_line(row)
-            if self.shown.get(row["job"]) != line:
-                self.shown[row["job"]] = line
-                print(line, flush=True)
-                changed = True
+        lines = {row["job"]: status_line(row) for row in rows}
+        changed = {job: line for job, line in lines.items() if self.shown.get(job) != line}
+        for line in changed.values():
+            print(line, flush=True)
+        self.shown.update(changed)
         if changed:
             write_report(self.sweep_dir)
 
@@ -170,8 +148,7 @@ class StatusPrinter(threading.Thread):
 
 
 class SweepLauncher(JoblibLauncher):
-    """See the module docstring. The sweepers (sweeper.py, optuna.py) call ``start`` with the cluster's
-    size before the first job and ``close`` after the last; ``launch`` runs one batch."""
+    """The sweepers call ``start`` with the cluster's size before the first job and ``close`` after the last."""
 
     def __init__(self, **joblib: Any) -> None:
         super().__init__(**joblib)
@@ -195,8 +172,7 @@ class SweepLauncher(JoblibLauncher):
         return max(1, int(self.joblib.get("n_jobs") or 1))
 
     def begin(self) -> None:
-        """Before the first job of a launch: the cluster (if the sweeper did not start it) and the status
-        lines."""
+        """Before the first job of a launch: the cluster (if the sweeper did not start it) and the status lines."""
         setup_globals()
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         if self.cluster is None:
@@ -215,12 +191,8 @@ class SweepLauncher(JoblibLauncher):
             self.printer = None
 
     def submit(self, idx: int, overrides: Sequence[str]) -> Any:
-        """Job ``idx`` into the process pool (``n_jobs`` processes); a future of its JobReturn (``result``).
-
-        joblib's loky process pool, used directly rather than through ``joblib.Parallel``: Parallel runs
-        ``n_jobs=1`` in this process, and this process is the sweep's (a Ray driver already, printing the
-        status lines); a job always gets a process of its own. Futures let the Optuna sweeper start the
-        next trial as soon as any trial ends."""
+        """Job ``idx`` into loky's pool (not ``joblib.Parallel``, which runs ``n_jobs=1`` in this process); a future
+        of its JobReturn (``result``), so that the Optuna sweeper starts a trial as soon as any ends."""
         from joblib.externals.loky import get_reusable_executor
 
         log.info("sweep: job #%d: %s", idx, " ".join(filter_overrides(overrides)))
@@ -230,7 +202,13 @@ class SweepLauncher(JoblibLauncher):
 
     @staticmethod
     def result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
-        return _result(future, idx, overrides)
+        """The job's JobReturn; a job whose process died (killed, out of memory) is a failed one."""
+        try:
+            return future.result()
+        except Exception as e:  # noqa: BLE001 - the worker process is gone: report, do not stop the sweep
+            ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+            ret._return_value = RuntimeError(f"job {idx}: its process ended: {type(e).__name__}: {e}")
+            return ret
 
     def launch_jobs(self, jobs: List[Tuple[int, Sequence[str]]]) -> List[JobReturn]:
         """Run ``(job number, overrides)`` pairs, ``n_jobs`` at once; their JobReturns in that order."""
@@ -238,14 +216,12 @@ class SweepLauncher(JoblibLauncher):
         log.info("sweep: %d job(s), %d at once, in %s", len(jobs), self.n_jobs, self.config.hydra.sweep.dir)
         try:
             futures = [self.submit(idx, overrides) for idx, overrides in jobs]
-            return [_result(f, idx, overrides) for f, (idx, overrides) in zip(futures, jobs)]
+            return [self.result(f, idx, overrides) for f, (idx, overrides) in zip(futures, jobs)]
         finally:
             self.end()
 
     def close(self) -> None:
-        """After the last job: the worker processes end, then the cluster. On the way out of an error or
-        a Ctrl-C, the workers are killed rather than waited for (their jobs' processes die with the
-        cluster: ``SweepCluster.stop``)."""
+        """After the last job: the workers end (killed on the way out of an error or a Ctrl-C), then the cluster."""
         failing = sys.exc_info()[0] is not None
         if self.pool is not None:
             self.pool.shutdown(wait=True, kill_workers=failing)
@@ -254,8 +230,7 @@ class SweepLauncher(JoblibLauncher):
             self.cluster.stop()
             self.cluster = None
         if failing and self.config is not None:
-            # the report last written (``end``) saw the jobs still running: now their processes are gone,
-            # they read ``interrupted``
+            # the last report saw the jobs running: their processes are gone now, they read ``interrupted``
             try:
                 write_report(str(self.config.hydra.sweep.dir))
             except Exception as e:  # noqa: BLE001 - the error (the Ctrl-C) on its way out comes first

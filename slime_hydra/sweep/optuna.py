@@ -1,11 +1,8 @@
-"""``hparams_search=...`` / ``hydra/sweeper=slime_optuna``: hydra-optuna-sweeper's search made a sweep like
-the others (validated first, concurrent on one cluster, reported, resumable), with pruning.
-
-It keeps the plugin's search space, samplers and study, and changes its loop: the corners of the search
-space are validated before the first trial, and each trial before it launches (an invalid one is told
-FAIL); a trial without a numeric objective is told FAIL and counts against ``max_failure_rate``; the study
-lives in sqlite in the sweep directory, so the same command continues it; a pruned trial's job stops at
-its eval (prune.py); and a new trial is asked for as soon as any trial ends (``n_jobs`` at once)."""
+"""``hparams_search=...`` / ``hydra/sweeper=slime_optuna``: hydra-optuna-sweeper's search made a sweep like the
+others (validated first, concurrent on one cluster, reported, resumable), with pruning (prune.py). The corners of
+the search space are validated before the first trial and each trial before it launches; an invalid trial or one
+without a numeric objective is told FAIL; the study lives in sqlite in the sweep directory, so the same command
+continues it; a new trial starts as soon as any ends."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import concurrent.futures
 import logging
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
@@ -33,9 +30,7 @@ def corners(distributions: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Parameter sets that reach every parameter's extremes: all at their low, then each one at its high
     (a categorical parameter: each of its choices)."""
     def extremes(d) -> List[Any]:
-        if hasattr(d, "choices"):
-            return list(d.choices)
-        return [d.low, d.high]
+        return list(d.choices) if hasattr(d, "choices") else [d.low, d.high]
 
     base = {name: extremes(d)[0] for name, d in distributions.items()}
     out = [base]
@@ -48,8 +43,7 @@ EVAL_METRICS = ("eval_reward_initial", "eval_reward_final")  # summary.json's he
 
 
 def objective_problems(job: Job) -> List[str]:
-    """Why a search's objective cannot exist for this job's config (checked before any trial starts):
-    a held-out reward as ``sweep.optimized_metric`` with no eval set would be NaN in every trial."""
+    """Why a search's objective cannot exist for this job's config (a held-out reward without an eval set)."""
     cfg = job.cfg
     if cfg is None:
         return []
@@ -63,8 +57,8 @@ def objective_problems(job: Job) -> List[str]:
 
 
 def objective_values(value: Any, n_objectives: int) -> Tuple[Optional[List[float]], Optional[str]]:
-    """A completed job's return value as the study's values, or (None, why not): not a number, NaN, or
-    not one per objective. Optuna refuses NaN with a ValueError; such a trial is told FAIL instead."""
+    """A completed job's return value as the study's values, or (None, why not: not a number, NaN, or not one per
+    objective; Optuna refuses NaN)."""
     raw = list(value) if n_objectives > 1 and isinstance(value, (list, tuple)) else [value]
     try:
         values = [float(v) for v in raw]
@@ -79,14 +73,12 @@ def objective_values(value: Any, n_objectives: int) -> Tuple[Optional[List[float
 
 class TrialBook:
     """Tells the study how each trial ended, and counts the failed ones (invalid, crashed, or without an
-    objective) against ``max_failure_rate``, over the trials this search ended (hydra-optuna-sweeper's
-    rule, which counts per batch: this search has no batches)."""
+    objective) against ``max_failure_rate`` over all the trials this search ended (it has no batches)."""
 
     def __init__(self, study: Any, n_objectives: int, metric: str, max_failure_rate: float) -> None:
         self.study, self.n_objectives, self.metric = study, n_objectives, metric
         self.max_failure_rate = max_failure_rate
-        self.ended = 0
-        self.failed = 0
+        self.ended = self.failed = 0
         self.no_objective: List[Tuple[int, str]] = []  # (trial number, why) of the jobs that ended ok
 
     def tell(self, trial: Any, ret: JobReturn) -> None:
@@ -95,28 +87,23 @@ class TrialBook:
         if ret.status == JobStatus.COMPLETED:
             values, why = objective_values(ret.return_value, self.n_objectives)
             if values is not None:
-                self.study.tell(trial, values=values)
-                self._count(failed=False)
-                return
+                return self._end(trial, False, values=values)
             why = f"sweep.optimized_metric={self.metric} {why}"
             log.warning("trial %d: %s: told FAIL", trial.number, why)
             self.no_objective.append((trial.number, why))
-            self.study.tell(trial, state=TrialState.FAIL)
-            self._count(failed=True)
+            self._end(trial, True, state=TrialState.FAIL)
         elif isinstance(ret._return_value, JobPruned):
-            self.study.tell(trial, state=TrialState.PRUNED)
-            self._count(failed=False)
+            self._end(trial, False, state=TrialState.PRUNED)
         else:
-            self.study.tell(trial, state=TrialState.FAIL)
-            self._count(failed=True)
+            self._end(trial, True, state=TrialState.FAIL)
 
     def invalid(self, trial: Any) -> None:
         from optuna.trial import TrialState
 
-        self.study.tell(trial, state=TrialState.FAIL)
-        self._count(failed=True)
+        self._end(trial, True, state=TrialState.FAIL)
 
-    def _count(self, failed: bool) -> None:
+    def _end(self, trial: Any, failed: bool, **tell: Any) -> None:
+        self.study.tell(trial, **tell)
         self.ended += 1
         self.failed += failed
 
@@ -157,9 +144,8 @@ class _Impl(OptunaSweeperImpl):
         params_conf = self._parse_sweeper_params_config()
         params_conf.extend(arguments)
         distributions, fixed = create_params_from_overrides(params_conf)
-        distributions = {**(self.search_space_distributions or {}), **distributions}
-        for name in fixed:
-            distributions.pop(name, None)
+        distributions = {k: v for k, v in {**(self.search_space_distributions or {}), **distributions}.items()
+                         if k not in fixed}
         probes = [tuple(f"{k}={v}" for k, v in {**p, **fixed}.items()) for p in corners(distributions)]
         jobs = compose(self.hydra_context, self.config, list(enumerate(probes)))
         for job in jobs:
@@ -169,7 +155,6 @@ class _Impl(OptunaSweeperImpl):
         if new_study:  # its directory must hold no other sweep's jobs (checked before anything starts or is written)
             refuse_foreign_jobs(sweep_dir, [], f"study {self.study_name} in {self.storage} is a new one")
         prepare(self, jobs)
-
         os.makedirs(sweep_dir, exist_ok=True)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         directions = self._get_directions()
@@ -234,7 +219,8 @@ class _Impl(OptunaSweeperImpl):
         elif not complete:
             log.warning("no trial of study %s completed with an objective: no optimization_results.yaml",
                         study.study_name)
-        finish(self, ran, returns, also_failed=self._also_failed(book, ran))
+        by_num = {j.num: j for j in ran}  # the jobs that ended ok but whose trial failed (no objective), with why
+        finish(self, ran, returns, also_failed=[(by_num[n], why) for n, why in book.no_objective if n in by_num])
 
     def _stop_if_too_many_failed(self, book: TrialBook, to_go: int, running: Dict[Any, Any]) -> int:
         """The trials still to ask for: none once the failed ones are past ``max_failure_rate``."""
@@ -244,12 +230,6 @@ class _Impl(OptunaSweeperImpl):
                       f"; waiting for the {len(running)} running" if running else "")
             return 0
         return to_go
-
-    @staticmethod
-    def _also_failed(book: TrialBook, ran: Sequence[Job]) -> List[Tuple[Job, str]]:
-        """The jobs that ended ok but whose trial failed (no objective), with why, for the sweep's exit."""
-        by_num = {j.num: j for j in ran}
-        return [(by_num[num], why) for num, why in book.no_objective if num in by_num]
 
 
 class SlimeOptunaSweeper(OptunaSweeper):

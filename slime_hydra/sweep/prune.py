@@ -1,6 +1,5 @@
 """The job side of pruning: a trial's job reports its held-out reward to the Optuna study at every eval and
-stops when the pruner says so. The launcher hands it the storage, the study name and the pruner; the job
-number is the trial number."""
+stops when the pruner says so (the job number is the trial number)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ def storage_of(url: Optional[str]):
 
 
 def pruning_hook(prune: Dict[str, Any], number: int, last_step: Optional[int] = None):
-    """The job side of pruning: an ``EVAL_HOOKS`` entry (launch/loop.py) for trial ``number``. The eval
-    of ``last_step`` is reported but prunes nothing: the trial is done anyway, and its final value counts."""
+    """An ``EVAL_HOOKS`` entry (launch/loop.py) for trial ``number``; the eval of ``last_step`` prunes nothing."""
     import optuna
     from hydra.utils import instantiate
 

@@ -1,9 +1,6 @@
-"""The sweep report: every job's overrides, status, held-out rewards, steps and speed, side by side.
-
-``sweep.csv`` (for tools) and ``sweep.md`` (for people) and ``sweep_curves.png`` (every job's eval curve,
-the best named) are rebuilt from the run directories alone (``sweep_job.json``, ``metrics.jsonl``,
-``summary.json``), atomically, each time a job changes state; ``python -m slime_hydra.sweep report DIR``
-does the same by hand."""
+"""The sweep report: every job's overrides, status, held-out rewards, steps and speed, side by side, in
+``sweep.csv``, ``sweep.md`` and ``sweep_curves.png``, rebuilt from the run directories alone each time a job
+changes state (``python -m slime_hydra.sweep report DIR`` by hand)."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ import re
 import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
+from slime_hydra.logging.metrics import write_atomic
 from slime_hydra.sweep.jobs import read_status, sweep_job_dirs
 
 COLUMNS = ["job", "overrides", "status", "objective", "final_reward", "best_reward", "best_step", "steps", "s_per_step",
@@ -51,9 +49,8 @@ DEFAULT_METRIC = "eval_reward_final"  # SweepConfig.optimized_metric's default
 
 
 def objective_of(sweep_dir: str) -> Tuple[str, str]:
-    """``(sweep.optimized_metric, direction)`` of the sweep in ``sweep_dir``, from its ``multirun.yaml``:
-    the summary.json value its jobs return, and whether the best job has the highest (``maximize``, the
-    default) or the lowest (``minimize``: an Optuna search's ``direction``)."""
+    """``(sweep.optimized_metric, direction)`` of the sweep in ``sweep_dir`` (its ``multirun.yaml``): the
+    summary.json value its jobs return, and ``maximize`` or (an Optuna search's direction) ``minimize``."""
     metric, direction = DEFAULT_METRIC, "maximize"
     try:
         from omegaconf import OmegaConf
@@ -87,20 +84,13 @@ def job_row(job_dir: str, metric: str = DEFAULT_METRIC) -> Dict[str, Any]:
     steps = [r["step"] for r in rows if "perf/step_time" in r]
     step_times = [r["perf/step_time"] for r in rows if "perf/step_time" in r]
     best = max(curve, key=lambda c: c[1]) if curve else None
-    error = state.get("error") or ""
-    return {
-        "job": state.get("num"),
-        "overrides": " ".join(state.get("overrides", [])),
-        "status": state.get("status", "unknown"),
-        "objective": _round(objective) if isinstance(objective, (int, float)) else None,
-        "final_reward": _round(curve[-1][1]) if curve else None,
-        "best_reward": _round(best[1]) if best else None,
-        "best_step": best[0] if best else None,
-        "steps": max(steps) if steps else 0,
-        "s_per_step": _round(sum(step_times) / len(step_times)) if step_times else None,
-        "run_dir": os.path.abspath(job_dir),
-        "error": error[-ERROR_TAIL:].strip(),
-    }
+    return {"job": state.get("num"), "overrides": " ".join(state.get("overrides", [])),
+            "status": state.get("status", "unknown"),
+            "objective": _round(objective) if isinstance(objective, (int, float)) else None,
+            "final_reward": _round(curve[-1][1]) if curve else None, "best_reward": _round(best[1]) if best else None,
+            "best_step": best[0] if best else None, "steps": max(steps) if steps else 0,
+            "s_per_step": _round(sum(step_times) / len(step_times)) if step_times else None,
+            "run_dir": os.path.abspath(job_dir), "error": (state.get("error") or "")[-ERROR_TAIL:].strip()}
 
 
 def _round(x: float) -> Optional[float]:
@@ -114,19 +104,11 @@ def collect(sweep_dir: str, metric: Optional[str] = None) -> List[Dict[str, Any]
 
 
 def best_job(rows: List[Dict[str, Any]], direction: str = "maximize") -> Optional[Dict[str, Any]]:
-    """The job with the best objective (``sweep.optimized_metric``: the highest, or the lowest for
-    ``minimize``) among those that ended ok."""
+    """The job with the best objective among those that ended ok."""
     done = [r for r in rows if r["status"] == "ok" and r["objective"] is not None]
     if not done:
         return None
     return (min if direction == "minimize" else max)(done, key=lambda r: r["objective"])
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def to_csv(rows: List[Dict[str, Any]]) -> str:
@@ -187,18 +169,17 @@ def plot(sweep_dir: str, rows: List[Dict[str, Any]], path: str, direction: str =
         ax.legend(fontsize=6, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(path + ".tmp", format="png", dpi=110)
     plt.close(fig)
-    _atomic_write(path, buf.getvalue())
+    os.replace(path + ".tmp", path)
 
 
 def write_report(sweep_dir: str) -> List[Dict[str, Any]]:
     """sweep.csv, sweep.md and sweep_curves.png in ``sweep_dir``; returns the table's rows."""
     metric, direction = objective_of(sweep_dir)
     rows = collect(sweep_dir, metric)
-    _atomic_write(os.path.join(sweep_dir, "sweep.csv"), to_csv(rows).encode())
-    _atomic_write(os.path.join(sweep_dir, "sweep.md"), to_markdown(rows, sweep_dir, metric, direction).encode())
+    write_atomic(os.path.join(sweep_dir, "sweep.csv"), to_csv(rows))
+    write_atomic(os.path.join(sweep_dir, "sweep.md"), to_markdown(rows, sweep_dir, metric, direction))
     plot(sweep_dir, rows, os.path.join(sweep_dir, "sweep_curves.png"), direction)
     return rows
 

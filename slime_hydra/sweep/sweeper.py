@@ -12,25 +12,16 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from slime_hydra.sweep import flow
 from slime_hydra.sweep.compose import compose
-from slime_hydra.sweep.flow import (
-    check_resumable,
-    finish,
-    launch,
-    naming_the_sweep,
-    prepare,
-    refuse_foreign_jobs,
-    resume_plan,
-)
 from slime_hydra.sweep.jobs import write_manifest
 
 log = logging.getLogger(__name__)
 
 
 class SlimeSweeper(BasicSweeper):
-    """``optuna``: hydra-optuna-sweeper's settings (conf/hparams_search/): search ``params`` with Optuna
-    (optuna.py) instead of running every combination. One sweeper for both, because Hydra 1.3 lets the
-    root config's choice of ``hydra/sweeper`` win over an ``hparams_search`` preset's."""
+    """``optuna``: hydra-optuna-sweeper's settings: search with Optuna (optuna.py) instead (one sweeper for both:
+    Hydra 1.3 lets the root config's ``hydra/sweeper`` win over an ``hparams_search`` preset's)."""
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Any] = None,
                  optuna: Optional[Any] = None) -> None:
@@ -51,7 +42,7 @@ class SlimeSweeper(BasicSweeper):
         if self.optuna is not None:
             return self.optuna.sweep(arguments)
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
-        check_resumable(self.config)
+        flow.check_resumable(self.config)
         params_conf = self._parse_config()
         params_conf.extend(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -61,16 +52,16 @@ class SlimeSweeper(BasicSweeper):
         sweep_dir = str(self.config.hydra.sweep.dir)
         resume = bool(self.config.sweep.resume)
         if not resume:
-            refuse_foreign_jobs(sweep_dir, [j.dir for j in composed if j.dir], "this sweep is a new one")
-        jobs = prepare(self, composed)
+            flow.refuse_foreign_jobs(sweep_dir, [j.dir for j in composed if j.dir], "this sweep is a new one")
+        jobs = flow.prepare(self, composed)
         os.makedirs(sweep_dir, exist_ok=True)
         OmegaConf.save(self.config, os.path.join(sweep_dir, "multirun.yaml"))
         write_manifest(sweep_dir, [j.dir for j in jobs if j.dir], append=resume)
-        todo = resume_plan(self.config, jobs, {j.num: overrides[j.num] for j in jobs})
-        with naming_the_sweep(sweep_dir):
-            returns = launch(self.launcher, todo)
+        todo = flow.resume_plan(self.config, jobs, {j.num: overrides[j.num] for j in jobs})
+        with flow.naming_the_sweep(sweep_dir):
+            returns = flow.launch(self.launcher, todo)
         ran = {num for num, _ in todo}
-        finish(self, [j for j in jobs if j.num in ran], returns)
+        flow.finish(self, [j for j in jobs if j.num in ran], returns)
         return [returns]
 
 

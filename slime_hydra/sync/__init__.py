@@ -2,5 +2,4 @@
 
 
 class WeightSyncError(RuntimeError):
-    """A weight push that did not reach every engine. Defined here, not in ``sender``, so that ``push`` catches
-    it without importing torch before Ray starts."""
+    """A weight push that did not reach every engine (here, not in ``sender``: ``push`` imports no torch)."""

@@ -1,9 +1,5 @@
 """The weight push as the step loop makes it: who takes turns on a colocated GPU around it (``Offload``), the
-push to the engines running now, and the waits that keep weights from changing under a rollout.
-
-Engines that offload release their memory while the trainer trains and take back their weights, then
-their KV cache, around the push; a trainer that offloads moves its state to the host for the push and
-the rollout. Without offload nothing moves: the push reads the trainer's GPU tensors."""
+push to the engines running now, and the waits that keep weights from changing under a rollout."""
 
 from __future__ import annotations
 
@@ -37,14 +33,12 @@ class Offload:
 
 def push_weights(manager, trainers, version: int, offload: Offload = Offload(), fault_tolerance: bool = False,
                  on_retry: Optional[Callable[[], None]] = None, reconnect: bool = False) -> Dict[str, float]:
-    """Trainer -> engines, weight version ``version``, so that two copies of the weights plus a KV cache
-    never share a GPU: the trainer offloads (``push_first``: all but its weights) or frees its cache, the
-    engines take back memory for their weights, the push, then the trainer's weights go and the engines
-    take back their KV cache.
+    """Trainer -> engines, weight version ``version``, never two copies of the weights and a KV cache on a GPU:
+    the trainer offloads (``push_first``: all but its weights) or frees its cache, the engines take back their
+    weights, the push, then the trainer's weights go and the engines take back their KV cache.
 
-    With fault tolerance the push goes to the engines running now (the trainers reconnect when that set
-    changed: a weight-update group has fixed members), and a push that fails (an engine died or hung
-    past ``sync.push_timeout_s``) goes again once the fleet has restarted the engines that did not answer."""
+    With fault tolerance the push goes to the engines running now (reconnecting when that set changed), and a
+    failed push goes again once the fleet has restarted the engines that did not answer."""
     if offload.trainer:
         trainers.offload(keep_weights=offload.push_first)
     elif offload.engines:  # the trainer stays: its allocator gives back what training freed
@@ -78,9 +72,8 @@ def push_weights(manager, trainers, version: int, offload: Offload = Offload(), 
 
 
 def wait_rollout(rollout, manager, trainers, version: int, restore_engines: bool):
-    """The rollout's result. ``restore_engines`` (fault tolerance in a synchronous run, whose trainers are
-    idle meanwhile and hold the rollout's weights): an engine restarted during the rollout gets those
-    weights at once and serves the rest of it, so a rollout whose every engine failed still finishes."""
+    """The rollout's result. ``restore_engines`` (fault tolerance, sync runs: the idle trainers hold the rollout's
+    weights): an engine restarted during the rollout gets those weights at once and serves the rest of it."""
     if not restore_engines:
         return ray.get(rollout)
     while True:
@@ -100,9 +93,8 @@ def wait_rollout(rollout, manager, trainers, version: int, restore_engines: bool
 
 
 def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:
-    """Until the rollout is done, or (fault tolerance) it cannot go on without a weight push: every engine
-    failed and the restarted ones wait for weights; the push brings them, and the manager generates the
-    rollout again with them."""
+    """Until the rollout is done, or (fault tolerance) every engine failed and the restarted ones wait for the
+    push's weights (the manager then generates the rollout again)."""
     if not fault_tolerance:
         ray.wait([rollout])
         return

@@ -1,33 +1,14 @@
-"""Trainer -> engines weight push over SGLang's weight-update endpoints.
-
-One ``WeightSender`` lives on the trainer rank that pushes. Each push is: pause generation, flush the
-engines' prefix caches, send the Hugging Face-named tensors in buckets, check every engine reports the
-new weight version, continue generation. A push that does not arrive raises ``WeightSyncError``: the run stops rather
-than train against a stale policy, unless fault tolerance is on: then the driver has the dead engines restarted and
-pushes again to the live ones (``push.py``). Every blocking part of a push (each HTTP call, the weight-update
-group's collectives) ends at ``timeout_s`` (``sync.push_timeout_s``), so a hung engine fails the push instead of
-hanging it.
-
-Transports (``sync.transport``):
-- ``distributed``: engines join a process group with the trainer (NCCL on GPUs, gloo on CPU); each
-  bucket is announced with ``/update_weights_from_distributed`` and broadcast from rank 0 as one
-  flattened buffer (``load_format="flattened_bucket"``). For engines on their own GPUs.
-- ``tensor``: colocated engines map the trainer's memory: ``/update_weights_from_tensor`` with a
-  serialized handle of one flattened bucket (CUDA IPC; shared memory on CPU). Each bucket is one
-  fresh buffer that is dropped after the engine has copied it (never reused: the engine may still be
-  reading it). An engine spanning several GPUs gets one handle per tensor-parallel rank, each to a
-  copy on that rank's own GPU (CUDA cannot copy from another GPU's IPC memory): every trainer rank
-  copies the bucket to its GPU and the handles are all-gathered to the pushing rank
-  (:func:`take_part_in_tensor_push` on the others), as slime's colocated ranks each send their own.
-- ``disk``: a Hugging Face safetensors directory and ``/update_weights_from_disk``.
-
-The weights come from the trainer backend's ``hf_weights``, which names each storage once: a tied
-LM head travels as the embedding it shares (SGLang's loaders tie it; a second copy under
-``lm_head.weight`` is an unknown parameter to them).
-"""
+"""Trainer -> engines weight push over SGLang's weight-update endpoints (docs/architecture.md, "The three
+weight-sync paths"). One ``WeightSender`` lives on the pushing trainer rank: a push pauses generation, flushes
+the prefix caches, sends the HF-named tensors in buckets over ``sync.transport`` (distributed | tensor | disk),
+checks every engine's weight version and continues. A push that does not arrive raises ``WeightSyncError``; each
+blocking part of it ends at ``timeout_s`` (``sync.push_timeout_s``). With the tensor transport an engine on several
+GPUs gets one handle per tensor-parallel rank, each to a copy on that rank's GPU (``take_part_in_tensor_push``).
+A tied LM head travels once, as the embedding it shares (SGLang's loaders tie it)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -59,25 +40,21 @@ def needs_every_rank(kind: str, endpoints: List[Endpoint], device: torch.device)
     return kind == "tensor" and device.type == "cuda" and any(e.gpus > 1 for e in endpoints)
 
 
-def _gpu_key(device: torch.device) -> Tuple[str, int]:
-    from slime_hydra.utils.proc import node_ip
-
-    return node_ip(), device.index
-
-
 def _all_handles(blob: str, device: torch.device) -> Dict[Tuple[str, int], str]:
     """(node, GPU) -> every trainer rank's handle to its copy of the current bucket."""
     import torch.distributed as dist
 
+    from slime_hydra.utils.proc import node_ip
+
     out: List = [None] * dist.get_world_size()
-    dist.all_gather_object(out, (_gpu_key(device), blob))
+    dist.all_gather_object(out, ((node_ip(), device.index), blob))
     return dict(out)
 
 
 def take_part_in_tensor_push(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int,
                              device: torch.device) -> None:
-    """A rank that does not push, when engines span several GPUs: copy each bucket to this rank's GPU,
-    hand its CUDA IPC handle to the pushing rank, and keep the copy until the engines have read it."""
+    """A rank that does not push, when engines span several GPUs: each bucket copied to this rank's GPU, its
+    handle to the pushing rank, the copy kept until the engines have read it."""
     import torch.distributed as dist
 
     for bucket in transport.buckets(named, bucket_bytes):
@@ -97,40 +74,31 @@ class WeightSender:
             raise ValueError(f"unknown weight transport {kind!r}")
         self.kind, self.endpoints, self.device = kind, endpoints, device
         self.every_rank = needs_every_rank(kind, endpoints, device)  # handles from every trainer rank's GPU
-        self.bucket_bytes = bucket_mb << 20
-        self.disk_dir = disk_dir
-        self.model_path = model_path  # config and tokenizer files for disk pushes
-        self.trust_remote_code = trust_remote_code
+        self.bucket_bytes, self.disk_dir, self.timeout_s = bucket_mb << 20, disk_dir, timeout_s
+        self.model_path, self.trust_remote_code = model_path, trust_remote_code  # config and tokenizer for disk pushes
         self.master_address = master_address
-        self.timeout_s = timeout_s
         self.group = None
         self.pool = ThreadPoolExecutor(max_workers=max(4, len(endpoints)))
         if kind == "tensor" and device.type == "cpu":
-            # CPU tensors then travel as named shared-memory files that any local process can
-            # open; the default strategy passes file descriptors, which only works between a
-            # process and the children it forked.
+            # named shared-memory files any local process can open (file descriptors pass only to forked children)
             torch.multiprocessing.set_sharing_strategy("file_system")
 
     def _all(self, path: str, payload_for) -> list:
-        """POST to every engine at once; ``payload_for(i)`` builds engine i's body. A single engine is
-        called from this thread (no hop to a pool thread and back)."""
+        """POST to every engine at once (a single one from this thread); ``payload_for(i)`` builds engine i's body."""
         if len(self.endpoints) == 1:
             return [control(self.endpoints[0].url, path, payload_for(0), timeout=self.timeout_s)]
         futs = [self.pool.submit(control, e.url, path, payload_for(i), timeout=self.timeout_s)
                 for i, e in enumerate(self.endpoints)]
         return [f.result() for f in futs]
 
-    # ---------------------------------------------------------------------------------- connect
     def connect(self) -> None:
         if self.kind == "disk":
             write_model_files(self.model_path, os.path.join(self.disk_dir, "config"), self.trust_remote_code)
-        if self.kind != "distributed" or self.group is not None:
+        if self.kind != "distributed" or self.group is not None or not self.endpoints:  # none: all restarting
             return
         from slime_hydra.utils.proc import free_port
 
-        if not self.endpoints:  # every engine is restarting (fault tolerance): they get the weights when up
-            return
-        self._leave_old_groups()
+        self._destroy_engine_groups()  # an engine may still be in the group of a trainer that died
         port = free_port(self.master_address)
         world = 1 + sum(e.gpus for e in self.endpoints)
         offsets = [1 + sum(e.gpus for e in self.endpoints[:i]) for i in range(len(self.endpoints))]
@@ -139,8 +107,7 @@ class WeightSender:
             "master_address": self.master_address, "master_port": port, "rank_offset": offsets[i],
             "world_size": world, "group_name": GROUP_NAME, "backend": backend}, timeout=self.timeout_s)
             for i, e in enumerate(self.endpoints)]
-        # the trainer's side of the rendezvous beside the engines' calls: an engine that cannot join (it
-        # died) fails its call at once, and the push fails then, not when the rendezvous times out
+        # the trainer's side of the rendezvous beside the engines' calls: an engine that cannot join fails at once
         own = self.pool.submit(transport.init_group, self.master_address, port, 0, world, GROUP_NAME, backend,
                                timeout=timedelta(seconds=self.timeout_s))
         done, _ = wait([own, *futs], timeout=self.timeout_s + 5, return_when=FIRST_EXCEPTION)
@@ -151,37 +118,22 @@ class WeightSender:
         self.group = own.result()
         log.info("weight-update group %s: trainer + %d engine ranks over %s", GROUP_NAME, world - 1, backend)
 
-    def _leave_old_groups(self) -> None:
-        """An engine may still hold the weight-update group of a trainer that died (fault tolerance:
-        the trainer group was rebuilt): it would refuse to join a new one under the same name."""
-        for e in self.endpoints:
-            try:
+    def _destroy_engine_groups(self) -> None:
+        for e in self.endpoints:  # an error: none to leave (the usual case), or a dead engine (the rendezvous says so)
+            with contextlib.suppress(EngineError):
                 control(e.url, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
-            except EngineError:
-                pass  # none to leave (the usual case), or a dead engine: the group's rendezvous says so
 
     def close(self) -> None:
         if self.group is not None:
-            # the trainer's side first: an engine still waiting in a broadcast of a failed push then
-            # fails at once instead of holding the destroy call behind it
+            # the trainer's side first: an engine still in a failed push's broadcast then fails at once
             transport.destroy_group(self.group)
             self.group = None
-            for e in self.endpoints:
-                try:
-                    control(e.url, "/destroy_weights_update_group", {"group_name": GROUP_NAME}, timeout=30)
-                except EngineError:
-                    pass
+            self._destroy_engine_groups()
         self.pool.shutdown(wait=False)
 
-    # ------------------------------------------------------------------------------------- push
     def push(self, named: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, float]:
-        """Send all weights; returns {"bytes", "seconds", "transfer_seconds"} (the weights' own transfer,
-        without the pause, cache flush, resume and version check around it). Raises WeightSyncError if
-        it fails.
-
-        Generation continues as soon as the weights are in (or the push failed), while the engines'
-        weight versions are read: one round trip for both, not two in a row (a push of the tiny
-        model is a handful of round trips of about a millisecond each)."""
+        """Send all weights; returns {"bytes", "seconds", "transfer_seconds"} (the weights' own transfer). Raises
+        WeightSyncError if it fails. Generation continues while the engines' weight versions are read."""
         t0, nbytes, v = time.perf_counter(), 0, str(version)
         if not self.endpoints:  # every engine is restarting (fault tolerance): nothing to push to now
             return {"bytes": 0.0, "seconds": 0.0, "transfer_seconds": 0.0}
@@ -217,9 +169,8 @@ class WeightSender:
         return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0, "transfer_seconds": t_transfer}
 
     def _flush_caches(self, timeout_s: float = 60.0) -> None:
-        """Empty every engine's prefix cache before the weights change: its KV was computed with the old
-        weights (slime flushes here too). An engine refuses while a request still runs on it, so ask
-        again until it agrees; one that does not answer at all is dead or hung, and the push fails at once."""
+        """Empty every engine's prefix cache (KV of the old weights), asking again while a request still runs on it;
+        an engine that does not answer at all fails the push at once."""
         deadline = time.monotonic() + timeout_s
         for e in self.endpoints:
             while True:
@@ -244,9 +195,8 @@ class WeightSender:
             f.result()
 
     def _push_tensor(self, bucket: List[Tuple[str, torch.Tensor]], v: str) -> None:
-        # A fresh buffer on the device, never reused (the engine may still read it after answering).
-        # Colocated trainers push while offloaded: their weights are on CPU and travel one bucket
-        # at a time to the GPU, where the engine maps them over CUDA IPC (slime does the same).
+        # a fresh buffer on the device, never reused (the engine may still read it after answering); an offloaded
+        # trainer's weights travel to the GPU one bucket at a time
         payload = transport.flattened_bucket(bucket, self.device)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies land before the engine reads
@@ -292,9 +242,8 @@ class WeightSender:
         os.makedirs(tmp, exist_ok=True)
         seen, held, tensors = set(), [], {}
         for name, t in named:
-            # Host tensors that share storage (tied weights of a state dict) go once: safetensors wants each
-            # storage once. They stay referenced here, so an address cannot come back for another tensor;
-            # device tensors are copied to the host one at a time and their memory may be reused at once.
+            # host tensors sharing storage (tied weights) go once, as safetensors wants; held, so that an address
+            # cannot come back for another tensor (device tensors' copies may reuse theirs at once)
             if t.device.type == "cpu":
                 key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
                 if key in seen:
@@ -323,9 +272,8 @@ def _continue_generation(url: str) -> None:
 
 
 def write_model_files(model_path: str, out: str, trust_remote_code: bool = False) -> None:
-    """Everything but the weights of ``model_path`` into ``out``, so that ``out`` plus a weights file
-    loads as a checkpoint: a local checkpoint's other files are copied; for a Hugging Face hub id,
-    its config and tokenizer are saved with ``save_pretrained``."""
+    """Everything but the weights of ``model_path`` (a local checkpoint, or a hub id's config and tokenizer)
+    into ``out``, so that ``out`` plus a weights file loads as a checkpoint."""
     os.makedirs(out, exist_ok=True)
     if not os.path.isdir(model_path):
         save_config_and_tokenizer(model_path, out, trust_remote_code)

@@ -1,24 +1,11 @@
-"""The wire formats of weight sync, shared by the trainer (sender) and the embedded engine (receiver),
-as SGLang 0.5.17 reads them.
-
-- Process groups for ``update_weights_from_distributed``: a *separate* torch.distributed group that
-  joins the trainer's rank 0 (rank 0) with every engine GPU (ranks 1..N), made the way SGLang makes
-  it (``rendezvous`` on ``tcp://addr:port``, a ``PrefixStore`` keyed by the group name, then
-  ``_new_process_group_helper``), so the trainer side interoperates with real SGLang servers. It
-  does not touch the default process group. Backend: nccl on GPUs, gloo on CPU.
-- Flattened buckets (``load_format="flattened_bucket"``): SGLang's ``FlattenedTensorBucket`` lays the
-  tensors of a bucket end to end as *bytes* (uint8, ``start_idx``/``end_idx`` in bytes), over NCCL and
-  over CUDA IPC alike. A bucket holds one dtype here, so every tensor's byte offset is aligned for it.
-- Tensor handles for ``update_weights_from_tensor``: SGLang's ``MultiprocessingSerializer`` format,
-  base64 of a ``ForkingPickler`` dump, so a colocated receiver maps the sender's memory instead of
-  copying it through HTTP (CUDA IPC on GPUs; shared-memory files on CPU, with torch's ``file_system``
-  sharing strategy). As SGLang's ``monkey_patch_torch_reductions``, a CUDA handle names its GPU by
-  UUID, not by index: the trainer and the engine number the GPUs differently (Ray gives the trainer
-  only its own GPU). The receiver reads with SGLang's ``SafeUnpickler`` rules: classes of builtins,
-  ``types``, ``collections``, torch and multiprocessing only, so a payload the real server would
-  refuse fails here too. A flattened bucket's metadata are ``types.SimpleNamespace`` records with
-  the fields of SGLang's ``FlattenedTensorMetadata`` (the trainer does not import sglang).
-"""
+"""The wire formats of weight sync, shared by the trainer (sender) and the embedded engine (receiver), as
+SGLang 0.5.17 reads them:
+- process groups for ``update_weights_from_distributed``: a separate group of the trainer's pushing rank (rank 0)
+  and every engine GPU (1..N), made as SGLang makes it (rendezvous, a ``PrefixStore`` keyed by the group name);
+- flattened buckets (``load_format="flattened_bucket"``): a bucket's tensors (one dtype) end to end as bytes;
+- tensor handles for ``update_weights_from_tensor``: SGLang's ``MultiprocessingSerializer`` format (base64 of a
+  ``ForkingPickler`` dump: CUDA IPC naming the GPU by UUID, shared-memory files on CPU), read under the rules of
+  SGLang's ``SafeUnpickler``; bucket metadata are ``SimpleNamespace``s of ``FlattenedTensorMetadata``'s fields."""
 
 from __future__ import annotations
 
@@ -58,9 +45,8 @@ def init_group(master_address: str, master_port: int, rank: int, world_size: int
     store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = c10d.PrefixStore(group_name, store)
-    pg, _ = c10d._new_process_group_helper(
-        world_size, rank, [], c10d.Backend(backend), store, group_name=group_name, timeout=timeout
-    )
+    pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store, group_name=group_name,
+                                           timeout=timeout)
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 
@@ -71,9 +57,8 @@ def destroy_group(group) -> None:
 
 def broadcast_send(group, tensors: Sequence[torch.Tensor], flattened: bool = False,
                    device: torch.device | None = None) -> None:
-    """Trainer side: broadcast ``tensors`` from rank 0 of ``group``: each in order, or (SGLang's
-    ``load_format="flattened_bucket"``) their bytes end to end in one buffer on ``device`` (default:
-    the first tensor's), one broadcast rather than one per tensor."""
+    """Trainer side: broadcast ``tensors`` from rank 0 of ``group``, each in order, or ``flattened`` in one buffer
+    on ``device`` (default: the first tensor's)."""
     if flattened:
         dist.broadcast(flatten(tensors, device or tensors[0].device), src=0, group=group)
         return
@@ -97,7 +82,6 @@ def receive_broadcast(group, dtypes: Sequence[str], shapes: Sequence[Sequence[in
     return [t for _, t in unflatten(flat, metadata)]
 
 
-# -------------------------------------------------------------------------- flattened buckets
 def bucket_metadata(entries: Sequence[Tuple[str, torch.dtype, Sequence[int]]]) -> List[types.SimpleNamespace]:
     """(name, dtype, shape) -> SGLang's FlattenedTensorMetadata fields, byte offsets end to end."""
     out, offset = [], 0
@@ -110,8 +94,7 @@ def bucket_metadata(entries: Sequence[Tuple[str, torch.dtype, Sequence[int]]]) -
 
 
 def flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The tensors' bytes end to end in one fresh uint8 buffer on ``device`` (one allocation; each
-    tensor is copied in, from the host if it was offloaded)."""
+    """The tensors' bytes end to end in one fresh uint8 buffer on ``device``."""
     sizes = [t.numel() * t.element_size() for t in tensors]
     flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
     offset = 0
@@ -132,10 +115,8 @@ def flattened_bucket(named: Sequence[Tuple[str, torch.Tensor]], device: torch.de
     return {"flattened_tensor": flatten([t for _, t in named], device), "metadata": metadata}
 
 
-# --------------------------------------------------------------------------- tensor handles
 def serialize(obj) -> str:
-    """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True), with CUDA handles naming
-    their GPU by UUID (SGLang's patched torch reductions)."""
+    """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True), CUDA handles naming their GPU by UUID."""
     from multiprocessing.reduction import ForkingPickler
 
     buf = io.BytesIO()
@@ -200,8 +181,7 @@ class _SafeUnpickler(pickle.Unpickler):
 
 
 def buckets(named: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
-    """Group (name, tensor) pairs into lists of at most ``bucket_bytes`` (a larger tensor goes alone)
-    and of one dtype each (a flattened bucket's byte offsets then suit every tensor's dtype)."""
+    """(name, tensor) pairs in lists of one dtype and at most ``bucket_bytes`` (a larger tensor goes alone)."""
     cur: List[Tuple[str, torch.Tensor]] = []
     size, dtype = 0, None
     for name, t in named:
