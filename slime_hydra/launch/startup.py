@@ -164,5 +164,5 @@ class StartupWatch:
         if "Capturing batches" in status and stood >= CAPTURE_NOTE_S:
             return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here or waits "
                     f"for those built beside it, logs/engine_*_prebuild.log; they are cached in "
-                    f"{', '.join(KERNEL_CACHES)}, later starts reuse them, and docs/gpu.md says how to share them)")
+                    f"{', '.join(KERNEL_CACHES)}, later starts reuse them, and docs/startup.md says how to share them)")
         return status

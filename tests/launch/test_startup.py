@@ -145,7 +145,7 @@ def test_watch_says_why_the_capture_takes_long(tmp_path, caplog, monkeypatch):
     assert "engine 0: Capturing batches (bs=64 avail_mem=68.50 GB):   0%|          | 0/12\n" in lines[0]
     noted = [ln for ln in lines if "SGLang compiles its kernels here" in ln]
     assert noted and noted[0] != lines[0]
-    assert all(path in noted[0] for path in startup.KERNEL_CACHES) and "docs/gpu.md" in noted[0]  # where, and how
+    assert all(path in noted[0] for path in startup.KERNEL_CACHES) and "docs/startup.md" in noted[0]  # where, and how
     assert all(ln.endswith("\n  engine 1: Load weight end. mem usage=1.12 GB") for ln in noted)  # no note
 
 
