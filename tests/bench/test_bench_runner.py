@@ -92,4 +92,4 @@ def test_dry_run_prints_each_run_and_runs_nothing(capsys):
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == ["run", "no_fast_start"]
     assert all("seed=3" in line for line in out)
-    assert "rollout.sglang_fork_workers=false" in out[1]
+    assert "rollout.sglang_fast_start=false" in out[1]
