@@ -23,6 +23,7 @@ from slime_hydra.launch.parts import Parts
 from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.model.hf import initial_checkpoint
 from slime_hydra.plan.resources import ResourcePlan
+from slime_hydra.rollout.engines import engine_class
 
 log = logging.getLogger("slime_hydra")
 # hook(step, metrics) after each row with an eval: a sweep's pruner (sweep/prune.py) stops a weak trial by raising
@@ -85,7 +86,8 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
                     problems = [p for check in deferred for p in check.problems()]
                 if problems:
                     raise ConfigError(problems)
-                with StartupWatch(clock, run.waiting_for, os.path.join(cfg.output_dir, "logs")):
+                with StartupWatch(clock, run.waiting_for, os.path.join(cfg.output_dir, "logs"),
+                                  note=engine_class(cfg.rollout.engine).log_note):
                     summary = _run(run, t_start)
             except BaseException as err:
                 run.kill()

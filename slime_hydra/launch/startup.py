@@ -15,8 +15,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 log = logging.getLogger("slime_hydra")
 STARTUP_REPORT_S = 10.0  # while the run starts, what it waits for is logged this often
-CAPTURE_NOTE_S = 20.0  # an engine's log standing this long on SGLang's CUDA-graph capture gets a word on why
-KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")  # where SGLang's JIT kernels are kept
 # how the engine parts are named in the console line (their keys come from the engine class's startup_parts)
 ENGINE_PART_NAMES = {"process": "process", "distributed_init": "torch.distributed", "weights": "weights",
                      "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "http_server": "HTTP server",
@@ -133,8 +131,9 @@ class StartupWatch:
     """Until the first step is done: every ``interval`` s, what the start-up waits for, and each engine's log."""
 
     def __init__(self, clock: StartupClock, waiting: Callable[[], str], log_dir: str,
-                 interval: float = STARTUP_REPORT_S):
-        self.clock, self.waiting, self.log_dir, self.interval = clock, waiting, log_dir, interval
+                 interval: float = STARTUP_REPORT_S,
+                 note: Callable[[str, float], Optional[str]] = lambda status, stood: None):
+        self.clock, self.waiting, self.log_dir, self.interval, self.note = clock, waiting, log_dir, interval, note
         self._first_seen: Dict[str, float] = {}  # an engine's status line -> when it was first reported
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="startup-watch", daemon=True)
@@ -159,10 +158,6 @@ class StartupWatch:
                 log.debug("start-up report failed: %r", e)
 
     def _noted(self, status: str) -> str:
-        """``status``, and why, where an engine has stood on SGLang's CUDA-graph capture for a while."""
-        stood = time.time() - self._first_seen.setdefault(status, time.time())
-        if "Capturing batches" in status and stood >= CAPTURE_NOTE_S:
-            return (f"{status} (for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here or waits "
-                    f"for those built beside it, logs/engine_*_prebuild.log; they are cached in "
-                    f"{', '.join(KERNEL_CACHES)}, later starts reuse them, and docs/startup.md says how to share them)")
-        return status
+        """``status``, and the engine's word on why where it has stood a while (``Engine.log_note``)."""
+        note = self.note(status, time.time() - self._first_seen.setdefault(status, time.time()))
+        return f"{status} ({note})" if note else status

@@ -133,19 +133,20 @@ def test_watch_says_what_the_start_waits_for(tmp_path, caplog):
 def test_watch_says_why_the_capture_takes_long(tmp_path, caplog, monkeypatch):
     """An engine log that stands on SGLang's first CUDA-graph capture gets a word on why (its kernels compile
     there on a machine's first start); a log that moves does not."""
-    from slime_hydra.launch import startup
+    from slime_hydra.rollout.engines.sglang import engine as sglang_engine
 
-    monkeypatch.setattr(startup, "CAPTURE_NOTE_S", 0.15)
+    monkeypatch.setattr(sglang_engine, "CAPTURE_NOTE_S", 0.15)
     (tmp_path / "engine_0.log").write_text("Capturing batches (bs=64 avail_mem=68.50 GB):   0%|          | 0/12")
     (tmp_path / "engine_1.log").write_text("Load weight end. mem usage=1.12 GB")
     with caplog.at_level(logging.INFO, logger="slime_hydra"):
-        with StartupWatch(StartupClock(), lambda: "the rollout side (engines)", str(tmp_path), interval=0.05):
+        with StartupWatch(StartupClock(), lambda: "the rollout side (engines)", str(tmp_path), interval=0.05,
+                          note=sglang_engine.SglangEngine.log_note):
             time.sleep(0.5)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting")]
     assert "engine 0: Capturing batches (bs=64 avail_mem=68.50 GB):   0%|          | 0/12\n" in lines[0]
     noted = [ln for ln in lines if "SGLang compiles its kernels here" in ln]
     assert noted and noted[0] != lines[0]
-    assert all(path in noted[0] for path in startup.KERNEL_CACHES) and "docs/startup.md" in noted[0]  # where, and how
+    assert all(path in noted[0] for path in sglang_engine.KERNEL_CACHES) and "docs/startup.md" in noted[0]
     assert all(ln.endswith("\n  engine 1: Load weight end. mem usage=1.12 GB") for ln in noted)  # no note
 
 

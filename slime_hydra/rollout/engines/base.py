@@ -93,6 +93,12 @@ class Engine(ABC):
         ``ready``; both ``time.time()``); {}: it does not tell."""
         return {}
 
+    @classmethod
+    def log_note(cls, status: str, stood: float) -> Optional[str]:
+        """A word on why, for a server whose last log line ``status`` has stood ``stood`` s while the run starts;
+        None: nothing to say."""
+        return None
+
     def env(self) -> Dict[str, str]:
         """Environment for the server on top of the actor's (on GPUs NCCL's cuMem off, as the trainer has it)."""
         return {"NCCL_CUMEM_ENABLE": os.environ.get("NCCL_CUMEM_ENABLE", "0")} if self.spec.device == "cuda" else {}

@@ -83,6 +83,15 @@ class SglangEngine(Engine):
         return {**super().env(), **{k: os.environ.get(k, v) for k, v in env.items()}}
 
     @classmethod
+    def log_note(cls, status: str, stood: float) -> Optional[str]:
+        """On a machine's first start SGLang compiles its kernels inside its first CUDA-graph capture."""
+        if "Capturing batches" not in status or stood < CAPTURE_NOTE_S:
+            return None
+        return (f"for {stood:.0f}s: on a machine's first start SGLang compiles its kernels here or waits for those "
+                f"built beside it, logs/engine_*_prebuild.log; they are cached in {', '.join(KERNEL_CACHES)}, later "
+                "starts reuse them, and docs/startup.md says how to share them")
+
+    @classmethod
     def startup_parts(cls, log_text: str, started: float, ready: float) -> Dict[str, float]:
         """Seconds of each part of the start (``SGLANG_PARTS``; a part whose lines are missing is left out) from
         the log's timestamps, SGLang's own graph-capture seconds and ``kv_tokens``, the KV cache's size."""
@@ -124,5 +133,7 @@ SGLANG_MILESTONES = (("dist", "Init torch distributed begin"), ("load", "Load we
 SGLANG_PARTS = {("start", "dist"): "process", ("dist", "load"): "distributed_init", ("load", "loaded"): "weights",
                 ("loaded", "kv"): "kv_cache", ("kv", "graphs"): "cuda_graphs", ("graphs", "http"): "http_server",
                 ("kv", "http"): "http_server", ("http", "ready"): "first_answer"}
+CAPTURE_NOTE_S = 20.0  # a log standing this long on the CUDA-graph capture gets log_note's word
+KERNEL_CACHES = ("~/.cache/tvm-ffi", "~/.cache/flashinfer", "~/.triton/cache")  # where SGLang's JIT kernels are kept
 SGLANG_CAPTURE = re.compile(r"CUDA graph end\. elapsed=([\d.]+) s")
 SGLANG_KV_TOKENS = re.compile(r"\bmax_total_num_tokens=(\d+)")
