@@ -20,7 +20,7 @@ DATA = str(ROOT / "tests" / "fixtures" / "prompts.jsonl")
 # the README's GPU example: Qwen3-4B, torch trainer, SGLang, 8 GPUs colocated, 32 x 8 samples of 8192 tokens
 README_4B = ["model=qwen3_4b", "algo=gspo", "rollout=sglang", "parallelism=colocate_8gpu", "data=jsonl",
              f"data.path={DATA}", "reward=math"]
-# TRL's anchor workload as bench/sglang_gpu.py runs it (SGLang keeps half of the H200)
+# TRL's anchor workload as `python bench/run.py anchor` runs it (SGLang keeps half of the H200)
 ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.batch_size=8",
           "rollout.server_args.mem_fraction_static=0.5",
           "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "data=jsonl", f"data.path={DATA}"]

@@ -154,8 +154,8 @@ def test_head_chunk_is_the_trainers():
 
 
 def test_trainer_estimate_is_within_10_percent_of_the_measured_h200_run():
-    """bench/train_gpu.py on an H200: Qwen3-0.6B shape, one trainer, 64 samples of 64 + 256 tokens in
-    micro-batches of 16, KL loss (the reference's weights on the GPU); torch.cuda.max_memory_allocated
+    """A training run on an H200 (bench/measured/h200_train_gpu.json): Qwen3-0.6B shape, one trainer, 64 samples
+    of 64 + 256 tokens in micro-batches of 16, KL loss (the reference's weights on the GPU); torch.cuda.max_memory_allocated
     32.9 GiB. Estimate: 32.6."""
     run = json.loads((ROOT / "bench/measured/h200_train_gpu.json").read_text())["runs"][0]
     measured = run["kl"]["peak_gib"]
@@ -261,7 +261,7 @@ def test_colocated_peak_is_the_larger_phase_with_offload_and_the_sum_without():
     assert off.peak > 140 > on.peak
 
 
-# the GRPO step of bench/sglang_gpu.py: Qwen3-0.6B shape, 8 prompts x 8 samples x 256 new tokens, one H200;
+# the anchor GRPO step (python bench/run.py anchor): Qwen3-0.6B shape, 8 prompts x 8 samples x 256 new tokens, one H200;
 # the numbers below are those of the logits head (trainer.fused_logprobs=false), ANCHOR_FUSED's the default's
 ANCHOR = ["model=qwen3_0_6b", "parallelism=1gpu", "rollout=sglang", "rollout.batch_size=8",
           "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.micro_batch_size=16",
@@ -397,7 +397,7 @@ def test_megatron_optimizer_state_is_whole_on_every_rank_without_the_distributed
 def test_megatron_packs_by_tokens_whatever_the_micro_batch_size():
     """The megatron backend packs up to trainer.max_tokens_per_micro_batch, and micro_batch_size does not cap the
     samples (train/backends/megatron/backend.py: micro_batches). The estimate once capped them by it: 21.3 GiB for
-    the anchor's megatron trainer against 49.7 GiB measured on the H200 (bench/memory_table.py)."""
+    the anchor's megatron trainer against 49.7 GiB measured on the H200."""
     base = ["model=qwen3_0_6b", "trainer=megatron", "rollout=sglang", "parallelism=1gpu", "rollout.batch_size=8",
             "rollout.n_samples_per_prompt=8", "rollout.max_response_len=256", "trainer.recompute=none",
             "trainer.max_tokens_per_micro_batch=16384"]

@@ -575,7 +575,7 @@ def sglang():
 def test_sglang_reads_the_tensor_payload(sglang):
     """SGLang 0.5.17's MultiprocessingSerializer (its SafeUnpickler) and FlattenedTensorBucket read what
     the sender sends, flattened and as a list (CPU tensors here: the CUDA path is the same pickle with a
-    CUDA handle, bench/sglang_gpu.sh)."""
+    CUDA handle, `python bench/run.py anchor`)."""
     from slime_hydra.sync import transport
 
     torch.multiprocessing.set_sharing_strategy("file_system")
