@@ -155,8 +155,8 @@ def test_head_chunk_is_the_trainers():
 
 def test_trainer_estimate_is_within_10_percent_of_the_measured_h200_run():
     """A training run on an H200 (bench/measured/h200_train_gpu.json): Qwen3-0.6B shape, one trainer, 64 samples
-    of 64 + 256 tokens in micro-batches of 16, KL loss (the reference's weights on the GPU); torch.cuda.max_memory_allocated
-    32.9 GiB. Estimate: 32.6."""
+    of 64 + 256 tokens in micro-batches of 16, KL loss (the reference's weights on the GPU);
+    torch.cuda.max_memory_allocated 32.9 GiB. Estimate: 32.6."""
     run = json.loads((ROOT / "bench/measured/h200_train_gpu.json").read_text())["runs"][0]
     measured = run["kl"]["peak_gib"]
     cfg = resolved(["model=qwen3_0_6b", "parallelism=1gpu", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
