@@ -17,7 +17,12 @@ DIGITS_VOCAB: List[str] = ["<pad>", "<eos>", *"0123456789", *"=+-*#><,:? |"]
 # (every entry longer than one character is a special token; its chat template is in tokenizer.py).
 CALC_VOCAB: List[str] = ["<pad>", "<eos>", *"0123456789", *"+-*%=?,",
                          "<system>", "<user>", "<assistant>", "<tool>", "<call>"]
-BUILTIN_TOKENIZERS: Dict[str, List[str]] = {"builtin:digits": DIGITS_VOCAB, "builtin:calc": CALC_VOCAB}
+# builtin:bytes, for any UTF-8 text (the tiny model on your data): chat roles, then the 256 bytes as
+# byte-fallback tokens (id = 6 + byte value)
+BYTES_VOCAB: List[str] = ["<pad>", "<eos>", "<system>", "<user>", "<assistant>", "<tool>",
+                          *(f"<0x{b:02X}>" for b in range(256))]
+BUILTIN_TOKENIZERS: Dict[str, List[str]] = {"builtin:digits": DIGITS_VOCAB, "builtin:calc": CALC_VOCAB,
+                                            "builtin:bytes": BYTES_VOCAB}
 
 
 def _max_digit(rng: random.Random, code: int) -> Tuple[str, str]:

@@ -1,8 +1,13 @@
-"""The in-code character tokenizers of the built-in tasks: ``PreTrainedTokenizerFast``s (no download) that
-save and load with ``AutoTokenizer``. Entries longer than a character are special tokens, matched whole.
+"""The in-code tokenizers: ``PreTrainedTokenizerFast``s (no download) that save and load with ``AutoTokenizer``.
+builtin:digits and builtin:calc spell their task's characters and nothing else (a character outside the vocabulary
+is an error, never padding); builtin:bytes spells any UTF-8 text, a token per byte. Entries longer than a
+character are special tokens, matched whole.
 """
 
 from __future__ import annotations
+
+import re
+from typing import List
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -26,19 +31,39 @@ CALC_CHAT_TEMPLATE = (
     "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}<tool>{%- else -%},{%- endif -%}"
     "{{ m['content'] }}"
     "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<assistant>{%- endif -%}")
-CHAT_TEMPLATES = {"builtin:digits": CHAT_TEMPLATE, "builtin:calc": CALC_CHAT_TEMPLATE}
+# builtin:bytes: a role token before each message, <eos> after each answer
+#   [system "Antworte kurz.", user "Wie viele?"] -> <system>Antworte kurz.<user>Wie viele?<assistant>
+BYTES_CHAT_TEMPLATE = ("{%- for m in messages -%}<{{ m['role'] }}>{{ m['content'] }}"
+                       "{%- if m['role'] == 'assistant' -%}<eos>{%- endif -%}{%- endfor -%}"
+                       "{%- if add_generation_prompt -%}<assistant>{%- endif -%}")
+CHAT_TEMPLATES = {"builtin:digits": CHAT_TEMPLATE, "builtin:calc": CALC_CHAT_TEMPLATE,
+                  "builtin:bytes": BYTES_CHAT_TEMPLATE}
 
 
 def builtin_tokenizer(name: str) -> PreTrainedTokenizerFast:
     vocab = BUILTIN_TOKENIZERS[name]
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    ids = {t: i for i, t in enumerate(vocab)}
+    if name == "builtin:bytes":  # no merges: every character falls back to its UTF-8 bytes
+        tok = Tokenizer(models.BPE(vocab=ids, merges=[], byte_fallback=True))
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    else:  # no unk_token: a character outside the vocabulary fails to encode
+        tok = Tokenizer(models.WordLevel(ids))
+        tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        tok.decoder = decoders.Fuse()
     tok.add_special_tokens([t for t in vocab if len(t) > 1])  # matched whole, before the split
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                    clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATES.get(name, CHAT_TEMPLATE)
     return fast
+
+
+def unknown_chars(name: str, text: str) -> List[str]:
+    """The characters of ``text`` that the built-in tokenizer ``name`` cannot spell, each once, in order."""
+    vocab = BUILTIN_TOKENIZERS[name]
+    if name == "builtin:bytes":
+        return []
+    text = re.sub("|".join(re.escape(t) for t in vocab if len(t) > 1), "", text)
+    return list(dict.fromkeys(c for c in text if c not in vocab))
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
