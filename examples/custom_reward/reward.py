@@ -1,4 +1,5 @@
-"""Custom rewards on the built-in digits task (``3815=`` -> ``8``), for docs/recipes/custom-reward.md.
+"""Custom rewards on the built-in digits task (``3815=`` -> ``8``), for docs/recipes/custom-reward.md, and one for
+word problems, for docs/recipes/smoke-test.md.
 
     python run.py reward.type=custom reward.custom._target_=examples.custom_reward.reward.digit_distance
     python run.py reward.type=custom reward.custom=examples.custom_reward.reward.rank_in_group reward.group=true
@@ -10,6 +11,7 @@ A reward is ``rm(cfg, sample) -> float | dict`` (``cfg`` is the RewardConfig), o
 
 from __future__ import annotations
 
+import re
 from typing import Any, List
 
 from slime_hydra.data.sample import Sample
@@ -31,3 +33,12 @@ def rank_in_group(cfg: Any, samples: List[Sample]) -> List[float]:
     wrong = [a for a, s in zip(answers, samples) if a != str(s.label)]
     common = max(set(wrong), key=wrong.count) if wrong else None
     return [1.0 if a == str(s.label) else 0.5 if a == common else 0.0 for a, s in zip(answers, samples)]
+
+
+def first_number(cfg: Any, sample: Sample) -> float:
+    """1 when the first number of the answer is the label ("Er hat 7 Äpfel." for "7"), 0.1 for another number
+    (the answer has the right form), 0 for an answer without one."""
+    found = re.search(r"-?\d+(?:[.,]\d+)?", sample.response)
+    if found is None:
+        return 0.0
+    return 1.0 if found.group().replace(",", ".") == str(sample.label) else 0.1

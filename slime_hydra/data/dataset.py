@@ -142,16 +142,18 @@ def parse_row(obj: Any, loc: str, *, input_key: str = "prompt", label_key: Optio
     if not isinstance(obj, dict):
         raise DataError(f"{loc}: expected a JSON object, got {_type_name(obj)}")
 
-    def missing(key: str) -> DataError:
-        return DataError(f"{loc}: missing key {key!r} (keys here: {', '.join(map(str, obj)) or 'none'})")
+    def missing(key: str, setting: str) -> DataError:
+        return DataError(f"{loc}: missing key {key!r} (keys here: {', '.join(map(str, obj)) or 'none'}); set "
+                         f"{setting} to the key that holds it")
 
     if input_key not in obj:
-        raise missing(input_key)
+        raise missing(input_key, "data.input_key (an eval set's: its input_key)")
     prompt = check_prompt(obj[input_key], loc, input_key)
     label = None
     if label_key is not None:
         if label_key not in obj:
-            raise missing(label_key)
+            raise missing(label_key, "data.label_key (an eval set's: its label_key), or data.label_key=null for a "
+                          "reward that needs no label")
         label = obj[label_key]
         if isinstance(label, bool) or not isinstance(label, (str, int, float)):
             raise DataError(f"{loc}: {label_key} must be a string or number, got {_type_name(label)}")
@@ -221,7 +223,9 @@ def render_prompt(row: Row, tokenizer: Any, *, apply_chat_template: bool,
     if system_prompt is not None and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})
     if getattr(tokenizer, "chat_template", None) is None:
-        raise DataError(f"{row.source}: data.apply_chat_template=true but the tokenizer has no chat template")
+        raise DataError(f"{row.source}: data.apply_chat_template=true but the tokenizer has no chat template; set "
+                        "data.apply_chat_template=false for text prompts, or model.tokenizer to one with a chat "
+                        "template (an instruct model's)")
     try:
         text = tokenizer.apply_chat_template(messages, tools=row.tools, add_generation_prompt=True, tokenize=False,
                                              **(chat_template_kwargs or {}))

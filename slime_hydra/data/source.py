@@ -140,15 +140,20 @@ def load_rows(cfg: Any, *, split: str = "train", path: Optional[str] = None, inp
     return read_rows(path, **keys)
 
 
-def prepare_prompts(rows: List[Row], tokenizer: Any, cfg: Any, max_prompt_len: Optional[int] = None, *,
-                    what: str = "data") -> Tuple[List[Row], List[str]]:
-    """Render every row (``cfg``: a DataConfig) and drop the prompts over ``max_prompt_len`` tokens."""
+def render_prompts(rows: List[Row], tokenizer: Any, cfg: Any) -> List[str]:
+    """Every row's prompt as the engine gets it (``cfg``: a DataConfig)."""
     from omegaconf import OmegaConf
 
     kwargs = cfg.chat_template_kwargs  # plain dicts for jinja
     kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
-    prompts = [render_prompt(r, tokenizer, apply_chat_template=cfg.apply_chat_template, chat_template_kwargs=kwargs,
-                             system_prompt=cfg.system_prompt) for r in rows]
+    return [render_prompt(r, tokenizer, apply_chat_template=cfg.apply_chat_template, chat_template_kwargs=kwargs,
+                          system_prompt=cfg.system_prompt) for r in rows]
+
+
+def prepare_prompts(rows: List[Row], tokenizer: Any, cfg: Any, max_prompt_len: Optional[int] = None, *,
+                    what: str = "data") -> Tuple[List[Row], List[str]]:
+    """Render every row (``cfg``: a DataConfig) and drop the prompts over ``max_prompt_len`` tokens."""
+    prompts = render_prompts(rows, tokenizer, cfg)
     kept, dropped = filter_long_prompts(prompts, tokenizer, max_prompt_len)
     if dropped:
         log.warning("%s: dropped %d of %d prompts longer than %d tokens", what, dropped, len(prompts), max_prompt_len)

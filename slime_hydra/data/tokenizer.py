@@ -1,7 +1,7 @@
 """The in-code tokenizers: ``PreTrainedTokenizerFast``s (no download) that save and load with ``AutoTokenizer``.
 builtin:digits and builtin:calc spell their task's characters and nothing else (a character outside the vocabulary
 is an error, never padding); builtin:bytes spells any UTF-8 text, a token per byte. Entries longer than a
-character are special tokens, matched whole.
+character, but for the byte tokens, are special tokens, matched whole.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def builtin_tokenizer(name: str) -> PreTrainedTokenizerFast:
         tok = Tokenizer(models.WordLevel(ids))
         tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
         tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([t for t in vocab if len(t) > 1])  # matched whole, before the split
+    tok.add_special_tokens([t for t in vocab if len(t) > 1 and not t.startswith("<0x")])  # matched whole, first
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                    clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATES.get(name, CHAT_TEMPLATE)

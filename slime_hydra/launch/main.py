@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sys
@@ -68,9 +69,19 @@ def run(dcfg: DictConfig, output_dir: str) -> Optional[Dict[str, Any]]:
     except ConfigError as e:  # a deferred check's problems, before a trainer started
         log.error("%s", e)
         sys.exit(2)
-    log.info("done in %.0fs: eval reward %.3f -> %.3f over %d steps; %s/reward_curve.png", summary["wall_s"],
-             summary["eval_reward_initial"], summary["eval_reward_final"], summary["steps"], output_dir)
+    log.info("done in %.0fs: %s over %d steps; %s/reward_curve.png", summary["wall_s"], rewards_said(summary),
+             summary["steps"], output_dir)
     return summary
+
+
+def rewards_said(summary: Dict[str, Any]) -> str:
+    """The held-out reward's first and last values; the training reward's where no eval set ran."""
+    if not math.isnan(summary["eval_reward_initial"]):
+        return f"eval reward {summary['eval_reward_initial']:.3f} -> {summary['eval_reward_final']:.3f}"
+    if summary["train_reward_first"] is None:
+        return "no eval set ran and no training step"
+    return (f"training reward {summary['train_reward_first']:.3f} -> {summary['train_reward_last']:.3f} (no held-out "
+            "reward: no eval set ran, see eval.datasets)")
 
 
 def _host_gib(cfg) -> Optional[float]:

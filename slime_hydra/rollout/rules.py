@@ -51,9 +51,10 @@ def _check_sampling(cfg: RunConfig) -> List[str]:
         errs.append(f"rollout.top_k: {r.top_k} truncates training samples to the top tokens (-1 is off): {truncated}")
     if r.max_response_len < 1:
         errs.append(f"rollout.max_response_len: must be >= 1, got {r.max_response_len}")
-    if r.max_response_len >= cfg.model.arch.max_position_embeddings:
-        errs.append(f"rollout.max_response_len: {r.max_response_len} >= "
-                    f"model.arch.max_position_embeddings={cfg.model.arch.max_position_embeddings}")
+    if r.max_response_len >= (pos := cfg.model.arch.max_position_embeddings):
+        errs.append(f"rollout.max_response_len: {r.max_response_len} >= model.arch.max_position_embeddings={pos}, "
+                    f"which leaves no room for the prompt; set rollout.max_response_len={pos // 2} or less, or use a "
+                    "model with more positions (a preset with its checkpoint, e.g. model=qwen3_0_6b)")
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.batch_size:
         errs.append(f"rollout.over_sampling_batch_size: {r.over_sampling_batch_size} < "
                     f"rollout.batch_size={r.batch_size}")

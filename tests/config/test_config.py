@@ -157,7 +157,8 @@ RULES = [
     (["rollout.top_p=0"], "rollout.top_p: must be in (0, 1]"),
     (["rollout.top_p=0.95"], "rollout.top_p: 0.95 truncates training samples"),
     (["rollout.top_k=20"], "rollout.top_k: 20 truncates training samples"),
-    (["rollout.max_response_len=64"], "rollout.max_response_len: 64 >= model.arch.max_position_embeddings=64"),
+    (["rollout.max_response_len=64"], "rollout.max_response_len: 64 >= model.arch.max_position_embeddings=64, "
+                                      "which leaves no room for the prompt; set rollout.max_response_len=32 or less"),
     (["rollout.router.policy=fastest"], "rollout.router.policy: 'fastest' is not one of"),
     (["rollout.over_sampling_batch_size=4"], "rollout.over_sampling_batch_size: 4 < rollout.batch_size=32"),
     (["rollout.partial_rollout=true"], "rollout.partial_rollout: recycles groups"),

@@ -99,9 +99,11 @@ def test_malformed_json_names_line_and_column(tmp_path):
 
 def test_missing_key_lists_keys_here(tmp_path):
     msg = bad(tmp_path, '{"question": "q", "answer": "a"}\n')
-    assert msg == "data.jsonl:1: missing key 'prompt' (keys here: question, answer)"
+    assert msg == ("data.jsonl:1: missing key 'prompt' (keys here: question, answer); set data.input_key (an eval "
+                   "set's: its input_key) to the key that holds it")
     msg = bad(tmp_path, '{"prompt": "q", "answer": "a"}\n')
-    assert msg == "data.jsonl:1: missing key 'label' (keys here: prompt, answer)"
+    assert msg.startswith("data.jsonl:1: missing key 'label' (keys here: prompt, answer); set data.label_key")
+    assert "data.label_key=null for a reward that needs no label" in msg
 
 
 def test_empty_file(tmp_path):
