@@ -122,7 +122,8 @@ def _check_builtin_tokenizer(errs: List[str], cfg: RunConfig, where: str, rows: 
         return
     longest, source = max(kept)
     if longest + response_len > pos:
-        fixes = [f"rollout.max_prompt_len={pos - response_len} to drop longer prompts"] if pos > response_len else []
+        fits = any(n + response_len <= pos for n, _ in kept)
+        fixes = [f"rollout.max_prompt_len={pos - response_len} to drop longer prompts"] if fits else []
         if cfg.model.path is None:  # the model is built from model.arch
             fixes.insert(0, f"model.arch.max_position_embeddings={-(-(longest + response_len) // 64) * 64}")
         errs.append(f"model.arch.max_position_embeddings: {pos} positions cannot hold the longest prompt of {where} "
