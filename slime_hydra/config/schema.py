@@ -51,7 +51,7 @@ class ArchConfig:
 class ModelConfig:
     name: str = MISSING  # preset name, used in run_name (conf/model/<name>.yaml)
     path: Optional[str] = None  # a local HF checkpoint directory or a hub id; None: random weights of ``arch``
-    tokenizer: Optional[str] = None  # None: ``path``'s; "builtin:digits": the in-code one of the built-in tasks
+    tokenizer: Optional[str] = None  # None: ``path``'s; "builtin:digits" / "builtin:bytes": in-code (task / any text)
     arch: ArchConfig = field(default_factory=ArchConfig)  # the model's shape (HF config.json fields)
     dtype: str = "float32"  # trainer parameter dtype: float32 | bfloat16
     trust_remote_code: bool = False  # let transformers and SGLang run the checkpoint's own model code
