@@ -1,6 +1,7 @@
 """Config rules of the data (``data.*``), the tokenizer (``model.tokenizer``), the eval datasets and the
 buffer hook. Dataset files are parsed with the rollout manager's own reader, so a bad row fails before Ray
-starts; rendering the chat template is left to the manager (it needs the tokenizer).
+starts. With an in-code tokenizer every row is also rendered and tokenized here, as the manager will; a
+downloaded tokenizer's rendering is left to the manager.
 """
 
 from __future__ import annotations
