@@ -126,6 +126,7 @@ def test_rerendered_delta_finds_the_new_messages_after_the_last_turn():
 
 
 def test_tool_arguments_reach_the_template_as_a_dict():
-    call = {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": json.dumps({"expression": ""})}}
+    args = json.dumps({"expression": ""})
+    call = {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": args}}
     m = normalize({"role": "assistant", "content": "", "tool_calls": [call]})
     assert m["tool_calls"][0]["function"]["arguments"] == {"expression": ""}
