@@ -193,8 +193,8 @@ class Session:
                                                     "arguments": json.dumps(c["function"]["arguments"])}}
                                  for c in msg["tool_calls"]]
         self.seen = keys + [key(msg)]
-        finish = ("length" if s.status == Status.TRUNCATED or (max_new and len(ids) >= max_new)
-                  else "tool_calls" if msg.get("tool_calls") else "stop")
+        finish = ("tool_calls" if msg.get("tool_calls") else "length"
+                  if s.status == Status.TRUNCATED or (max_new and len(ids) >= max_new) else "stop")
         choice = {"index": 0, "message": out, "finish_reason": finish,
                   "logprobs": {"content": self._logprobs(ids, lps)} if body.get("logprobs") else None}
         return self._reply("chat.completion", choice, len(s.tokens) - len(ids), len(ids))
@@ -308,6 +308,8 @@ class Endpoint:
     async def _models(self, request):
         from starlette.responses import JSONResponse
 
+        if request.path_params["sid"] not in self.sessions:
+            return _error(404, "no such session (it ended with its sample)")
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                          "owned_by": "slime_hydra"}]})
 
