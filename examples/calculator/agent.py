@@ -2,8 +2,8 @@
 
     python run.py experiment=calculator_agent
 
-``run(base_url, sample)`` is ``rollout.agent``: it talks to the model through ``AsyncOpenAI(base_url=...)``,
-runs the calculator when the model calls it, and returns its own reward. The task (``data.task=calc``): the
+``run(client, sample)`` is ``rollout.agent``: it talks to the model through the ``openai.AsyncOpenAI`` client it
+is handed (or make one: ``AsyncOpenAI(base_url=...)`` when the first parameter is ``base_url``), runs the calculator when the model calls it, and returns its own reward. The task (``data.task=calc``): the
 prompt is an expression whose value is one digit, e.g. ``37*48-1772`` (= 4); the tiny model cannot multiply, so
 it must call the calculator and copy its result. The tiny model's tool-call syntax is one token, ``<call>``
 (tokenizer ``builtin:calc``, tool parser ``calc``): a call without an expression means "the user's expression".
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
-
-from openai import AsyncOpenAI
+from typing import Any
 
 TOOLS = [{
     "type": "function",
@@ -52,10 +51,9 @@ def calculate(expression: str) -> str:
     return str(value) if abs(value) < 10**12 else "?"
 
 
-async def run(base_url: str, sample: dict, max_turns: int = 3, turn_max_tokens: int = 1) -> float:
+async def run(client: Any, sample: dict, max_turns: int = 3, turn_max_tokens: int = 1) -> float:
     """Model turn; if it called the calculator, the results as tool messages and another turn; at most
     ``max_turns``. 1.0 for the right final answer after a call, else 0.0."""
-    client = AsyncOpenAI(base_url=base_url, api_key="none")
     question = sample["prompt"]
     messages = [{"role": "user", "content": question}]
     called = False

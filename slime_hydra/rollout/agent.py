@@ -1,7 +1,10 @@
 """Any agent trains: ``rollout.agent`` is ordinary code that reaches the model through an OpenAI-compatible
 endpoint, and the rollout records the exact tokens behind it.
 
-    async def run(base_url: str, sample: dict) -> float | dict | None   # sample: prompt, label, metadata
+    async def run(client, sample: dict) -> float | dict | None   # sample: prompt, label, index, metadata
+
+A first parameter named ``client`` gets an ``openai.AsyncOpenAI`` on the sample's session (sharing one connection
+pool: making a client costs tens of milliseconds); any other name gets the session's base URL, for any HTTP client.
 
 Each sample gets its own session, ``http://127.0.0.1:PORT/s/<id>/v1`` (``/chat/completions``, ``/completions``,
 ``/models``), served from the rollout manager's event loop in front of the engines. A chat request renders its new
@@ -313,9 +316,20 @@ class Endpoint:
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                          "owned_by": "slime_hydra"}]})
 
+    def client(self, url: str) -> Any:
+        """An ``AsyncOpenAI`` on ``url`` (no retries: a refused request must not be sent twice)."""
+        import httpx
+        import openai
+
+        if getattr(self, "http", None) is None:
+            self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
+        return openai.AsyncOpenAI(base_url=url, api_key="slime_hydra", http_client=self.http, max_retries=0)
+
     async def aclose(self) -> None:
         self.server.should_exit = True
         await self.task
+        if getattr(self, "http", None) is not None:
+            await self.http.aclose()
 
 
 def _error(status: int, message: str):
@@ -334,6 +348,13 @@ async def endpoint(ctx: Any) -> Endpoint:
         ep = ctx.endpoint = await Endpoint(ctx.tokenizer, ctx.cfg.model.name or "slime_hydra", parser).start()
         log.info("agent endpoint at %s/s/<session>/v1 (tool parser %s)", ep.url, parser)
     return ep
+
+
+def _wants_client(agent: Any) -> bool:
+    import inspect
+
+    params = list(inspect.signature(agent).parameters)
+    return bool(params) and params[0] == "client"
 
 
 def agent_input(sample: Sample) -> Dict[str, Any]:
@@ -355,7 +376,8 @@ async def generate(ctx: Any, sample: Sample, sampling_params: Dict[str, Any], ev
     ep.sessions[session.id] = session
     timeout = ctx.cfg.rollout.agent_timeout
     try:
-        reward = await asyncio.wait_for(call_maybe_async(agent, session.url, agent_input(sample)), timeout)
+        where = ep.client(session.url) if _wants_client(agent) else session.url
+        reward = await asyncio.wait_for(call_maybe_async(agent, where, agent_input(sample)), timeout)
         if reward is not None and not isinstance(reward, (int, float, dict)):
             raise TypeError(f"rollout.agent returned {type(reward).__name__}; expected a float, a dict or None")
     except Exception as e:  # the sample ends, never the run

@@ -110,14 +110,14 @@ async def edits_history(base_url, sample):
     return 0.5 if r.choices else 0.0
 
 
-async def flaky(base_url, sample):
+async def flaky(client, sample):
     """Raises, hangs, runs past its turns, or answers, by sample index."""
     kind = sample["index"] % 4
     if kind == 0:
         raise RuntimeError("the agent's own bug")
     if kind == 1:
         await asyncio.sleep(3600)
-    return await calc_agent(base_url, sample, max_turns=3 if kind == 2 else 1)
+    return await calc_agent(client, sample, max_turns=3 if kind == 2 else 1)
 
 
 def test_an_edited_history_starts_a_new_segment(engine_url):
