@@ -3,12 +3,12 @@
     python run.py experiment=calculator_agent
 
 ``run(client, sample)`` is ``rollout.agent``: it talks to the model through the ``openai.AsyncOpenAI`` client it
-is handed (or make one: ``AsyncOpenAI(base_url=...)`` when the first parameter is ``base_url``), runs the calculator when the model calls it, and returns its own reward. The task (``data.task=calc``): the
-prompt is an expression whose value is one digit, e.g. ``37*48-1772`` (= 4); the tiny model cannot multiply, so
-it must call the calculator and copy its result. The tiny model's tool-call syntax is one token, ``<call>``
-(tokenizer ``builtin:calc``, tool parser ``calc``): a call without an expression means "the user's expression".
-The reward is 1 for the right final answer after a calculator call (guessing a digit would otherwise pay one
-time in ten).
+is handed (a first parameter named ``base_url`` gets the URL instead), runs the calculator when the model calls
+it, and returns its own reward. The task (``data.task=calc``): the prompt is an expression whose value is one
+digit, e.g. ``37*48-1772`` (= 4); the tiny model cannot multiply, so it must call the calculator and copy its
+result. The tiny model's tool-call syntax is one token, ``<call>`` (tokenizer ``builtin:calc``, tool parser
+``calc``): a call without an expression means "the user's expression". The reward is 1 for the right final
+answer after a calculator call (guessing a digit would otherwise pay one time in ten).
 """
 
 from __future__ import annotations
