@@ -2,8 +2,8 @@
 ``rollout.generate`` function) instead of the OpenAI SDK: the direct path that the endpoint builds on, and the
 bench's baseline for the endpoint's cost (bench scenario ``agent_endpoint``)::
 
-    python run.py experiment=calculator_agent ~rollout.agent \
-        '+rollout.generate={_target_: examples.calculator.direct.generate, max_turns: 3, turn_max_tokens: 1}'
+    python run.py experiment=calculator_agent rollout.agent=null \
+        'rollout.generate={_target_: examples.calculator.direct.generate, max_turns: 3, turn_max_tokens: 1}'
 
     <user>37*48-1772<assistant><call><eos><tool>4<assistant>4<eos>
                     ^^^^^^ model ^^^^^     ^^^^^^^^ tool ^^^ model
