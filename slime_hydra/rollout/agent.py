@@ -3,8 +3,9 @@ endpoint, and the rollout records the exact tokens behind it.
 
     async def run(client, sample: dict) -> float | dict | None   # sample: prompt, label, index, metadata
 
-A first parameter named ``client`` gets an ``openai.AsyncOpenAI`` on the sample's session (sharing one connection
-pool: making a client costs tens of milliseconds); any other name gets the session's base URL, for any HTTP client.
+A first parameter named ``client`` gets an ``openai.AsyncOpenAI`` on the sample's session that calls the app in
+process (making a client costs tens of milliseconds, a socket and HTTP parsing much of a request); any other name
+gets the session's base URL, for any HTTP client.
 
 Each sample gets its own session, ``http://127.0.0.1:PORT/s/<id>/v1`` (``/chat/completions``, ``/completions``,
 ``/models``), served from the rollout manager's event loop in front of the engines. A chat request renders its new
@@ -290,7 +291,8 @@ class Endpoint:
         routes = [Route("/s/{sid}/v1/chat/completions", self._handler("chat_completion"), methods=["POST"]),
                   Route("/s/{sid}/v1/completions", self._handler("completion"), methods=["POST"]),
                   Route("/s/{sid}/v1/models", self._models, methods=["GET"])]
-        self.server, self.task, port = await _Server.start(Starlette(routes=routes), host)
+        self.app = Starlette(routes=routes)
+        self.server, self.task, port = await _Server.start(self.app, host)
         self.loop, self.url = asyncio.get_running_loop(), f"http://{host}:{port}"
         return self
 
@@ -317,12 +319,13 @@ class Endpoint:
                                                          "owned_by": "slime_hydra"}]})
 
     def client(self, url: str) -> Any:
-        """An ``AsyncOpenAI`` on ``url`` (no retries: a refused request must not be sent twice)."""
+        """An ``AsyncOpenAI`` on ``url`` calling the app in process (no socket, no HTTP parsing; no retries: a
+        refused request must not be sent twice)."""
         import httpx
         import openai
 
         if getattr(self, "http", None) is None:
-            self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
+            self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), timeout=None)
         return openai.AsyncOpenAI(base_url=url, api_key="slime_hydra", http_client=self.http, max_retries=0)
 
     async def aclose(self) -> None:
