@@ -414,15 +414,10 @@ async def generate(ctx: Any, sample: Sample, sampling_params: Dict[str, Any], ev
 
 
 def load_agent(cfg: Any) -> Any:
-    """``rollout.agent`` -> the agent callable (``verifiers``: the environment ``rollout.agent_env``'s)."""
+    """``rollout.agent`` -> the agent callable."""
     from slime_hydra.utils.hooks import load_hook
 
-    r = cfg.rollout
-    if r.agent == "verifiers":
-        from slime_hydra.rollout.verifiers_agent import verifiers_agent
-
-        return verifiers_agent(cfg)
-    return load_hook(r.agent)
+    return load_hook(cfg.rollout.agent)
 
 
 def agent_generate(cfg: Any) -> Any:
