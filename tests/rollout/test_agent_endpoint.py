@@ -144,3 +144,21 @@ def test_raising_hung_and_over_budget_agents_end_their_samples_not_the_rollout(e
     n = counters.drain()
     assert n["rollout/agent_error_count"] == len(by_kind[0]) and n["rollout/agent_timeout_count"] == len(by_kind[1])
     assert "RuntimeError: the agent's own bug" in caplog.text and "Traceback" in caplog.text
+
+
+def test_an_aborted_session_returns_its_sample_aborted_and_empty(engine_url):
+    """While the manager aborts, the endpoint refuses the agent's request; the sample comes back ABORTED without
+    tokens, so partial rollout starts it over (an agent's own state cannot be resumed)."""
+    m, ctx = parts(engine_url)
+    sp = m.ctx.sampling_params
+
+    async def go():
+        s = Sample(prompt="12*3-30", label="6", index=3, metadata={"start_rollout_id": 0})
+        ctx.aborting = True
+        try:
+            return await agent_generate(ctx, s, seeded(ctx, s, sp, False), agent=calc_agent)
+        finally:
+            ctx.aborting = False
+
+    s = with_client(engine_url, ctx, go)
+    assert s.status == Status.ABORTED and s.tokens == [] and s.reward is None and "messages" not in s.metadata
