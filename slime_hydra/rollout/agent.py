@@ -114,7 +114,7 @@ class Session:
         self.chat: Optional[ChatRollout] = None
         self.seen: List[tuple] = []  # the conversation as the agent sees it
         self.tools: Any = None
-        self.aborted = False
+        self.aborted, self.turns = False, 0  # turns: chat requests answered, over all segments
         self.lock = asyncio.Lock()  # one request at a time: each extends the conversation
         self.inflight: set = set()
 
@@ -158,7 +158,7 @@ class Session:
 
     def _budget(self) -> None:
         r = self.ctx.cfg.rollout if self.ctx.cfg is not None else None
-        if r is not None and r.agent_max_turns is not None and self.chat.num_turns >= r.agent_max_turns:
+        if r is not None and r.agent_max_turns is not None and self.turns >= r.agent_max_turns:
             self.sample.status = Status.TRUNCATED
             raise RequestError(f"the session has used its rollout.agent_max_turns={r.agent_max_turns} turns")
 
@@ -176,6 +176,7 @@ class Session:
         keys, n, tools, s = [key(m) for m in msgs], len(self.seen), body.get("tools") or None, self.sample
         extends = (self.chat is not None and tools == self.tools and keys[:n] == self.seen and len(keys) > n
                    and all(m["role"] != "assistant" for m in msgs[n:]))
+        self._budget()
         if extends:
             self.chat.add_messages(msgs[n:])
         else:
@@ -183,12 +184,12 @@ class Session:
             self.chat = ChatRollout(self.endpoint.tokenizer, s, messages=msgs, tools=tools,
                                     parse=self._parse(tools, body.get("tool_choice")))
             self.tools = tools
-        self._budget()
         before = s.response_length
         max_new = body.get("max_completion_tokens") or body.get("max_tokens")
         msg = await self.chat.assistant_turn(self.ctx, self._params(body), max_new_tokens=max_new)
         if msg is None:
             return self._ended()
+        self.turns += 1
         n_new = s.response_length - before
         ids, lps = s.tokens[len(s.tokens) - n_new :], s.rollout_log_probs[len(s.rollout_log_probs) - n_new :]
         out = {"role": "assistant", "content": msg["content"]}
