@@ -1,7 +1,8 @@
 """A model's tool-call text -> OpenAI ``tool_calls``, by model family (``rollout.tool_parser``):
 
 - ``qwen3`` (Qwen2.5/3, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
-- ``glm4`` (GLM-4.5/4.6): ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>``;
+- ``glm4`` (GLM-4.5/4.6): ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>``, or
+  (GLM-4-0414) ``<tool_call>name\n{...}</tool_call>``;
 - ``llama3`` (Llama 3.1-3.3): ``<|python_tag|>`` or a bare ``{"name": ..., "parameters": {...}}`` turn;
 - ``calc``: the built-in ``builtin:calc`` tokenizer's ``<call>expression`` (examples/calculator);
 - ``none``: no tool calls.
@@ -12,6 +13,7 @@ A parser returns ``(content, [(name, arguments dict)])``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -43,6 +45,11 @@ def glm4(text: str) -> Parsed:
     calls = []
     for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
         name, _, rest = body.partition("<arg_key>")
+        if not rest and "{" in name:  # GLM-4-0414: name, a newline, JSON arguments
+            head, _, args = name.partition("{")
+            with contextlib.suppress(json.JSONDecodeError):
+                calls.append((head.strip(), json.loads("{" + args)))
+            continue
         pairs = re.findall(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", "<arg_key>" + rest, flags=re.S)
         args = {}
         for k, v in pairs:

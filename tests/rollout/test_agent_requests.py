@@ -58,6 +58,7 @@ def test_messages_compare_by_role_content_and_calls_not_by_ids_or_formats():
     ("qwen3", "<tool_call>not json</tool_call>", "", []),
     ("glm4", "ok<tool_call>get\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>n</arg_key>"
      "<arg_value>2</arg_value></tool_call>", "ok", [("get", {"city": "Paris", "n": 2})]),
+    ("glm4", '<tool_call>get\n{"city": "Paris"}</tool_call>', "", [("get", {"city": "Paris"})]),
     ("llama3", '<|python_tag|>{"name": "get", "parameters": {"city": "Paris"}}', "", [("get", {"city": "Paris"})]),
     ("llama3", '{"name": "get", "parameters": {"city": "Paris"}}', "", [("get", {"city": "Paris"})]),
     ("llama3", "The answer is 4.", "The answer is 4.", []),
