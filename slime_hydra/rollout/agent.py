@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional
 from slime_hydra.data.sample import Sample, Status
 from slime_hydra.rewards import counters
 from slime_hydra.rollout import tool_calls
-from slime_hydra.rollout.multiturn import ChatRollout, initial_messages
+from slime_hydra.rollout.multiturn import ChatRollout, initial_messages, render
 
 log = logging.getLogger(__name__)
 
@@ -401,8 +401,11 @@ async def generate(ctx: Any, sample: Sample, sampling_params: Dict[str, Any], ev
         sample.status = Status.ABORTED
         return sample
     if not sample.tokens:  # the agent never asked: the sample holds its prompt
-        sample.tokens = ctx.encode(ctx.tokenizer.apply_chat_template(initial_messages(sample), tokenize=False,
-                                                                     add_generation_prompt=True))
+        try:
+            prompt = render(ctx.tokenizer, initial_messages(sample), add_generation_prompt=True)
+        except ValueError:  # no chat template
+            prompt = sample.prompt if isinstance(sample.prompt, str) else json.dumps(sample.prompt)
+        sample.tokens = ctx.encode(prompt)
         sample.metadata.update(messages=initial_messages(sample), num_turns=0)
         if sample.status == Status.PENDING:
             sample.status, sample.reward = Status.FAILED, 0.0
