@@ -56,7 +56,7 @@ lock:                            ## resolve pyproject.toml afresh in a scratch v
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install -q --upgrade pip
 	.lock-venv/bin/python -m pip install -q $(TORCH)
-	.lock-venv/bin/python -m pip install -q -e ".[dev]"
+	.lock-venv/bin/python -m pip install -q -e ".[dev,verifiers]"
 	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } \
 	  > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
 	rm -rf .lock-venv

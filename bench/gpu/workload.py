@@ -44,6 +44,7 @@ class Workload:
         """The checkpoint (kept if there) and 2048 prompts."""
         os.makedirs(self.work, exist_ok=True)
         build_checkpoint(self.ckpt, self.preset, reuse=True)
+        add_chat_template(self.ckpt)
         write_prompts(self.data, 2048, self.prompt_words, self.words)
 
 
@@ -85,6 +86,22 @@ def build_checkpoint(out: str, preset: str = "qwen3_0_6b", arch=None, device: st
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
+
+
+# roles as words of the vocabulary (t5 system, t6 user, t7 assistant, t8 tool): the agent scenarios' conversations
+CHAT_TEMPLATE = ("{% for m in messages %} t{{ {'system': 5, 'user': 6, 'assistant': 7, 'tool': 8}[m['role']] }} "
+                 "{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} t7{% endif %}")
+
+
+def add_chat_template(ckpt: str) -> None:
+    """Give the checkpoint's tokenizer :data:`CHAT_TEMPLATE` (the other scenarios send raw prompts)."""
+    path = os.path.join(ckpt, "tokenizer_config.json")
+    cfg = json.load(open(path))
+    if cfg.get("chat_template") != CHAT_TEMPLATE:
+        cfg["chat_template"] = CHAT_TEMPLATE
+        with open(path + ".tmp", "w") as f:
+            json.dump(cfg, f, indent=1)
+        os.replace(path + ".tmp", path)
 
 
 def write_prompts(path: str, n: int = 2048, words: int = 64, vocab: int = 1000, labels: bool = True) -> str:

@@ -1,34 +1,23 @@
-"""A calculator agent: multi-turn tool use that the tiny random-init model learns in minutes.
+"""A calculator agent written for the OpenAI SDK alone: nothing here knows slime_hydra trains it.
 
     python run.py experiment=calculator_agent
 
-The task (``data.task=calc``, tokenizer ``builtin:calc``): the prompt is an expression whose value
-is one digit, e.g. ``37*48-1772`` (= 4); the tiny model cannot multiply, so it must call the
-calculator and copy its result. The conversation, rendered by the tokenizer's real chat template:
-
-    <user>37*48-1772<assistant><call><eos><tool>4<assistant>4<eos>
-                    ^^^^^^ model ^^^^^     ^^^^^^^^ tool ^^^ model
-
-The tool-call format is as short as it gets so that random sampling finds it: a turn that contains
-``<call>`` is a call; the text after it is the expression, and an empty one means "the user's
-expression". With ``turn_max_tokens=1`` every turn is one token (the call, then the digit); the
-template's ``<eos>`` that closes a turn is then appended masked (the model did not generate it).
-Tool tokens are masked, model tokens keep their log-probs (slime_hydra.rollout.multiturn).
-
-``reward`` (``reward.type=custom``) is 1 for the right final answer, and by default only after a
-calculator call (``require_tool``): the point of the example is the tool protocol, and guessing a
-digit without the tool would otherwise be rewarded one time in ten.
+``run(client, sample)`` is ``rollout.agent``: it talks to the model through the ``openai.AsyncOpenAI`` client it
+is handed (a first parameter named ``base_url`` gets the URL instead), runs the calculator when the model calls
+it, and returns its own reward. The task (``data.task=calc``): the prompt is an expression whose value is one
+digit, e.g. ``37*48-1772`` (= 4); the tiny model cannot multiply, so it must call the calculator and copy its
+result. The tiny model's tool-call syntax is one token, ``<call>`` (tokenizer ``builtin:calc``, tool parser
+``calc``): a call without an expression means "the user's expression". The reward is 1 for the right final
+answer after a calculator call (guessing a digit would otherwise pay one time in ten).
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Any, Dict, List, Optional
+import json
+from typing import Any
 
-from slime_hydra.data.sample import Sample
-from slime_hydra.rollout.multiturn import ChatRollout, final_answer
-
-TOOLS: List[Dict[str, Any]] = [{
+TOOLS = [{
     "type": "function",
     "function": {
         "name": "calculator",
@@ -36,7 +25,6 @@ TOOLS: List[Dict[str, Any]] = [{
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
     },
 }]
-CALL, EOS = "<call>", "<eos>"
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
         ast.Mod: lambda a, b: a % b}
 
@@ -63,39 +51,21 @@ def calculate(expression: str) -> str:
     return str(value) if abs(value) < 10**12 else "?"
 
 
-def parse_turn(text: str) -> Dict[str, Any]:
-    """An assistant turn's text (special tokens included) -> a chat message; every ``<call>``
-    starts a calculator call whose argument is the text up to the next one."""
-    if text.endswith(EOS):
-        text = text[: -len(EOS)]
-    content, *calls = text.split(CALL)
-    msg: Dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": c}}}
-                             for c in calls]
-    return msg
-
-
-async def generate(ctx: Any, sample: Sample, sampling_params: Dict[str, Any], evaluation: bool = False, *,
-                   max_turns: int = 3, turn_max_tokens: Optional[int] = None) -> Sample:
-    """The agent loop: model turn; if it called the calculator, the results as tool messages
-    (consecutive when it made several calls) and another model turn; at most ``max_turns``."""
-    chat = ChatRollout(ctx.tokenizer, sample, tools=TOOLS, parse=parse_turn)
-    question = chat.messages[0]["content"]
-    while not chat.done and chat.num_turns < max_turns:
-        msg = await chat.assistant_turn(ctx, sampling_params, max_new_tokens=turn_max_tokens)
-        if msg is None or chat.done or not msg.get("tool_calls"):
-            break
-        chat.add_messages([{"role": "tool", "name": "calculator",
-                            "content": calculate(c["function"]["arguments"].get("expression") or question)}
-                           for c in msg["tool_calls"]])
-    return chat.finish()
-
-
-def reward(cfg: Any, sample: Sample, require_tool: bool = True) -> float:
-    """1.0 if the conversation ends with the right answer (after a calculator call when
-    ``require_tool``), else 0.0."""
-    answer = final_answer(sample)
-    if answer is None or (require_tool and not sample.metadata.get("tool_calls")):
-        return 0.0
-    return float(answer.strip() == str(sample.label).strip())
+async def run(client: Any, sample: dict, max_turns: int = 3, turn_max_tokens: int = 1) -> float:
+    """Model turn; if it called the calculator, the results as tool messages and another turn; at most
+    ``max_turns``. 1.0 for the right final answer after a call, else 0.0."""
+    question = sample["prompt"]
+    messages = [{"role": "user", "content": question}]
+    called = False
+    for _ in range(max_turns):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                                     max_tokens=turn_max_tokens)
+        msg = reply.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            return float(called and (msg.content or "").strip() == str(sample["label"]))
+        called = True
+        for call in msg.tool_calls:
+            expression = json.loads(call.function.arguments or "{}").get("expression") or question
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(expression)})
+    return 0.0

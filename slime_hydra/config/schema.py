@@ -130,6 +130,11 @@ class RolloutConfig:
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
     dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
     rollout_function: Optional[Any] = None  # async f(ctx, rollout_id, weight_version) -> (groups, metrics)
+    # an agent on an OpenAI-compatible endpoint per sample: async run(client, sample) -> reward
+    agent: Optional[Any] = None  # a _target_ node or dotted path (docs/recipes/agents.md); None: rollout.generate
+    agent_timeout: float = 600.0  # seconds an agent may take for one sample; then the sample fails
+    agent_max_turns: Optional[int] = None  # chat requests per sample; one more is refused and truncates it
+    tool_parser: Optional[str] = None  # qwen3 | glm4 | llama3 | calc | none; None: guessed from the chat template
     over_sampling_batch_size: Optional[int] = None  # prompts per refill while too few groups pass; None: batch_size
     max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
     partial_rollout: bool = False  # groups cut off when the batch is full are continued next rollout

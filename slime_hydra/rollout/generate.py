@@ -32,6 +32,7 @@ class GenerateContext:
     client: GenerateClient
     aborting: bool = False  # set by the manager while it cuts a rollout off
     requests: int = 0  # /generate requests sent to the engines (the manager reads and resets it)
+    endpoint: Any = None  # rollout.agent: the sessions' OpenAI-compatible server (rollout/agent.py)
 
     async def post(self, path: str, payload: Dict[str, Any]) -> Any:
         if self.aborting and path == "/generate":

@@ -11,7 +11,10 @@ keeps the sample's tokens, loss mask and log-probs right:
   prompt) and before them, appended with mask 0 and log-prob 0 (rendering each message on its own breaks
   templates that join consecutive messages: slime issue #2263);
 - what the template renders after the model's own tokens to close an assistant turn (e.g. the newline after
-  Qwen's ``<|im_end|>``) is appended with mask 0 before the next messages, so the tokens are the template's.
+  Qwen's ``<|im_end|>``) is appended with mask 0 before the next messages, so the tokens are the template's;
+- a template that renders earlier turns differently once messages follow (Qwen3 drops past ``<think>`` blocks)
+  keeps the sequence as generated: the new messages' text is what follows the last assistant turn's closing in
+  the new rendering (:func:`rerendered_delta`, counted in ``metadata["rerendered"]``).
 
 The conversation lives in ``sample.metadata`` (``messages``, ``turn_start``, ``num_turns``, ``tool_calls``,
 ``template_mismatch``), so ``ChatRollout(tokenizer, sample)`` on an aborted sample resumes it.
@@ -31,6 +34,7 @@ Example (see examples/calculator/agent.py)::
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 from slime_hydra.data.sample import Sample, Status, finish_type
@@ -66,6 +70,19 @@ def template_delta(tokenizer: Any, before: List[Message], after: List[Message], 
                             f"not prefix-stable), so their tokens cannot be appended:\n  before: ...{a[-120:]!r}\n  "
                             f"after:  ...{b[-160:]!r}")
     return b[len(a) :]
+
+
+def rerendered_delta(before: str, after: str) -> str:
+    """The text ``after`` adds past ``before``'s end when the template changed ``before`` on the way (dropped an
+    earlier turn's reasoning): what follows the longest tail of ``before`` found in ``after`` past their common
+    prefix."""
+    start = len(os.path.commonprefix([before, after]))
+    for j in range(start, len(before)):
+        at = after.find(before[j:], start)
+        if at >= 0:
+            return after[at + len(before) - j :]
+    raise TemplateError(f"the chat template's rendering of the conversation does not contain its last turn's end "
+                        f"once messages are added:\n  before: ...{before[-120:]!r}\n  after:  ...{after[-160:]!r}")
 
 
 def initial_messages(sample: Sample) -> List[Message]:
@@ -192,7 +209,11 @@ class ChatRollout:
         if meta["turn_start"] is not None:
             raise RuntimeError("add_messages: the current assistant turn has not finished")
         after = self.messages + [copy.deepcopy(m) for m in messages]
-        delta = template_delta(self.tokenizer, self.messages, after, **self.kw)
+        try:
+            delta = template_delta(self.tokenizer, self.messages, after, **self.kw)
+        except TemplateError:  # earlier turns render differently now: the sequence keeps them as generated
+            delta = rerendered_delta(self._render(self.messages, False), self._render(after, True))
+            meta["rerendered"] = meta.get("rerendered", 0) + 1
         text = (meta.get("pending_suffix") or "") + delta
         ids = self.encode(text)
         self.sample.append_response(ids, trainable=False, text=text)

@@ -78,6 +78,10 @@ def build_rollout_context(cfg: "RunConfig", tokenizer: Any, client: "GenerateCli
     source = build_data_source(cfg.data, tokenizer, n_samples_per_prompt=r.n_samples_per_prompt,
                                max_prompt_len=r.max_prompt_len, buffer_filter=buffer_filter)
     generate_fn = load_hook(r.generate) if r.generate is not None else default_generate
+    if r.agent is not None:
+        from slime_hydra.rollout.agent import agent_generate
+
+        generate_fn = agent_generate(cfg)
     filter_spec = dynamic_filter_spec(cfg)
     dynamic_filter = load_hook(filter_spec) if filter_spec is not None else None
     sampler = GroupSampler(generate_fn, GenerateContext(cfg, tokenizer, client), cfg.reward, generate_spec=r.generate,

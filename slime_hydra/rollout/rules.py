@@ -86,4 +86,25 @@ def _check_hooks(cfg: RunConfig) -> List[str]:
     for where, spec in hooks.items():
         if spec is not None:
             loads(errs, where, lambda spec=spec: load_hook(spec))
+    return errs + _check_agent(cfg)
+
+
+def _check_agent(cfg: RunConfig) -> List[str]:
+    from slime_hydra.rollout.agent import load_agent
+    from slime_hydra.rollout.tool_calls import PARSERS
+
+    errs: List[str] = []
+    r = cfg.rollout
+    if r.tool_parser is not None:
+        choice(errs, "rollout.tool_parser", r.tool_parser, sorted(PARSERS))
+    if r.agent is None:
+        return errs
+    if r.generate is not None:
+        errs.append("rollout.agent and rollout.generate are both set: the agent's generate function is the "
+                    "endpoint's; set one of them")
+    if r.agent_timeout <= 0:
+        errs.append(f"rollout.agent_timeout: must be > 0 seconds, got {r.agent_timeout}")
+    if r.agent_max_turns is not None and r.agent_max_turns < 1:
+        errs.append(f"rollout.agent_max_turns: must be >= 1 or null, got {r.agent_max_turns}")
+    loads(errs, "rollout.agent", lambda: load_agent(cfg))
     return errs

@@ -140,7 +140,7 @@ def test_every_turn_of_a_custom_generate_function_is_seeded(evaluation):
     the sample's ``sampling_seed`` too: without it the engine drew every turn from its shared
     generator, so what a run sampled depended on how requests were batched, and runs with one seed
     differed."""
-    from examples.calculator.agent import generate as agent_generate
+    from examples.calculator.direct import generate as agent_generate
     from slime_hydra.config.schema import RewardConfig
     from slime_hydra.data.tokenizer import builtin_tokenizer
     from slime_hydra.rollout.sampling import GroupSampler
@@ -148,7 +148,7 @@ def test_every_turn_of_a_custom_generate_function_is_seeded(evaluation):
     ctx = GenerateContext(cfg=SimpleNamespace(rollout=SimpleNamespace(seed=1234)),
                           tokenizer=builtin_tokenizer("builtin:calc"), client=CalcEngine())
     generate_fn = functools.partial(agent_generate, turn_max_tokens=1)
-    sampler = GroupSampler(generate_fn, ctx, RewardConfig(type="custom", custom="examples.calculator.agent.reward"))
+    sampler = GroupSampler(generate_fn, ctx, RewardConfig(type="custom", custom="examples.calculator.direct.reward"))
     s = Sample(prompt="12*13-150", label="6", index=7)
     sp = {"max_new_tokens": 12, "temperature": 1.0}
     out = asyncio.run(sampler.sample(s, sp, evaluation, rollout_id=3))

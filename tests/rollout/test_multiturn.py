@@ -14,7 +14,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from examples.calculator.agent import TOOLS, calculate, generate as calc_generate, parse_turn, reward as calc_reward
+from examples.calculator.agent import TOOLS, calculate
+from examples.calculator.direct import generate as calc_generate, parse_turn, reward as calc_reward
 from slime_hydra.data.sample import Sample, Status
 from slime_hydra.data.tokenizer import builtin_tokenizer
 from slime_hydra.rollout.generate import GenerateContext
