@@ -26,8 +26,17 @@ def _pins() -> dict:
 
 
 def _requirements() -> list:
+    """The core dependencies and the dev extra's, with the extras that dev names of slime_hydra itself."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
+    extras = project["optional-dependencies"]
+    out, todo = [], [Requirement(r) for r in project["dependencies"] + extras["dev"]]
+    while todo:
+        req = todo.pop()
+        if canonicalize_name(req.name) == canonicalize_name(project["name"]):
+            todo += [Requirement(r) for extra in req.extras for r in extras[extra]]
+        else:
+            out.append(req)
+    return out
 
 
 def test_every_requirement_is_pinned_inside_its_range():
