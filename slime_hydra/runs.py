@@ -53,12 +53,8 @@ def defaults() -> tuple:
 
     register_configs()
     with initialize_config_dir(config_dir=CONF, version_base=None):
-        cfg = compose("config")
-    choices = {}
-    for entry in OmegaConf.load(os.path.join(CONF, "config.yaml")).get("defaults", []):
-        if OmegaConf.is_dict(entry):
-            choices.update({str(k).removeprefix("override ").lstrip("/"): str(v) for k, v in entry.items()})
-    return cfg, choices
+        cfg = compose("config", return_hydra_config=True)
+    return cfg, {k: str(v) for k, v in cfg.hydra.runtime.choices.items()}
 
 
 def differing(run_dir: str, base: Any, choices: Dict[str, str]) -> List[str]:
@@ -157,7 +153,8 @@ def metrics_table(runs: Sequence[str]) -> List[List[str]]:
     curves = [eval_curve(read_metrics(r)) for r in runs]
     table.append(["final eval"] + [_fmt(c[-1][1] if c else None) for c in curves])
     table.append(["best eval"] + [_fmt(max(v for _, v in c) if c else None) for c in curves])
-    table += [[k] + [_fmt(s.get(k)) if isinstance(s.get(k), (int, float)) else "" for s in summaries] for k in keys]
+    table += [[k] + [_fmt(s.get(k)) if isinstance(s.get(k), (int, float)) else "" for s in summaries]
+              for k in keys if k != "steps"]
     return table
 
 
@@ -224,7 +221,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("compare needs two or more run directories (each with .hydra/)"
               + (f"; not one: {' '.join(missing)}" if missing else ""), file=sys.stderr)
         return 2
-    names = [os.path.relpath(r) for r in args.runs]
+    names = [r.rstrip("/") for r in args.runs]
     show("config: the keys that differ", ["key", *names], config_diff(args.runs))
     show("metrics", ["", *names], metrics_table(args.runs))
     plot_curves(args.runs, names, args.png)
