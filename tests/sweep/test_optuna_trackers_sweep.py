@@ -52,7 +52,8 @@ def test_a_pruned_search_resumes_and_every_job_is_tracked(tmp_path):
             "logging.backends=[tensorboard,mlflow]", "logging.plot=true", *FAST]
     # every trial is pruned at its eval of step 2 (a threshold no reward reaches)
     out = sweep(d, *args, "hydra.sweeper.optuna.n_trials=2",
-                "hydra.sweeper.optuna.pruner={_target_:optuna.pruners.ThresholdPruner,lower:2.0,n_warmup_steps:1}",
+                "~hydra.sweeper.optuna.pruner",
+                "+hydra.sweeper.optuna.pruner={_target_:optuna.pruners.ThresholdPruner,lower:2.0,n_warmup_steps:1}",
                 timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     out = sweep(d, *args, "hydra.sweeper.optuna.n_trials=3", "hydra.sweeper.optuna.pruner=null", timeout=900)
