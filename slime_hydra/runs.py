@@ -116,7 +116,7 @@ def list_rows(roots: Sequence[str]) -> List[List[str]]:
                 finals = [eval_curve(read_metrics(j)) for j in jobs]
                 best = [max(v for _, v in c) for c in finals if c]
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(sweep)))
-                out.append([when, f"sweep {os.path.relpath(sweep)}", f"{len(jobs)} jobs: {counts}", "", "",
+                out.append([when, f"sweep {os.path.basename(sweep)}", f"{len(jobs)} jobs: {counts}", "", "",
                             _fmt(max(best) if best else None), "", sweep])
             inside = os.path.dirname(d) in seen
             out.append(run_row(d, base, choices, name=f"  {os.path.basename(d)}" if inside else None))
@@ -177,9 +177,8 @@ def plot_curves(runs: Sequence[str], names: Sequence[str], path: str) -> None:
     ax.set(xlabel="step", ylabel="reward")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.15))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -188,14 +188,17 @@ def grid(dists: Dict[str, Any]) -> Dict[str, List[Any]]:
     return out
 
 
-def make_sampler(node: Any, dists: Dict[str, Any]) -> Any:
-    """The sampler of ``hydra.sweeper.optuna.sampler``; a GridSampler gets its grid from ``params``."""
+def make_sampler(node: Any, dists: Dict[str, Any], trials_before: int = 0) -> Any:
+    """The sampler of ``hydra.sweeper.optuna.sampler``; a GridSampler gets its grid from ``params``. A resumed
+    study's sampler gets its seed moved on by the trials before, so that it does not draw the same trials again."""
     import optuna
 
     if node is None:
         return None
     if get_class(node["_target_"]) is optuna.samplers.GridSampler and "search_space" not in node:
         node = {**node, "search_space": grid(dists)}
+    if trials_before and node.get("seed") is not None:
+        node = {**node, "seed": int(node["seed"]) + trials_before}
     return instantiate(node)
 
 
@@ -259,15 +262,16 @@ def search(sweeper: Any, settings: OptunaSettings, arguments: List[str]) -> None
     assert config is not None and launcher is not None and sweeper.hydra_context is not None
     check_resumable(config)
     distributions, fixed = search_space(sweeper._parse_config() + list(arguments))
-    sampler = make_sampler(settings.sampler, distributions)
+    check_storage(settings.storage)
+    before = trials_before(settings)
+    sampler = make_sampler(settings.sampler, distributions, before)
     pruner = instantiate(settings.pruner) if settings.pruner else None
     probes = [tuple(f"{k}={v}" for k, v in {**p, **fixed}.items()) for p in corners(distributions)]
     jobs = compose(sweeper.hydra_context, config, list(enumerate(probes)))
     for job in jobs:
         job.problems += objective_problems(job)
     sweep_dir = str(config.hydra.sweep.dir)
-    check_storage(settings.storage)
-    new_study = not trials_before(settings)
+    new_study = not before
     if new_study:  # its directory must hold no other sweep's jobs (checked before anything starts or is written)
         refuse_foreign_jobs(sweep_dir, [], f"study {settings.study_name} in {settings.storage} is a new one")
     prepare(sweeper, jobs)

@@ -93,3 +93,16 @@ def test_a_study_of_an_older_optuna_is_refused_with_the_upgrade_command(tmp_path
     assert f"hydra.sweeper.optuna.storage={url}: this study database was written by an older optuna" in err
     assert err.strip().endswith(f"optuna storage upgrade --storage {url}")
     check_storage(f"sqlite:///{tmp_path}/none.db")  # no database yet: a new study
+
+
+def test_a_resumed_study_draws_new_trials():
+    import optuna
+
+    from slime_hydra.sweep.optuna import make_sampler, search_space, suggest
+
+    dists, _ = search_space(["x=interval(0, 1)"])
+    node = {"_target_": "optuna.samplers.RandomSampler", "seed": 5}
+    study = optuna.create_study(sampler=make_sampler(node, dists))
+    first = suggest(study.ask(), "x", dists["x"])
+    resumed = optuna.create_study(sampler=make_sampler(node, dists, trials_before=1))
+    assert suggest(resumed.ask(), "x", dists["x"]) != first

@@ -5,6 +5,7 @@ optuna-dashboard's HTTP API, and the runs listed and compared from the shell."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,8 +22,9 @@ def dashboard_study(db: str) -> dict:
     from slime_hydra.utils.proc import free_port
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "optuna_dashboard", f"sqlite:///{db}", "--port", str(port),
-                               "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    cli = os.path.join(os.path.dirname(sys.executable), "optuna-dashboard")  # its console script (no __main__)
+    server = subprocess.Popen([cli, f"sqlite:///{db}", "--port", str(port), "--host", "127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     try:
         deadline = time.time() + 120
         while True:
@@ -59,6 +61,8 @@ def test_a_pruned_search_resumes_and_every_job_is_tracked(tmp_path):
     out = sweep(d, *args, "hydra.sweeper.optuna.n_trials=3", "hydra.sweeper.optuna.pruner=null", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2 trial(s) done, 1 to go" in out.stdout + out.stderr
+    study = optuna.load_study(study_name="grpo_digits", storage=f"sqlite:///{d}/optuna.db")
+    assert study.trials[2].params != study.trials[0].params  # the resumed sampler does not repeat a trial
     study = optuna.load_study(study_name="grpo_digits", storage=f"sqlite:///{d}/optuna.db")
     assert [t.state.name for t in study.trials] == ["PRUNED", "PRUNED", "COMPLETE"]
     assert [sorted(t.intermediate_values) for t in study.trials] == [[2], [2], []]  # reported to the pruner
@@ -97,5 +101,5 @@ def test_a_pruned_search_resumes_and_every_job_is_tracked(tmp_path):
     compared = subprocess.run([sys.executable, "-m", "slime_hydra.runs", "compare", str(jobs[0]), str(jobs[2]),
                                "--png", str(png)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert compared.returncode == 0, compared.stderr
-    assert "algo.lr\t" in compared.stdout and png.stat().st_size > 0
+    assert "\nalgo.lr\t" in compared.stdout and png.stat().st_size > 0
     assert not leftover_processes(), leftover_processes()
