@@ -52,7 +52,7 @@ docs: $(VENV)/.installed         ## draw the figures of docs/architecture.md int
 describe: $(VENV)/.installed     ## every config key: type, value, description (ARGS="rollout model=qwen3_4b")
 	$(PY) -m slime_hydra.config describe $(ARGS)
 
-lock:                            ## resolve pyproject.toml afresh in a scratch venv and write constraints.txt
+lock:                            ## resolve pyproject.toml (.[dev], with the extras dev names) afresh; write constraints.txt
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install -q --upgrade pip
 	.lock-venv/bin/python -m pip install -q $(TORCH)

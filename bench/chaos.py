@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("engine", "router", "manager", "trainer", "driver")
 MOMENTS = ("push", "busy", "row", "startup", "random")
 ARGS = ["trainer.num_rollout=8", "trainer.save_interval=2", "rollout.batch_size=8", "rollout.n_samples_per_prompt=8",
-        "eval.interval=4", "logging.progress=false", "logging.wandb=false",
+        "eval.interval=4", "logging.progress=false", "logging.backends=[]",
         "rollout.fault_tolerance=true", "rollout.health_check_interval_s=2", "rollout.health_check_timeout_s=20",
         "rollout.max_engine_restarts_per_hour=100", "trainer.max_restarts_per_hour=100"]
 IGNORED = ("perf/", "heal/", "startup/", "rollout/engine_restarts", "rollout/requeued_requests",

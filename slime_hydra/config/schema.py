@@ -291,12 +291,15 @@ class SyncConfig:
 class LoggingConfig:
     level: str = "INFO"  # Python log level of the driver and the actors
     progress: bool = True  # show a progress bar with the live reward
-    wandb: bool = True  # log to Weights & Biases
+    backends: List[str] = field(default_factory=lambda: ["wandb"])  # trackers: wandb, tensorboard, mlflow
     wandb_mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
     wandb_project: str = "slime_hydra"  # wandb project
     wandb_entity: Optional[str] = None  # wandb entity (team or user; None: wandb's default)
     wandb_tags: List[str] = field(default_factory=list)  # wandb run tags
     wandb_group: Optional[str] = None  # wandb run group (a sweep sets its id: its runs side by side)
+    mlflow_uri: Optional[str] = None  # MLflow tracking URI; None: $MLFLOW_TRACKING_URI, else sqlite in the run dir
+    mlflow_experiment: str = "slime_hydra"  # MLflow experiment
+    mlflow_parent: Optional[str] = None  # MLflow parent run id (a sweep sets its run's: the jobs are its children)
     plot: bool = True  # write reward_curve.png into the run directory
     log_samples: int = 2  # print this many sampled responses per eval
 

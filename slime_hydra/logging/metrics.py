@@ -1,5 +1,5 @@
-"""Where metrics go: ``metrics.jsonl`` (a JSON object per step), wandb, a tqdm progress bar, and at the end
-``summary.json`` and ``reward_curve.png``."""
+"""Where metrics go: ``metrics.jsonl`` (a JSON object per step), the trackers of ``logging.backends``
+(trackers.py), a tqdm progress bar, and at the end ``summary.json`` and ``reward_curve.png``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import math
 import os
 import sys
-import uuid
 from typing import Any, Dict, List, Optional
 
 from tqdm import tqdm
@@ -27,17 +26,6 @@ def write_json_atomic(path: str, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2))
 
 
-def wandb_run_id(run_dir: str, resuming: bool) -> "tuple[str, Optional[str]]":
-    """(run id, wandb's resume mode): a resumed run continues the wandb run whose id the run directory keeps."""
-    path = os.path.join(run_dir, "wandb_run_id")
-    if resuming and os.path.exists(path):
-        with open(path) as f:
-            return f.read().strip(), "allow"
-    run_id = uuid.uuid4().hex[:8]  # wandb's own ids are 8 characters of [a-z0-9]
-    write_atomic(path, run_id)
-    return run_id, None
-
-
 class RunLogger:
     """``keep_until``: resuming from the checkpoint of that step, the rows of metrics.jsonl after it are
     dropped (they will be written again); None: a new run, all old rows are dropped."""
@@ -51,21 +39,10 @@ class RunLogger:
                 rows = [json.loads(line) for line in f if line.strip()]
             self.history = [r for r in rows if keep_until is not None and r.get("step", -1) <= keep_until]
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
-        self.file, self.wandb = open(self.path, "a"), None
-        mode = cfg.logging.wandb_mode if cfg.logging.wandb else "disabled"
-        if mode == "auto":
-            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        if mode != "disabled":
-            import wandb
+        from slime_hydra.logging.trackers import open_trackers
 
-            from slime_hydra.logging.secrets import redacted_config
-
-            os.environ.setdefault("WANDB_SILENT", "true")
-            run_id, resume = wandb_run_id(self.dir, resuming=cfg.trainer.resume is not None)
-            self.wandb = wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
-                                    name=cfg.run_name, group=cfg.logging.wandb_group, dir=self.dir, mode=mode,
-                                    tags=list(cfg.logging.wandb_tags), config=redacted_config(cfg), id=run_id,
-                                    resume=resume)
+        self.file = open(self.path, "a")
+        self.trackers = open_trackers(cfg)
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not cfg.logging.progress)
 
@@ -75,12 +52,12 @@ class RunLogger:
         self.history.append(row)
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
+        for tracker in self.trackers:
+            tracker.log(step, row)
 
     def rewind(self, step: int) -> None:
         """The run goes back to the checkpoint of ``step`` (healing): the rows after it are dropped and will be
-        written again (wandb keeps its own: it takes no step twice)."""
+        written again (the trackers keep theirs: wandb takes no step twice)."""
         self.history = [r for r in self.history if r.get("step", -1) <= step]
         self.file.close()
         write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
@@ -103,22 +80,22 @@ class RunLogger:
             logging.getLogger("slime_hydra.run").debug(msg)
 
     def finish(self, summary: Dict[str, Any]) -> None:
-        """The end of a completed run: summary.json, the reward curve, the wandb summary."""
+        """The end of a completed run: summary.json, the reward curve, the trackers' summaries."""
         write_json_atomic(os.path.join(self.dir, "summary.json"), summary)
         if self.cfg.logging.plot and self.history:
             plot_rewards(self.history, os.path.join(self.dir, "reward_curve.png"), self.cfg.run_name)
-        if self.wandb is not None:
-            self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        for tracker in self.trackers:
+            tracker.finish(summary, self.dir)
         self.close()
 
     def close(self) -> None:
-        """Release the file, the bar and the wandb run (also after an error or Ctrl-C)."""
+        """Release the file, the bar and the trackers (also after an error or Ctrl-C)."""
         if self.file.closed:
             return
         self.bar.close()
         self.file.close()
-        if self.wandb is not None:
-            self.wandb.finish(exit_code=0 if sys.exc_info()[0] is None else 1)
+        for tracker in self.trackers:
+            tracker.close(failed=sys.exc_info()[0] is not None)
 
 
 def plot_rewards(history: List[Dict[str, Any]], path: str, title: str) -> None:

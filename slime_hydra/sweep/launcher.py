@@ -1,6 +1,7 @@
 """``hydra/launcher=slime``: hydra-joblib-launcher's process pool (``sweep.max_concurrent`` workers), every job a
 Ray driver of its own on the sweep's cluster (cluster.py). Around each job its worker writes ``sweep_job.json``,
-sends its console to ``<job dir>/console.log``, names its wandb run by its overrides and installs the pruning hook."""
+sends its console to ``<job dir>/console.log``, names its wandb run by its overrides, makes its MLflow run a child of
+the sweep's and installs the pruning hook."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def sweep_id(sweep_dir: str) -> str:
 
 
 def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext, config: DictConfig,
-                task_function: TaskFunction, singleton_state: Dict[Any, Any], prune: Optional[Dict[str, Any]]
-                ) -> JobReturn:
+                task_function: TaskFunction, singleton_state: Dict[Any, Any], prune: Optional[Dict[str, Any]],
+                mlflow: Optional[Tuple[str, str]] = None) -> JobReturn:
     """One job, in a worker process (hydra-joblib-launcher's ``execute_job``, plus the sweep's bookkeeping)."""
     setup_globals()
     Singleton.set_state(singleton_state)
@@ -47,6 +48,8 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         sweep_config.logging.progress = False  # the sweep prints status lines
         if sweep_config.logging.wandb_group is None:
             sweep_config.logging.wandb_group = sweep_id(str(sweep_config.hydra.sweep.dir))
+        if mlflow is not None:  # (tracking URI, the sweep's run)
+            sweep_config.logging.mlflow_uri, sweep_config.logging.mlflow_parent = mlflow
         shown = " ".join(shown_overrides(sweep_config, overrides))
         if shown:
             sweep_config.run_name = shown
@@ -157,6 +160,7 @@ class SweepLauncher(JoblibLauncher):
         self.shown: Dict[Any, str] = {}
         self.printer: Optional[StatusPrinter] = None
         self.pool: Any = None  # loky's process pool, while jobs run
+        self.mlflow: Optional[Tuple[str, str]] = None  # the sweep's MLflow (tracking URI, parent run id)
 
     def start(self, num_cpus: int, num_gpus: int) -> None:
         if self.cluster is None:
@@ -180,6 +184,10 @@ class SweepLauncher(JoblibLauncher):
 
             self.start(*cluster_size(self.config, []))
         os.makedirs(str(self.config.hydra.sweep.dir), exist_ok=True)
+        if self.mlflow is None:
+            from slime_hydra.logging.trackers import mlflow_sweep_parent
+
+            self.mlflow = mlflow_sweep_parent(self.config, str(self.config.hydra.sweep.dir))
         if self.printer is None:
             interval = float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0)
             self.printer = StatusPrinter(str(self.config.hydra.sweep.dir), interval, self.shown)
@@ -198,7 +206,7 @@ class SweepLauncher(JoblibLauncher):
         log.info("sweep: job #%d: %s", idx, " ".join(filter_overrides(overrides)))
         self.pool = get_reusable_executor(max_workers=self.n_jobs)
         return self.pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
-                           Singleton.get_state(), self.prune)
+                                Singleton.get_state(), self.prune, self.mlflow)
 
     @staticmethod
     def result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
@@ -229,6 +237,11 @@ class SweepLauncher(JoblibLauncher):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+        if self.mlflow is not None:
+            from slime_hydra.logging.trackers import end_mlflow_run
+
+            end_mlflow_run(*self.mlflow, failed=failing)
+            self.mlflow = None
         if failing and self.config is not None:
             # the last report saw the jobs running: their processes are gone now, they read ``interrupted``
             try:

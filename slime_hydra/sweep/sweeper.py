@@ -20,27 +20,23 @@ log = logging.getLogger(__name__)
 
 
 class SlimeSweeper(BasicSweeper):
-    """``optuna``: hydra-optuna-sweeper's settings: search with Optuna (optuna.py) instead (one sweeper for both:
-    Hydra 1.3 lets the root config's ``hydra/sweeper`` win over an ``hparams_search`` preset's)."""
+    """``optuna``: hydra-optuna-sweeper's settings: an Optuna search over ``params`` (optuna.py) instead (one
+    sweeper for both: Hydra 1.3 lets the root config's ``hydra/sweeper`` win over an ``hparams_search`` preset's)."""
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Any] = None,
                  optuna: Optional[Any] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.optuna = None
         if optuna is not None:
-            from slime_hydra.sweep.optuna import SlimeOptunaSweeper
+            from slime_hydra.sweep.optuna import OptunaSettings
 
-            self.optuna = SlimeOptunaSweeper(**optuna, params=params)
-
-    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        if self.optuna is not None:
-            self.optuna.setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        else:
-            super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+            self.optuna = OptunaSettings.of(optuna)
 
     def sweep(self, arguments: List[str]) -> Any:
         if self.optuna is not None:
-            return self.optuna.sweep(arguments)
+            from slime_hydra.sweep.optuna import search
+
+            return search(self, self.optuna, arguments)
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         flow.check_resumable(self.config)
         params_conf = self._parse_config()

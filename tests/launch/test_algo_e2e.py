@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.integration
-QUIET = ["logging.progress=false", "logging.wandb=false"]
+QUIET = ["logging.progress=false", "logging.backends=[]"]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "algo").glob("*.yaml") if not p.stem.startswith("_"))
 
 

@@ -107,7 +107,7 @@ def test_same_seed_same_run(tmp_path):
         "trainer.num_rollout=6",
         "eval.interval=3",
         "logging.progress=false",
-        "logging.wandb=false",
+        "logging.backends=[]",
         "trainer.save_interval=0",
     ]
     rows = [metrics(d) for d in (tmp_path / "a", tmp_path / "b") if run(d, *args)]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -26,8 +29,17 @@ def _pins() -> dict:
 
 
 def _requirements() -> list:
+    """The core dependencies and the dev extra's, with the extras that dev names of slime_hydra itself."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
+    extras = project["optional-dependencies"]
+    out, todo = [], [Requirement(r) for r in project["dependencies"] + extras["dev"]]
+    while todo:
+        req = todo.pop()
+        if canonicalize_name(req.name) == canonicalize_name(project["name"]):
+            todo += [Requirement(r) for extra in req.extras for r in extras[extra]]
+        else:
+            out.append(req)
+    return out
 
 
 def test_every_requirement_is_pinned_inside_its_range():
@@ -46,3 +58,10 @@ def test_makefile_installs_with_the_constraints():
     makefile = (ROOT / "Makefile").read_text()
     assert '-c constraints.txt -e ".[dev]"' in makefile
     assert "$(VENV)/.installed: pyproject.toml constraints.txt" in makefile
+
+
+@pytest.mark.integration
+def test_pip_check_passes_in_the_installed_environment():
+    """Every installed package's requirements are met (the extras too: `make` installs the dev extra)."""
+    out = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-FAST = ["logging.progress=false", "logging.wandb=false", "logging.plot=false"]
+FAST = ["logging.progress=false", "logging.backends=[]", "logging.plot=false"]
 
 
 def run(run_dir: Path, *overrides: str, timeout: int = 900, env: dict = None) -> dict:

@@ -27,7 +27,7 @@ ARGS = [f"trainer.num_rollout={STEPS}", "trainer.save_interval=0", f"rollout.bat
         f"rollout.n_samples_per_prompt={N}", "rollout.max_response_len=32", "parallelism.rollout_gpus=2",
         "parallelism.gpus_per_node=3", "rollout.fault_tolerance=true", "rollout.health_check_interval_s=1",
         "rollout.health_check_timeout_s=10", "eval.interval=0", "eval.before_train=false", "logging.progress=false",
-        "logging.wandb=false", "sync.max_logprob_diff=inf"]
+        "logging.backends=[]", "sync.max_logprob_diff=inf"]
 
 
 def start(run_dir: Path, *overrides: str) -> subprocess.Popen:

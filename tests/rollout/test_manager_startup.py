@@ -59,7 +59,7 @@ def start_manager(tmp_path, model_path, monkeypatch, overrides):
     # a private cluster, even while another test's `ray start`-style cluster runs on this machine (ray.init()
     # would join that one, named in /tmp/ray/ray_current_cluster, and refuse num_cpus)
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    cfg = resolved(["logging.wandb=false", *overrides])
+    cfg = resolved(["logging.backends=[]", *overrides])
     cfg.output_dir = str(tmp_path)
     plan = make_plan(cfg)
     with ray_cluster(cfg, plan):
