@@ -59,6 +59,20 @@ class ModelConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """The on-policy distillation teacher (algo=opd): a frozen model scoring the student's sampled tokens,
+    beside the trainer. A conf/model preset can fill it: model@teacher=qwen3_4b."""
+
+    name: str = "none"  # preset name
+    path: Optional[str] = None  # its HF checkpoint (a local directory or a hub id); None: no teacher
+    tokenizer: Optional[str] = None  # None: path's; must be the student's tokenizer
+    arch: Optional[ArchConfig] = None  # its shape, for the memory plan; None: path's config.json
+    dtype: Optional[str] = None  # float32 | bfloat16; None: model.dtype
+    trust_remote_code: bool = False  # let transformers run the checkpoint's own model code
+    init_seed: int = 0  # unused (a model preset sets it); the teacher is always loaded from path
+
+
+@dataclass
 class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss and its terms, and the optimiser."""
 
@@ -91,6 +105,7 @@ class AlgoConfig:
     value_clip: float = 0.2  # clip range of the critic's value update (PPO)
     critic_lr: Optional[float] = None  # None: lr
     num_critic_only_steps: int = 0  # rollouts that train only the critic before the actor starts
+    opd_reward_weight: float = 0.0  # algo=opd: weight of the group-normalised task reward added to -reverse KL
     lr: float = 1e-6  # peak learning rate of the policy
     min_lr: float = 0.0  # learning rate at the end of a cosine or linear decay
     lr_warmup_steps: int = 0  # linear warm-up, in optimiser steps
@@ -319,6 +334,7 @@ class SweepConfig:
 class RunConfig:
     model: ModelConfig = MISSING  # conf/model/: the policy model (architecture, checkpoint, tokenizer)
     algo: AlgoConfig = MISSING  # conf/algo/: advantages, policy loss, KL, optimiser
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)  # algo=opd: the model the student learns from
     rollout: RolloutConfig = MISSING  # conf/rollout/: engine, sampling, hooks, router, fault tolerance
     parallelism: ParallelismConfig = MISSING  # conf/parallelism/: devices, placement, model parallelism, offload
     data: DataConfig = MISSING  # conf/data/: the training prompts

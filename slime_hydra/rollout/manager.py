@@ -75,7 +75,7 @@ class RolloutManager:
                                              self.fleet.engine_url))
         tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
         self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
-        self.rollout_fn = load_rollout_function(r.rollout_function)
+        self.rollout_fn = load_rollout_function(r.rollout_function, sft=cfg.algo.advantage_estimator == "sft")
         eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
         self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
         self.data_state = DataState(self.ctx.source)
