@@ -331,6 +331,14 @@ class SweepConfig:
 
 
 @dataclass
+class StageConfig:
+    """One stage of a staged experiment: a whole run, starting from the previous stage's final checkpoint."""
+
+    name: str = MISSING  # names the stage's directory, <run dir>/<k>_<name>
+    overrides: List[str] = field(default_factory=list)  # this stage's Hydra overrides (algo=sft, trainer.num_rollout=9)
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING  # conf/model/: the policy model (architecture, checkpoint, tokenizer)
     algo: AlgoConfig = MISSING  # conf/algo/: advantages, policy loss, KL, optimiser
@@ -345,6 +353,8 @@ class RunConfig:
     logging: LoggingConfig = MISSING  # conf/logging/: console, wandb, plots
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: start a local cluster or join one
     sweep: SweepConfig = field(default_factory=SweepConfig)  # `-m` sweeps: concurrency, validation, resume
+    # stages run one after another (e.g. SFT then GRPO), each from the previous one's final checkpoint; [] one run
+    stages: List[StageConfig] = field(default_factory=list)
     run_name: str = "run"  # names the run directory (default: <model>_<algo>)
     seed: int = 1234  # one seed for everything random (model init, data order, sampling, training)
     dry_run: bool = False  # validate and print the resource plan and memory estimate; start nothing
