@@ -58,18 +58,8 @@ class ModelConfig:
     init_seed: int = 0  # seed of the random initialisation when ``path`` is None
 
 
-@dataclass
-class TeacherConfig:
-    """The on-policy distillation teacher (algo=opd): a frozen model scoring the student's sampled tokens,
-    beside the trainer. A conf/model preset can fill it: model@teacher=qwen3_4b."""
-
-    name: str = "none"  # preset name
-    path: Optional[str] = None  # its HF checkpoint (a local directory or a hub id); None: no teacher
-    tokenizer: Optional[str] = None  # None: path's; must be the student's tokenizer
-    arch: Optional[ArchConfig] = None  # its shape, for the memory plan; None: path's config.json
-    dtype: Optional[str] = None  # float32 | bfloat16; None: model.dtype
-    trust_remote_code: bool = False  # let transformers run the checkpoint's own model code
-    init_seed: int = 0  # unused (a model preset sets it); the teacher is always loaded from path
+# the shape of a model given by its checkpoint alone (a teacher without a preset): read from its config.json
+NO_ARCH = ArchConfig(vocab_size=0, hidden_size=0, intermediate_size=0, num_layers=0, num_heads=0, num_kv_heads=0)
 
 
 @dataclass
@@ -342,7 +332,8 @@ class StageConfig:
 class RunConfig:
     model: ModelConfig = MISSING  # conf/model/: the policy model (architecture, checkpoint, tokenizer)
     algo: AlgoConfig = MISSING  # conf/algo/: advantages, policy loss, KL, optimiser
-    teacher: TeacherConfig = field(default_factory=TeacherConfig)  # algo=opd: the model the student learns from
+    # algo=opd: the model the student learns from (teacher.path; a preset: +model@teacher=qwen3_4b)
+    teacher: ModelConfig = field(default_factory=lambda: ModelConfig(name="none", dtype="${model.dtype}", arch=NO_ARCH))
     rollout: RolloutConfig = MISSING  # conf/rollout/: engine, sampling, hooks, router, fault tolerance
     parallelism: ParallelismConfig = MISSING  # conf/parallelism/: devices, placement, model parallelism, offload
     data: DataConfig = MISSING  # conf/data/: the training prompts

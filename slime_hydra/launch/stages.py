@@ -3,10 +3,12 @@ run, composed by Hydra from this job's own overrides plus its stage's (a stage's
 the command line's keys win, so a sweep or a quick ``trainer.num_rollout=4`` applies to every stage), written to
 ``<run dir>/<k>_<name>/``. Every stage's resolved config is printed and validated before the first starts; a
 stage after the first starts from the previous stage's final checkpoint (``model.path``). With
-``trainer.resume=auto`` a finished stage (its ``summary.json``) is skipped and the one that stopped resumes."""
+``trainer.resume=auto`` a finished stage (its ``summary.json``) is skipped and the one that stopped resumes.
+The run directory's ``summary.json`` is the last stage's, with every stage's under ``stages``."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -52,7 +54,6 @@ def run_stages(dcfg: DictConfig, output_dir: str, job_overrides: List[str]) -> O
     if dcfg.dry_run:
         print(f"every stage's config is valid ({len(stages)} stages; dry_run=true: nothing started)")
         return None
-    summary = None
     for k, (stage_dir, cfg) in enumerate(stages):
         if k:
             cfg.model.path = final_checkpoint(stages[k - 1][0])
@@ -60,7 +61,12 @@ def run_stages(dcfg: DictConfig, output_dir: str, job_overrides: List[str]) -> O
             log.info("stage %d (%s) is done; next", k, os.path.basename(stage_dir))
             continue
         log.info("stage %d of %d: %s", k + 1, len(stages), os.path.basename(stage_dir))
-        summary = run(cfg, stage_dir)
+        run(cfg, stage_dir)
+    # the run directory's summary.json (what a sweep reads): the last stage's, and every stage's under "stages"
+    each = {os.path.basename(d): json.loads(open(os.path.join(d, "summary.json")).read()) for d, _ in stages}
+    summary = {**each[os.path.basename(stages[-1][0])], "stages": each}
+    with open(os.path.join(output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
     return summary
 
 

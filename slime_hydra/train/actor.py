@@ -11,14 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import torch
 
 if TYPE_CHECKING:
-    from slime_hydra.config.schema import (
-        AlgoConfig,
-        ModelConfig,
-        ParallelismConfig,
-        SyncConfig,
-        TeacherConfig,
-        TrainerConfig,
-    )
+    from slime_hydra.config.schema import AlgoConfig, ModelConfig, ParallelismConfig, SyncConfig, TrainerConfig
     from slime_hydra.train.backend import WarmUpShape
 
 
@@ -27,7 +20,7 @@ class TrainerActor:
 
     def __init__(self, rank: int, world_size: int, model_path: str, *, model: ModelConfig, algo: AlgoConfig,
                  trainer: TrainerConfig, parallelism: ParallelismConfig, sync: SyncConfig, seed: int, run_dir: str,
-                 teacher: Optional[TeacherConfig] = None):
+                 teacher: Optional[ModelConfig] = None):
         self.rank, self.world_size, self.model_path, self.teacher_cfg = rank, world_size, model_path, teacher
         self.model_cfg, self.algo, self.trainer_cfg, self.parallelism = model, algo, trainer, parallelism
         self.sync, self.seed, self.run_dir = sync, seed, run_dir
@@ -69,7 +62,7 @@ class TrainerActor:
         if A.needs_teacher(self.algo):
             from slime_hydra.train.teacher import Teacher
 
-            teacher = Teacher(self.teacher_cfg, self.model_cfg.dtype, device, self.trainer_cfg.micro_batch_size)
+            teacher = Teacher(self.teacher_cfg, device, self.trainer_cfg.micro_batch_size)
         self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout, teacher=teacher)
         return {k: getattr(self.backend, k) for k in ("dp_rank", "dp_size", "pushes_weights", "reports_metrics")}
 

@@ -11,15 +11,15 @@ import torch
 from slime_hydra.train.batch import make_micro_batch, response_log_probs
 
 if TYPE_CHECKING:
-    from slime_hydra.config.schema import TeacherConfig
+    from slime_hydra.config.schema import ModelConfig
 
 
 class Teacher:
-    def __init__(self, cfg: "TeacherConfig", dtype: str, device: torch.device, micro_batch_size: int):
+    def __init__(self, cfg: "ModelConfig", device: torch.device, micro_batch_size: int):
         from transformers import AutoModelForCausalLM
 
         self.device, self.micro_batch_size = device, micro_batch_size
-        self.model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=getattr(torch, cfg.dtype or dtype),
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=getattr(torch, cfg.dtype),
                                                           trust_remote_code=cfg.trust_remote_code).to(device).eval()
         self.model.config.use_cache = False
         self.pad_id = self.model.config.pad_token_id or 0

@@ -63,12 +63,12 @@ def test_opd_advantage_is_the_negative_reverse_kl_plus_the_weighted_reward():
 def test_teacher_log_probs_through_the_engine_equal_its_own_forward(tiny_ckpt):
     """SGLang's prompt log-probs (return_logprob, logprob_start_len, max_new_tokens=0) from the embedded engine
     are, bit for bit, the trainer-side teacher's scores of the same tokens."""
-    from slime_hydra.config.schema import TeacherConfig
+    from slime_hydra.config.schema import ModelConfig
     from slime_hydra.rollout.engines.embedded.engine import EmbeddedModel, Request, SamplingParams
     from slime_hydra.train.teacher import Teacher
 
     engine = EmbeddedModel(tiny_ckpt)
-    teacher = Teacher(TeacherConfig(path=tiny_ckpt), "float32", torch.device("cpu"), micro_batch_size=1)
+    teacher = Teacher(ModelConfig(name="t", path=tiny_ckpt), torch.device("cpu"), micro_batch_size=1)
     rows = [([5, 12, 3, 9, 4, 12], [7, 3, 1]), ([4, 4, 12], [9, 1])]
     for temperature in (1.0, 0.7):
         data = {"tokens": [p + r for p, r in rows], "response_lengths": [len(r) for _, r in rows],
@@ -109,3 +109,19 @@ def test_chat_rows_ending_with_the_assistant_turn_have_it_as_label():
     msgs = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
     row = parse_row({"prompt": msgs}, "f.jsonl:1")
     assert (row.prompt, row.label) == (msgs[:1], "4")
+
+
+def test_memory_plan_counts_the_teacher_on_gpus():
+    from slime_hydra.plan.memory import GIB, estimate
+    from slime_hydra.plan.params import param_count
+    from slime_hydra.plan.resources import make_plan
+
+    gpu = ["model=qwen3_0_6b", "data=jsonl", "data.path=tests/fixtures/tiny.jsonl", "eval.datasets=[]",
+           "rollout=sglang", "parallelism=1gpu", "trainer.micro_batch_size=1"]
+    cfg = resolved(["algo=opd", "+model@teacher=qwen3_4b", *gpu])
+    trainer = estimate(cfg, make_plan(cfg)).trainer
+    assert trainer["teacher"] == 2 * param_count(cfg.teacher.arch).total / GIB  # bfloat16 weights
+    assert trainer["teacher_forward"] > 0
+    assert "teacher" not in estimate(resolved(gpu), make_plan(resolved(gpu))).trainer
+    errs = validate(resolved(["algo=opd", "teacher.path=Qwen/Qwen3-4B", *gpu]))  # no shape for the plan
+    assert any(e.startswith("teacher.arch:") for e in errs), errs

@@ -111,6 +111,9 @@ def distill_problems(cfg: RunConfig) -> List[str]:
         return errs
     if t.path is None:
         return errs + ["teacher.path: algo=opd distils from a teacher: set teacher.path to its HF checkpoint"]
+    if cfg.parallelism.device == "cuda" and not t.arch.num_layers:
+        errs.append("teacher.arch: the memory plan counts the teacher on every trainer GPU and needs its shape: give "
+                    "its model preset (+model@teacher=qwen3_4b teacher.path=...) or the teacher.arch.* keys")
     if looks_local(t.path) and not os.path.isdir(os.path.expanduser(t.path)):
         return errs + [f"teacher.path: {t.path!r} is not a directory (a local Hugging Face checkpoint, or a hub id)"]
     errs.extend(tokenizer_mismatch(cfg))
