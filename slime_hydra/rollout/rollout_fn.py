@@ -85,15 +85,10 @@ def build_rollout_context(cfg: "RunConfig", tokenizer: Any, client: "GenerateCli
     return RolloutContext(cfg, source, sampler, dynamic_filter, filter_spec)
 
 
-def load_rollout_function(spec: Any, sft: bool = False) -> RolloutFunction:
-    """``rollout.rollout_function`` -> the callable; None: :func:`default_rollout`, or with ``sft`` (algo=sft)
-    :func:`slime_hydra.rollout.sft.sft_rollout`, the labels as responses."""
+def load_rollout_function(spec: Any) -> RolloutFunction:
+    """``rollout.rollout_function`` -> the callable; None: :func:`default_rollout`."""
     from slime_hydra.utils.hooks import load_hook
 
-    if spec is None and sft:
-        from slime_hydra.rollout.sft import sft_rollout
-
-        return sft_rollout
     return default_rollout if spec is None else load_hook(spec)
 
 
