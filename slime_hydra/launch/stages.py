@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
@@ -63,7 +64,7 @@ def run_stages(dcfg: DictConfig, output_dir: str, job_overrides: List[str]) -> O
         log.info("stage %d of %d: %s", k + 1, len(stages), os.path.basename(stage_dir))
         run(cfg, stage_dir)
     # the run directory's summary.json (what a sweep reads): the last stage's, and every stage's under "stages"
-    each = {os.path.basename(d): json.loads(open(os.path.join(d, "summary.json")).read()) for d, _ in stages}
+    each = {os.path.basename(d): json.loads(Path(d, "summary.json").read_text()) for d, _ in stages}
     summary = {**each[os.path.basename(stages[-1][0])], "stages": each}
     with open(os.path.join(output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
