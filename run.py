@@ -24,8 +24,11 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig):
     from slime_hydra.launch.main import run
+    from slime_hydra.launch.stages import run_stages
 
-    summary = run(cfg, HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    summary = (run_stages(cfg, hc.runtime.output_dir, list(hc.overrides.task)) if cfg.stages
+               else run(cfg, hc.runtime.output_dir))
     return summary[cfg.sweep.optimized_metric] if summary else None  # a sweeper's objective
 
 

@@ -3,7 +3,8 @@
 A scenario is ``python run.py`` with overrides on a model shape: a ``warm`` part of the steps that the
 numbers leave out, a ``measure`` part they are the median of, ``runs`` repeats (the first on cold caches),
 ``variants`` (more runs, each with more overrides), and an optional ``baseline`` on the same workload
-(``trl``: TRL's GRPOTrainer; ``sglang``: the same requests sent to a raw SGLang server). A ``script``
+(``trl``: TRL's GRPOTrainer; ``sglang``: the same requests sent to a raw SGLang server), and a ``teacher`` shape
+(on-policy distillation from random weights of it). A ``script``
 scenario runs a script instead (bench/chaos.py). The numbers come from each run's ``metrics.jsonl``
 (``perf/*``, ``startup/*``) and ``summary.json``; they are printed and written to ``OUT/result.json`` and
 ``OUT/result.md``, the file to copy into bench/measured/ when a doc quotes it.
@@ -33,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "bench" / "scenarios.yaml"
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/slime_hydra_bench"))  # checkpoints of a shape, prompts
-KEYS = {"what", "device", "gpus", "shape", "workload", "overrides", "warm", "measure", "runs", "variants",
+KEYS = {"what", "device", "gpus", "shape", "teacher", "workload", "overrides", "warm", "measure", "runs", "variants",
         "baseline", "script", "timeout_s"}
 BASELINES = ("trl", "sglang")
 # column -> (metric, how the measured steps combine); the first row's startup/total_s is the start
@@ -63,6 +64,10 @@ def workload(sc: Dict[str, Any]):
                     prompt_words=w.get("prompt_words", 64), device=sc.get("device", "cpu"))
 
 
+def teacher_workload(sc: Dict[str, Any]):
+    return workload({**sc, "shape": sc["teacher"]})
+
+
 def overrides(sc: Dict[str, Any], variant: Optional[str] = None, steps: Optional[int] = None,
               extra: List[str] = ()) -> List[str]:
     """run.py's overrides for a scenario (and one of its variants): the workload's (model, checkpoint, prompts,
@@ -74,6 +79,8 @@ def overrides(sc: Dict[str, Any], variant: Optional[str] = None, steps: Optional
                 f"data.path={w.data}", "data.apply_chat_template=false", "eval.datasets=[]",
                 f"rollout.batch_size={w.prompts}", f"rollout.n_samples_per_prompt={w.samples}",
                 f"rollout.max_response_len={w.new_tokens}"]
+    if sc.get("teacher"):  # on-policy distillation from random weights of another shape, built as the student's
+        out += [f"+model@teacher={sc['teacher']}", f"teacher.path={teacher_workload(sc).ckpt}"]
     total = steps or ((sc.get("warm") or 0) + sc["measure"] if sc.get("measure") else None)
     if total:
         out.append(f"trainer.num_rollout={total}")
@@ -232,6 +239,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
     if sc.get("shape"):
         workload(sc).build()
+    if sc.get("teacher"):
+        teacher_workload(sc).build()
     results: Dict[str, Dict[str, Any]] = {}
     for label, variant in runs_of(sc):
         results[label] = run_py(overrides(sc, variant, args.steps, args.overrides), out / label,

@@ -58,6 +58,10 @@ class ModelConfig:
     init_seed: int = 0  # seed of the random initialisation when ``path`` is None
 
 
+# the shape of a model given by its checkpoint alone (a teacher without a preset): read from its config.json
+NO_ARCH = ArchConfig(vocab_size=0, hidden_size=0, intermediate_size=0, num_layers=0, num_heads=0, num_kv_heads=0)
+
+
 @dataclass
 class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss and its terms, and the optimiser."""
@@ -91,6 +95,7 @@ class AlgoConfig:
     value_clip: float = 0.2  # clip range of the critic's value update (PPO)
     critic_lr: Optional[float] = None  # None: lr
     num_critic_only_steps: int = 0  # rollouts that train only the critic before the actor starts
+    opd_reward_weight: float = 0.0  # algo=opd: weight of the group-normalised task reward added to -reverse KL
     lr: float = 1e-6  # peak learning rate of the policy
     min_lr: float = 0.0  # learning rate at the end of a cosine or linear decay
     lr_warmup_steps: int = 0  # linear warm-up, in optimiser steps
@@ -324,9 +329,19 @@ class SweepConfig:
 
 
 @dataclass
+class StageConfig:
+    """One stage of a staged experiment: a whole run, starting from the previous stage's final checkpoint."""
+
+    name: str = MISSING  # names the stage's directory, <run dir>/<k>_<name>
+    overrides: List[str] = field(default_factory=list)  # this stage's Hydra overrides (algo=sft, trainer.num_rollout=9)
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING  # conf/model/: the policy model (architecture, checkpoint, tokenizer)
     algo: AlgoConfig = MISSING  # conf/algo/: advantages, policy loss, KL, optimiser
+    # algo=opd: the model the student learns from (teacher.path; a preset: +model@teacher=qwen3_4b)
+    teacher: ModelConfig = field(default_factory=lambda: ModelConfig(name="none", dtype="${model.dtype}", arch=NO_ARCH))
     rollout: RolloutConfig = MISSING  # conf/rollout/: engine, sampling, hooks, router, fault tolerance
     parallelism: ParallelismConfig = MISSING  # conf/parallelism/: devices, placement, model parallelism, offload
     data: DataConfig = MISSING  # conf/data/: the training prompts
@@ -337,6 +352,8 @@ class RunConfig:
     logging: LoggingConfig = MISSING  # conf/logging/: console, wandb, plots
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray: start a local cluster or join one
     sweep: SweepConfig = field(default_factory=SweepConfig)  # `-m` sweeps: concurrency, validation, resume
+    # stages run one after another (e.g. SFT then GRPO), each from the previous one's final checkpoint; [] one run
+    stages: List[StageConfig] = field(default_factory=list)
     run_name: str = "run"  # names the run directory (default: <model>_<algo>)
     seed: int = 1234  # one seed for everything random (model init, data order, sampling, training)
     dry_run: bool = False  # validate and print the resource plan and memory estimate; start nothing

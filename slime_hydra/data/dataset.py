@@ -138,7 +138,8 @@ def _type_name(x: Any) -> str:
 
 def parse_row(obj: Any, loc: str, *, input_key: str = "prompt", label_key: Optional[str] = "label",
               metadata_key: Optional[str] = "metadata", tools_key: Optional[str] = "tools") -> Row:
-    """One record -> a validated ``Row``; ``loc`` prefixes every error."""
+    """One record -> a validated ``Row``; ``loc`` prefixes every error. Chat messages ending with the assistant's
+    turn, and no ``label_key``: that turn is the label, the messages before it the prompt."""
     if not isinstance(obj, dict):
         raise DataError(f"{loc}: expected a JSON object, got {_type_name(obj)}")
 
@@ -151,10 +152,15 @@ def parse_row(obj: Any, loc: str, *, input_key: str = "prompt", label_key: Optio
     prompt = check_prompt(obj[input_key], loc, input_key)
     label = None
     if label_key is not None:
-        if label_key not in obj:
+        last = prompt[-1] if isinstance(prompt, list) else {}
+        if label_key not in obj and last.get("role") == "assistant" and isinstance(last.get("content"), str) \
+                and len(prompt) > 1:  # a conversation whose last turn is the target (SFT data)
+            prompt, label = prompt[:-1], last["content"]
+        elif label_key not in obj:
             raise missing(label_key, "data.label_key (an eval set's: its label_key), or data.label_key=null for a "
                           "reward that needs no label")
-        label = obj[label_key]
+        else:
+            label = obj[label_key]
         if isinstance(label, bool) or not isinstance(label, (str, int, float)):
             raise DataError(f"{loc}: {label_key} must be a string or number, got {_type_name(label)}")
         if isinstance(label, float) and math.isnan(label):

@@ -193,7 +193,7 @@ class TrainerGroup:
         env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "NCCL_CUMEM_ENABLE": "0"} if cuda else {}
         world = len(plan.trainers)
         parts = dict(model=cfg.model, algo=cfg.algo, trainer=cfg.trainer, parallelism=cfg.parallelism, sync=cfg.sync,
-                     seed=cfg.seed, run_dir=cfg.output_dir)
+                     seed=cfg.seed, run_dir=cfg.output_dir, teacher=cfg.teacher)
         actor = ray.remote(TrainerActor)
         self.actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, t.bundle),
                                      runtime_env={"env_vars": env}, **share).remote(t.rank, world, model_path, **parts)

@@ -9,7 +9,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Tuple
 
-from slime_hydra.plan.activations import MicroBatchShape, activation_bytes, micro_batch_shape, rank_step_samples
+from slime_hydra.plan.activations import (
+    LOGPROB_CHUNK,
+    MicroBatchShape,
+    activation_bytes,
+    micro_batch_shape,
+    rank_step_samples,
+)
 from slime_hydra.plan.params import DTYPE_BYTES, dtype_bytes, head_dim, is_mla, lora_params, moe_layers, param_count
 
 if TYPE_CHECKING:
@@ -31,7 +37,8 @@ AUTO_OFFLOAD_HEADROOM = 0.1
 OFFLOAD_CHOICES = ((False, False), (False, True), (True, False), (True, True))
 # parallelism.push_before_offload's phase: the trainer's weights beside the engine's, and the push's buckets
 PUSH_PHASE = "colocated GPU, push"
-TRANSIENT = ("autocast_copies", "activations", "gather_buffers")  # parts held only during a training step
+# parts held only during a training step
+TRANSIENT = ("autocast_copies", "activations", "gather_buffers", "teacher_forward")
 PART_NAMES = {"adam": "Adam", "ddp_buckets": "DDP buckets", "kv_cache": "KV cache"}
 HOST_REFUSE, HOST_WARN = 0.9, 0.7  # shares of a node's memory: the estimate leaves out the processes' own memory
 FSDP_LORA_RANK = 16  # the LoRA rank the DDP refusal tries
@@ -160,6 +167,19 @@ def megatron_trainer_memory(cfg: "RunConfig", plan: "Plan") -> TrainerMemory:
                          offloaded=("weights", "grads", "adam", "critic"), host=host, micro_batch=mb)
 
 
+def teacher_memory(cfg: "RunConfig", plan: "Plan") -> Dict[str, float]:
+    """On-policy distillation's teacher on every trainer GPU: its weights in ``teacher.dtype`` (kept there, not
+    offloaded) and one no-grad micro-batch forward (the logits, the float32 log-softmax of a chunk of response rows
+    and an MLP's width); none without a teacher or a known shape (``teacher.arch``; the rules ask for it on GPUs)."""
+    a = cfg.teacher.arch
+    if cfg.algo.advantage_estimator != "opd" or not a.num_layers:
+        return {}
+    elem, mb = dtype_bytes(cfg.teacher.dtype), micro_batch_shape(cfg, plan.data_parallel)
+    forward = (mb.positions * elem * (a.vocab_size + 2 * a.intermediate_size)
+               + 8 * min(LOGPROB_CHUNK, mb.response_tokens) * a.vocab_size)
+    return {"teacher": elem * param_count(a).total, "teacher_forward": forward}
+
+
 # trainer.backend -> its memory per GPU; a new backend adds its function here
 TRAINER_MEMORY: Dict[str, Callable[["RunConfig", "Plan"], TrainerMemory]] = {"torch": torch_trainer_memory,
                                                                             "megatron": megatron_trainer_memory}
@@ -266,7 +286,7 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
         raise ValueError(f"trainer.backend: no memory estimate for {backend!r} (known: {', '.join(TRAINER_MEMORY)}); "
                          "add its function to slime_hydra.plan.memory.TRAINER_MEMORY")
     tm = TRAINER_MEMORY[backend](cfg, plan)
-    trainer = {k: v / GIB for k, v in tm.gpu.items()}
+    trainer = {k: v / GIB for k, v in {**tm.gpu, **teacher_memory(cfg, plan)}.items()}
     eng, kv_tokens = engine_memory(cfg, gpu_gib * GIB)
     engine = {k: v / GIB for k, v in eng.items()}
     train_total, engine_total = sum(trainer.values()), sum(engine.values())

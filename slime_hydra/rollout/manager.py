@@ -24,6 +24,7 @@ from slime_hydra.rollout.fleet import EngineFleet, engine_specs
 from slime_hydra.rollout.health import FaultTolerance, WeightsChanged
 from slime_hydra.rollout.rollout_fn import build_rollout_context, check_rollout_output, load_rollout_function
 from slime_hydra.rollout.sampling import agent_metrics
+from slime_hydra.rollout.sft import sft_rollout
 from slime_hydra.rollout.train_data import split_by_rank, train_data
 
 if TYPE_CHECKING:
@@ -75,7 +76,10 @@ class RolloutManager:
                                              self.fleet.engine_url))
         tokenizer = load_tokenizer(cfg.model.tokenizer or model_path, cfg.model.trust_remote_code)
         self.ctx = build_rollout_context(cfg, tokenizer, self.client, self.fleet.abort)
-        self.rollout_fn = load_rollout_function(r.rollout_function)
+        if r.rollout_function is None and cfg.algo.advantage_estimator == "sft":  # the labels as responses
+            self.rollout_fn = sft_rollout
+        else:
+            self.rollout_fn = load_rollout_function(r.rollout_function)
         eval_sets = load_eval_sets(cfg.eval.datasets, cfg.data, tokenizer, r.max_prompt_len)
         self.evaluator = Evaluator(eval_sets, self.ctx.sampler, r, cfg.reward.key, cfg.logging.log_samples)
         self.data_state = DataState(self.ctx.source)

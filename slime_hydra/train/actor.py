@@ -19,8 +19,9 @@ class TrainerActor:
     """One trainer rank, given its parts of the run config; temperature and budget come with :meth:`train`."""
 
     def __init__(self, rank: int, world_size: int, model_path: str, *, model: ModelConfig, algo: AlgoConfig,
-                 trainer: TrainerConfig, parallelism: ParallelismConfig, sync: SyncConfig, seed: int, run_dir: str):
-        self.rank, self.world_size, self.model_path = rank, world_size, model_path
+                 trainer: TrainerConfig, parallelism: ParallelismConfig, sync: SyncConfig, seed: int, run_dir: str,
+                 teacher: Optional[ModelConfig] = None):
+        self.rank, self.world_size, self.model_path, self.teacher_cfg = rank, world_size, model_path, teacher
         self.model_cfg, self.algo, self.trainer_cfg, self.parallelism = model, algo, trainer, parallelism
         self.sync, self.seed, self.run_dir = sync, seed, run_dir
         self.backend = self.rl = self.sender = None
@@ -36,6 +37,7 @@ class TrainerActor:
         """Join the process group, build the backend; returns where this rank sits (``dp_rank``, ``dp_size``, ...)."""
         import torch.distributed as dist
 
+        from slime_hydra.train import algorithms as A
         from slime_hydra.train.backend import BACKENDS
         from slime_hydra.train.trainer import RLTrainer
 
@@ -56,7 +58,12 @@ class TrainerActor:
         self.backend = BACKENDS[self.trainer_cfg.backend](
             model=self.model_cfg, algo=self.algo, trainer=self.trainer_cfg, parallelism=self.parallelism,
             model_path=self.model_path, rank=self.rank, world_size=self.world_size, device=device)
-        self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout)
+        teacher = None
+        if A.needs_teacher(self.algo):
+            from slime_hydra.train.teacher import Teacher
+
+            teacher = Teacher(self.teacher_cfg, device, self.trainer_cfg.micro_batch_size)
+        self.rl = RLTrainer(self.backend, self.algo, self.trainer_cfg.num_steps_per_rollout, teacher=teacher)
         return {k: getattr(self.backend, k) for k in ("dp_rank", "dp_size", "pushes_weights", "reports_metrics")}
 
     def set_num_rollout(self, num_rollout: int) -> None:

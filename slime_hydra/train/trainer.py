@@ -17,6 +17,7 @@ from slime_hydra.train.batch import response_mask, response_tensor
 
 if TYPE_CHECKING:
     from slime_hydra.config.schema import AlgoConfig
+    from slime_hydra.train.teacher import Teacher
 
 
 def split_steps(n: int, steps: int) -> List[List[int]]:
@@ -66,10 +67,14 @@ class RLTrainer:
     """The RL step over a backend, and its counters (saved in checkpoints through the backend)."""
 
     def __init__(self, backend: TrainerBackend, algo: "AlgoConfig", num_steps_per_rollout: int,
-                 reuse_step_log_probs: bool = True):
-        """``reuse_step_log_probs=False``: always recompute the old policy's log-probs (see the module's docs)."""
+                 reuse_step_log_probs: bool = True, teacher: Optional["Teacher"] = None):
+        """``reuse_step_log_probs=False``: always recompute the old policy's log-probs (see the module's docs).
+        ``teacher``: on-policy distillation's (``algo=opd``), scoring the sampled tokens."""
         self.backend, self.algo, self.num_steps = backend, algo, num_steps_per_rollout
         self.reuse_step_log_probs = reuse_step_log_probs
+        self.teacher = teacher
+        if A.needs_teacher(algo) and teacher is None:
+            raise ValueError("algo.advantage_estimator=opd needs a teacher (teacher.path)")
         self.needs_ref = A.needs_ref(algo)
         self.critic = backend.critic if A.needs_critic(algo) else None
         if A.needs_critic(algo) and self.critic is None:
@@ -106,7 +111,8 @@ class RLTrainer:
 
         # 1. old-policy log-probs (none yet where the policy step's forward pass gives them; the
         #    rollout's where they are used as-is), the reference's, and the critic's values
-        from_step = self.reuse_step_log_probs and self.num_steps == 1 and train_actor and not algo.kl_coef
+        from_step = (self.reuse_step_log_probs and self.num_steps == 1 and train_actor and not algo.kl_coef
+                     and self.teacher is None)
         logprob_gap = torch.zeros(())  # sum over response tokens of |trainer log-prob - engine log-prob|
         old_lp: Optional[torch.Tensor] = None
         if not from_step:
@@ -116,6 +122,7 @@ class RLTrainer:
             old_lp = rollout_lp
         ref_lp = be.log_probs(mbs, temperature, reference=True) if self.needs_ref else None
         values = critic.values(mbs) if critic is not None else None
+        teacher_lp = self.teacher.log_probs(data, T, temperature) if self.teacher is not None else None
         # forward passes over the batch besides the training step's: the old policy's log-probs and the
         # reference's (2N FLOPs a token each, for the MFU); the critic's values are another model's, not counted
         metrics["extra_forward_passes"] = float(not from_step) + float(self.needs_ref)
@@ -124,7 +131,8 @@ class RLTrainer:
         #    reads the old log-probs here, and then they were computed above
         rewards = torch.tensor(data["rewards"], dtype=torch.float32)
         adv, returns = A.compute_advantages(algo, rewards=rewards, loss_mask=loss_mask, old_log_probs=old_lp,
-                                            ref_log_probs=ref_lp, values=values, all_reduce=all_reduce)
+                                            ref_log_probs=ref_lp, values=values, all_reduce=all_reduce,
+                                            teacher_log_probs=teacher_lp)
         if values is not None:  # how well the critic predicted these returns, before its update
             metrics["explained_variance"] = explained_variance(values, returns, loss_mask, all_reduce)
 
@@ -172,18 +180,23 @@ class RLTrainer:
         # 4. over every rank, in one reduction: token means of the log-prob gap, |advantage| and the critic's
         #    values; step averages (sums of per-rank shares; the gradient norms, the same on every rank: their mean)
         value_sum = (values * loss_mask).sum() if values is not None else torch.tensor(0.0)
+        # on-policy distillation: the sampled tokens' reverse KL to the teacher, log p_student - log p_teacher
+        kl_sum = ((old_lp - teacher_lp) * loss_mask).sum() if teacher_lp is not None else torch.tensor(0.0)
         keys = sorted(sums)
         totals = be.dp_all_reduce(torch.stack([loss_mask.float().sum(), logprob_gap.float(),
-                                               (adv.abs() * loss_mask).sum(), value_sum.float(),
+                                               (adv.abs() * loss_mask).sum(), value_sum.float(), kl_sum.float(),
                                                *[torch.tensor(float(sums[k])) for k in keys]]))
         tokens = float(totals[0].clamp(min=1))
-        metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
+        if not A.is_sft(algo):  # SFT's samples are labels: no engine log-probs to compare
+            metrics["train_rollout_logprob_abs_diff"] = float(totals[1]) / tokens
+        if teacher_lp is not None:
+            metrics["opd_reverse_kl"] = float(totals[4]) / tokens
         metrics["advantage_abs_mean"] = float(totals[2]) / tokens
         if values is not None:
             metrics["values_mean"] = float(totals[3]) / tokens
         metrics["lr"] = lr
         if critic is not None:
             metrics["critic_lr"] = critic.lr
-        for key, v in zip(keys, totals[4:].tolist()):
+        for key, v in zip(keys, totals[5:].tolist()):
             metrics[key] = v / (be.dp_size if key.endswith("grad_norm") else 1)
         return metrics

@@ -49,8 +49,10 @@ def test_registries_have_every_name():
         "ppo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
+        "sft",
+        "opd",
     }
-    assert set(POLICY_LOSSES) == {"ppo_clip", "gspo", "cispo"}
+    assert set(POLICY_LOSSES) == {"ppo_clip", "gspo", "cispo", "sft"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "low_var_kl"}
     assert REDUCTIONS == ("sample_mean", "token_mean", "token_sum")
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 # advantage_estimator -> (its function in advantages.py, how the rollout manager normalises rewards within a
 # prompt's group when algo.normalize_rewards: None keeps the raw rewards, "mean" subtracts the group mean,
 # "mean_std" also divides by the group std when algo.normalize_std; see advantages.rewards_for_estimator).
-# An estimator is f(algo, *, rewards, mask, kl, values) -> (advantages, returns).
+# An estimator is f(algo, *, rewards, mask, kl, values) -> (advantages, returns), in advantages.py unless its
+# module is named (distill.py: SFT and on-policy distillation).
 _ESTIMATORS = {
     "grpo": ("group_relative", "mean_std"),
     "gspo": ("group_relative", "mean_std"),
@@ -24,12 +25,16 @@ _ESTIMATORS = {
     "ppo": ("ppo_gae", None),
     "reinforce_plus_plus": ("reinforce_plus_plus", None),
     "reinforce_plus_plus_baseline": ("reinforce_plus_plus_baseline", "mean"),
+    "sft": ("distill:sft", None),
+    "opd": ("distill:opd", "mean_std"),
 }
 ADVANTAGE_ESTIMATORS = LazyRegistry("advantage estimator", {
-    name: f"{__name__}.advantages:{function}" for name, (function, _) in _ESTIMATORS.items()})
+    name: f"{__name__}.{function if ':' in function else 'advantages:' + function}"
+    for name, (function, _) in _ESTIMATORS.items()})
 GROUP_REWARDS: Dict[str, Optional[str]] = {name: mode for name, (_, mode) in _ESTIMATORS.items()}
 # policy_loss -> per-token f(algo, *, log_probs, old_log_probs, advantages, mask) -> (loss, clipped, kl)
-POLICY_LOSSES = LazyRegistry("policy loss", {n: f"{__name__}.losses:{n}" for n in ("ppo_clip", "gspo", "cispo")})
+POLICY_LOSSES = LazyRegistry("policy loss", {**{n: f"{__name__}.losses:{n}" for n in ("ppo_clip", "gspo", "cispo")},
+                                             "sft": f"{__name__}.distill:sft_loss"})
 # kl_loss_type -> per-token f(log_probs, ref_log_probs) -> KL estimate   (kl.py)
 KL_ESTIMATORS = LazyRegistry("KL estimator", {n: f"{__name__}.kl:{n}" for n in ("k1", "k2", "k3", "low_var_kl")})
 # loss_reduction: the branches of reduce.Reducer
@@ -39,6 +44,16 @@ REDUCTIONS = ("sample_mean", "token_mean", "token_sum")
 def needs_ref(algo: "AlgoConfig") -> bool:
     """Whether reference-model log-probs are needed (a KL reward or a KL loss)."""
     return bool(algo.kl_coef or algo.kl_loss_coef)
+
+
+def is_sft(algo: "AlgoConfig") -> bool:
+    """Supervised fine-tuning: the samples are labels, not the policy's, so no old or rollout log-probs."""
+    return algo.advantage_estimator == "sft"
+
+
+def needs_teacher(algo: "AlgoConfig") -> bool:
+    """On-policy distillation: the teacher's log-probs of the sampled tokens make the advantages."""
+    return algo.advantage_estimator == "opd"
 
 
 def needs_critic(algo: "AlgoConfig") -> bool:

@@ -129,16 +129,20 @@ def reinforce_plus_plus_baseline(algo: "AlgoConfig", *, rewards: Tensor, mask: T
 
 def compute_advantages(algo: "AlgoConfig", *, rewards: Tensor, loss_mask: Tensor, old_log_probs: Tensor,
                        ref_log_probs: Optional[Tensor] = None, values: Optional[Tensor] = None,
-                       all_reduce: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
+                       all_reduce: Optional[Callable[[Tensor], Tensor]] = None,
+                       teacher_log_probs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Advantages and returns ``[B, T]`` (float32, zero where the mask is 0, no gradient) from
     ``ADVANTAGE_ESTIMATORS[algo.advantage_estimator]``, with the shaping KL ``kl_t =
     KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * m_t`` when ``algo.kl_coef`` (slime uses
-    the same estimator for shaping and loss). ``algo.normalize_advantages``: masked whitening of the
-    advantages, over every data-parallel rank's samples with ``all_reduce`` (a sum over ranks)."""
+    the same estimator for shaping and loss). With ``teacher_log_probs`` (on-policy distillation) ``kl_t`` is the
+    reverse KL to the teacher, ``(old_log_probs - teacher_log_probs) * m_t``. ``algo.normalize_advantages``: masked
+    whitening of the advantages, over every data-parallel rank's samples with ``all_reduce`` (a sum over ranks)."""
     estimator = ADVANTAGE_ESTIMATORS[algo.advantage_estimator]
     with torch.no_grad():
         mask = loss_mask.float()
-        if algo.kl_coef:
+        if teacher_log_probs is not None:
+            kl = (old_log_probs.float() - teacher_log_probs.float()) * mask
+        elif algo.kl_coef:
             if ref_log_probs is None:
                 raise ValueError("algo.kl_coef != 0 needs ref_log_probs")
             kl = KL_ESTIMATORS[algo.kl_loss_type](old_log_probs, ref_log_probs) * mask

@@ -3,9 +3,10 @@ dependent options of the losses, and what the estimators need from the rollout."
 
 from __future__ import annotations
 
+import os
 from typing import List
 
-from slime_hydra.config.rules import choice
+from slime_hydra.config.rules import choice, looks_local
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.train.algorithms import ADVANTAGE_ESTIMATORS, GROUP_REWARDS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
 
@@ -79,7 +80,10 @@ def check(cfg: RunConfig) -> List[str]:
     elif a.num_critic_only_steps and a.advantage_estimator != "ppo":
         errs.append(f"algo.num_critic_only_steps: only advantage_estimator=ppo has a critic, not "
                     f"{a.advantage_estimator}")
+    errs.extend(distill_problems(cfg))
     group_rewards = GROUP_REWARDS.get(a.advantage_estimator)
+    if a.advantage_estimator == "opd" and not a.opd_reward_weight:
+        group_rewards = None  # the reward plays no part
     if group_rewards and a.normalize_rewards and cfg.rollout.n_samples_per_prompt == 1:
         errs.append(
             f"rollout.n_samples_per_prompt: 1 sample per prompt with algo.advantage_estimator={a.advantage_estimator} "
@@ -87,3 +91,51 @@ def check(cfg: RunConfig) -> List[str]:
             "(sample several per prompt, or use reinforce_plus_plus or ppo)"
         )
     return errs
+
+
+def distill_problems(cfg: RunConfig) -> List[str]:
+    """SFT's estimator and loss go together; on-policy distillation needs a teacher that reads the student's
+    tokens as the student does (the same tokenizer: its log-probs are of the same token ids)."""
+    a, t, errs = cfg.algo, cfg.teacher, []
+    if (a.advantage_estimator == "sft") != (a.policy_loss == "sft"):
+        errs.append(f"algo.policy_loss: advantage_estimator={a.advantage_estimator} with policy_loss={a.policy_loss}; "
+                    "SFT is both (algo=sft) or neither")
+    if a.advantage_estimator == "sft" and cfg.rollout.n_samples_per_prompt != 1:
+        errs.append(f"rollout.n_samples_per_prompt: algo=sft trains on each row's label once, not "
+                    f"{cfg.rollout.n_samples_per_prompt} copies of it (set rollout.n_samples_per_prompt=1)")
+    if a.opd_reward_weight and a.advantage_estimator != "opd":
+        errs.append(f"algo.opd_reward_weight: only algo.advantage_estimator=opd reads it, not {a.advantage_estimator}")
+    if a.advantage_estimator != "opd":
+        if t.path is not None:
+            errs.append(f"teacher.path: only algo=opd uses a teacher, not {a.advantage_estimator}")
+        return errs
+    if t.path is None:
+        return errs + ["teacher.path: algo=opd distils from a teacher: set teacher.path to its HF checkpoint"]
+    if cfg.parallelism.device == "cuda" and not t.arch.num_layers:
+        errs.append("teacher.arch: the memory plan counts the teacher on every trainer GPU and needs its shape: give "
+                    "its model preset (+model@teacher=qwen3_4b teacher.path=...) or the teacher.arch.* keys")
+    if looks_local(t.path) and not os.path.isdir(os.path.expanduser(t.path)):
+        return errs + [f"teacher.path: {t.path!r} is not a directory (a local Hugging Face checkpoint, or a hub id)"]
+    errs.extend(tokenizer_mismatch(cfg))
+    return errs
+
+
+def tokenizer_mismatch(cfg: RunConfig) -> List[str]:
+    """The student's and the teacher's tokenizers compared by vocabulary (token -> id) and end-of-sequence id,
+    where both are on this machine (a hub id is not downloaded to check)."""
+    from slime_hydra.data.tokenizer import load_tokenizer
+
+    student = cfg.model.tokenizer or cfg.model.path
+    teacher = cfg.teacher.tokenizer or cfg.teacher.path
+    if student is None or not all(n.startswith("builtin:") or looks_local(n) for n in (student, teacher)):
+        return []
+    try:
+        s, t = (load_tokenizer(n, cfg.model.trust_remote_code) for n in (student, teacher))
+    except Exception as e:  # noqa: BLE001 - any loader error is the user's file
+        return [f"teacher.tokenizer: could not load {teacher!r} or the student's {student!r}: {e}"]
+    if s.get_vocab() != t.get_vocab() or s.eos_token_id != t.eos_token_id:
+        return [f"teacher.tokenizer: the teacher's tokenizer {teacher!r} differs from the student's {student!r} "
+                f"({len(t.get_vocab())} vs {len(s.get_vocab())} tokens, eos {t.eos_token_id} vs {s.eos_token_id}); "
+                "on-policy distillation compares log-probs of the same token ids, so both must use one tokenizer "
+                "(set teacher.tokenizer when the checkpoint's is the same under another name)"]
+    return []

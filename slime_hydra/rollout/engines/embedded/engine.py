@@ -111,6 +111,7 @@ class Request:
     rid: str
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
+    logprob_start_len: int = -1  # with return_logprob: the prompt's log-probs from this position (-1: none)
     parent: Optional[str] = None  # the rid of the request with n > 1 (or of the batch) this one belongs to
     epoch: int = 0  # the server's abort epoch when the request arrived (abort_all bumps it)
     aborted: bool = False
@@ -325,6 +326,16 @@ class EmbeddedModel:
                 finish[i] = {"type": "length", "length": len(out_ids[i])}
         return [self._output(r, out_ids[i], out_lps[i], finish[i]) for i, r in enumerate(reqs)]
 
+    def _prompt_logprobs(self, r: Request) -> List[Optional[float]]:
+        """SGLang's input_token_logprobs values: the log-prob of each prompt token from ``logprob_start_len`` on
+        under softmax(logits / T) of the tokens before it (None for the first token, which has none). Each prompt
+        is scored alone and unpadded: the numbers of a plain forward pass of the model (a teacher's scores)."""
+        ids = torch.tensor([r.input_ids], device=self.device)
+        t = r.params.temperature or 1.0
+        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        lps = torch.log_softmax(logits / t, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+        return ([None] + lps)[max(r.logprob_start_len, 0):]
+
     def _finished(self, r: Request, ids: List[int]) -> Optional[Dict[str, Any]]:
         p, t = r.params, ids[-1]
         if len(ids) >= p.min_new_tokens:
@@ -350,9 +361,13 @@ class EmbeddedModel:
             "id": r.rid, "finish_reason": finish, "prompt_tokens": len(r.input_ids),
             "weight_version": self.weight_version, "num_retractions": 0, "reasoning_tokens": 0,
             "completion_tokens": len(ids), "cached_tokens": 0}
-        if r.return_logprob:  # (logprob, token id, token text or None); no prompt log-probs (logprob_start_len -1)
+        if r.return_logprob:  # (logprob, token id, token text or None); prompt's from logprob_start_len (-1: none)
             texts = [self.tokenizer.decode([t]) for t in ids] if r.return_text_in_logprobs else [None] * len(ids)
-            meta["input_token_logprobs"] = []
+            start = r.logprob_start_len
+            prompt_ids = r.input_ids[start:] if start >= 0 else []
+            prompt_texts = [self.tokenizer.decode([t]) if r.return_text_in_logprobs else None for t in prompt_ids]
+            meta["input_token_logprobs"] = [[lp, t, x] for lp, t, x in zip(
+                self._prompt_logprobs(r) if start >= 0 else [], prompt_ids, prompt_texts)]
             meta["output_token_logprobs"] = [[lp, t, x] for lp, t, x in zip(lps, ids, texts)]
             meta["output_token_logprobs_length"] = len(ids)
         return {"text": text, "output_ids": ids, "meta_info": meta}

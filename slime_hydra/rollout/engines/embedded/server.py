@@ -424,16 +424,23 @@ def _parse_generate(data: Dict[str, Any], engine: EmbeddedModel, epoch: int):
         raise ValueError(f"Duplicate request IDs detected within the request: {duplicates}")
     logprobs = _per_prompt(data, "return_logprob", len(prompts), False, "or one bool for all")
     logprob_text = bool(data.get("return_text_in_logprobs", False))
+    starts = [-1 if x is None else x for x in _per_prompt(data, "logprob_start_len", len(prompts), -1,
+                                                           "or one int for all")]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in starts):
+        raise ValueError("logprob_start_len must be an int, or (a batch) a list of ints")
     reqs = []
     parent = rid if isinstance(rid, str) and rid else None
-    for ids, p, r, logprob in zip(prompts, sps, rids, logprobs):
+    for ids, p, r, logprob, start in zip(prompts, sps, rids, logprobs, starts):
+        if start >= len(ids):
+            raise ValueError(f"logprob_start_len ({start}) is superior or equal to the input length ({len(ids)})")
         if not ids or not all(isinstance(t, int) and 0 <= t < engine.vocab_size for t in ids):
             raise ValueError(f"input_ids must be non-empty token ids in [0, {engine.vocab_size})")
         params = SamplingParams.from_dict(p)
         for k in range(n):
             child = (r if n == 1 else f"{r}_{k}") if r else f"req-{next(_RIDS)}"
             reqs.append(Request(list(ids), params, rid=child, return_logprob=bool(logprob),
-                                return_text_in_logprobs=logprob_text, parent=parent, epoch=epoch))
+                                return_text_in_logprobs=logprob_text, logprob_start_len=start, parent=parent,
+                                epoch=epoch))
     return batch or n > 1, reqs
 
 
