@@ -212,8 +212,7 @@ class Parts:
                         self.cfg.trainer.keep_checkpoints)
 
     def kill(self) -> None:
-        """After an error or Ctrl-C: kill the actors at once (their engines and router die with them)."""
-        log.warning("stopping: killing the rollout manager (its engines and router go with it) and the trainers")
+        """After an error, Ctrl-C or a preemption: kill the actors at once (their engines and router die with them)."""
         for actor in [self.manager, *(self.trainers.actors if self.trainers else [])]:
             try:
                 ray.kill(actor)

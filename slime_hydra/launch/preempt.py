@@ -1,0 +1,120 @@
+"""Preemption (docs/operations.md): SIGTERM, or ``trainer.preempt_signal`` (Slurm's ``--signal=B:USR1@120``),
+stops the run at the next safe point, saves the last step done and exits with 128 + the signal's number, all
+within ``trainer.preempt_grace_s``; ``trainer.resume=auto`` then goes on with no step lost.
+
+A rollout under way is dropped at once (its prompts are drawn again on resume: the checkpoint holds the data
+position before it); from the training of a step to its row, the step finishes first. Ctrl-C is not a
+preemption: it stops at once, and the last periodic checkpoint resumes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from slime_hydra.checkpoint.ckpt import complete_checkpoints
+
+log = logging.getLogger("slime_hydra")
+ABORTABLE = ("start-up", "first push", "rollout")  # what the run does when its work may be dropped (Parts.moment)
+
+
+class Preempted(BaseException):
+    """Raised in the driver's main thread at a safe point; a BaseException, as Ctrl-C's: nothing heals it."""
+
+    def __init__(self, signum: int, note: str = ""):
+        super().__init__(f"preempted by {signal.Signals(signum).name}")
+        self.signum, self.note = signum, note
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # as a shell reports a process the signal ended: 143 for SIGTERM, 138 for USR1
+
+
+class _State:
+    signum: Optional[int] = None
+    abortable: Callable[[], bool] = staticmethod(lambda: True)
+    timer: Optional[threading.Timer] = None
+
+
+@contextlib.contextmanager
+def handling(trainer_cfg: Any) -> Iterator[None]:
+    """Around a run: no preemption pending at its start, the signals' previous handlers back at its end."""
+    previous = {s: signal.getsignal(s) for s in _signals(trainer_cfg)}
+    _State.signum, _State.abortable = None, (lambda: True)
+    install(trainer_cfg)
+    try:
+        yield
+    finally:
+        if _State.timer is not None:
+            _State.timer.cancel()
+        _State.timer = None
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def install(trainer_cfg: Any) -> None:
+    """Handle the preemption signals in this (the main) thread. Again after ``ray.init``: Ray's core worker
+    installs a native handler (absl's failure signal handler) that prints a stack dump for SIGTERM before
+    calling the one it found; installing ours after it replaces it."""
+    handler = lambda signum, _frame: _on_signal(signum, trainer_cfg.preempt_grace_s)  # noqa: E731
+    for s in _signals(trainer_cfg):
+        signal.signal(s, handler)
+
+
+def _signals(trainer_cfg: Any) -> List[signal.Signals]:
+    extra = trainer_cfg.preempt_signal
+    return [signal.SIGTERM] + ([signal.Signals[f"SIG{extra}"]] if extra and extra != "TERM" else [])
+
+
+def abort_when(test: Callable[[], bool]) -> None:
+    """``test()``: whether the run's work now may be dropped when the signal comes (else it waits for ``check``)."""
+    _State.abortable = test
+
+
+def check() -> None:
+    """A safe point of the loop: raise :class:`Preempted` if a preemption signal came."""
+    if _State.signum is not None:
+        raise Preempted(_State.signum)
+
+
+def _on_signal(signum: int, grace_s: float) -> None:
+    if _State.signum is None:
+        _State.signum = signum
+        log.warning("%s: preempted; saving at the next safe point, then stopping (trainer.preempt_grace_s=%g)",
+                    signal.Signals(signum).name, grace_s)
+        _State.timer = threading.Timer(grace_s, _out_of_time, (signum, grace_s))
+        _State.timer.daemon = True
+        _State.timer.start()
+    if _State.abortable():
+        raise Preempted(signum)
+
+
+def _out_of_time(signum: int, grace_s: float) -> None:
+    """The grace period is over before the save was: one line, and out (the run's processes die with the driver)."""
+    print(f"preempted: trainer.preempt_grace_s={grace_s:g} ran out before the checkpoint was saved; "
+          "trainer.resume=auto goes on from the last complete one", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(128 + signum)
+
+
+def wind_down(run: Any, err: Preempted) -> Dict[str, Any]:
+    """After :class:`Preempted` left the loop: save the last step done (unless saved), record the run as preempted
+    in summary.json and the log; the summary."""
+    done = run.done
+    saved = complete_checkpoints(run.run_dir)[-1:] == [f"step_{done:06d}"]
+    if done > 0 and not saved:
+        run.save(done)  # the trainers hold step `done`'s weights: the loop drops a step only before its training
+    if _State.timer is not None:
+        _State.timer.cancel()
+    latest = complete_checkpoints(run.run_dir)[-1:]
+    err.note = (f"step {done} saved" if latest else "nothing to save") + " (go on with trainer.resume=auto)"
+    name = signal.Signals(err.signum).name
+    run.logger.write(f"preempted by {name} after step {done} of {run.num_rollout}: {err.note}")
+    summary = {"status": "preempted", "signal": name, "exit_code": err.exit_code, "steps_done": done,
+               "steps": run.num_rollout, "checkpoint": latest[0] if latest else None, "run_dir": run.run_dir}
+    run.logger.finish(summary)
+    return summary
