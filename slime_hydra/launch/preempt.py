@@ -43,7 +43,7 @@ class _State:
 @contextlib.contextmanager
 def handling(trainer_cfg: Any) -> Iterator[None]:
     """Around a run: no preemption pending at its start, the signals' previous handlers back at its end."""
-    previous = {s: signal.getsignal(s) for s in _signals(trainer_cfg)}
+    previous = {s: signal.getsignal(s) for s in signals(trainer_cfg)}
     _State.signum, _State.abortable = None, (lambda: True)
     install(trainer_cfg)
     try:
@@ -61,11 +61,12 @@ def install(trainer_cfg: Any) -> None:
     installs a native handler (absl's failure signal handler) that prints a stack dump for SIGTERM before
     calling the one it found; installing ours after it replaces it."""
     handler = lambda signum, _frame: _on_signal(signum, trainer_cfg.preempt_grace_s)  # noqa: E731
-    for s in _signals(trainer_cfg):
+    for s in signals(trainer_cfg):
         signal.signal(s, handler)
 
 
-def _signals(trainer_cfg: Any) -> List[signal.Signals]:
+def signals(trainer_cfg: Any) -> List[signal.Signals]:
+    """SIGTERM and ``trainer.preempt_signal``."""
     extra = trainer_cfg.preempt_signal
     return [signal.SIGTERM] + ([signal.Signals[f"SIG{extra}"]] if extra and extra != "TERM" else [])
 

@@ -179,7 +179,7 @@ class _Impl(OptunaSweeperImpl):
         self.launcher.begin()
         try:
             while to_go > 0 or running:
-                while to_go > 0 and len(running) < self.n_jobs:  # a trial for every free slot
+                while to_go > 0 and len(running) < self.n_jobs and self.launcher.preempted is None:  # a free slot
                     trial = study.ask()
                     to_go -= 1
                     overrides = list(self._configure_trials([trial], distributions, fixed)[0])
