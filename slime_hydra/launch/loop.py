@@ -85,7 +85,7 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
                 path = model_path.result()
             # the rollout side starts first: its engines take the longest
             run = (Healing if cfg.rollout.fault_tolerance else Parts)(cfg, placed(plan, pg), pg, path, clock)
-            preempt.abort_when(lambda: run.moment in preempt.ABORTABLE)
+            preempt.starting(lambda: run.moment in preempt.STARTING)
             try:
                 with clock.part("late_checks"):
                     problems = [p for check in deferred for p in check.problems()]

@@ -2,9 +2,10 @@
 stops the run at the next safe point, saves the last step done and exits with 128 + the signal's number, all
 within ``trainer.preempt_grace_s``; ``trainer.resume=auto`` then goes on with no step lost.
 
-A rollout under way is dropped at once (its prompts are drawn again on resume: the checkpoint holds the data
-position before it); from the training of a step to its row, the step finishes first. Ctrl-C is not a
-preemption: it stops at once, and the last periodic checkpoint resumes."""
+A rollout under way is dropped (its prompts are drawn again on resume: the checkpoint holds the data position
+before it); from the training of a step to its row, the step finishes first. Before the first step there is
+nothing to save: the run exits at once (the lease's watchdog ends its processes). Ctrl-C is not a preemption:
+it stops at once, and the last periodic checkpoint resumes."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from slime_hydra.checkpoint.ckpt import complete_checkpoints
 
 log = logging.getLogger("slime_hydra")
-ABORTABLE = ("start-up", "first push", "rollout")  # what the run does when its work may be dropped (Parts.moment)
+STARTING = ("start-up", "first push")  # the run's moments (Parts.moment) before its first step
 
 
 class Preempted(BaseException):
-    """Raised in the driver's main thread at a safe point; a BaseException, as Ctrl-C's: nothing heals it."""
+    """Raised at a safe point of the loop (``check``); a BaseException, as Ctrl-C's: nothing heals it."""
 
     def __init__(self, signum: int, note: str = ""):
         super().__init__(f"preempted by {signal.Signals(signum).name}")
@@ -36,7 +37,7 @@ class Preempted(BaseException):
 
 class _State:
     signum: Optional[int] = None
-    abortable: Callable[[], bool] = staticmethod(lambda: True)
+    starting: Callable[[], bool] = staticmethod(lambda: True)
     timer: Optional[threading.Timer] = None
 
 
@@ -44,14 +45,14 @@ class _State:
 def handling(trainer_cfg: Any) -> Iterator[None]:
     """Around a run: no preemption pending at its start, the signals' previous handlers back at its end."""
     previous = {s: signal.getsignal(s) for s in signals(trainer_cfg)}
-    _State.signum, _State.abortable = None, (lambda: True)
+    _State.signum, _State.starting = None, (lambda: True)
     install(trainer_cfg)
     try:
         yield
     finally:
         if _State.timer is not None:
             _State.timer.cancel()
-        _State.timer = None
+        _State.timer, _State.starting = None, (lambda: True)
         for s, handler in previous.items():
             signal.signal(s, handler)
 
@@ -71,9 +72,9 @@ def signals(trainer_cfg: Any) -> List[signal.Signals]:
     return [signal.SIGTERM] + ([signal.Signals[f"SIG{extra}"]] if extra and extra != "TERM" else [])
 
 
-def abort_when(test: Callable[[], bool]) -> None:
-    """``test()``: whether the run's work now may be dropped when the signal comes (else it waits for ``check``)."""
-    _State.abortable = test
+def starting(test: Callable[[], bool]) -> None:
+    """``test()``: whether the run has not begun its first step (a signal then ends the process at once)."""
+    _State.starting = test
 
 
 def check() -> None:
@@ -83,21 +84,22 @@ def check() -> None:
 
 
 def _on_signal(signum: int, grace_s: float) -> None:
-    if _State.signum is None:
-        _State.signum = signum
-        log.warning("%s: preempted; saving at the next safe point, then stopping (trainer.preempt_grace_s=%g)",
-                    signal.Signals(signum).name, grace_s)
-        _State.timer = threading.Timer(grace_s, _out_of_time, (signum, grace_s))
-        _State.timer.daemon = True
-        _State.timer.start()
-    if _State.abortable():
-        raise Preempted(signum)
+    if _State.signum is not None:
+        return
+    _State.signum = signum
+    if _State.starting():
+        _exit(signum, "nothing to save before the first step; go on with trainer.resume=auto")
+    log.warning("%s: preempted; saving at the next safe point, then stopping (trainer.preempt_grace_s=%g)",
+                signal.Signals(signum).name, grace_s)
+    _State.timer = threading.Timer(grace_s, _exit, (signum, f"trainer.preempt_grace_s={grace_s:g} ran out before "
+                                   "the checkpoint was saved; trainer.resume=auto goes on from the last complete one"))
+    _State.timer.daemon = True
+    _State.timer.start()
 
 
-def _out_of_time(signum: int, grace_s: float) -> None:
-    """The grace period is over before the save was: one line, and out (the run's processes die with the driver)."""
-    print(f"preempted: trainer.preempt_grace_s={grace_s:g} ran out before the checkpoint was saved; "
-          "trainer.resume=auto goes on from the last complete one", file=sys.stderr, flush=True)
+def _exit(signum: int, why: str) -> None:
+    """Out now, with one line (the run's processes die with the driver: launch/lease.py's watchdog)."""
+    print(f"preempted by {signal.Signals(signum).name}: {why}", file=sys.stderr, flush=True)
     logging.shutdown()
     os._exit(128 + signum)
 
@@ -108,7 +110,7 @@ def wind_down(run: Any, err: Preempted) -> Dict[str, Any]:
     done = run.done
     saved = complete_checkpoints(run.run_dir)[-1:] == [f"step_{done:06d}"]
     if done > 0 and not saved:
-        run.save(done)  # the trainers hold step `done`'s weights: the loop drops a step only before its training
+        run.save(done)  # the trainers hold step `done`'s weights: a step is dropped only before its training
     if _State.timer is not None:
         _State.timer.cancel()
     latest = complete_checkpoints(run.run_dir)[-1:]

@@ -254,7 +254,7 @@ class SweepLauncher(JoblibLauncher):
     def close(self) -> None:
         """After the last job: the workers end (killed on the way out of an error or a Ctrl-C), then the cluster;
         a preempted sweep raises :class:`Preempted`."""
-        failing = sys.exc_info()[0] is not None
+        failing = sys.exc_info()[0] is not None or self.preempted is not None  # not waiting for their teardown
         if self.pool is not None:
             self.pool.shutdown(wait=True, kill_workers=failing)
             self.pool = None
