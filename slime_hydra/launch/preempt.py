@@ -18,6 +18,7 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from slime_hydra.checkpoint.ckpt import complete_checkpoints
+from slime_hydra.logging.metrics import write_json_atomic
 
 log = logging.getLogger("slime_hydra")
 STARTING = ("start-up", "first push")  # the run's moments (Parts.moment) before its first step
@@ -119,5 +120,5 @@ def wind_down(run: Any, err: Preempted) -> Dict[str, Any]:
     run.logger.write(f"preempted by {name} after step {done} of {run.num_rollout}: {err.note}")
     summary = {"status": "preempted", "signal": name, "exit_code": err.exit_code, "steps_done": done,
                "steps": run.num_rollout, "checkpoint": latest[0] if latest else None, "run_dir": run.run_dir}
-    run.logger.finish(summary)
+    write_json_atomic(os.path.join(run.run_dir, "summary.json"), summary)  # no plot: the resumed run draws it
     return summary
