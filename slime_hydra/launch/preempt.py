@@ -1,11 +1,13 @@
-"""Preemption (docs/operations.md): SIGTERM, or ``trainer.preempt_signal`` (Slurm's ``--signal=B:USR1@120``),
+"""Preemption (docs/operations.md): SIGTERM, or ``trainer.preempt_signal`` (Slurm's ``--signal=B:USR1@180``),
 stops the run at the next safe point, saves the last step done and exits with 128 + the signal's number, all
 within ``trainer.preempt_grace_s``; ``trainer.resume=auto`` then goes on with no step lost.
 
-A rollout under way is dropped (its prompts are drawn again on resume: the checkpoint holds the data position
-before it); from the training of a step to its row, the step finishes first. Before the first step there is
-nothing to save: the run exits at once (the lease's watchdog ends its processes). Ctrl-C is not a preemption:
-it stops at once, and the last periodic checkpoint resumes."""
+The handler only notes the signal: an exception raised at any bytecode can break the library code it lands
+in (Ray's deserialisation). The loop raises :class:`Preempted` at its safe points (``check``): a rollout under
+way is dropped (its prompts are drawn again on resume: the checkpoint holds the data position before it);
+from the training of a step to its row, the step finishes first. Before the first step there is nothing to
+save: the run exits at once (the lease's watchdog ends its processes). Ctrl-C is not a preemption: it stops
+at once, and the last periodic checkpoint resumes."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from slime_hydra.logging.metrics import write_json_atomic
 
 log = logging.getLogger("slime_hydra")
 STARTING = ("start-up", "first push")  # the run's moments (Parts.moment) before its first step
+# a signal before the first step ends the process at once; a sweep's worker raises Preempted instead (its exit
+# would break the process pool of the other jobs, sweep/launcher.py)
+EXIT_BEFORE_FIRST_STEP = True
 
 
 class Preempted(BaseException):
@@ -89,6 +94,8 @@ def _on_signal(signum: int, grace_s: float) -> None:
         return
     _State.signum = signum
     if _State.starting():
+        if not EXIT_BEFORE_FIRST_STEP:
+            raise Preempted(signum, "nothing to save before the first step")
         _exit(signum, "nothing to save before the first step; go on with trainer.resume=auto")
     log.warning("%s: preempted; saving at the next safe point, then stopping (trainer.preempt_grace_s=%g)",
                 signal.Signals(signum).name, grace_s)

@@ -42,6 +42,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     setup_globals()
     Singleton.set_state(singleton_state)
     jobs.LAUNCHER_WRITES_STATUS = True  # callback.py leaves the status to this function
+    preempt.EXIT_BEFORE_FIRST_STEP = False  # a preempted job ends as a job, the worker stays
     sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
@@ -67,7 +68,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     loop.EVAL_HOOKS.extend(hooks)
     saved = _redirect(os.path.join(job_dir, "console.log"))
     try:
-        with preempt.handling(sweep_config.trainer):  # the sweep forwards a preemption: before the run, it ends here
+        with preempt.handling(sweep_config.trainer):  # the sweep forwards a preemption to the job
             ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
                           job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     except BaseException as e:  # noqa: BLE001 - a SystemExit of the task must not take the worker with it
@@ -207,7 +208,7 @@ class SweepLauncher(JoblibLauncher):
 
     def _preempt(self, signum: int, _frame: Any) -> None:
         """SIGTERM or ``trainer.preempt_signal``: no job starts any more; each running job gets the signal (and
-        saves, launch/preempt.py); ``end`` raises :class:`Preempted` once they have."""
+        saves, launch/preempt.py); ``close`` raises :class:`Preempted` once they have."""
         if self.preempted is None:
             log.warning("%s: preempted; the running jobs save, no other starts", signal.Signals(signum).name)
         self.preempted = signum
