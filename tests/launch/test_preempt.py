@@ -18,9 +18,10 @@ from test_kill_resume import comparable, start
 from runs import leftover_processes, metrics, run
 
 pytestmark = pytest.mark.integration
-# no periodic save before the signal: what resumes is the preemption's save
-ARGS = ["trainer.num_rollout=6", "trainer.save_interval=0", "rollout.batch_size=4", "rollout.n_samples_per_prompt=4",
-        "eval.interval=2", "logging.progress=false", "logging.wandb_mode=disabled"]
+# no periodic save before the signal: what resumes is the preemption's save; enough steps that the signal lands
+# before the last (a signal during the last step lets the run finish)
+ARGS = ["trainer.num_rollout=12", "trainer.save_interval=0", "rollout.batch_size=4", "rollout.n_samples_per_prompt=4",
+        "eval.interval=3", "logging.progress=false", "logging.wandb_mode=disabled"]
 NOISE = ("Traceback", "*** SIGTERM", "*** SIGUSR1", "received at time", "PC: @")
 
 
@@ -57,8 +58,8 @@ def check_quiet_and_clean(out: str) -> None:
 
 @pytest.mark.parametrize("sig,after_rows,delay", [
     (signal.SIGTERM, 3, 0.0),  # as a row is written: the next rollout, or the eval and save of the step
-    pytest.param(signal.SIGUSR1, 4, 0.4, marks=pytest.mark.slow),  # within a step: its rollout or training
-    pytest.param(signal.SIGTERM, 2, 0.8, marks=pytest.mark.slow),
+    pytest.param(signal.SIGUSR1, 4, 0.1, marks=pytest.mark.slow),  # within a step: its rollout or training
+    pytest.param(signal.SIGTERM, 2, 0.3, marks=pytest.mark.slow),
 ])
 def test_preempted_run_saves_and_resumes_the_same_rows(tmp_path, reference, sig, after_rows, delay):
     d = tmp_path / "run"
