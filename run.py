@@ -45,6 +45,7 @@ if __name__ == "__main__":
         logging.shutdown()  # the log files' last lines
         os._exit(130)
     except Preempted as e:  # SIGTERM or trainer.preempt_signal: saved (launch/preempt.py); a requeue goes on
-        print(f"{e}: {e.note or 'the run stopped (go on with trainer.resume=auto)'}", file=sys.stderr, flush=True)
+        if not e.said:
+            print(f"{e}: {e.note or 'the run stopped (go on with trainer.resume=auto)'}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(e.exit_code)

@@ -35,6 +35,7 @@ class Preempted(BaseException):
     def __init__(self, signum: int, note: str = ""):
         super().__init__(f"preempted by {signal.Signals(signum).name}")
         self.signum, self.note = signum, note
+        self.said = False  # its line is in the log and on the console already
 
     @property
     def exit_code(self) -> int:
@@ -124,7 +125,8 @@ def wind_down(run: Any, err: Preempted) -> Dict[str, Any]:
     latest = complete_checkpoints(run.run_dir)[-1:]
     err.note = (f"step {done} saved" if latest else "nothing to save") + " (go on with trainer.resume=auto)"
     name = signal.Signals(err.signum).name
-    run.logger.write(f"preempted by {name} after step {done} of {run.num_rollout}: {err.note}")
+    run.logger.write(f"{err}: {err.note}")
+    err.said = True
     summary = {"status": "preempted", "signal": name, "exit_code": err.exit_code, "steps_done": done,
                "steps": run.num_rollout, "checkpoint": latest[0] if latest else None, "run_dir": run.run_dir}
     write_json_atomic(os.path.join(run.run_dir, "summary.json"), summary)  # no plot: the resumed run draws it
