@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from slime_hydra.config.store import register_configs
+from slime_hydra.launch.preempt import Preempted
 
 register_configs()
 
@@ -46,3 +47,8 @@ if __name__ == "__main__":
         sys.stdout.flush()
         logging.shutdown()  # the log files' last lines
         os._exit(130)
+    except Preempted as e:  # SIGTERM or trainer.preempt_signal: saved (launch/preempt.py); a requeue goes on
+        if not e.said:
+            print(f"{e}: {e.note or 'the run stopped (go on with trainer.resume=auto)'}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(e.exit_code)

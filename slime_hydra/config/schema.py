@@ -273,6 +273,9 @@ class TrainerConfig:
     save_last: bool = True  # save the last step too; false: a measurement whose checkpoint is not wanted
     keep_checkpoints: int = 2  # newest checkpoints kept in the run directory
     resume: Optional[str] = None  # a checkpoint dir, a run dir, or "auto" (latest in this run dir)
+    # besides SIGTERM, the signal that preempts: save at the next safe point, exit 128 + its number; None: SIGTERM only
+    preempt_signal: Optional[str] = "USR1"
+    preempt_grace_s: float = 60.0  # a preempted run saves and exits within this; else it exits without the save
     max_restarts_per_hour: int = 3  # fault tolerance: trainer-group rebuilds per hour; one more stops the run
     # fault tolerance: a trainer call not done within this many seconds is a hung rank (rebuilt); None: no limit
     hang_timeout_s: Optional[float] = 3600.0

@@ -3,7 +3,8 @@
 The driver records a fresh token (in its environment and Ray's, so every process of the run inherits it), its
 pid and the Ray session directory (Ray's agents can wipe their environment but keep its logs open) in
 ``<run dir>/driver.json``. The next start there kills whatever carries the token or holds a session file open
-(a driver still alive is an error); a driver that ends normally kills what of its run outlived Ray's shutdown."""
+(a driver still alive is an error); a driver that ends normally kills what of its run outlived Ray's shutdown;
+a watchdog in its own session kills the run's processes as soon as the driver dies without ending (SIGKILL)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from typing import Callable, List, Optional
@@ -101,6 +105,34 @@ def reap(token: str, ray_session_dir: Optional[str] = None, timeout: float = 10.
     return killed
 
 
+def wait_for_exit(pid: int, start_time: Optional[str]) -> None:
+    """Return once process ``pid`` (started at ``start_time``, see ``_start_time``) has exited."""
+    try:
+        fd = os.pidfd_open(pid)  # readable once the process exits: no polling
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None and _start_time(pid) == start_time:
+        select.select([fd], [], [])
+        os.close(fd)
+    while _start_time(pid) == start_time:  # no pidfd (or a zombie not yet reaped): poll
+        time.sleep(0.2)
+
+
+def start_watchdog(module: str, *args: str) -> subprocess.Popen:
+    """``python -m module <this pid> <its start time> *args`` in a session of its own (a signal to this process
+    group does not reach it), without the run's token (its reap must not kill it)."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    return subprocess.Popen([sys.executable, "-m", module, str(os.getpid()), str(_start_time(os.getpid())), *args],
+                            env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def stop_watchdog(proc: Optional[subprocess.Popen]) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
 class RunLease:
     """``with RunLease(run_dir):`` around a driver's work (see the module docstring)."""
 
@@ -108,11 +140,13 @@ class RunLease:
         self.path = os.path.join(run_dir, LEASE_FILE)
         self.token = uuid.uuid4().hex
         self.ray_session_dir: Optional[str] = None
+        self.watchdog: Optional[subprocess.Popen] = None
 
     def __enter__(self) -> "RunLease":
         self._reap_previous()
         os.environ[TOKEN_ENV] = self.token
         self._write()
+        self.watchdog = start_watchdog("slime_hydra.launch.lease", self.path, self.token)
         return self
 
     def note_ray_session(self, ray_session_dir: Optional[str]) -> None:
@@ -133,6 +167,7 @@ class RunLease:
         if late:
             log.info("killed %d process(es) of this run still running after the shutdown: %s", len(late), late)
         os.environ.pop(TOKEN_ENV, None)
+        stop_watchdog(self.watchdog)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
 
@@ -154,3 +189,20 @@ class RunLease:
         if pids:
             log.warning("killed %d leftover process(es) of the previous driver of this run directory (pid %d): %s",
                         len(pids), prev["pid"], pids)
+
+
+def watch(driver: int, driver_start: str, lease_path: str, token: str) -> None:
+    """The watchdog: once the driver is gone without ending its lease, kill its run's processes."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the driver's clean end
+    wait_for_exit(driver, driver_start)
+    try:
+        with open(lease_path) as f:
+            lease = json.load(f)
+    except (OSError, ValueError):
+        lease = {}
+    if lease.get("token") == token:
+        reap(token, lease.get("ray_session_dir"))
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])

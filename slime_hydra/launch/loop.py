@@ -16,6 +16,7 @@ from slime_hydra.checkpoint.ckpt import remove_partial, resumes_in_run_dir
 from slime_hydra.config import ConfigError
 from slime_hydra.config.deferred import DeferredCheck
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch import preempt
 from slime_hydra.launch.cluster import create_placement_group, placed, ray_cluster
 from slime_hydra.launch.heal import Healing
 from slime_hydra.launch.lease import RunLease
@@ -35,6 +36,7 @@ def steps(run: Parts) -> None:
     cfg, last = run.cfg, run.num_rollout
     run.prepare()  # connect the trainers to the engines, push their weights, the eval before training
     while run.done < last:
+        preempt.check()  # a preemption stops here, or drops the rollout under way (launch/preempt.py)
         step, t = run.done + 1, {}
         with timed(t, "perf/step_time"):
             with timed(t, "perf/rollout_wait_time"):
@@ -65,7 +67,8 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
     clock = clock or StartupClock()
     clock.add("before_train", time.time() - clock.launched)
     t_start = time.perf_counter()
-    with RunLease(cfg.output_dir) as lease, ThreadPoolExecutor(1, thread_name_prefix="initial-checkpoint") as pool:
+    with preempt.handling(cfg.trainer), RunLease(cfg.output_dir) as lease, \
+            ThreadPoolExecutor(1, thread_name_prefix="initial-checkpoint") as pool:
         if partial := remove_partial(cfg.output_dir):
             log.warning("removed the incomplete checkpoint(s) %s of an interrupted save", partial)
         # a random initial checkpoint (no model.path) is built while Ray starts
@@ -75,12 +78,14 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
         with ray_cluster(cfg, plan) as ray_session_dir:
             clock.add("ray_init", time.perf_counter() - t_ray)
             lease.note_ray_session(ray_session_dir)
+            preempt.install(cfg.trainer)  # over the native handler ray.init installed
             with clock.part("placement_group"):
                 pg = create_placement_group(plan)
             with clock.part("initial_checkpoint"):
                 path = model_path.result()
             # the rollout side starts first: its engines take the longest
             run = (Healing if cfg.rollout.fault_tolerance else Parts)(cfg, placed(plan, pg), pg, path, clock)
+            preempt.starting(lambda: run.moment in preempt.STARTING)
             try:
                 with clock.part("late_checks"):
                     problems = [p for check in deferred for p in check.problems()]
@@ -90,6 +95,9 @@ def train(cfg: RunConfig, plan: ResourcePlan, clock: Optional[StartupClock] = No
                                   note=engine_class(cfg.rollout.engine).log_note):
                     summary = _run(run, t_start)
             except BaseException as err:
+                if isinstance(err, Exception):  # a stop (Ctrl-C, a preemption) has said its line
+                    log.warning("stopping: killing the rollout manager (its engines and router go with it) "
+                                "and the trainers")
                 run.kill()
                 death = run.died(err) if isinstance(err, Exception) and not run.fault_tolerance else None
                 if death is not None:
@@ -108,6 +116,9 @@ def _run(run: Parts, t_start: float) -> Dict[str, Any]:
             summary["startup"] = {k.removeprefix("startup/"): v for k, v in run.clock.metrics().items()}
         run.logger.finish(summary)
         return summary
+    except preempt.Preempted as err:
+        preempt.wind_down(run, err)
+        raise
     finally:
         run.logger.close()
 

@@ -14,6 +14,7 @@ import ray
 
 from slime_hydra.checkpoint.ckpt import find_checkpoint, read_checkpoint, save_checkpoint
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.launch import preempt
 from slime_hydra.launch.cluster import PartDied, TrainerGroup
 from slime_hydra.launch.startup import StartupClock
 from slime_hydra.logging.metrics import RunLogger
@@ -144,7 +145,7 @@ class Parts:
         if self.next_rollout is None:
             self.next_rollout = self.manager.generate.remote(step - 1, self.pushed)
         data, metrics = wait_rollout(self.next_rollout, self.manager, self.trainers, self.pushed,
-                                     self.fault_tolerance and not self.is_async)
+                                     self.fault_tolerance and not self.is_async, preempt.check)
         self.next_rollout = None
         # a healing needs the run's start (no checkpoint yet) and the position after the last trained rollout
         self.positions = {k: v for k, v in self.positions.items() if k in (self.start_step, self.done)}
@@ -212,8 +213,7 @@ class Parts:
                         self.cfg.trainer.keep_checkpoints)
 
     def kill(self) -> None:
-        """After an error or Ctrl-C: kill the actors at once (their engines and router die with them)."""
-        log.warning("stopping: killing the rollout manager (its engines and router go with it) and the trainers")
+        """After an error, Ctrl-C or a preemption: kill the actors at once (their engines and router die with them)."""
         for actor in [self.manager, *(self.trainers.actors if self.trainers else [])]:
             try:
                 ray.kill(actor)

@@ -9,6 +9,7 @@ from slime_hydra.config.rules import choice
 from slime_hydra.config.schema import RunConfig
 
 LOOP_MODES = ("sync", "async")  # the driver's two loops
+PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "HUP", "XCPU")  # signals a scheduler sends ahead (launch/preempt.py)
 # summary.json's numbers (driver.summarize) that a sweep job can return as its objective (sweep.optimized_metric)
 SUMMARY_METRICS = ("eval_reward_final", "eval_reward_initial", "train_reward_last", "train_reward_first", "wall_s")
 
@@ -94,6 +95,11 @@ def _check_loop(cfg: RunConfig) -> List[str]:
         errs.append(f"trainer.max_staleness: {t.max_staleness} < trainer.update_weights_interval="
                     f"{t.update_weights_interval}: an async run's samples lag the trainer by up to "
                     "update_weights_interval steps")
+    if t.preempt_signal is not None and t.preempt_signal not in PREEMPT_SIGNALS:
+        errs.append(f"trainer.preempt_signal: one of {', '.join(PREEMPT_SIGNALS)} (a signal's name without SIG) "
+                    f"or null, got {t.preempt_signal!r}")
+    if t.preempt_grace_s <= 0:
+        errs.append(f"trainer.preempt_grace_s: must be > 0, got {t.preempt_grace_s}")
     for key, value in (("trainer.save_interval", t.save_interval), ("eval.interval", cfg.eval.interval)):
         if value < 0:
             errs.append(f"{key}: must be >= 0, got {value}")

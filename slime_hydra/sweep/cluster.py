@@ -13,7 +13,15 @@ import time
 import uuid
 from typing import Optional
 
-from slime_hydra.launch.lease import LEASE_FILE, TOKEN_ENV, _start_time, own_child, reap
+from slime_hydra.launch.lease import (
+    LEASE_FILE,
+    TOKEN_ENV,
+    own_child,
+    reap,
+    start_watchdog,
+    stop_watchdog,
+    wait_for_exit,
+)
 from slime_hydra.logging.metrics import write_json_atomic
 from slime_hydra.sweep.jobs import job_dirs
 
@@ -78,11 +86,7 @@ class SweepCluster:
         return address
 
     def _start_watchdog(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}  # it must not kill itself
-        self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "slime_hydra.sweep.cluster", str(os.getpid()), str(_start_time(os.getpid())),
-             self.sweep_dir, self.token, self.session_dir], env=env, start_new_session=True,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.watchdog = start_watchdog("slime_hydra.sweep.cluster", self.sweep_dir, self.token, self.session_dir)
 
     def stop(self) -> None:
         import ray
@@ -100,16 +104,13 @@ class SweepCluster:
         if killed:
             log.info("sweep: killed %d process(es) still running after the cluster's shutdown", killed)
         os.environ.pop(TOKEN_ENV, None)
-        if self.watchdog is not None:
-            self.watchdog.send_signal(signal.SIGTERM)
-            self.watchdog.wait(timeout=10)
+        stop_watchdog(self.watchdog)
 
 
 def watch(parent: int, parent_start: str, sweep_dir: str, token: str, session_dir: str) -> None:
     """The watchdog: when the sweep's process is gone (without ``stop``'s SIGTERM), kill what it left."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while _start_time(parent) == parent_start:
-        time.sleep(0.5)
+    wait_for_exit(parent, parent_start)
     reap_sweep(sweep_dir, token, session_dir)
 
 

@@ -34,8 +34,12 @@ LAUNCHER_WRITES_STATUS = False
 
 
 def ended_status(err: BaseException) -> str:
-    """The status of a job that ended in ``err``: pruned, interrupted (a Ctrl-C: stopped, not failed) or failed."""
-    return "pruned" if isinstance(err, JobPruned) else "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+    """The status of a job that ended in ``err``: pruned, interrupted (a Ctrl-C: stopped, not failed), preempted
+    (SIGTERM or ``trainer.preempt_signal``: saved, launch/preempt.py) or failed."""
+    from slime_hydra.launch.preempt import Preempted
+
+    return "pruned" if isinstance(err, JobPruned) else "interrupted" if isinstance(err, KeyboardInterrupt) else \
+        "preempted" if isinstance(err, Preempted) else "failed"
 
 
 def in_job_order(dirs: List[str]) -> List[str]:
@@ -73,8 +77,9 @@ register_resolver()
 
 def write_status(job_dir: str, num: int, overrides: List[str], status: str, error: Optional[str] = None,
                  started: Optional[float] = None) -> None:
-    """``status``: running | ok | failed | pruned | interrupted. A running job records its process and host, so
-    that a reader on that host can tell a job still running from one whose sweep was killed (``interrupted``)."""
+    """``status``: running | ok | failed | pruned | interrupted | preempted. A running job records its process and
+    host, so that a reader on that host can tell a job still running from one whose sweep was killed
+    (``interrupted``)."""
     os.makedirs(job_dir, exist_ok=True)
     write_json_atomic(os.path.join(job_dir, STATUS_FILE), {
         "num": num, "overrides": list(overrides), "status": status, "error": error, "host": socket.gethostname(),

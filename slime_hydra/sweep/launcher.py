@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,9 +22,10 @@ from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from slime_hydra.launch import preempt
 from slime_hydra.sweep import jobs
 from slime_hydra.sweep.cluster import SweepCluster
-from slime_hydra.sweep.jobs import JobPruned, shown_overrides, write_status
+from slime_hydra.sweep.jobs import JobPruned, read_status, shown_overrides, sweep_job_dirs, write_status
 from slime_hydra.sweep.report import collect, status_line, write_report
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     setup_globals()
     Singleton.set_state(singleton_state)
     jobs.LAUNCHER_WRITES_STATUS = True  # callback.py leaves the status to this function
+    preempt.EXIT_BEFORE_FIRST_STEP = False  # a preempted job ends as a job, the worker stays
     sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
@@ -68,8 +71,9 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     loop.EVAL_HOOKS.extend(hooks)
     saved = _redirect(os.path.join(job_dir, "console.log"))
     try:
-        ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
-                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        with preempt.handling(sweep_config.trainer):  # the sweep forwards a preemption to the job
+            ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     except BaseException as e:  # noqa: BLE001 - a SystemExit of the task must not take the worker with it
         ret = JobReturn(overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config,
                         working_dir=job_dir, task_name=sweep_config.hydra.job.name, status=JobStatus.FAILED)
@@ -83,7 +87,8 @@ def execute_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
     else:
         err = ret._return_value
         pruned = isinstance(err, JobPruned)
-        tail = str(err) if pruned else "".join(traceback.format_exception(err))[-2000:]
+        tail = str(err) if isinstance(err, (JobPruned, preempt.Preempted)) else \
+            "".join(traceback.format_exception(err))[-2000:]
         write_status(job_dir, idx, label, jobs.ended_status(err), error=tail, started=started)
         # what comes back to the sweep's process must unpickle there: the error's text, not its object
         ret._return_value = err if pruned else RuntimeError(f"job {idx} failed: {tail}")
@@ -161,6 +166,9 @@ class SweepLauncher(JoblibLauncher):
         self.printer: Optional[StatusPrinter] = None
         self.pool: Any = None  # loky's process pool, while jobs run
         self.mlflow: Optional[Tuple[str, str]] = None  # the sweep's MLflow (tracking URI, parent run id)
+        self.futures: List[Any] = []  # the jobs submitted
+        self.preempted: Optional[int] = None  # the preemption signal the sweep got
+        self.handlers: Dict[int, Any] = {}  # the signals' handlers before ``begin``
 
     def start(self, num_cpus: int, num_gpus: int) -> None:
         if self.cluster is None:
@@ -178,6 +186,9 @@ class SweepLauncher(JoblibLauncher):
     def begin(self) -> None:
         """Before the first job of a launch: the cluster (if the sweeper did not start it) and the status lines."""
         setup_globals()
+        # run.py leaves a stopped sweep with os._exit: the semaphores of loky's queues are not unlinked, and the
+        # resource tracker would warn of them
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         if self.cluster is None:
             from slime_hydra.sweep.compose import cluster_size
@@ -192,11 +203,30 @@ class SweepLauncher(JoblibLauncher):
             interval = float(OmegaConf.select(self.config, "sweep.status_interval_s") or 10.0)
             self.printer = StatusPrinter(str(self.config.hydra.sweep.dir), interval, self.shown)
             self.printer.start()
+        for s in preempt.signals(self.config.trainer):
+            self.handlers[s] = signal.signal(s, self._preempt)
 
     def end(self) -> None:
+        for s, handler in self.handlers.items():
+            signal.signal(s, handler)
+        self.handlers = {}
         if self.printer is not None:
             self.printer.stop()
             self.printer = None
+
+    def _preempt(self, signum: int, _frame: Any) -> None:
+        """SIGTERM or ``trainer.preempt_signal``: no job starts any more; each running job gets the signal (and
+        saves, launch/preempt.py); ``close`` raises :class:`Preempted` once they have."""
+        if self.preempted is None:
+            log.warning("%s: preempted; the running jobs save, no other starts", signal.Signals(signum).name)
+        self.preempted = signum
+        for future in self.futures:
+            future.cancel()  # those not started yet
+        for job_dir in sweep_job_dirs(str(self.config.hydra.sweep.dir)):
+            state = read_status(job_dir)  # a running job's process is alive (on this host)
+            if state and state["status"] == "running" and state["pid"] != os.getpid():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(state["pid"], signum)
 
     def submit(self, idx: int, overrides: Sequence[str]) -> Any:
         """Job ``idx`` into loky's pool (not ``joblib.Parallel``, which runs ``n_jobs=1`` in this process); a future
@@ -205,12 +235,14 @@ class SweepLauncher(JoblibLauncher):
 
         log.info("sweep: job #%d: %s", idx, " ".join(filter_overrides(overrides)))
         self.pool = get_reusable_executor(max_workers=self.n_jobs)
-        return self.pool.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function,
-                                Singleton.get_state(), self.prune, self.mlflow)
+        self.futures.append(self.pool.submit(execute_job, idx, overrides, self.hydra_context, self.config,
+                                             self.task_function, Singleton.get_state(), self.prune, self.mlflow))
+        return self.futures[-1]
 
     @staticmethod
     def result(future: Any, idx: int, overrides: Sequence[str]) -> JobReturn:
-        """The job's JobReturn; a job whose process died (killed, out of memory) is a failed one."""
+        """The job's JobReturn; a job whose process died (killed, out of memory) or that a preemption cancelled
+        before it started is a failed one."""
         try:
             return future.result()
         except Exception as e:  # noqa: BLE001 - the worker process is gone: report, do not stop the sweep
@@ -229,8 +261,9 @@ class SweepLauncher(JoblibLauncher):
             self.end()
 
     def close(self) -> None:
-        """After the last job: the workers end (killed on the way out of an error or a Ctrl-C), then the cluster."""
-        failing = sys.exc_info()[0] is not None
+        """After the last job: the workers end (killed on the way out of an error or a Ctrl-C), then the cluster;
+        a preempted sweep raises :class:`Preempted`."""
+        failing = sys.exc_info()[0] is not None or self.preempted is not None  # not waiting for their teardown
         if self.pool is not None:
             self.pool.shutdown(wait=True, kill_workers=failing)
             self.pool = None
@@ -248,3 +281,6 @@ class SweepLauncher(JoblibLauncher):
                 write_report(str(self.config.hydra.sweep.dir))
             except Exception as e:  # noqa: BLE001 - the error (the Ctrl-C) on its way out comes first
                 log.warning("sweep: the report after the interruption: %s", e)
+        if self.preempted is not None:
+            raise preempt.Preempted(self.preempted, "the jobs saved (go on with the same command and "
+                                    f"sweep.resume=true hydra.sweep.dir={self.config.hydra.sweep.dir})")

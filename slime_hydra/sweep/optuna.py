@@ -308,7 +308,7 @@ def search(sweeper: Any, settings: OptunaSettings, arguments: List[str]) -> None
     launcher.begin()
     try:
         while to_go > 0 or running:
-            while to_go > 0 and len(running) < settings.n_jobs:  # a trial for every free slot
+            while to_go > 0 and len(running) < settings.n_jobs and launcher.preempted is None:  # a free slot
                 trial = study.ask()
                 to_go -= 1
                 values = {k: suggest(trial, k, d) for k, d in distributions.items()}

@@ -71,16 +71,13 @@ def push_weights(manager, trainers, version: int, offload: Offload = Offload(), 
     return sync
 
 
-def wait_rollout(rollout, manager, trainers, version: int, restore_engines: bool):
-    """The rollout's result. ``restore_engines`` (fault tolerance, sync runs: the idle trainers hold the rollout's
-    weights): an engine restarted during the rollout gets those weights at once and serves the rest of it."""
-    if not restore_engines:
-        return ray.get(rollout)
-    while True:
-        ready, _ = ray.wait([rollout], timeout=1.0)
-        if ready:
-            return ray.get(rollout)
-        endpoints = ray.get(manager.awaiting_weights.remote())
+def wait_rollout(rollout, manager, trainers, version: int, restore_engines: bool, check=lambda: None):
+    """The rollout's result; ``check()`` is called while it runs (a preemption drops it there). ``restore_engines``
+    (fault tolerance, sync runs: the idle trainers hold the rollout's weights): an engine restarted during the
+    rollout gets those weights at once and serves the rest of it."""
+    while not ray.wait([rollout], timeout=1.0 if restore_engines else 0.2)[0]:
+        check()
+        endpoints = ray.get(manager.awaiting_weights.remote()) if restore_engines else None
         if endpoints:
             try:
                 trainers.reconnect(endpoints)
@@ -90,6 +87,7 @@ def wait_rollout(rollout, manager, trainers, version: int, restore_engines: bool
                 continue
             joined = ray.get(manager.weights_pushed.remote(version))
             log.warning("engine(s) %s restarted mid-rollout, got weights v%d and serve again", joined, version)
+    return ray.get(rollout)
 
 
 def wait_or_stalled(rollout, manager, fault_tolerance: bool) -> None:

@@ -61,6 +61,9 @@ RULES = [
     (["parallelism.tensor_parallel=0"], "parallelism.tensor_parallel: must be >= 1, got 0"),
     (["eval.datasets=[{name: a, reward: nope}]"],
      "eval.datasets[0].reward: 'nope' is not one of ['exact', 'math', 'f1', 'remote', 'custom']"),
+    # 11. the preemption signal is one a scheduler sends ahead, named without SIG; the grace is positive
+    (["trainer.preempt_signal=SIGUSR1"], "trainer.preempt_signal: one of TERM, USR1, USR2, HUP, XCPU"),
+    (["trainer.preempt_grace_s=0"], "trainer.preempt_grace_s: must be > 0, got 0"),
 ]
 
 
