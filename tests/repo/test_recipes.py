@@ -182,6 +182,7 @@ def run_recipe(path: Path, tmp: Path, real: bool) -> None:
         elif b.kind == "bash no-ci":
             check(shell(parses(b.code), cwd, timeout=30), f"{where}: bash -n", b.code)
             for cmd in run_py_commands(b.code):
+                cmd = cmd.rstrip().removesuffix("&")  # a driver started in the background (a Slurm trap waits on it)
                 check(shell(f"{cmd} {COMPOSE}", cwd, timeout=240), f"{where}: compose", cmd)
 
 
