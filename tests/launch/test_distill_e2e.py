@@ -60,3 +60,15 @@ def test_opd_learns_from_the_teacher(tmp_path, teacher, seed):
     kl = [r["train/opd_reverse_kl"] for r in metrics(d) if "train/opd_reverse_kl" in r]
     assert sum(kl[-5:]) < sum(kl[:5]) / 4, kl  # the student's tokens move towards the teacher's
     assert json.loads(Path(d / "summary.json").read_text())["steps"] == 40
+
+
+@pytest.mark.integration
+def test_sft_without_eval_starts_no_engine(tmp_path):
+    """algo=sft with no eval sets: no engine, no router, no weight push; it trains and saves."""
+    d = tmp_path / "run"
+    summary = run(d, "algo=sft", "eval.datasets=[]", "trainer.num_rollout=2", "rollout.batch_size=8", *FAST)
+    assert summary["steps"] == 2 and (d / "checkpoints/step_000002/hf").is_dir()
+    assert sorted(p.name for p in (d / "logs").iterdir()) == ["rollout_manager.log"]
+    rows = metrics(d)
+    assert [r["step"] for r in rows] == [1, 2] and all("train/loss" in r for r in rows)
+    assert not any(k.startswith("perf/weight_push") for r in rows for k in r)
