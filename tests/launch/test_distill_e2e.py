@@ -72,3 +72,32 @@ def test_sft_without_eval_starts_no_engine(tmp_path):
     rows = metrics(d)
     assert [r["step"] for r in rows] == [1, 2] and all("train/loss" in r for r in rows)
     assert not any(k.startswith("perf/weight_push") for r in rows for k in r)
+
+
+def stages(sft: int, grpo: int) -> str:
+    return (f"stages=[{{name:sft,overrides:['algo=sft','trainer.num_rollout={sft}']}},"
+            f"{{name:grpo,overrides:['algo=grpo','trainer.num_rollout={grpo}']}}]")
+
+
+@pytest.mark.integration
+def test_a_finished_stage_given_other_steps_goes_on_or_is_refused(tmp_path):
+    """Resumed with more steps for the last stage: it goes on from its checkpoint. More steps for a stage
+    whose next stage already started from it: refused before anything starts, naming the stage."""
+    import subprocess
+    import sys
+
+    from runs import ENV, ROOT
+
+    d = tmp_path / "run"
+    args = ["algo.normalize_rewards=false", *SMALL, *FAST]
+    run(d, stages(2, 2), *args)
+    sft_rows = metrics(d / "0_sft")
+    summary = run(d, stages(2, 3), *args, "trainer.resume=auto")
+    assert summary["steps"] == 3 and [r["step"] for r in metrics(d / "1_grpo")] == [0, 1, 2, 3]
+    assert metrics(d / "0_sft") == sft_rows
+    out = subprocess.run([sys.executable, "run.py", f"hydra.run.dir={d}", stages(3, 3), *args, "trainer.resume=auto"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "stage 0 (0_sft): trainer.num_rollout=3, but this stage finished 2 steps" in out.stderr
+    assert "the stages after it (1_grpo) started from that result" in out.stderr
+    assert metrics(d / "0_sft") == sft_rows
