@@ -101,3 +101,15 @@ def test_a_finished_stage_given_other_steps_goes_on_or_is_refused(tmp_path):
     assert "stage 0 (0_sft): trainer.num_rollout=3, but this stage finished 2 steps" in out.stderr
     assert "the stages after it (1_grpo) started from that result" in out.stderr
     assert metrics(d / "0_sft") == sft_rows
+
+
+@pytest.mark.integration
+def test_sft_pushes_weights_to_its_eval_engine_only_before_an_eval(tmp_path):
+    """algo=sft with an eval set on one colocated slot: the engine gets the weights just before each eval (and
+    sleeps again at the next step), not after every step."""
+    d = tmp_path / "run"
+    run(d, "algo=sft", "parallelism=cpu_colocate", "eval.interval=2", "trainer.num_rollout=3", "rollout.batch_size=8",
+        "logging.progress=false")
+    rows = metrics(d)
+    assert [r["step"] for r in rows if "perf/weight_sync_bytes" in r] == [2, 3]
+    assert [r["step"] for r in rows if "eval/heldout/reward" in r] == [0, 2, 3]
