@@ -61,6 +61,8 @@ def test_sft_starts_engines_only_to_evaluate():
         none = make_plan(resolved(["algo=sft", "eval.datasets=[]", *extra]))
         assert none.engines == [] and not none.colocate and len(none.bundles) == len(none.trainers)
         assert "engines: 0" in none.describe() and "none (no engines)" in none.describe()
+        if none.memory is not None:  # on GPUs the estimate counts the trainer alone
+            assert list(none.memory.gpus) == ["trainer GPU"] and none.memory.engine == {}
     evals = make_plan(resolved(["algo=sft"]))
     assert evals.engine_use == "eval" and len(evals.engines) == 1
     assert "evaluation only" in evals.describe() and "before each eval" in evals.describe()
