@@ -20,7 +20,7 @@ from slime_hydra.launch import preempt
 from slime_hydra.launch.cluster import create_placement_group, placed, ray_cluster
 from slime_hydra.launch.heal import Healing
 from slime_hydra.launch.lease import RunLease
-from slime_hydra.launch.parts import Parts
+from slime_hydra.launch.parts import Parts, periodic
 from slime_hydra.launch.startup import StartupClock, StartupWatch
 from slime_hydra.model.hf import initial_checkpoint
 from slime_hydra.plan.resources import ResourcePlan
@@ -46,10 +46,11 @@ def steps(run: Parts) -> None:
                 m.update(run.train(step, data))
             check_logprob_gap(cfg, m, step)
             check_staleness(cfg, m, step)
+            evaluates = bool(cfg.eval.datasets) and periodic(step, cfg.eval.interval, last)
             with timed(t, "perf/weight_sync_time"):
-                if periodic(step, cfg.trainer.update_weights_interval, last):
+                if run.push_due(step, evaluates):
                     m.update(run.push(step))  # async: once the rollout under way is done
-            if cfg.eval.datasets and periodic(step, cfg.eval.interval, last):
+            if evaluates:
                 m.update(run.eval(step))
         m.update(t, **{"perf/tokens_per_s": m["rollout/response_tokens"] / max(t["perf/step_time"], 1e-9)})
         run.log(step, m)  # before the checkpoint: a complete checkpoint of step s has its row
@@ -128,10 +129,6 @@ def timed(into: Dict[str, float], key: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     into[key] = time.perf_counter() - t0
-
-
-def periodic(step: int, interval: int, last: int) -> bool:
-    return step == last or (interval > 0 and step % interval == 0)
 
 
 def check_logprob_gap(cfg: RunConfig, metrics: Dict[str, float], step: int) -> None:

@@ -38,7 +38,8 @@ class Parts:
         self.cfg, self.plan, self.pg, self.model_path = cfg, plan, pg, model_path
         self.clock = clock or StartupClock()
         self.run_dir, self.is_async = cfg.output_dir, cfg.trainer.mode == "async"
-        self.moves = Offload.from_config(cfg)
+        self.moves = Offload.from_config(cfg) if plan.engines else Offload()
+        self.engines_awake = True  # colocated offload: a push wakes them, the next step's offload puts them to sleep
         self.moment = "start-up"  # what the run does now (the start-up's console line, a healing's record)
         self.warming = False
         self.trainers: Optional[TrainerGroup] = None
@@ -125,6 +126,8 @@ class Parts:
         """Connect the trainers to the engines and push their weights (at the start and after a healing); the
         eval before training, unless its row is written."""
         cfg = self.cfg
+        if self.plan.engine_use == "none":  # algo=sft without eval sets: no engine to connect to or push to
+            return
         self.moment = "first push"
         with self.clock.part("first_push"):
             if not self.fault_tolerance:  # else the push connects to the engines running now
@@ -133,7 +136,7 @@ class Parts:
                 ray.get(self.manager.offload.remote())
             sync = push_weights(self.manager, self.trainers, self.trained, self.moves, self.fault_tolerance,
                                 self.on_push_retry, reconnect=True)
-            self.pushed = self.trained
+            self.pushed, self.engines_awake = self.trained, True
         log.info("weights v%d pushed to the engines (%.2fs over %s)", self.pushed, sync["seconds"], cfg.sync.transport)
         if cfg.eval.datasets and cfg.eval.before_train and self.done == 0 and not self.logger.history:
             with self.clock.part("eval_before_train"):
@@ -159,8 +162,9 @@ class Parts:
         """Colocated GPUs: the engines sleep, the trainer comes back from the host."""
         self.moment = "offload"
         t0 = time.perf_counter()
-        if self.moves.engines:
+        if self.moves.engines and self.engines_awake:
             ray.get(self.manager.offload.remote())
+            self.engines_awake = False
         if self.moves.trainer:
             self.trainers.onload()
         moved = self.moves.engines or self.moves.trainer
@@ -173,12 +177,20 @@ class Parts:
         self.trained = step
         return {"perf/train_actor_time": out.pop("actor_time"), **{f"train/{k}": v for k, v in out.items()}}
 
+    def push_due(self, step: int, evaluates: bool) -> bool:
+        """RL pushes every ``trainer.update_weights_interval`` steps; SFT's engines serve only the eval, so they get
+        the weights just before one (and without eval sets there are no engines)."""
+        use = self.plan.engine_use
+        if use == "rollout":
+            return periodic(step, self.cfg.trainer.update_weights_interval, self.num_rollout)
+        return use == "eval" and evaluates
+
     def push(self, step: int) -> Dict[str, float]:
         self.moment = "push"
         if self.is_async and step < self.num_rollout:  # never change weights under a running rollout
             wait_or_stalled(self.next_rollout, self.manager, self.fault_tolerance)
         sync = push_weights(self.manager, self.trainers, step, self.moves, self.fault_tolerance, self.on_push_retry)
-        self.pushed = step
+        self.pushed, self.engines_awake = step, True
         return {"perf/weight_sync_bytes": sync["bytes"],
                 "perf/weight_push_time": sync["seconds"],  # the pushing rank's part of perf/weight_sync_time
                 "perf/weight_transfer_time": sync["transfer_seconds"]}  # the weights alone, of the push
@@ -238,6 +250,10 @@ class Parts:
         what = {"first push": "the first weight push", "eval": "the eval before training"}.get(
             self.moment, f"the first step ({self.moment})")
         return what + (f", and {side}" if side else "")
+
+
+def periodic(step: int, interval: int, last: int) -> bool:
+    return step == last or (interval > 0 and step % interval == 0)
 
 
 def warm_up_shape(cfg: RunConfig, plan: ResourcePlan) -> WarmUpShape:

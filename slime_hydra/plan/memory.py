@@ -26,6 +26,8 @@ class Plan(Protocol):
     """What the estimate reads of :class:`slime_hydra.plan.resources.ResourcePlan` (this module is below it)."""
 
     data_parallel: int
+    colocate: bool
+    engines: list
 
 
 GIB = 2 ** 30
@@ -259,8 +261,9 @@ class MemoryEstimate:
         shape = f"; micro-batch {mb.samples} x {mb.prompt_len + mb.response_len} tokens" if mb else ""
         kv = f" (~{self.kv_cache_tokens:,} tokens of KV cache per engine)" if self.kv_cache_tokens is not None else ""
         lines = [f"Memory estimate, GiB per GPU ({self.backend} trainer{shape}; a GPU has {self.gpu_memory_gib:g})",
-                 f"  trainer: {self.trainer_total:.1f} = {_parts(self.trainer)}",
-                 f"  {self.engine_kind} engine: {self.engine_total:.1f} = {_parts(self.engine)}{kv}"]
+                 f"  trainer: {self.trainer_total:.1f} = {_parts(self.trainer)}"]
+        if self.engine:
+            lines.append(f"  {self.engine_kind} engine: {self.engine_total:.1f} = {_parts(self.engine)}{kv}")
         for k, v in self.gpus.items():
             lines.append(f"  {k}: {v:.1f}" + ("  DOES NOT FIT" if v > self.gpu_memory_gib else ""))
         if host := self.host_per_node:
@@ -287,10 +290,10 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
                          "add its function to slime_hydra.plan.memory.TRAINER_MEMORY")
     tm = TRAINER_MEMORY[backend](cfg, plan)
     trainer = {k: v / GIB for k, v in {**tm.gpu, **teacher_memory(cfg, plan)}.items()}
-    eng, kv_tokens = engine_memory(cfg, gpu_gib * GIB)
+    eng, kv_tokens = engine_memory(cfg, gpu_gib * GIB) if plan.engines else ({}, None)  # algo=sft: maybe none
     engine = {k: v / GIB for k, v in eng.items()}
     train_total, engine_total = sum(trainer.values()), sum(engine.values())
-    if p.colocate:
+    if plan.colocate:
         state = sum(v for k, v in trainer.items() if k not in TRANSIENT and not (p.offload_train and k in tm.offloaded))
         gpus = {"colocated GPU, training": train_total + (0.0 if p.offload_rollout else engine_total),
                 "colocated GPU, rollout": engine_total + state}
@@ -299,7 +302,7 @@ def estimate(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: Optional[float] = N
             engine_now = engine.get("weights", 0.0) if p.offload_rollout else engine_total
             gpus[PUSH_PHASE] = kept + engine_now + 2 * cfg.sync.bucket_mb / 1024
     else:
-        gpus = {"trainer GPU": train_total, "engine GPU": engine_total}
+        gpus = {"trainer GPU": train_total, **({"engine GPU": engine_total} if engine else {})}
     ranks_per_node = min(p.trainer_gpus, p.gpus_per_node)
     label = torch_trainer_label(cfg) if backend == "torch" else backend
     est = MemoryEstimate(backend=label, engine_kind=cfg.rollout.engine, gpu_memory_gib=gpu_gib,
@@ -393,7 +396,7 @@ def memory_problems(cfg: "RunConfig", plan: "Plan", gpu_memory_gib: float) -> Li
             hint = _room_hint(cfg, est, rest, "offload_train") if rest > 1e-9 else ""
             out.append(f"parallelism: {where} needs ~{need:.0f} GiB ({est.engine_kind} engine: "
                        f"{_parts(est.engine)}{held}) {limit}{hint}")
-    if cfg.rollout.engine == "sglang":
+    if cfg.rollout.engine == "sglang" and est.engine:
         frac, e = mem_fraction_static(cfg), est.engine
         seq = (cfg.rollout.max_prompt_len or 0) + cfg.rollout.max_response_len
         if frac is None:

@@ -46,6 +46,7 @@ class ResourcePlan:
     notes: List[str] = field(default_factory=list)
     memory: Optional[MemoryEstimate] = None  # GPUs only
     engine_batch: Optional[int] = None  # most sequences one engine decodes at once in a rollout (None: unknown)
+    engine_use: str = "rollout"  # what the engines are for (engine_use)
 
     @property
     def accelerator(self) -> str:
@@ -79,12 +80,25 @@ class ResourcePlan:
             lines.append(f"  {b:>6}  {self.node_of(b):>4}  {b % self.gpus_per_node:>4}  {', '.join(who) or '-'}")
         mp = " x ".join(f"{k} {v}" for k, v in self.model_parallel.items())
         lines.append(f"  trainers: {len(self.trainers)} (data parallel {self.data_parallel}; {mp})")
-        lines.append(f"  engines: {len(self.engines)} x {len(self.engines[0].bundles) if self.engines else 0} {unit}")
+        lines.append(f"  engines: {len(self.engines)} x {len(self.engines[0].bundles) if self.engines else 0} {unit}"
+                     + ENGINE_USE_NOTE[self.engine_use])
         lines.append("  rollout manager: 1 actor outside the group (engines' router, data, rewards)")
         lines += [f"  {n}" for n in self.notes]
         if self.memory is not None:
             lines.append(self.memory.describe())
         return "\n".join(lines)
+
+
+ENGINE_USE_NOTE = {"rollout": "", "eval": " (evaluation only: algo=sft trains on the labels; weights pushed before "
+                                            "each eval)", "none": " (algo=sft without eval sets: nothing to sample)"}
+
+
+def engine_use(cfg: RunConfig) -> str:
+    """What the rollout engines are for: ``rollout`` (they sample the training data), ``eval`` (``algo=sft``
+    trains on labels, so the engines serve the evaluation only) or ``none`` (SFT without eval sets: none start)."""
+    if cfg.algo.advantage_estimator != "sft" or cfg.rollout.rollout_function is not None:
+        return "rollout"
+    return "eval" if cfg.eval.datasets else "none"
 
 
 def engine_batch(cfg: RunConfig, engines: int) -> Optional[int]:
@@ -103,29 +117,32 @@ def engine_batch(cfg: RunConfig, engines: int) -> Optional[int]:
 def make_plan(cfg: RunConfig) -> ResourcePlan:
     """``cfg`` must be resolved and valid."""
     p, r, t = cfg.parallelism, cfg.rollout, cfg.trainer
-    colocate = p.colocate
-    n_bundles = max(p.trainer_gpus, p.rollout_gpus) if colocate else p.trainer_gpus + p.rollout_gpus
+    use = engine_use(cfg)
+    rollout_gpus = 0 if use == "none" else p.rollout_gpus
+    colocate = p.colocate and use != "none"
+    n_bundles = max(p.trainer_gpus, rollout_gpus) if colocate else p.trainer_gpus + rollout_gpus
     offset = 0 if colocate else p.trainer_gpus
     bundle = {"GPU": 1.0, "CPU": 1.0} if p.device == "cuda" else {"CPU": 1.0}
     trainers = [TrainerSlot(rank=r, bundle=r) for r in range(p.trainer_gpus)]
     engines = [EngineSlot(rank=i, bundles=list(range(offset + i * p.gpus_per_engine,
                                                      offset + (i + 1) * p.gpus_per_engine)))
-               for i in range(p.rollout_gpus // p.gpus_per_engine)]
+               for i in range(rollout_gpus // p.gpus_per_engine)]
     mp = {"tp": p.tensor_parallel, "pp": p.pipeline_parallel, "cp": p.context_parallel}
     if p.expert_parallel > 1:  # the experts' own grid: EP x expert TP (x PP), the rest is expert data parallel
         mp.update(ep=p.expert_parallel, etp=p.expert_tensor_parallel or p.tensor_parallel)
     dp = p.trainer_gpus // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
+    every = "step" if t.update_weights_interval == 1 else f"{t.update_weights_interval} steps"
     notes = [f"batch: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = "
              f"{r.batch_size * r.n_samples_per_prompt} per rollout = {t.num_steps_per_rollout} optimiser step(s) of "
              f"{t.global_batch_size}",
              f"weight sync: {cfg.sync.transport} ({'nccl' if p.device == 'cuda' else 'gloo'} for distributed), "
-             f"after every {'step' if t.update_weights_interval == 1 else f'{t.update_weights_interval} steps'}",
+             + {"eval": "before each eval", "none": "none (no engines)"}.get(use, f"after every {every}"),
              f"offload: train={p.offload_train} rollout={p.offload_rollout}; loop: {t.mode}"
              + ("; the trainers' warm-up pass runs while the engines start" if t.warm_up is True else "")]
     plan = ResourcePlan(device=p.device, colocate=colocate, gpus_per_node=p.gpus_per_node,
                         bundles=[dict(bundle) for _ in range(n_bundles)], trainers=trainers, engines=engines,
                         engine_kind=r.engine, data_parallel=dp, model_parallel=mp, notes=notes,
-                        engine_batch=engine_batch(cfg, len(engines)))
+                        engine_batch=engine_batch(cfg, len(engines)), engine_use=use)
     if p.device == "cuda" and t.backend in TRAINER_MEMORY:
         plan.memory = estimate(cfg, plan)
         if colocate:

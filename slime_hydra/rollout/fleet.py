@@ -100,7 +100,7 @@ class EngineFleet(FleetHealth):
         fleet.new_actors = new_actors
         fleet._kind = specs[0][0].engine if specs else "no"
         try:
-            if router.enabled:
+            if router.enabled and specs:  # no engines (algo=sft without eval sets): nothing to route
                 fleet.launch_router(router, os.path.join(log_dir, "router.log"))
             for slot, node_specs in zip(plan.engines, specs):
                 fleet.engines.append(EngineHandle(slot.rank, url="", gpus=node_specs[0].gpus,
@@ -193,8 +193,10 @@ class EngineFleet(FleetHealth):
 
     @property
     def base_url(self) -> str:
-        """Where /generate goes: the router, or the one engine of a run without one."""
-        return self.router.url if self.router is not None else self.engines[0].url
+        """Where /generate goes: the router, or the one engine of a run without one ("": no engines)."""
+        if self.router is not None:
+            return self.router.url
+        return self.engines[0].url if self.engines else ""
 
     async def engine_url(self) -> str:
         """A serving engine, round robin, for a request the router cannot forward (SGLang's batched /generate);

@@ -28,7 +28,22 @@ def eval_reward(row: Dict[str, Any]) -> Optional[float]:
 
 
 def read_metrics(job_dir: str) -> List[Dict[str, Any]]:
-    path = os.path.join(job_dir, "metrics.jsonl")
+    """A job's metrics rows; a staged job's (``stages``: ``<k>_<name>/``) stage after stage, each stage's steps
+    counted on from the previous stage's last, and its name under ``stage``."""
+    stages = sorted((d for d in os.listdir(job_dir) if re.fullmatch(r"\d+_.+", d)
+                     and os.path.isfile(os.path.join(job_dir, d, "metrics.jsonl"))),
+                    key=lambda d: int(d.split("_")[0])) if os.path.isdir(job_dir) else []
+    if not stages:
+        return _read_jsonl(os.path.join(job_dir, "metrics.jsonl"))
+    rows: List[Dict[str, Any]] = []
+    for stage in stages:
+        offset = rows[-1]["step"] if rows else 0
+        rows += [{**r, "step": r["step"] + offset, "stage": stage}
+                 for r in _read_jsonl(os.path.join(job_dir, stage, "metrics.jsonl"))]
+    return rows
+
+
+def _read_jsonl(path: str) -> List[Dict[str, Any]]:
     if not os.path.exists(path):
         return []
     rows = []

@@ -52,3 +52,18 @@ def test_cpu_colocate_and_data_parallel_trainers():
     assert "offload: train=True rollout=False" in plan.describe()
     plan = make_plan(resolved(["parallelism.trainer_gpus=2", "parallelism.gpus_per_node=3"]))
     assert [t.bundle for t in plan.trainers] == [0, 1] and plan.engines[0].bundles == [2] and plan.data_parallel == 2
+
+
+def test_sft_starts_engines_only_to_evaluate():
+    """algo=sft trains on labels: without eval sets the plan has no engines (nor their GPUs, nor a push);
+    with eval sets its engines serve the eval only, and the plan says so."""
+    for extra in ([], ["model=qwen3_4b", "rollout=sglang", "parallelism=colocate_8gpu"]):
+        none = make_plan(resolved(["algo=sft", "eval.datasets=[]", *extra]))
+        assert none.engines == [] and not none.colocate and len(none.bundles) == len(none.trainers)
+        assert "engines: 0" in none.describe() and "none (no engines)" in none.describe()
+        if none.memory is not None:  # on GPUs the estimate counts the trainer alone
+            assert list(none.memory.gpus) == ["trainer GPU"] and none.memory.engine == {}
+    evals = make_plan(resolved(["algo=sft"]))
+    assert evals.engine_use == "eval" and len(evals.engines) == 1
+    assert "evaluation only" in evals.describe() and "before each eval" in evals.describe()
+    assert make_plan(resolved(["algo=grpo", "eval.datasets=[]"])).engine_use == "rollout"

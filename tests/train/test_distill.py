@@ -46,7 +46,7 @@ def test_sft_label_response_masks_the_prompt_and_the_loss_is_the_cross_entropy()
 
 
 def test_opd_advantage_is_the_negative_reverse_kl_plus_the_weighted_reward():
-    algo = resolved(["algo=opd"]).algo
+    algo = resolved(["algo=opd", "algo.normalize_advantages=false"]).algo  # the digits recipe whitens them
     g = torch.Generator().manual_seed(0)
     student, teacher = -torch.rand(4, 3, generator=g), -torch.rand(4, 3, generator=g)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
@@ -125,3 +125,14 @@ def test_memory_plan_counts_the_teacher_on_gpus():
     assert "teacher" not in estimate(resolved(gpu), make_plan(resolved(gpu))).trainer
     errs = validate(resolved(["algo=opd", "teacher.path=Qwen/Qwen3-4B", *gpu]))  # no shape for the plan
     assert any(e.startswith("teacher.arch:") for e in errs), errs
+
+
+def test_opd_with_a_model_parallel_megatron_trainer_is_refused():
+    """The teacher beside the trainer is whole on every rank: megatron's TP ranks would each score the same rows."""
+    gpu = ["model=qwen3_0_6b", "data=jsonl", "data.path=tests/fixtures/tiny.jsonl", "eval.datasets=[]",
+           "rollout=sglang", "+model@teacher=qwen3_4b", "teacher.path=Qwen/Qwen3-4B", "algo=opd"]
+    errs = validate(resolved([*gpu, "trainer=megatron", "parallelism=colocate_4gpu_tp2"]))
+    assert any(e.startswith("parallelism.tensor_parallel:") and "tensor_parallel=2" in e for e in errs), errs
+    dp_only = validate(resolved([*gpu, "trainer=megatron", "parallelism=colocate_4gpu",
+                                 "parallelism.tensor_parallel=1"]))
+    assert not any(e.startswith("parallelism.") for e in dp_only), dp_only

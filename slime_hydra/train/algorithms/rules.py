@@ -111,6 +111,14 @@ def distill_problems(cfg: RunConfig) -> List[str]:
         return errs
     if t.path is None:
         return errs + ["teacher.path: algo=opd distils from a teacher: set teacher.path to its HF checkpoint"]
+    p = cfg.parallelism
+    split = {k: v for k, v in (("tensor_parallel", p.tensor_parallel), ("pipeline_parallel", p.pipeline_parallel),
+                               ("context_parallel", p.context_parallel)) if v > 1}
+    if cfg.trainer.backend == "megatron" and split:
+        errs.append(f"parallelism.{next(iter(split))}: algo=opd's teacher sits beside each trainer rank as a whole "
+                    f"model, so with {', '.join(f'{k}={v}' for k, v in split.items())} every model-parallel rank "
+                    "would hold the whole teacher and score the same rows again; distil with data parallel only "
+                    "(tensor/pipeline/context_parallel=1) or trainer=torch with trainer.strategy=fsdp")
     if cfg.parallelism.device == "cuda" and not t.arch.num_layers:
         errs.append("teacher.arch: the memory plan counts the teacher on every trainer GPU and needs its shape: give "
                     "its model preset (+model@teacher=qwen3_4b teacher.path=...) or the teacher.arch.* keys")
