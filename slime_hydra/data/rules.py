@@ -15,7 +15,7 @@ from slime_hydra.data.source import load_rows
 from slime_hydra.data.tasks import BUILTIN_TOKENIZERS, TASK_TOKENIZERS, TASKS
 from slime_hydra.utils.hooks import load_hook
 
-SOURCES = ["builtin", "jsonl"]
+SOURCES = ["builtin", "jsonl", "verifiers"]
 
 
 def check(cfg: RunConfig) -> List[str]:
@@ -61,6 +61,8 @@ def _check_source(cfg: RunConfig) -> List[str]:
                 errs.append(f"data.num_train: data.num_train + data.num_eval = {d.num_train} + {d.num_eval} = "
                             f"{d.num_train + d.num_eval} must be <= {space}, the number of distinct {d.task} prompts "
                             "(held-out prompts are never training prompts)")
+    elif d.source == "verifiers" and not d.path:  # the taskset's tasks
+        _check_rendering(errs, d, loads(errs, "data.task", lambda: load_rows(d), explained=(ValueError,)))
     elif not d.path:
         errs.append("data.path: required for data.source=jsonl")
     elif not os.path.isfile(os.path.expanduser(data_file(d.path))):

@@ -421,6 +421,10 @@ def load_agent(cfg: Any) -> Any:
     """``rollout.agent`` -> the agent callable."""
     from slime_hydra.utils.hooks import load_hook
 
+    if cfg.rollout.agent == "verifiers":
+        from slime_hydra.rollout import verifiers_env
+
+        return verifiers_env.agent(cfg)
     return load_hook(cfg.rollout.agent)
 
 
