@@ -11,14 +11,18 @@ whose tasks need tools, a container or their own harness are refused. The datase
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any, Dict
 
 from slime_hydra.data.tasksets import tasks, taskset
 
 
+@functools.cache
 def _harness() -> Any:
-    """verifiers' null harness (one chat turn, no tools), in process: no ``uv`` program to prepare."""
+    """verifiers' null harness (one chat turn, no tools), in process: no ``uv`` program to prepare. Its episodes
+    share one HTTP connection pool per event loop (a fresh one loads the CA bundle: tens of milliseconds)."""
+    import httpx
     import openai
     from verifiers.v1.harnesses.null import NullHarness, NullHarnessConfig
     from verifiers.v1.runtimes import ProgramResult
@@ -35,8 +39,10 @@ def _harness() -> Any:
             messages = ([{"role": "system", "content": system}] if system else []) + (
                 [{"role": "user", "content": prompt}] if isinstance(prompt, str)
                 else [m.model_dump(exclude_none=True) for m in prompt or []])
-            async with openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0) as client:
-                await client.chat.completions.create(model=ctx.model, messages=messages)
+            if getattr(self, "loop", None) is not asyncio.get_running_loop():
+                self.loop, self.http = asyncio.get_running_loop(), httpx.AsyncClient(timeout=None)
+            client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, http_client=self.http)
+            await client.chat.completions.create(model=ctx.model, messages=messages)
             return ProgramResult(exit_code=0, stdout="", stderr="")
 
     return InProcess(NullHarnessConfig(id="null"))
