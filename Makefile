@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 # A CPU build of torch lies on local disk on our machines; other versions pull a CUDA build (GBs).
 TORCH  ?= torch==2.13.0
 ARGS   ?=
+# The verifiers extra (rollout.agent=verifiers) is in the test environment so that its tests run; EXTRAS=dev skips it.
+EXTRAS ?= dev,verifiers
 
 .PHONY: run test test-integration test-slow test-all lint bench mutate dry-run lock clean
 
@@ -15,7 +17,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
 
 run: $(VENV)/.installed          ## train the embedded default (tiny model, built-in task, CPU)

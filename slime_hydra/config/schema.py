@@ -139,6 +139,7 @@ class RolloutConfig:
     agent: Optional[Any] = None  # a _target_ node or dotted path (docs/recipes/agents.md); None: rollout.generate
     agent_timeout: float = 600.0  # seconds an agent may take for one sample; then the sample fails
     agent_max_turns: Optional[int] = None  # chat requests per sample; one more is refused and truncates it
+    agent_env: Optional[str] = None  # rollout.agent=verifiers: the installed verifiers taskset (module name or id)
     tool_parser: Optional[str] = None  # qwen3 | glm4 | llama3 | calc | none; None: guessed from the chat template
     over_sampling_batch_size: Optional[int] = None  # prompts per refill while too few groups pass; None: batch_size
     max_sampled_groups: Optional[int] = None  # per rollout; then rejected groups fill the batch (None: no limit)
@@ -188,7 +189,7 @@ class ParallelismConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING  # preset name, used in run_name (conf/data/<name>.yaml)
-    source: str = "builtin"  # builtin | jsonl (jsonl also reads .parquet)
+    source: str = "builtin"  # builtin | jsonl (jsonl also reads .parquet) | verifiers (rollout.agent_env's tasks)
     task: str = "max_digit"  # builtin: the task (slime_hydra/data/tasks.py)
     num_train: int = 9000  # builtin: training prompts
     num_eval: int = 256  # builtin: held-out prompts

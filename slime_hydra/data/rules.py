@@ -18,7 +18,7 @@ from slime_hydra.data.tasks import BUILTIN_TOKENIZERS, TASK_TOKENIZERS, TASKS
 from slime_hydra.utils.hooks import load_hook
 
 log = logging.getLogger(__name__)
-SOURCES = ["builtin", "jsonl"]
+SOURCES = ["builtin", "jsonl", "verifiers"]
 # what to set when a built-in character tokenizer cannot write the data
 ANY_TEXT = ("to train the tiny model on any text set model.tokenizer=builtin:bytes model.arch.vocab_size=262 (what "
             "model=tiny data=jsonl picks), or use a model with its own tokenizer (e.g. model=qwen3_0_6b)")
@@ -68,6 +68,8 @@ def _check_source(cfg: RunConfig) -> List[str]:
                 errs.append(f"data.num_train: data.num_train + data.num_eval = {d.num_train} + {d.num_eval} = "
                             f"{d.num_train + d.num_eval} must be <= {space}, the number of distinct {d.task} prompts "
                             "(held-out prompts are never training prompts)")
+    elif d.source == "verifiers" and not d.path:  # the taskset's tasks
+        _check_rendering(errs, d, loads(errs, "data.task", lambda: load_rows(d), explained=(ValueError,)))
     elif not d.path:
         errs.append("data.path: required for data.source=jsonl")
     elif not os.path.isfile(os.path.expanduser(data_file(d.path))):

@@ -135,6 +135,11 @@ def load_rows(cfg: Any, *, split: str = "train", path: Optional[str] = None, inp
         keys.update(input_key="prompt", label_key="label")
         return rows_from_dicts(records, f"builtin:{cfg.task}:{split}", **keys)
     path = path or cfg.path
+    if path is None and cfg.source == "verifiers":
+        from slime_hydra.data.tasksets import rows
+
+        keys.update(input_key="prompt", label_key=None, metadata_key="metadata")
+        return rows_from_dicts(rows(cfg.task), f"verifiers:{cfg.task}", **keys)
     if path is None:
         raise ValueError("data.path: required for data.source=jsonl")
     return read_rows(path, **keys)

@@ -287,46 +287,45 @@ class Endpoint:
 
     async def start(self, host: str = "127.0.0.1") -> "Endpoint":
         from starlette.applications import Starlette
+        from starlette.responses import Response
         from starlette.routing import Route
 
-        routes = [Route("/s/{sid}/v1/chat/completions", self._handler("chat_completion"), methods=["POST"]),
-                  Route("/s/{sid}/v1/completions", self._handler("completion"), methods=["POST"]),
-                  Route("/s/{sid}/v1/models", self._models, methods=["GET"])]
-        self.app = Starlette(routes=routes)
+        async def handle(request):
+            status, body = await self.dispatch(request.method, request.url.path, await request.body())
+            return Response(body, status, media_type="application/json")
+
+        self.app = Starlette(routes=[Route("/s/{rest:path}", handle, methods=["GET", "POST"])])
         self.server, self.task, port = await _Server.start(self.app, host)
         self.loop, self.url = asyncio.get_running_loop(), f"http://{host}:{port}"
         return self
 
-    def _handler(self, method: str):
-        from starlette.responses import JSONResponse
-
-        async def handle(request):
-            session = self.sessions.get(request.path_params["sid"])
-            if session is None:
-                return _error(404, "no such session (it ended with its sample)")
-            try:
-                body = json.loads(await request.body())
-                return JSONResponse(await session.call(method, body))
-            except (RequestError, json.JSONDecodeError, KeyError, TypeError) as e:
-                return _error(400, f"{type(e).__name__}: {e}" if not isinstance(e, RequestError) else str(e))
-        return handle
-
-    async def _models(self, request):
-        from starlette.responses import JSONResponse
-
-        if request.path_params["sid"] not in self.sessions:
+    async def dispatch(self, method: str, path: str, raw: bytes) -> tuple:
+        """``/s/<id>/v1/<route>`` -> (HTTP status, JSON bytes)."""
+        parts = path.split("/", 4)
+        sid, route = (parts[2], parts[4]) if len(parts) == 5 and parts[3] == "v1" else ("", "")
+        session = self.sessions.get(sid)
+        if session is None:
             return _error(404, "no such session (it ended with its sample)")
-        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                         "owned_by": "slime_hydra"}]})
+        if (method, route) == ("GET", "models"):
+            return 200, json.dumps({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                                "owned_by": "slime_hydra"}]}).encode()
+        call = {("POST", "chat/completions"): "chat_completion", ("POST", "completions"): "completion"}.get(
+            (method, route))
+        if call is None:
+            return _error(404, f"no route {method} /v1/{route}")
+        try:
+            return 200, json.dumps(await session.call(call, json.loads(raw))).encode()
+        except (RequestError, json.JSONDecodeError, KeyError, TypeError) as e:
+            return _error(400, f"{type(e).__name__}: {e}" if not isinstance(e, RequestError) else str(e))
 
     def client(self, url: str) -> Any:
-        """An ``AsyncOpenAI`` on ``url`` calling the app in process (no socket, no HTTP parsing; no retries: a
-        refused request must not be sent twice)."""
+        """An ``AsyncOpenAI`` on ``url`` calling :meth:`dispatch` in process (no socket, no HTTP parsing, no ASGI;
+        no retries: a refused request must not be sent twice)."""
         import httpx
         import openai
 
         if getattr(self, "http", None) is None:
-            self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), timeout=None)
+            self.http = httpx.AsyncClient(transport=_transport()(self), timeout=None)
         return openai.AsyncOpenAI(base_url=url, api_key="slime_hydra", http_client=self.http, max_retries=0)
 
     async def aclose(self) -> None:
@@ -336,11 +335,22 @@ class Endpoint:
             await self.http.aclose()
 
 
-def _error(status: int, message: str):
-    from starlette.responses import JSONResponse
+def _error(status: int, message: str) -> tuple:
+    return status, json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                         "code": None}}).encode()
 
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                   "code": None}}, status_code=status)
+
+def _transport() -> type:
+    import httpx
+
+    class InProcess(httpx.AsyncBaseTransport):
+        def __init__(self, ep: Endpoint):
+            self.ep = ep
+
+        async def handle_async_request(self, request: Any) -> Any:
+            status, body = await self.ep.dispatch(request.method, request.url.path, await request.aread())
+            return httpx.Response(status, content=body, headers={"content-type": "application/json"})
+    return InProcess
 
 
 async def endpoint(ctx: Any) -> Endpoint:
@@ -421,6 +431,10 @@ def load_agent(cfg: Any) -> Any:
     """``rollout.agent`` -> the agent callable."""
     from slime_hydra.utils.hooks import load_hook
 
+    if cfg.rollout.agent == "verifiers":
+        from slime_hydra.rollout import verifiers_env
+
+        return verifiers_env.agent(cfg)
     return load_hook(cfg.rollout.agent)
 
 

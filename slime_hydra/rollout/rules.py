@@ -106,5 +106,11 @@ def _check_agent(cfg: RunConfig) -> List[str]:
         errs.append(f"rollout.agent_timeout: must be > 0 seconds, got {r.agent_timeout}")
     if r.agent_max_turns is not None and r.agent_max_turns < 1:
         errs.append(f"rollout.agent_max_turns: must be >= 1 or null, got {r.agent_max_turns}")
-    loads(errs, "rollout.agent", lambda: load_agent(cfg))
+    if r.agent == "verifiers" and not r.agent_env:
+        errs.append("rollout.agent_env: rollout.agent=verifiers needs the installed verifiers taskset to run "
+                    "(its module name or id)")
+    elif r.agent_env and r.agent != "verifiers":
+        errs.append(f"rollout.agent_env={r.agent_env!r} is for rollout.agent=verifiers (rollout.agent={r.agent!r})")
+    else:
+        loads(errs, "rollout.agent", lambda: load_agent(cfg), explained=(ValueError,))
     return errs
