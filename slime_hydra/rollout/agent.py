@@ -3,9 +3,9 @@ endpoint, and the rollout records the exact tokens behind it.
 
     async def run(client, sample: dict) -> float | dict | None   # sample: prompt, label, index, metadata
 
-A first parameter named ``client`` gets an ``openai.AsyncOpenAI`` on the sample's session that calls the app in
-process (making a client costs tens of milliseconds, a socket and HTTP parsing much of a request); any other name
-gets the session's base URL, for any HTTP client.
+A first parameter named ``client`` gets an ``openai.AsyncOpenAI`` on the sample's session whose transport calls the
+endpoint in process (no socket, no HTTP parsing, one connection pool for all sessions); any other name gets the
+session's base URL, for any HTTP client.
 
 Each sample gets its own session, ``http://127.0.0.1:PORT/s/<id>/v1`` (``/chat/completions``, ``/completions``,
 ``/models``), served from the rollout manager's event loop in front of the engines. A chat request renders its new
