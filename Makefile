@@ -6,8 +6,6 @@ PY     := $(VENV)/bin/python
 # A CPU build of torch lies on local disk on our machines; other versions pull a CUDA build (GBs).
 TORCH  ?= torch==2.13.0
 ARGS   ?=
-# The verifiers extra (rollout.agent=verifiers) is in the test environment so that its tests run; EXTRAS=dev skips it.
-EXTRAS ?= dev,verifiers
 
 .PHONY: run test test-integration test-slow test-all lint bench mutate dry-run lock clean
 
@@ -17,7 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 run: $(VENV)/.installed          ## train the embedded default (tiny model, built-in task, CPU)
@@ -58,7 +56,7 @@ lock:                            ## resolve pyproject.toml (.[dev], with the ext
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install -q --upgrade pip
 	.lock-venv/bin/python -m pip install -q $(TORCH)
-	.lock-venv/bin/python -m pip install -q -e ".[dev,verifiers]"
+	.lock-venv/bin/python -m pip install -q -e ".[dev]"
 	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } \
 	  > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
 	rm -rf .lock-venv
