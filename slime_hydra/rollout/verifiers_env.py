@@ -21,7 +21,7 @@ from slime_hydra.data.tasksets import tasks, taskset
 @functools.cache
 def _harness() -> Any:
     """verifiers' null harness (one chat turn, no tools), in process: no ``uv`` program to prepare. Its episodes
-    share one HTTP connection pool per event loop (a fresh one loads the CA bundle: tens of milliseconds)."""
+    share one HTTP connection pool per event loop (a fresh pool loads the CA bundle again)."""
     import httpx
     import openai
     from verifiers.v1.harnesses.null import NullHarness, NullHarnessConfig
