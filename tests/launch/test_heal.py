@@ -23,21 +23,22 @@ from conftest import ROOT
 from runs import ENV
 
 pytestmark = pytest.mark.integration
-STEPS = 8
+STEPS = 12  # room for three kills before the run ends
+RUN_ARGS = [*ARGS, f"trainer.num_rollout={STEPS}"]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """The uninterrupted run of the same seed."""
     d = tmp_path_factory.mktemp("reference") / "run"
-    out = subprocess.run([sys.executable, "run.py", f"hydra.run.dir={d}", *ARGS], cwd=ROOT, env=ENV,
+    out = subprocess.run([sys.executable, "run.py", f"hydra.run.dir={d}", *RUN_ARGS], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return d
 
 
 def start(d: Path, *extra: str, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "run.py", f"hydra.run.dir={d}", *ARGS, *extra], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "run.py", f"hydra.run.dir={d}", *RUN_ARGS, *extra], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**ENV, **(env or {})})
 
 
@@ -125,7 +126,7 @@ def test_short_chaos_run(tmp_path, reference, seed):
     """Three kills of random parts (engine, router, manager, trainer rank, driver) at random moments."""
     d = tmp_path / "run"
     chaos = Chaos(d, 3, random.Random(f"test-{seed}"), STEPS, tmp_path / "hold")
-    out = chaos.run(list(ARGS))
+    out = chaos.run(list(RUN_ARGS))
     result = check(d, metrics(reference), STEPS)
     assert len(out["kills"]) == 3, out
     assert (result["lost"], result["duplicated"], result["rows_equal"]) == ([], [], True), (out, result)
