@@ -16,23 +16,22 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from run import ROOT, commit, read_rows, run_py
+from run import ROOT, commit, run_py
+from slime_hydra.sweep.report import eval_reward, read_metrics
 
 COMMON = ["eval.interval=5", "trainer.save_interval=0", "logging.progress=false", "logging.backends=[]"]
 TARGET = 0.9
 
 
-def reached(run_dirs: List[Path]) -> Dict[str, Any]:
-    """Steps and step seconds to the first held-out reward >= TARGET over the runs in order (stages), the last one."""
+def reached(run_dir: Path) -> Dict[str, Any]:
+    """Steps and step seconds to the first held-out reward >= TARGET (a staged run's stages in order), the last one."""
     steps, seconds, first, final = 0, 0.0, None, None
-    for d in run_dirs:
-        for r in read_rows(d / "metrics.jsonl"):
-            steps, seconds = (steps + 1, seconds + r["perf/step_time"]) if "perf/step_time" in r else (steps, seconds)
-            evals = [v for k, v in r.items() if k.startswith("eval/") and k.endswith("/reward")]
-            if evals:
-                final = sum(evals) / len(evals)
-                if first is None and final >= TARGET:
-                    first = {"steps_to_target": steps, "seconds_to_target": round(seconds, 1)}
+    for r in read_metrics(str(run_dir)):
+        steps, seconds = (steps + 1, seconds + r["perf/step_time"]) if "perf/step_time" in r else (steps, seconds)
+        if (reward := eval_reward(r)) is not None:
+            final = reward
+            if first is None and final >= TARGET:
+                first = {"steps_to_target": steps, "seconds_to_target": round(seconds, 1)}
     return {**(first or {"steps_to_target": None, "seconds_to_target": None}), "steps": steps,
             "final_reward": final}
 
@@ -46,17 +45,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     extra = argv[cut + 1:]
     out = Path(args.out or ROOT / "bench" / "results" / f"distill-{time.strftime('%Y%m%d-%H%M%S')}")
     grpo = out / "grpo"
-    runs = {  # label -> (overrides, run directories of its stages)
-        "grpo": ([], [grpo]),  # the default run; its final checkpoint is the teacher
-        "opd": (["algo=opd", f"teacher.path={grpo}/checkpoints/step_000150/hf", "trainer.num_rollout=60"], None),
-        "sft": (["algo=sft", "trainer.num_rollout=60"], None),
-        "sft_then_grpo": (["experiment=sft_then_grpo"], [out / "sft_then_grpo/0_sft", out / "sft_then_grpo/1_grpo"]),
+    runs = {  # label -> overrides
+        "grpo": [],  # the default run; its final checkpoint is the teacher
+        "opd": ["algo=opd", f"teacher.path={grpo}/checkpoints/step_000150/hf", "trainer.num_rollout=60"],
+        "sft": ["algo=sft", "trainer.num_rollout=60"],
+        "sft_then_grpo": ["experiment=sft_then_grpo"],
     }
     results: Dict[str, Dict[str, Any]] = {}
-    for label, (overrides, dirs) in runs.items():
+    for label, overrides in runs.items():
         result = run_py([*COMMON, *overrides, *extra], out / label, 3600)
         results[label] = {"command": result["command"], "returncode": result["returncode"],
-                          **reached(dirs or [out / label])}
+                          **reached(out / label)}
     record = {"scenario": "distill", "date": time.strftime("%Y-%m-%d"), "commit": commit(), "device": "cpu",
               "target": TARGET, "results": results}
     (out / "result.json").write_text(json.dumps(record, indent=1) + "\n")
