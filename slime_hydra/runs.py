@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from slime_hydra.launch.lease import LEASE_FILE, _start_time
+from slime_hydra.launch.lease import LEASE_FILE, driver_alive
 from slime_hydra.sweep.jobs import read_status
 from slime_hydra.sweep.report import eval_curve, read_metrics, read_summary
 
@@ -38,7 +38,7 @@ def status(run_dir: str) -> str:
     try:
         with open(os.path.join(run_dir, LEASE_FILE)) as f:
             lease = json.load(f)
-        if lease.get("host") == socket.gethostname() and _start_time(lease["pid"]) == lease.get("start_time"):
+        if lease.get("host") == socket.gethostname() and driver_alive(lease):
             return "running"
     except (OSError, ValueError, KeyError):
         pass

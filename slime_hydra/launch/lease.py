@@ -43,6 +43,11 @@ def _start_time(pid: int) -> Optional[str]:
     return None if fields is None or fields[0] == "Z" else fields[19]
 
 
+def driver_alive(lease: dict) -> bool:
+    """Whether the driver a lease file names (its pid and start time, on this host) still runs."""
+    return lease.get("start_time") is not None and _start_time(lease["pid"]) == lease["start_time"]
+
+
 def _holds_file_under(pid: str, directory: str) -> bool:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -181,8 +186,7 @@ class RunLease:
             log.warning("%s was written by a driver on %s; its processes there cannot be checked from here",
                         self.path, prev.get("host"))
             return
-        alive = prev.get("start_time") is not None and _start_time(prev["pid"]) == prev["start_time"]
-        if alive and prev["pid"] != os.getpid():
+        if driver_alive(prev) and prev["pid"] != os.getpid():
             raise RuntimeError(f"another driver (pid {prev['pid']}) is running in {os.path.dirname(self.path)}; "
                                "stop it first, or use another run directory")
         pids = reap(prev["token"], prev.get("ray_session_dir"))
