@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -142,7 +143,7 @@ class Session:
 
     def _parse(self, tools: Any, tool_choice: Any):
         name = self.endpoint.parser if tools and tool_choice != "none" else "none"
-        fn = tool_calls.PARSERS[name]
+        fn = functools.partial(tool_calls.PARSERS[name], tools=tools)
         if name in tool_calls.SGLANG_NAMES and self.ctx.cfg is not None and self.ctx.cfg.rollout.engine == "sglang":
             fn = tool_calls.sglang_parser(name, tools)
         eos = self.endpoint.tokenizer.eos_token

@@ -69,6 +69,20 @@ def test_tool_call_parsers(parser, text, content, calls):
     assert PARSERS[parser](text) == (content, calls)
 
 
+def test_tool_call_parsers_follow_the_requests_tools():
+    """With the request's tools, as SGLang's parsers (tests/rollout/test_tool_calls_sglang.py compares the two): a
+    call to a function not offered is dropped, and a GLM argument the schema makes a string stays its text."""
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {
+        "zip": {"type": "string"}, "n": {"type": "integer"}}}}}]
+    glm = ("<tool_call>get\n<arg_key>zip</arg_key>\n<arg_value>75001</arg_value>\n"
+           "<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>")
+    assert PARSERS["glm4"](glm, tools) == ("", [("get", {"zip": "75001", "n": 2})])
+    assert PARSERS["glm4"](glm) == ("", [("get", {"zip": 75001, "n": 2})])  # no schema: JSON where it parses
+    assert PARSERS["qwen3"]('<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>', tools) == ("", [])
+    assert PARSERS["llama3"]('{"name": "get", "parameters": {"zip": "a;b"}}\nDone.', tools) == (
+        "Done.", [("get", {"zip": "a;b"})])
+
+
 def test_the_parser_is_guessed_from_the_chat_template():
     from slime_hydra.data.tokenizer import builtin_tokenizer
 

@@ -81,6 +81,11 @@ class SglangParser:
         flattened ``/update_weights_from_distributed`` bucket."""
         return self.request("bucket_layout", names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes])
 
+    def tool_calls(self, name: str, tools: List[dict], texts: List[str]) -> List[list]:
+        """[content, [[name, arguments]]] of each text, by ``slime_hydra.rollout.tool_calls.sglang_parser(name,
+        tools)``: SGLang's own FunctionCallParser, as the agent endpoint uses it on the SGLang engine."""
+        return self.request("tool_calls", name=name, tools=list(tools), texts=list(texts))
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()

@@ -4,7 +4,8 @@ requests, one JSON object a line on stdin -> one on stdout. Started by ``SglangP
 Requests: {"op": "options"} | {"op": "check", "argv": [...]} | {"op": "parse", "argv": [...], "dests": [...]}
 | {"op": "validate", "overrides": [...]} | {"op": "decode_graph_sizes", "max_bs": int}
 | {"op": "read_tensor_payload", "payload": str, "load_format": ...}
-| {"op": "bucket_layout", "names": [...], "dtypes": [...], "shapes": [...]}.
+| {"op": "bucket_layout", "names": [...], "dtypes": [...], "shapes": [...]}
+| {"op": "tool_calls", "name": str, "tools": [...], "texts": [...]}.
 Replies: {"ok": <result>} or {"error": <traceback>}. The first line says {"ready": {...}} or {"error": ...}.
 """
 
@@ -74,6 +75,14 @@ def _bucket_layout(names, dtypes, shapes):
             "entries": [[m.name, m.start_idx, m.end_idx] for m in bucket.get_metadata()]}
 
 
+def _tool_calls(name, tools, texts):
+    """[content, [[name, arguments]]] of each text, by ``tool_calls.sglang_parser`` (SGLang's FunctionCallParser)."""
+    from slime_hydra.rollout.tool_calls import sglang_parser
+
+    parse = sglang_parser(name, tools)
+    return [[content, [[n, a] for n, a in calls]] for content, calls in map(parse, texts)]
+
+
 def _decode_graph_sizes(max_bs):
     """The decode batch sizes sglang captures for ``cuda_graph_max_bs_decode=max_bs`` (its own generator,
     no speculative decoding, padding on)."""
@@ -118,7 +127,8 @@ def main() -> None:
            "validate": lambda r: _validate(r["overrides"]),
            "decode_graph_sizes": lambda r: _decode_graph_sizes(r["max_bs"]),
            "read_tensor_payload": lambda r: _read_tensor_payload(r["payload"], r.get("load_format")),
-           "bucket_layout": lambda r: _bucket_layout(r["names"], r["dtypes"], r["shapes"])}
+           "bucket_layout": lambda r: _bucket_layout(r["names"], r["dtypes"], r["shapes"]),
+           "tool_calls": lambda r: _tool_calls(r["name"], r["tools"], r["texts"])}
     for line in sys.stdin:
         req = json.loads(line)
         try:
