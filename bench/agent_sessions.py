@@ -1,6 +1,11 @@
 """Requests per second of the agent endpoint (slime_hydra/rollout/agent.py) with many concurrent sessions, against
 the same /generate calls made directly (ChatRollout, no HTTP in between), on the embedded engine and the
-calculator task: each session is the calculator agent (examples/calculator/agent.py), three one-token turns.
+calculator task: each session is the calculator agent, at most three one-token turns. Three paths:
+
+- ``direct``: examples/calculator/direct.py, the conversation through ChatRollout;
+- ``endpoint``: examples/calculator/agent.py, the openai SDK's client on the session (what a user's agent pays);
+- ``endpoint_json``: the same agent as JSON bodies handed to the endpoint's dispatch (:func:`json_agent`): the
+  endpoint's own cost, without the SDK's building and parsing of each request.
 
     python bench/agent_sessions.py --sessions 64 --rounds 3 --out DIR    # writes DIR/result.json, DIR/result.md
 """
@@ -33,21 +38,47 @@ def config():
     return cfg
 
 
+async def json_agent(ep, url: str, sample: dict, max_turns: int = 3) -> float:
+    """examples/calculator/agent.py's loop on JSON bodies sent to ``ep.dispatch`` (the endpoint's in-process entry)."""
+    from examples.calculator.agent import TOOLS, calculate
+
+    path, question = url.split("127.0.0.1", 1)[1].split("/", 1)[1], sample["prompt"]
+    messages, called = [{"role": "user", "content": question}], False
+    for _ in range(max_turns):
+        body = {"model": "policy", "messages": messages, "tools": TOOLS, "max_tokens": 1}
+        status, raw = await ep.dispatch("POST", f"/{path}/chat/completions", json.dumps(body).encode())
+        assert status == 200, raw
+        msg = json.loads(raw)["choices"][0]["message"]
+        messages.append(msg)
+        if not msg.get("tool_calls"):
+            return float(called and (msg["content"] or "").strip() == str(sample["label"]))
+        called = True
+        for call in msg["tool_calls"]:
+            expression = json.loads(call["function"]["arguments"] or "{}").get("expression") or question
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": calculate(expression)})
+    return 0.0
+
+
 async def measure(cfg, url: str, sessions: int, rounds: int) -> dict:
     from examples.calculator.agent import run as agent
     from examples.calculator.direct import generate as direct
     from slime_hydra.data.sample import Sample
     from slime_hydra.data.tokenizer import load_tokenizer
-    from slime_hydra.rollout.agent import generate as via_endpoint
+    from slime_hydra.rollout.agent import endpoint, generate as via_endpoint
     from slime_hydra.rollout.client import GenerateClient
     from slime_hydra.rollout.generate import GenerateContext, seeded
     from slime_hydra.rollout.sampling import sampling_params
 
     ctx = GenerateContext(cfg, load_tokenizer(cfg.model.tokenizer), GenerateClient(url, sessions))
     sp = sampling_params(cfg.rollout)
-    out = {}
+    ep, out = await endpoint(ctx), {}
+
+    async def raw(base_url, sample):
+        return await json_agent(ep, base_url, sample)
+
     for name, fn in [("direct", lambda s, p: direct(ctx, s, p, max_turns=3, turn_max_tokens=1)),
-                     ("endpoint", lambda s, p: via_endpoint(ctx, s, p, agent=agent))] * 2:  # the first is warm-up
+                     ("endpoint", lambda s, p: via_endpoint(ctx, s, p, agent=agent)),
+                     ("endpoint_json", lambda s, p: via_endpoint(ctx, s, p, agent=raw))] * 2:  # the first: warm-up
         t0, ctx.requests = time.perf_counter(), 0
         for r in range(rounds):
             samples = [Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=r * sessions + i)
@@ -56,8 +87,10 @@ async def measure(cfg, url: str, sessions: int, rounds: int) -> dict:
         wall = time.perf_counter() - t0
         out[name] = {"requests": ctx.requests, "wall_s": round(wall, 3),
                      "requests_per_s": round(ctx.requests / wall, 1)}
+    await ep.aclose()
     await ctx.client.aclose()
-    out["endpoint_over_direct"] = round(out["direct"]["requests_per_s"] / out["endpoint"]["requests_per_s"], 3)
+    for k in ("endpoint", "endpoint_json"):
+        out[f"{k}_over_direct"] = round(out["direct"]["requests_per_s"] / out[k]["requests_per_s"], 3)
     return out
 
 
@@ -90,7 +123,9 @@ def main() -> int:
     lines = [f"# agent_sessions: {args.sessions} concurrent calculator sessions x {args.rounds} rounds", "",
              "| path | requests | wall s | requests/s |", "| --- | --- | --- | --- |",
              *(f"| {k} | {got[k]['requests']} | {got[k]['wall_s']} | {got[k]['requests_per_s']} |"
-               for k in ("direct", "endpoint")), "", f"direct / endpoint: {got['endpoint_over_direct']}"]
+               for k in ("direct", "endpoint_json", "endpoint")), "",
+             f"direct / endpoint_json: {got['endpoint_json_over_direct']}; "
+             f"direct / endpoint: {got['endpoint_over_direct']}"]
     (out / "result.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
