@@ -113,6 +113,7 @@ class ChatRollout:
         self.parse = parse or (lambda text: plain_assistant(text, getattr(tokenizer, "eos_token", None)))
         self.kw = dict(tools=tools if tools is not None else sample.metadata.get("tools"),
                        chat_template_kwargs=chat_template_kwargs)
+        self._last: tuple = (None, "")  # the last rendering: ((messages, generation prompt), text)
         meta = sample.metadata
         if "messages" in meta and sample.tokens:  # resuming a partial rollout
             if sample.status == Status.ABORTED:
@@ -121,9 +122,8 @@ class ChatRollout:
         if sample.tokens or sample.response_length:
             raise ValueError("ChatRollout: the sample already has tokens but no conversation in its metadata")
         msgs = copy.deepcopy(messages) if messages is not None else initial_messages(sample)
-        prompt = render(tokenizer, msgs, add_generation_prompt=True, **self.kw)
-        sample.tokens = self.encode(prompt)
         meta.update(messages=msgs, turn_start=None, pending_suffix="", num_turns=0, tool_calls=0, template_mismatch=0)
+        sample.tokens = self.encode(self._render(msgs, add_generation_prompt=True))
 
     @property
     def messages(self) -> List[Message]:
@@ -142,7 +142,13 @@ class ChatRollout:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _render(self, messages: List[Message], add_generation_prompt: bool) -> str:
-        return render(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, **self.kw)
+        """The template's text for ``messages`` (the conversation or its next state), kept for the next call: each
+        turn renders the conversation once before and once after the turn, never twice the same. The conversation
+        only grows, so its length names a rendering."""
+        key = (len(messages), add_generation_prompt)
+        if self._last[0] != key:
+            self._last = key, render(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, **self.kw)
+        return self._last[1]
 
     async def assistant_turn(self, ctx: Any, sampling_params: Dict[str, Any],
                              max_new_tokens: Optional[int] = None) -> Optional[Message]:
@@ -209,10 +215,11 @@ class ChatRollout:
         if meta["turn_start"] is not None:
             raise RuntimeError("add_messages: the current assistant turn has not finished")
         after = self.messages + [copy.deepcopy(m) for m in messages]
-        try:
-            delta = template_delta(self.tokenizer, self.messages, after, **self.kw)
-        except TemplateError:  # earlier turns render differently now: the sequence keeps them as generated
-            delta = rerendered_delta(self._render(self.messages, False), self._render(after, True))
+        before, now = self._render(self.messages, False), self._render(after, True)
+        if now.startswith(before):
+            delta = now[len(before) :]
+        else:  # earlier turns render differently now: the sequence keeps them as generated
+            delta = rerendered_delta(before, now)
             meta["rerendered"] = meta.get("rerendered", 0) + 1
         text = (meta.get("pending_suffix") or "") + delta
         ids = self.encode(text)
