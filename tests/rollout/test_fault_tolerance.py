@@ -2,7 +2,8 @@
 behind the real router; one is SIGKILLed, or frozen with SIGSTOP, while it serves a rollout. The run
 finishes with every group it promised (the data position shows no prompt lost or repeated), and its
 metrics show the restart and the re-queued requests (one request per group: the default generate
-function's groups go straight to an engine, and a dead engine's group is sent again to another)."""
+function's groups go straight to an engine, and a dead engine's group is sent again to another). An agent's
+sessions (``rollout.agent``) go on: their turns go through the router, and a dead engine's turn is sent again."""
 
 from __future__ import annotations
 
@@ -81,11 +82,7 @@ def test_run_survives_an_engine_failure_mid_rollout(tmp_path, fault, overrides):
                 return True
         return False
 
-    deadline = time.monotonic() + 300
-    while not serving_a_rollout():
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline, "no rollout was caught in flight"
-        time.sleep(0.02)
+    wait_for(proc, serving_a_rollout)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-5000:]
     rows = metrics(d)
@@ -97,13 +94,79 @@ def test_run_survives_an_engine_failure_mid_rollout(tmp_path, fault, overrides):
         assert [r["rollout/generate_requests"] for r in rows] == [BATCH] * STEPS  # one per group, re-queued too
     if "trainer.mode=async" in overrides:  # one step off-policy, or none for the rollout generated again
         assert max(r["rollout/staleness_max"] for r in rows) <= 1
+    assert_restarted(d, victim, "exited with code -9" if fault == "kill" else "failed its health check")
+    assert_every_prompt_once(d, BATCH)
+
+
+TURNS = 4  # tests/fixtures/chat_agent.py's sessions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", [
+    pytest.param(["rollout.max_response_len=12"], id="calculator"),  # most sessions are one turn
+    pytest.param(["rollout.agent._target_=tests.fixtures.chat_agent.run", f"rollout.agent.max_turns={TURNS}",
+                  "rollout.agent.turn_max_tokens=4"], id="multi-turn")])  # 28 tokens at most: within 32
+def test_agent_sessions_survive_an_engine_kill_mid_rollout(tmp_path, agent):
+    """``rollout.agent`` (the OpenAI-SDK calculator agent, or an agent whose every session has ``TURNS`` turns,
+    killed while it serves the later turns): an engine SIGKILLed while it serves the sessions' turns. Each turn it
+    was serving is re-queued and answered by the other engine, so the agents see no error: no sample fails or
+    starts over, each session keeps its turns, and every sample of every step is trained."""
+    d, mark = tmp_path / "run", tmp_path / "later_turn"
+    multi = f"rollout.agent.max_turns={TURNS}" in agent
+    proc = start(d, "experiment=calculator_agent", *ARGS, *agent, *[f"+rollout.agent.mark={mark}"] * multi)
+    victim = {}
+
+    def serving_a_turn() -> bool:  # after the first step, as above; a later turn: a session with turns behind it
+        servers = engine_servers()
+        if len(servers) != 2 or not (d / "metrics.jsonl").exists() or not metrics(d):
+            return False
+        if multi and not (mark.exists() and time.time() - mark.stat().st_mtime < 0.1):
+            return False
+        pid, port = max(servers.items())
+        if busy(port):
+            victim.update(pid=pid, port=port)
+            os.kill(pid, signal.SIGKILL)
+            return True
+        return False
+
+    wait_for(proc, serving_a_turn, poll_s=0.005)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-5000:]
+    rows = metrics(d)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["rollout/samples"] == BATCH * N for r in rows)
+    assert sum(r["rollout/engine_restarts"] for r in rows) >= 1
+    assert sum(r["rollout/requeued_requests"] for r in rows) >= 1
+    for what in ("agent_error", "agent_timeout", "agent_no_request", "agent_new_segment"):
+        assert sum(r.get(f"rollout/{what}_count", 0) for r in rows) == 0, (what, out[-5000:])
+    # each turn sent once (a re-queued one counts once), no session started over
+    assert all(r["rollout/generate_requests"] == round(r["rollout/turns_mean"] * BATCH * N) for r in rows)
+    if multi:  # every session went through all its turns
+        assert all(r["rollout/turns_mean"] == TURNS for r in rows)
+    assert_restarted(d, victim, "exited with code -9")
+    assert_every_prompt_once(d, BATCH)
+
+
+def wait_for(proc: subprocess.Popen, caught, poll_s: float = 0.02) -> None:
+    """Poll ``caught()`` until it has struck (True); the run must not end first."""
+    deadline = time.monotonic() + 300
+    while not caught():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "no rollout was caught in flight"
+        time.sleep(poll_s)
+
+
+def assert_restarted(d: Path, victim: dict, reason: str) -> None:
+    """The manager's log names the victim's failure and its restart; its server is gone."""
     rank = next(int(p.stem.split("_")[1]) for p in (d / "logs").glob("engine_*.log")
                 if f"--port {victim['port']} " in p.read_text().splitlines()[0])
     log = (d / "logs" / "rollout_manager.log").read_text()
-    reason = "exited with code -9" if fault == "kill" else "failed its health check"
     assert re.search(f"engine {rank} .*{reason}", log), log[-3000:]
     assert f"engine {rank} restarted at" in log
-    state = json.loads((d / "checkpoints" / f"step_{STEPS:06d}" / "data_state.json").read_text())
-    assert state["next_group_index"] == STEPS * BATCH  # no prompt lost or repeated
-    assert json.loads((d / "summary.json").read_text())["steps"] == STEPS
     assert victim["pid"] not in engine_servers()
+
+
+def assert_every_prompt_once(d: Path, batch: int) -> None:
+    state = json.loads((d / "checkpoints" / f"step_{STEPS:06d}" / "data_state.json").read_text())
+    assert state["next_group_index"] == STEPS * batch  # no prompt lost or repeated
+    assert json.loads((d / "summary.json").read_text())["steps"] == STEPS
