@@ -130,12 +130,12 @@ class RolloutConfig:
     stop_token_ids: List[int] = field(default_factory=list)  # stop token ids (besides EOS)
     skip_special_tokens: bool = True  # drop EOS and other special tokens from the response text
     seed: int = 42  # sampling seed: each sample's sampling_seed derives from it, the rollout and the sample's index
-    concurrency: int = 512  # in-flight /generate requests per engine
+    concurrency: int = 512  # in-flight /generate requests per engine; threads of a plain-def rollout.agent
     # Hooks: Hydra _target_ nodes or dotted paths; None: the built-in default
     generate: Optional[Any] = None  # async generate(ctx, sample, sampling_params, evaluation) -> Sample
     dynamic_filter: Optional[Any] = None  # f(cfg, group) -> bool | DynamicFilterOutput; None: algo.dynamic_sampling
     rollout_function: Optional[Any] = None  # async f(ctx, rollout_id, weight_version) -> (groups, metrics)
-    # an agent on an OpenAI-compatible endpoint per sample: async run(client, sample) -> reward
+    # an agent on an OpenAI-compatible endpoint per sample: [async] run(client, sample) -> reward (a def: a thread)
     agent: Optional[Any] = None  # a _target_ node or dotted path (docs/recipes/agents.md); None: rollout.generate
     agent_timeout: float = 600.0  # seconds an agent may take for one sample; then the sample fails
     agent_max_turns: Optional[int] = None  # chat requests per sample; one more is refused and truncates it

@@ -5,7 +5,9 @@ endpoint, and the rollout records the exact tokens behind it.
 
 A first parameter named ``client`` gets an ``openai.AsyncOpenAI`` on the sample's session whose transport calls the
 endpoint in process (no socket, no HTTP parsing, one connection pool for all sessions); any other name gets the
-session's base URL, for any HTTP client.
+session's base URL, for any HTTP client. A plain ``def`` agent (blocking code, the synchronous ``openai.OpenAI``,
+``requests``) runs in a thread, up to ``rollout.concurrency`` at once, and its ``client`` is an ``openai.OpenAI``
+handing each request to the endpoint's loop; the loop itself never blocks.
 
 Each sample gets its own session, ``http://127.0.0.1:PORT/s/<id>/v1`` (``/chat/completions``, ``/completions``,
 ``/models``), served from the rollout manager's event loop in front of the engines. A chat request renders its new
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import socket
@@ -285,6 +288,7 @@ class Endpoint:
         self.tokenizer, self.model, self.parser = tokenizer, model, parser
         self.sessions: Dict[str, Session] = {}
         self.url = ""
+        self.http = self.sync_http = self.slots = None
 
     async def start(self, host: str = "127.0.0.1") -> "Endpoint":
         from starlette.applications import Starlette
@@ -319,21 +323,52 @@ class Endpoint:
         except (RequestError, json.JSONDecodeError, KeyError, TypeError) as e:
             return _error(400, f"{type(e).__name__}: {e}" if not isinstance(e, RequestError) else str(e))
 
-    def client(self, url: str) -> Any:
-        """An ``AsyncOpenAI`` on ``url`` calling :meth:`dispatch` in process (no socket, no HTTP parsing, no ASGI;
-        no retries: a refused request must not be sent twice)."""
+    def client(self, url: str, sync: bool = False) -> Any:
+        """An ``AsyncOpenAI`` (``sync``: an ``OpenAI``, for an agent in a thread) on ``url`` calling :meth:`dispatch`
+        in process (no socket, no HTTP parsing, no ASGI; no retries: a refused request must not be sent twice)."""
         import httpx
         import openai
 
-        if getattr(self, "http", None) is None:
+        if sync:
+            if self.sync_http is None:
+                self.sync_http = httpx.Client(transport=_transport(sync=True)(self), timeout=None)
+            return openai.OpenAI(base_url=url, api_key="slime_hydra", http_client=self.sync_http, max_retries=0)
+        if self.http is None:
             self.http = httpx.AsyncClient(transport=_transport()(self), timeout=None)
         return openai.AsyncOpenAI(base_url=url, api_key="slime_hydra", http_client=self.http, max_retries=0)
+
+    async def in_thread(self, slots: int, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in a daemon thread of its own (one that outlives its timeout cannot hold up the process's
+        exit), at most ``slots`` at once."""
+        import threading
+
+        loop, done = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
+
+        def settle(result: Any, error: Optional[BaseException]) -> None:
+            if not done.done():
+                done.set_result(result) if error is None else done.set_exception(error)
+
+        def target() -> None:
+            try:
+                out = fn(*args), None
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                out = None, e
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(settle, *out)
+
+        if self.slots is None:
+            self.slots = asyncio.Semaphore(slots)
+        async with self.slots:
+            threading.Thread(target=target, daemon=True, name="agent").start()
+            return await done
 
     async def aclose(self) -> None:
         self.server.should_exit = True
         await self.task
-        if getattr(self, "http", None) is not None:
+        if self.http is not None:
             await self.http.aclose()
+        if self.sync_http is not None:
+            self.sync_http.close()
 
 
 def _error(status: int, message: str) -> tuple:
@@ -341,7 +376,9 @@ def _error(status: int, message: str) -> tuple:
                                          "code": None}}).encode()
 
 
-def _transport() -> type:
+def _transport(sync: bool = False) -> type:
+    """httpx transports that hand a request to :meth:`Endpoint.dispatch`; the sync one, from an agent's thread, on
+    the endpoint's loop."""
     import httpx
 
     class InProcess(httpx.AsyncBaseTransport):
@@ -351,7 +388,16 @@ def _transport() -> type:
         async def handle_async_request(self, request: Any) -> Any:
             status, body = await self.ep.dispatch(request.method, request.url.path, await request.aread())
             return httpx.Response(status, content=body, headers={"content-type": "application/json"})
-    return InProcess
+
+    class InProcessSync(httpx.BaseTransport):
+        def __init__(self, ep: Endpoint):
+            self.ep = ep
+
+        def handle_request(self, request: Any) -> Any:
+            call = self.ep.dispatch(request.method, request.url.path, request.read())
+            status, body = asyncio.run_coroutine_threadsafe(call, self.ep.loop).result()
+            return httpx.Response(status, content=body, headers={"content-type": "application/json"})
+    return InProcessSync if sync else InProcess
 
 
 async def endpoint(ctx: Any) -> Endpoint:
@@ -366,10 +412,15 @@ async def endpoint(ctx: Any) -> Endpoint:
 
 
 def _wants_client(agent: Any) -> bool:
-    import inspect
-
     params = list(inspect.signature(agent).parameters)
     return bool(params) and params[0] == "client"
+
+
+def _is_async(agent: Any) -> bool:
+    """Whether the agent is an ``async def`` (through ``functools.partial``, or an object's ``__call__``)."""
+    while isinstance(agent, functools.partial):
+        agent = agent.func
+    return inspect.iscoroutinefunction(agent if inspect.isroutine(agent) else type(agent).__call__)
 
 
 def agent_input(sample: Sample) -> Dict[str, Any]:
@@ -383,16 +434,19 @@ async def generate(ctx: Any, sample: Sample, sampling_params: Dict[str, Any], ev
     """The generate function behind ``rollout.agent``: one session, the agent, its reward."""
     import traceback
 
-    from slime_hydra.utils.hooks import call_maybe_async
-
     ep = await endpoint(ctx)
     restart(sample)  # a sample aborted in an earlier rollout starts over
     session = Session(ep, ctx, sample, sampling_params)
     ep.sessions[session.id] = session
-    timeout = ctx.cfg.rollout.agent_timeout
+    timeout, is_async = ctx.cfg.rollout.agent_timeout, _is_async(agent)
     try:
-        where = ep.client(session.url) if _wants_client(agent) else session.url
-        reward = await asyncio.wait_for(call_maybe_async(agent, where, agent_input(sample)), timeout)
+        where = ep.client(session.url, sync=not is_async) if _wants_client(agent) else session.url
+        call = (agent(where, agent_input(sample)) if is_async
+                else ep.in_thread(ctx.cfg.rollout.concurrency, agent, where, agent_input(sample)))
+        reward = await asyncio.wait_for(call, timeout)
+        if inspect.isawaitable(reward):
+            raise TypeError("rollout.agent is a plain def that returned a coroutine: declare it `async def` (a plain "
+                            "def runs in a thread, with a synchronous client)")
         if reward is not None and not isinstance(reward, (int, float, dict)):
             raise TypeError(f"rollout.agent returned {type(reward).__name__}; expected a float, a dict or None")
     except Exception as e:  # the sample ends, never the run
@@ -441,6 +495,4 @@ def load_agent(cfg: Any) -> Any:
 
 def agent_generate(cfg: Any) -> Any:
     """The generate function of ``rollout.agent``."""
-    import functools
-
     return functools.partial(generate, agent=load_agent(cfg))
