@@ -237,6 +237,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not torch.cuda.is_available():
             print(f"{args.name} runs on CUDA GPUs (bench/README.md says how); none here", file=sys.stderr)
             return 2
+        # the memory plan sizes micro-batches for this card, not the config's default one
+        gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+        args.overrides = [f"parallelism.gpu_memory_gib={gib:.1f}", *args.overrides]
     if sc.get("shape"):
         workload(sc).build()
     if sc.get("teacher"):
@@ -255,9 +258,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         results[kind] = {**got, "returncode": raw.get("returncode", 0 if raw.get("startup_s") else 1), "raw": raw}
     record = {"scenario": args.name, "what": sc.get("what"), "date": datetime.date.today().isoformat(),
               "commit": commit(), "device": sc["device"], "results": results}
+    if sc["device"] == "cuda":
+        record["gpu"] = torch.cuda.get_device_name(0)
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
-    lines = [f"# {args.name}: {sc.get('what', '')}", "", f"{record['date']}, commit {record['commit']}", "",
+    where = f", {record['gpu']}" if record.get("gpu") else ""
+    lines = [f"# {args.name}: {sc.get('what', '')}", "", f"{record['date']}, commit {record['commit']}{where}", "",
              *table(results), "", *(f"- {k}: `{r['command']}`" for k, r in results.items() if "command" in r)]
     (out / "result.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[4:]))

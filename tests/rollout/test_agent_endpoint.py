@@ -162,3 +162,64 @@ def test_an_aborted_session_returns_its_sample_aborted_and_empty(engine_url):
 
     s = with_client(engine_url, ctx, go)
     assert s.status == Status.ABORTED and s.tokens == [] and s.reward is None and "messages" not in s.metadata
+
+
+def sync_calc(client, sample):
+    """The calculator agent as blocking code with the synchronous ``openai.OpenAI`` (it runs in a thread)."""
+    from examples.calculator.agent import TOOLS, calculate
+
+    assert isinstance(client, openai.OpenAI)
+    messages = [{"role": "user", "content": sample["prompt"]}]
+    for _ in range(3):
+        msg = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=1).choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            break
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": calculate(sample["prompt"])}
+                     for c in msg.tool_calls]
+    return None  # the configured reward scores the conversation
+
+
+def sync_http(base_url, sample):
+    """Blocking HTTP over a real socket to the session's URL (the endpoint's loop must keep serving); index 0 hangs."""
+    import time
+
+    if sample["index"] % 8 == 0:
+        time.sleep(3600)
+    r = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": sample["prompt"]}], max_tokens=1)
+    return 0.25 if r.choices[0].message.content is not None else 0.0
+
+
+def test_a_plain_def_agent_runs_in_a_thread_with_the_sync_client(engine_url):
+    """A blocking agent gets ``openai.OpenAI`` (its requests handed to the endpoint's loop) and trains the same
+    tokens as the direct path."""
+    m, ctx = parts(engine_url, "rollout.agent=test_agent_endpoint.sync_calc", "reward.type=custom",
+                   "reward.custom=examples.calculator.direct.reward")
+    sp = m.ctx.sampling_params
+
+    async def go():
+        pairs = []
+        for i in range(8):
+            a, b = (Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=i) for _ in range(2))
+            a = await agent_generate(ctx, a, seeded(ctx, a, sp, False), agent=sync_calc)
+            b = await direct_generate(ctx, b, seeded(ctx, b, sp, False), max_turns=3, turn_max_tokens=1)
+            pairs.append((a, b))
+        groups, _ = await m.collect()
+        return pairs, groups
+
+    pairs, groups = with_client(engine_url, ctx, go)
+    for a, b in pairs:
+        assert (a.tokens, a.loss_mask, a.rollout_log_probs) == (b.tokens, b.loss_mask, b.rollout_log_probs)
+    assert all(s.status != Status.FAILED for g in groups for s in g)
+
+
+def test_a_blocking_agent_over_http_neither_blocks_the_endpoint_nor_outlives_its_timeout(engine_url):
+    m, ctx = parts(engine_url, "rollout.agent=test_agent_endpoint.sync_http", "rollout.agent_timeout=5")
+    counters.drain()
+    groups, _ = with_client(engine_url, ctx, m.collect)
+    samples = [s for g in groups for s in g]
+    hung = [s for s in samples if s.index % 8 == 0]
+    assert hung and all(s.status == Status.FAILED for s in hung)
+    assert all(s.reward == 0.25 and s.response_length == 1 for s in samples if s.index % 8)
+    assert counters.drain()["rollout/agent_timeout_count"] == len(hung)
