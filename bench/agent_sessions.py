@@ -5,7 +5,9 @@ calculator task: each session is the calculator agent, at most three one-token t
 - ``direct``: examples/calculator/direct.py, the conversation through ChatRollout;
 - ``endpoint``: examples/calculator/agent.py, the openai SDK's client on the session (what a user's agent pays);
 - ``endpoint_json``: the same agent as JSON bodies handed to the endpoint's dispatch (:func:`json_agent`): the
-  endpoint's own cost, without the SDK's building and parsing of each request.
+  endpoint's own cost, without the SDK's building and parsing of each request;
+
+and the SDK's own work for one request, against a transport that answers at once (:func:`sdk_alone`).
 
     python bench/agent_sessions.py --sessions 64 --rounds 3 --out DIR    # writes DIR/result.json, DIR/result.md
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import tempfile
@@ -59,6 +62,38 @@ async def json_agent(ep, url: str, sample: dict, max_turns: int = 3) -> float:
     return 0.0
 
 
+async def sdk_alone(n: int = 1000) -> dict:
+    """Milliseconds of the openai SDK's own work for one chat request (the calculator's tools, one and three
+    messages), against an httpx transport that answers a fixed reply at once."""
+    import httpx
+    import openai
+
+    from examples.calculator.agent import TOOLS
+
+    reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+
+    class Answer(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request):
+            await request.aread()
+            return httpx.Response(200, content=reply, headers={"content-type": "application/json"})
+
+    call = {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    msgs = [{"role": "user", "content": "37*48-1772"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c", "content": "4"}]
+    async with httpx.AsyncClient(transport=Answer()) as http:
+        client = openai.AsyncOpenAI(base_url="http://sdk/v1", api_key="none", http_client=http, max_retries=0)
+        out = {}
+        for k in (1, 3):
+            for i in range(n // 10 + n):  # the first tenth warms up
+                if i == n // 10:
+                    t0 = time.perf_counter()
+                await client.chat.completions.create(model="m", messages=msgs[:k], tools=TOOLS, max_tokens=1)
+            out[f"{k}_messages_ms"] = round((time.perf_counter() - t0) / n * 1e3, 3)
+    return out
+
+
 async def measure(cfg, url: str, sessions: int, rounds: int) -> dict:
     from examples.calculator.agent import run as agent
     from examples.calculator.direct import generate as direct
@@ -76,19 +111,26 @@ async def measure(cfg, url: str, sessions: int, rounds: int) -> dict:
     async def raw(base_url, sample):
         return await json_agent(ep, base_url, sample)
 
-    for name, fn in [("direct", lambda s, p: direct(ctx, s, p, max_turns=3, turn_max_tokens=1)),
-                     ("endpoint", lambda s, p: via_endpoint(ctx, s, p, agent=agent)),
-                     ("endpoint_json", lambda s, p: via_endpoint(ctx, s, p, agent=raw))] * 2:  # the first: warm-up
-        t0, ctx.requests = time.perf_counter(), 0
-        for r in range(rounds):
-            samples = [Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=r * sessions + i)
-                       for i in range(sessions)]
-            await asyncio.gather(*(fn(s, seeded(ctx, s, sp, False)) for s in samples))
-        wall = time.perf_counter() - t0
-        out[name] = {"requests": ctx.requests, "wall_s": round(wall, 3),
-                     "requests_per_s": round(ctx.requests / wall, 1)}
+    paths = {"direct": lambda s, p: direct(ctx, s, p, max_turns=3, turn_max_tokens=1),
+             "endpoint": lambda s, p: via_endpoint(ctx, s, p, agent=agent),
+             "endpoint_json": lambda s, p: via_endpoint(ctx, s, p, agent=raw)}
+    totals = {name: [0, 0.0] for name in paths}  # requests, seconds
+    for r in range(rounds + 1):  # round 0 warms up; the paths take turns, so a slower stretch hits them alike
+        samples = [Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=r * sessions + i)
+                   for i in range(sessions)]
+        for name, fn in paths.items():
+            batch = [Sample(prompt=s.prompt, label=s.label, index=s.index) for s in samples]
+            gc.collect()
+            t0, ctx.requests = time.perf_counter(), 0
+            await asyncio.gather(*(fn(s, seeded(ctx, s, sp, False)) for s in batch))
+            if r:
+                totals[name][0] += ctx.requests
+                totals[name][1] += time.perf_counter() - t0
+    for name, (n, wall) in totals.items():
+        out[name] = {"requests": n, "wall_s": round(wall, 3), "requests_per_s": round(n / wall, 1)}
     await ep.aclose()
     await ctx.client.aclose()
+    out["sdk_alone"] = await sdk_alone()
     for k in ("endpoint", "endpoint_json"):
         out[f"{k}_over_direct"] = round(out["direct"]["requests_per_s"] / out[k]["requests_per_s"], 3)
     return out
@@ -125,7 +167,9 @@ def main() -> int:
              *(f"| {k} | {got[k]['requests']} | {got[k]['wall_s']} | {got[k]['requests_per_s']} |"
                for k in ("direct", "endpoint_json", "endpoint")), "",
              f"direct / endpoint_json: {got['endpoint_json_over_direct']}; "
-             f"direct / endpoint: {got['endpoint_over_direct']}"]
+             f"direct / endpoint: {got['endpoint_over_direct']}", "",
+             f"the openai SDK alone, a request against a transport that answers at once: "
+             f"{got['sdk_alone']['1_messages_ms']} ms (one message), {got['sdk_alone']['3_messages_ms']} ms (three)"]
     (out / "result.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

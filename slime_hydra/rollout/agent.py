@@ -411,16 +411,23 @@ async def endpoint(ctx: Any) -> Endpoint:
     return ep
 
 
-def _wants_client(agent: Any) -> bool:
+def _calling(agent: Any) -> tuple:
+    """(whether its first parameter is ``client``, whether it is an ``async def``: through ``functools.partial``, or
+    an object's ``__call__``), read once per agent (each time for an unhashable one)."""
+    try:
+        return _read_calling(agent)
+    except TypeError:  # unhashable
+        return _read_calling.__wrapped__(agent)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_calling(agent: Any) -> tuple:
     params = list(inspect.signature(agent).parameters)
-    return bool(params) and params[0] == "client"
-
-
-def _is_async(agent: Any) -> bool:
-    """Whether the agent is an ``async def`` (through ``functools.partial``, or an object's ``__call__``)."""
-    while isinstance(agent, functools.partial):
-        agent = agent.func
-    return inspect.iscoroutinefunction(agent if inspect.isroutine(agent) else type(agent).__call__)
+    fn = agent
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return bool(params) and params[0] == "client", inspect.iscoroutinefunction(
+        fn if inspect.isroutine(fn) else type(fn).__call__)
 
 
 def agent_input(sample: Sample) -> Dict[str, Any]:
@@ -438,9 +445,9 @@ async def generate(ctx: Any, sample: Sample, sampling_params: Dict[str, Any], ev
     restart(sample)  # a sample aborted in an earlier rollout starts over
     session = Session(ep, ctx, sample, sampling_params)
     ep.sessions[session.id] = session
-    timeout, is_async = ctx.cfg.rollout.agent_timeout, _is_async(agent)
+    timeout, (wants_client, is_async) = ctx.cfg.rollout.agent_timeout, _calling(agent)
     try:
-        where = ep.client(session.url, sync=not is_async) if _wants_client(agent) else session.url
+        where = ep.client(session.url, sync=not is_async) if wants_client else session.url
         call = (agent(where, agent_input(sample)) if is_async
                 else ep.in_thread(ctx.cfg.rollout.concurrency, agent, where, agent_input(sample)))
         reward = await asyncio.wait_for(call, timeout)
