@@ -208,7 +208,8 @@ class ChatRollout:
         return finish_type(meta, self.sample)
 
     def add_messages(self, messages: List[Message]) -> List[int]:
-        """Append tool / environment / user messages (mask 0, tokens from ``template_delta``); returns their ids."""
+        """Append tool / environment / user messages (mask 0, the text the template adds for them, as
+        :func:`template_delta` takes it); returns their ids."""
         if not messages:
             return []
         meta = self.sample.metadata
