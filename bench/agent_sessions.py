@@ -9,7 +9,7 @@ calculator task: each session is the calculator agent, at most three one-token t
 
 and the SDK's own work for one request, against a transport that answers at once (:func:`sdk_alone`).
 
-    python bench/agent_sessions.py --sessions 64 --rounds 3 --out DIR    # writes DIR/result.json, DIR/result.md
+    python bench/agent_sessions.py --sessions 64 --rounds 10 --out DIR    # writes DIR/result.json, DIR/result.md
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ async def measure(cfg, url: str, sessions: int, rounds: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / time.strftime("agent_sessions-%Y%m%d-%H%M%S")))
     args = ap.parse_args()
     from slime_hydra.model.hf import build_random_checkpoint
