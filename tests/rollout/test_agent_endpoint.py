@@ -80,22 +80,24 @@ def test_chat_tools_logprobs_and_refusals(engine_url):
     with_client(engine_url, ctx, go)
 
 
+async def with_direct(ctx, sp, agent, n):
+    """``n`` calculator samples through the endpoint with ``agent`` and through the direct path: (agent's, direct's)."""
+    pairs = []
+    for i in range(n):
+        a, b = (Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=i) for _ in range(2))
+        a = await agent_generate(ctx, a, seeded(ctx, a, sp, False), agent=agent)
+        b = await direct_generate(ctx, b, seeded(ctx, b, sp, False), max_turns=3, turn_max_tokens=1)
+        pairs.append((a, b))
+    return pairs
+
+
 def test_a_session_trains_exactly_what_the_direct_chat_rollout_does(engine_url):
     """The calculator as an OpenAI-SDK agent through the endpoint and as a ChatRollout generate function: the
     same /generate calls, so the same tokens, masks and log-probs, bitwise."""
     m, ctx = parts(engine_url)
     sp = m.ctx.sampling_params
 
-    async def go():
-        pairs = []
-        for i in range(12):
-            a, b = (Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=i) for _ in range(2))
-            a = await agent_generate(ctx, a, seeded(ctx, a, sp, False), agent=calc_agent)
-            b = await direct_generate(ctx, b, seeded(ctx, b, sp, False), max_turns=3, turn_max_tokens=1)
-            pairs.append((a, b))
-        return pairs
-
-    pairs = with_client(engine_url, ctx, go)
+    pairs = with_client(engine_url, ctx, lambda: with_direct(ctx, sp, calc_agent, 12))
     assert any(a.metadata["tool_calls"] for a, _ in pairs)  # multi-turn sessions among them
     for a, b in pairs:
         assert (a.tokens, a.loss_mask, a.rollout_log_probs) == (b.tokens, b.loss_mask, b.rollout_log_probs)
@@ -199,12 +201,7 @@ def test_a_plain_def_agent_runs_in_a_thread_with_the_sync_client(engine_url):
     sp = m.ctx.sampling_params
 
     async def go():
-        pairs = []
-        for i in range(8):
-            a, b = (Sample(prompt=f"{10 + i}*11-{(10 + i) * 11 - 3}", label="3", index=i) for _ in range(2))
-            a = await agent_generate(ctx, a, seeded(ctx, a, sp, False), agent=sync_calc)
-            b = await direct_generate(ctx, b, seeded(ctx, b, sp, False), max_turns=3, turn_max_tokens=1)
-            pairs.append((a, b))
+        pairs = await with_direct(ctx, sp, sync_calc, 8)
         groups, _ = await m.collect()
         return pairs, groups
 
